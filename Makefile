@@ -1,0 +1,33 @@
+# Named intents. `make bench` runs the main job, `make test` the test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PRESET ?= default
+ARGS ?=
+
+.PHONY: setup test test-fast bench gate microbench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup_env.sh
+	bash scripts/setup_env.sh $(VENV)
+	touch $(STAMP)
+
+test: setup  ## all tests, slow ones included
+	$(PY) -m pytest -q
+
+test-fast: setup  ## skip the slow end-to-end and 4-rank tests
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup  ## the main job: protocols x policies x repeats, results/latest
+	$(PY) -m bench run --preset $(PRESET) $(ARGS)
+
+gate: setup  ## quick CI preset, then the perf gate against results/baseline
+	$(PY) -m bench run --preset ci $(ARGS)
+	$(PY) -m bench gate results/latest --baseline results/baseline
+
+lint: setup
+	$(PY) -m ruff check hicache bench tests scripts
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
