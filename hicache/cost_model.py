@@ -1,0 +1,77 @@
+"""Analytic collective counts of SPEC section 4, per poll and per request.
+
+The tests and the CI gate compare what a run measured against these numbers, computed from
+the run's own polls and layout. Counts are those issued by global rank 0 (PP stage 0,
+TP rank 0): a PP hop costs rank 0 one point-to-point send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+IO_BATCH_PAGES = 128  # pages per storage read batch and per completion ack
+
+PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")
+POLICIES = ("best_effort", "wait_complete", "timeout")
+ACK_PROTOCOLS = frozenset({"pr27010", "pr36425", "step-batched", "step-clock"})
+
+
+@dataclass(frozen=True)
+class Expected:
+    decision: int
+    completion: int
+    pp_hops: int
+    hit_query: int
+    ack: int
+
+
+def tp_cost(tp: int) -> int:
+    """T: one collective per TP all-reduce when TP > 1."""
+    return 1 if tp > 1 else 0
+
+
+def pp_cost(pp: int) -> int:
+    """P: the PP hop (rank 0 sends once to stage 1) when PP > 1."""
+    return 1 if pp > 1 else 0
+
+
+def decision_per_poll(protocol: str, policy: str, tp: int, pp: int) -> tuple[int, int]:
+    """(TP all-reduces, PP hops) that one poll of a pending prefetch costs rank 0."""
+    t, p = tp_cost(tp), pp_cost(pp)
+    if protocol == "pre27010":
+        return (0, 0) if policy == "best_effort" else (t, 0)
+    if protocol == "pr27010":
+        return (t, p)
+    if protocol == "pr36425":
+        return (t, p) if policy == "timeout" else (0, 0)
+    if protocol in ("step-batched", "step-clock"):
+        return (0, 0)
+    raise ValueError(f"unknown protocol {protocol!r}")
+
+
+def expected_per_request(
+    protocol: str,
+    policy: str,
+    tp: int,
+    pp: int,
+    polls: int,
+    hit_pages: int,
+    op_issued: bool,
+    io_issued: bool,
+) -> Expected:
+    """Collectives rank 0 issues for one request.
+
+    polls: calls of check_prefetch_progress that found the prefetch still ongoing.
+    hit_pages: pages all ranks agreed storage holds (0 when no prefetch was issued).
+    op_issued: a PrefetchOperation was created, so the prefetch thread ran its hit query.
+    io_issued: the prefetch got host slots and went to the IO thread (not revoked).
+    """
+    t = tp_cost(tp)
+    ar, hop = decision_per_poll(protocol, policy, tp, pp)
+    # pre27010 agrees on the usable length with one MIN when a poll terminates the prefetch.
+    completion = t if protocol == "pre27010" and polls > 0 else 0
+    acks = 0
+    if protocol in ACK_PROTOCOLS and io_issued:
+        acks = t * (-(-hit_pages // IO_BATCH_PAGES) + 1)  # one per batch plus the final one
+    hit_query = t if op_issued else 0
+    return Expected(polls * ar, completion, polls * hop, hit_query, acks)
