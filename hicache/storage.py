@@ -1,0 +1,252 @@
+"""The storage tier (HiCache L3) behind one small interface, with a latency/fault model.
+
+Backends: "sim" (in-process, content regenerated on read) and "file" (one raw float32 file
+per page). Both share the model in `Storage`: per-call latency, bandwidth, a per-rank
+slowdown (jitter), deterministic per-TP-rank misses, random read failures, a stalling tier
+and slow side-car pages. Stored content is always `page_content(hash, rank, pool)`, so
+every read can be verified with `pools.verify_pages`.
+
+Threads: the prefetch thread calls `batch_exists`, the IO thread `batch_get`; the RNG they
+share is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hicache.pools import expected_rows
+
+KINDS = ("sim", "file")
+KV_POOL = "kv"  # every other pool name is a side-car pool (slower per page when configured)
+_SLEEP_MIN_S = 0.0005  # below this a sleep costs more than it models: fold it into the next
+
+
+class StorageError(RuntimeError):
+    """A storage read failed (injected failure, missing page or shape mismatch)."""
+
+
+@dataclass(frozen=True)
+class StorageSpec:
+    kind: str = "sim"
+    latency_ms: float = 2.0  # per batch read
+    bandwidth_gbps: float = 10.0  # GB/s
+    exists_latency_ms: float = 0.2  # per batch_exists call
+    jitter: float = 0.0  # per-rank slowdown spread, and lognormal sigma = jitter / 2
+    miss_prob: float = 0.0  # per page, per TP rank, deterministic
+    fail_rate: float = 0.0  # probability that a batch_get raises StorageError
+    stall_ms: float = 0.0  # extra sleep on every batch read
+    sidecar_page_ms: float = 0.0  # extra sleep per page of a non-"kv" pool
+    root: str | None = None  # directory for kind="file"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"storage kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "file" and not self.root:
+            raise ValueError("storage kind 'file' needs a root directory")
+        for name in ("latency_ms", "exists_latency_ms", "jitter", "stall_ms", "sidecar_page_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.bandwidth_gbps > 0:
+            raise ValueError(f"bandwidth_gbps must be > 0, got {self.bandwidth_gbps}")
+        for name in ("miss_prob", "fail_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+
+class Storage(ABC):
+    """Public API and the latency/fault model; backends implement the hooks below."""
+
+    def __init__(self, spec: StorageSpec, rank: int, tp_rank: int) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.tp_rank = tp_rank
+        self._rng = random.Random(spec.seed * 1_000_003 + rank)
+        self._rng_lock = threading.Lock()
+        # Drawn once: a rank that is slow stays slow, as a loaded storage node would.
+        self.rank_factor = 1.0 + spec.jitter * self._rng.random()
+
+    # ---- public API ------------------------------------------------------------------------
+
+    def batch_exists(self, hashes: list[str]) -> int:
+        """Number of leading pages present on this rank (stops at the first miss)."""
+        _sleep(self.spec.exists_latency_ms / 1e3)
+        # The miss rule goes first: a "missing" page is absent whatever the backend holds.
+        kept = next((i for i, h in enumerate(hashes) if self._missing(h)), len(hashes))
+        return self._leading_present(hashes[:kept])
+
+    def batch_get(self, hashes: list[str], pool: str, out: torch.Tensor) -> None:
+        """Read pages into out[i] for hashes[i], one row at a time, paced by the model.
+
+        Rows land in order while the read is "in flight", so a concurrent reader of `out` can
+        see a half-written batch. Failures are raised before any row is written.
+        """
+        n = len(hashes)
+        if out.dim() != 2 or out.shape[0] != n:
+            raise StorageError(f"out must have shape [{n}, page_elems], got {tuple(out.shape)}")
+        if n == 0:
+            return
+        failed, noise = self._draw()
+        head_s, row_s = self._read_times(n, out.shape[1], pool, noise)
+        if failed:
+            _sleep(head_s)  # a failed read still costs its round trip
+            raise StorageError(f"injected read failure on rank {self.rank} ({pool}, {n} pages)")
+        if any(self._missing(h) for h in hashes) or self._leading_present(hashes) < n:
+            raise StorageError(f"rank {self.rank}: some of {n} pages are not in storage")
+        rows = self._load(hashes, pool, out.shape[1]).to(out.device)
+        self._paced_copy(rows, out, head_s, row_s)
+
+    def put(self, hashes: list[str], pool: str, page_elems: int) -> None:
+        """Store pages with content page_content(hash, self.rank, pool); costs no model time."""
+        if hashes:
+            self._store(hashes, pool, expected_rows(hashes, self.rank, pool, page_elems))
+
+    # ---- backend hooks ---------------------------------------------------------------------
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release backend resources."""
+
+    @abstractmethod
+    def _leading_present(self, hashes: list[str]) -> int:
+        """Number of leading pages stored (for any pool), stopping at the first absent one."""
+
+    @abstractmethod
+    def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
+        """Stored content of present pages as a CPU float32 tensor [len(hashes), page_elems]."""
+
+    @abstractmethod
+    def _store(self, hashes: list[str], pool: str, rows: torch.Tensor) -> None:
+        """Persist rows[i] as page hashes[i] of `pool`."""
+
+    # ---- model -----------------------------------------------------------------------------
+
+    def _missing(self, page_hash: str) -> bool:
+        """Deterministic per (seed, tp_rank, hash): a rank always misses the same pages."""
+        p = self.spec.miss_prob
+        if p <= 0.0 or p >= 1.0:
+            return p >= 1.0
+        key = f"{self.spec.seed}:{self.tp_rank}:{page_hash}".encode()
+        u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2**64
+        return u < p
+
+    def _draw(self) -> tuple[bool, float]:
+        """(fail this batch?, lognormal noise factor) from the per-rank seeded RNG."""
+        spec = self.spec
+        with self._rng_lock:
+            failed = spec.fail_rate > 0 and self._rng.random() < spec.fail_rate
+            noise = self._rng.lognormvariate(0.0, spec.jitter / 2) if spec.jitter > 0 else 1.0
+        return failed, noise
+
+    def _read_times(self, n: int, page_elems: int, pool: str, noise: float) -> tuple[float, float]:
+        """(seconds before the first row, seconds per row) of one batch read."""
+        spec = self.spec
+        scale = self.rank_factor * noise
+        transfer_ms = n * page_elems * 4 / (spec.bandwidth_gbps * 1e6)  # float32 bytes
+        head_ms = spec.latency_ms * scale + spec.stall_ms
+        row_ms = transfer_ms * scale / n + (spec.sidecar_page_ms if pool != KV_POOL else 0.0)
+        return head_ms / 1e3, row_ms / 1e3
+
+    @staticmethod
+    def _paced_copy(rows: torch.Tensor, out: torch.Tensor, head_s: float, row_s: float) -> None:
+        # Pace against deadlines, not per-row sleeps: the total time stays right even when a
+        # row's share is far below what one time.sleep call costs.
+        start = time.perf_counter()
+        for i in range(rows.shape[0]):
+            wait = start + head_s + (i + 1) * row_s - time.perf_counter()
+            if wait >= _SLEEP_MIN_S:
+                time.sleep(wait)
+            out[i].copy_(rows[i])
+        tail = start + head_s + rows.shape[0] * row_s - time.perf_counter()
+        _sleep(tail)
+
+
+def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+class SimStorage(Storage):
+    """In-process storage for one rank; content is regenerated on read (it is a pure function
+    of hash, rank and pool), so only each page's size is kept."""
+
+    def __init__(self, spec: StorageSpec, rank: int, tp_rank: int) -> None:
+        super().__init__(spec, rank, tp_rank)
+        self._pages: dict[str, dict[str, int]] = {}  # pool -> hash -> page_elems
+        self._any: set[str] = set()
+
+    def _leading_present(self, hashes: list[str]) -> int:
+        return next((i for i, h in enumerate(hashes) if h not in self._any), len(hashes))
+
+    def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
+        stored = self._pages.get(pool, {})
+        if any(stored.get(h) != page_elems for h in hashes):
+            raise StorageError(f"pages of {pool!r} absent or not {page_elems} elems wide")
+        return expected_rows(hashes, self.rank, pool, page_elems)
+
+    def _store(self, hashes: list[str], pool: str, rows: torch.Tensor) -> None:
+        table = self._pages.setdefault(pool, {})
+        for h in hashes:
+            table[h] = rows.shape[1]
+        self._any.update(hashes)
+
+    def close(self) -> None:
+        self._pages.clear()
+        self._any.clear()
+
+
+class FileStorage(Storage):
+    """One raw float32 file per page under root/rank{rank}/{pool}/{hash}.bin; real reads."""
+
+    def __init__(self, spec: StorageSpec, rank: int, tp_rank: int) -> None:
+        super().__init__(spec, rank, tp_rank)
+        assert spec.root is not None  # validated by StorageSpec
+        self.rank_dir = os.path.join(spec.root, f"rank{rank}")
+
+    def _path(self, pool: str, page_hash: str) -> str:
+        return os.path.join(self.rank_dir, pool, f"{page_hash}.bin")
+
+    def _leading_present(self, hashes: list[str]) -> int:
+        # Re-list pools on every call: another process may have written this directory.
+        pools = os.listdir(self.rank_dir) if os.path.isdir(self.rank_dir) else []
+        for i, h in enumerate(hashes):
+            if not any(os.path.exists(self._path(p, h)) for p in pools):
+                return i
+        return len(hashes)
+
+    def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
+        out = np.empty((len(hashes), page_elems), dtype=np.float32)
+        for i, h in enumerate(hashes):
+            try:
+                row = np.fromfile(self._path(pool, h), dtype=np.float32)
+            except OSError as e:
+                raise StorageError(f"rank {self.rank}: cannot read page {h} of {pool!r}") from e
+            if row.size != page_elems:
+                raise StorageError(f"page {h} of {pool!r} has {row.size} elems, not {page_elems}")
+            out[i] = row
+        return torch.from_numpy(out)
+
+    def _store(self, hashes: list[str], pool: str, rows: torch.Tensor) -> None:
+        os.makedirs(os.path.join(self.rank_dir, pool), exist_ok=True)
+        data = rows.numpy()
+        for i, h in enumerate(hashes):
+            data[i].tofile(self._path(pool, h))
+
+    def close(self) -> None:
+        pass  # files stay on disk: a later run (or another process) may read them
+
+
+def make_storage(spec: StorageSpec, rank: int, tp_rank: int) -> Storage:
+    """The backend named by spec.kind for one rank."""
+    if spec.kind == "file":
+        return FileStorage(spec, rank, tp_rank)
+    return SimStorage(spec, rank, tp_rank)

@@ -1,0 +1,175 @@
+"""Storage tier: exists semantics, deterministic misses, verified reads, failures, file backend,
+slow side-car pages, the half-written batch a concurrent reader can see, and spec validation.
+
+Latencies are zeroed unless a test measures them: the machine is shared and small.
+"""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from hicache.hashing import page_hashes
+from hicache.pools import PagePool, verify_pages
+from hicache.storage import (
+    FileStorage,
+    SimStorage,
+    StorageError,
+    StorageSpec,
+    make_storage,
+)
+
+FAST = dict(latency_ms=0.0, exists_latency_ms=0.0)
+ELEMS = 16
+
+
+def _hashes(n, seed=0):
+    return page_hashes([seed + i for i in range(n * 4)], 4)
+
+
+def test_exists_stops_at_first_miss():
+    st = SimStorage(StorageSpec(**FAST), rank=0, tp_rank=0)
+    hs = _hashes(5)
+    st.put(hs[:2] + hs[3:], "kv", ELEMS)
+    assert st.batch_exists(hs) == 2
+    assert st.batch_exists(hs[3:]) == 2
+    assert st.batch_exists([]) == 0
+
+
+def test_miss_pattern_deterministic_per_tp_rank():
+    spec = StorageSpec(miss_prob=0.5, seed=7, **FAST)
+    hs = _hashes(200)
+
+    def pattern(rank, tp_rank):
+        st = SimStorage(spec, rank, tp_rank)
+        st.put(hs, "kv", ELEMS)
+        return [st.batch_exists([h]) for h in hs]
+
+    p0 = pattern(0, 0)
+    assert p0 == pattern(0, 0)
+    assert p0 == pattern(2, 0)  # same TP rank on another PP stage: same misses
+    assert p0 != pattern(1, 1)
+    assert 60 < sum(p0) < 140  # about half present
+
+
+def test_batch_get_content_verified():
+    rank = 3
+    st = make_storage(StorageSpec(**FAST), rank=rank, tp_rank=1)
+    hs = _hashes(6)
+    st.put(hs, "kv", ELEMS)
+    pool = PagePool("kv", 10, ELEMS)
+    slots = pool.alloc(10)[4:]  # scattered reads go through a staging buffer
+    staging = torch.zeros(len(hs), ELEMS)
+    st.batch_get(hs, "kv", staging)
+    pool.data.index_copy_(0, torch.tensor(slots), staging)
+    assert verify_pages(pool, slots, hs, rank=rank) == 0
+    assert verify_pages(pool, slots, hs, rank=0) == len(hs)
+
+
+def test_batch_get_missing_or_misshapen_raises():
+    st = SimStorage(StorageSpec(**FAST), rank=0, tp_rank=0)
+    hs = _hashes(3)
+    st.put(hs[:2], "kv", ELEMS)
+    out = torch.zeros(3, ELEMS)
+    with pytest.raises(StorageError):
+        st.batch_get(hs, "kv", out)
+    with pytest.raises(StorageError):
+        st.batch_get(hs[:2], "indexer", out[:2])  # never stored for that pool
+    with pytest.raises(StorageError):
+        st.batch_get(hs[:2], "kv", out)  # out has 3 rows for 2 pages
+    assert not out.any()
+
+
+def test_fail_rate_one_always_raises_and_writes_nothing():
+    st = SimStorage(StorageSpec(fail_rate=1.0, **FAST), rank=0, tp_rank=0)
+    hs = _hashes(4)
+    st.put(hs, "kv", ELEMS)
+    out = torch.zeros(4, ELEMS)
+    for _ in range(5):
+        with pytest.raises(StorageError):
+            st.batch_get(hs, "kv", out)
+    assert not out.any()
+
+
+def test_file_round_trip(tmp_path):
+    spec = StorageSpec(kind="file", root=str(tmp_path), **FAST)
+    hs = _hashes(3)
+    make_storage(spec, rank=1, tp_rank=1).put(hs, "kv", ELEMS)
+    path = tmp_path / "rank1" / "kv" / f"{hs[0]}.bin"
+    assert path.stat().st_size == ELEMS * 4
+    reader = FileStorage(spec, rank=1, tp_rank=1)  # a fresh instance sees the files
+    assert reader.batch_exists(hs) == 3
+    assert FileStorage(spec, rank=0, tp_rank=0).batch_exists(hs) == 0  # other rank's dir
+    pool = PagePool("kv", 3, ELEMS)
+    reader.batch_get(hs, "kv", pool.data)
+    assert verify_pages(pool, [0, 1, 2], hs, rank=1) == 0
+    path.unlink()
+    assert reader.batch_exists(hs) == 0
+
+
+def test_sidecar_pages_slower_and_half_written_batch_visible():
+    spec = StorageSpec(sidecar_page_ms=25.0, **FAST)
+    st = SimStorage(spec, rank=0, tp_rank=0)
+    hs = _hashes(4)
+    st.put(hs, "kv", ELEMS)
+    st.put(hs, "indexer", ELEMS)
+
+    t0 = time.perf_counter()
+    st.batch_get(hs, "kv", torch.zeros(4, ELEMS))
+    kv_s = time.perf_counter() - t0
+
+    out = torch.zeros(4, ELEMS)
+    reader = threading.Thread(target=st.batch_get, args=(hs, "indexer", out))
+    t0 = time.perf_counter()
+    reader.start()
+    while not out[0].any():  # wait for the first row to land...
+        time.sleep(0.001)
+    half_written = not out[3].any()  # ...the last one is >= 75 ms behind it
+    reader.join()
+    side_s = time.perf_counter() - t0
+    assert half_written
+    assert side_s >= 0.09  # 4 pages x 25 ms, minus scheduling slack
+    assert kv_s < side_s
+    assert out[3].any()
+
+
+def test_read_time_model():
+    # (latency 10 ms + 8 pages x 4 kB at 1 MB/s = 32 ms) x rank factor 1 + stall 10 ms = 52 ms.
+    spec = StorageSpec(latency_ms=10.0, bandwidth_gbps=0.001, stall_ms=10.0, exists_latency_ms=0)
+    st = SimStorage(spec, rank=0, tp_rank=0)
+    hs = _hashes(8)
+    st.put(hs, "kv", 1000)
+    t0 = time.perf_counter()
+    st.batch_get(hs, "kv", torch.zeros(8, 1000))
+    assert time.perf_counter() - t0 >= 0.05
+
+
+def test_rank_factor_drawn_once_per_rank():
+    def factors(seed):
+        return [SimStorage(StorageSpec(jitter=0.5, seed=seed), r, r).rank_factor for r in range(4)]
+
+    assert all(1.0 <= f <= 1.5 for f in factors(1))
+    assert factors(1) == factors(1) and factors(1) != factors(2)
+    assert len(set(factors(1))) == 4
+    assert SimStorage(StorageSpec(), 0, 0).rank_factor == 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(kind="s3"),
+        dict(kind="file"),
+        dict(latency_ms=-1.0),
+        dict(exists_latency_ms=-0.1),
+        dict(bandwidth_gbps=0.0),
+        dict(jitter=-0.5),
+        dict(miss_prob=1.5),
+        dict(fail_rate=-0.1),
+        dict(stall_ms=-1.0),
+        dict(sidecar_page_ms=-2.0),
+    ],
+)
+def test_bad_spec(kwargs):
+    with pytest.raises(ValueError):
+        StorageSpec(**kwargs)
