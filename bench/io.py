@@ -1,0 +1,68 @@
+"""Atomic writers for result files: a reader never sees a half-written CSV, JSON or plot.
+
+Each writer writes a temporary file in the destination's directory (same file system) and
+then `os.replace`s it over the destination, which is atomic on POSIX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path | str, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temp file beside `path`; on a clean exit it replaces `path`, else it is removed."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        newline = "" if "b" not in mode else None
+        with os.fdopen(fd, mode, newline=newline) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: Path | str, text: str) -> None:
+    """Write `text` to `path` atomically."""
+    with atomic_open(path, "w") as f:
+        f.write(text)
+
+
+def write_json_atomic(path: Path | str, obj: Any) -> None:
+    """Write `obj` as indented JSON atomically (unknown types via str())."""
+    write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def csv_cell(value: Any) -> str:
+    """One CSV cell: booleans as True/False, None and NaN as empty (unknown, never a number)."""
+    if value is None or type(value).__name__ in ("NAType", "NaTType"):  # pandas' missing values
+        return ""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value):
+        return ""
+    return str(value)
+
+
+def write_csv_atomic(path: Path | str, rows: list[dict], columns: list[str]) -> None:
+    """Write `rows` (dicts keyed by `columns`; missing keys are empty) as CSV atomically."""
+    with atomic_open(path, "w") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            extra = set(row) - set(columns)
+            if extra:
+                raise ValueError(f"row has columns not in the header: {sorted(extra)}")
+            writer.writerow([csv_cell(row.get(c)) for c in columns])

@@ -1,0 +1,103 @@
+"""Metric math for the summary and the gate: percentiles and ratios of medians with CIs.
+
+Pure functions over plain sequences; no pandas, no I/O. Ratios are always "x over y", where
+y is the reference protocol (pr27010) of the same configuration in the same run.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+PERCENTILE_METHODS = ("linear", "nearest-rank")
+
+RatioCI = tuple[float | None, float | None, float | None]
+
+
+def percentile(values: Sequence[float], q: float, method: str = "linear") -> float | None:
+    """The q-th percentile (0 <= q <= 100) of `values`; None when there are none.
+
+    linear: numpy's default interpolation between closest ranks.
+    nearest-rank: the smallest value with at least q% of the values at or below it,
+    i.e. the value of 1-based rank ceil(q/100 * n) (rank 1 for q = 0).
+    """
+    if method not in PERCENTILE_METHODS:
+        raise ValueError(f"unknown percentile method {method!r}; use one of {PERCENTILE_METHODS}")
+    if not isinstance(q, numbers.Real) or math.isnan(q) or not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be within [0, 100], got {q!r}")
+    arr = np.sort(np.asarray(values, dtype=float))
+    if arr.size == 0:
+        return None
+    if method == "linear":
+        return float(np.percentile(arr, q))
+    # round() guards ceil against float noise such as 0.07 * 100 = 7.000000000000001
+    rank = max(1, math.ceil(round(q / 100 * arr.size, 9)))
+    return float(arr[rank - 1])
+
+
+def _nonempty(by_repeat: Mapping[int, Sequence[float]]) -> dict[int, np.ndarray]:
+    """Repeat -> float array, dropping repeats without values."""
+    arrays = {r: np.asarray(v, dtype=float) for r, v in by_repeat.items()}
+    return {r: a for r, a in sorted(arrays.items()) if a.size}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    """num / den, or None when the ratio is undefined (den zero or NaN)."""
+    if den == 0 or math.isnan(den) or math.isnan(num):
+        return None
+    return float(num / den)
+
+
+def _bootstrap_medians(
+    strata: dict[int, np.ndarray], n_boot: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Medians of n_boot stratified resamples: each repeat resampled with replacement."""
+    parts = [a[rng.integers(0, a.size, size=(n_boot, a.size))] for a in strata.values()]
+    return np.median(np.concatenate(parts, axis=1), axis=1)
+
+
+def ratio_of_medians_ci(
+    x_by_repeat: Mapping[int, Sequence[float]],
+    y_by_repeat: Mapping[int, Sequence[float]],
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> RatioCI:
+    """(point, low, high): median(all x) / median(all y) with a percentile-bootstrap CI.
+
+    The bootstrap is stratified by repeat: within each repeat, requests are resampled with
+    replacement, for x and y independently, so every resample keeps the interleaved design.
+    Deterministic for a given seed. All None when either side has no values.
+    """
+    if n_boot < 1 or not 0 < level < 1:
+        raise ValueError(f"need n_boot >= 1 and 0 < level < 1, got {n_boot}, {level}")
+    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
+    if not xs or not ys:
+        return None, None, None
+    point = _ratio(np.median(np.concatenate(list(xs.values()))),
+                   np.median(np.concatenate(list(ys.values()))))
+    if point is None:
+        return None, None, None
+    rng = np.random.default_rng(seed)
+    bx, by = _bootstrap_medians(xs, n_boot, rng), _bootstrap_medians(ys, n_boot, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = bx / by
+    alpha = (1 - level) / 2
+    low, high = np.nanquantile(ratios, [alpha, 1 - alpha])
+    return point, float(low), float(high)
+
+
+def per_repeat_ratios(
+    x_by_repeat: Mapping[int, Sequence[float]], y_by_repeat: Mapping[int, Sequence[float]]
+) -> dict[int, float]:
+    """Repeat -> median(x) / median(y) of that repeat, for repeats where both have values."""
+    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
+    out = {}
+    for r in sorted(set(xs) & set(ys)):
+        ratio = _ratio(np.median(xs[r]), np.median(ys[r]))
+        if ratio is not None:
+            out[r] = ratio
+    return out
