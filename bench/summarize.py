@@ -1,0 +1,223 @@
+"""requests.csv + steps.csv -> summary rows (SUMMARY_COLUMNS) and the human table.
+
+One summary row per configuration group (GROUP_KEYS): a protocol x policy cell of the matrix
+for one layout, storage, rate and extra-pool setting, pooled over repeats. Collective counts
+are rank 0's (see hicache.cost_model); expectations come from the same analytic model, so a
+row whose measured and expected columns differ has a protocol or counting bug.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+import numpy as np
+import pandas as pd
+
+from bench.schema import SUMMARY_COLUMNS
+from bench.stats import PERCENTILE_METHODS, per_repeat_ratios, percentile, ratio_of_medians_ci
+from hicache.cost_model import POLICIES, PROTOCOLS, expected_per_request
+
+REFERENCE_PROTOCOL = "pr27010"  # "before": every ratio is taken against it
+GROUP_KEYS = ["protocol", "policy", "tp", "pp", "storage", "rate_rps", "extra_pool", "race_guard"]
+STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]
+_TRUE = {True, "True", "true", "TRUE", "1"}  # 1 and 1.0 hash as True
+_FALSE = {False, "False", "false", "FALSE", "0"}
+
+
+def as_bool(series: pd.Series) -> pd.Series:
+    """True/False from bools or their CSV spellings; anything else (empty, NaN) -> None."""
+    def cell(v: object) -> bool | None:
+        if isinstance(v, Hashable) and v in _TRUE:
+            return True
+        if isinstance(v, Hashable) and v in _FALSE:
+            return False
+        return None
+    return series.map(cell).astype(object)
+
+
+def _clean_key(key: tuple) -> tuple:
+    """Group key with NaN -> None and numpy scalars -> Python, so keys compare across frames."""
+    out = []
+    for v in key:
+        if isinstance(v, float) and math.isnan(v):
+            out.append(None)
+        else:
+            out.append(v.item() if isinstance(v, np.generic) else v)
+    return tuple(out)
+
+
+def _groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """Clean group key -> rows, in order of first appearance."""
+    if df.empty:
+        return {}
+    return {_clean_key(k): g for k, g in df.groupby(GROUP_KEYS, dropna=False, sort=False)}
+
+
+def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per request: the cost model's decision and background (hit query + ack) collectives."""
+    hit_pages = (requests["hit_tokens"].fillna(0) // requests["page_size"]).astype(int)
+    rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
+               requests["polls"], hit_pages, as_bool(requests["op_issued"]),
+               as_bool(requests["io_issued"]), strict=True)
+    decision, background = [], []
+    for proto, policy, tp, pp, polls, pages, op, io in rows:
+        e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
+                                 bool(op), bool(io))
+        decision.append(e.decision)
+        background.append(e.hit_query + e.ack)
+    return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)
+
+
+def _by_repeat(g: pd.DataFrame, column: str) -> dict[int, np.ndarray]:
+    """Repeat -> non-missing values of `column`."""
+    return {int(r): s[column].dropna().to_numpy(float) for r, s in g.groupby("repeat")}
+
+
+def _count_cells(g: pd.DataFrame) -> dict:
+    """Per-request collective counts, measured and expected."""
+    exp = expected_counts(g)
+    polls = g["polls"].sum()
+    return {
+        "polls_per_req": g["polls"].mean(),
+        "decision_collectives_per_req": g["decision_collectives"].mean(),
+        "decision_collectives_per_poll":
+            g["decision_collectives"].sum() / polls if polls > 0 else math.nan,
+        "expected_decision_collectives_per_req": exp["decision"].mean(),
+        "critical_collectives_per_req": (g["decision_collectives"]
+                                         + g["completion_collectives"] + g["pp_hops"]).mean(),
+        "background_collectives_per_req":
+            (g["hit_query_collectives"] + g["ack_collectives"]).mean(),
+        "expected_background_collectives_per_req": exp["background"].mean(),
+    }
+
+
+def _step_cells(steps: pd.DataFrame | None, n_requests: int) -> dict:
+    """Per-step collectives (broadcast, per-step MIN, model), per step and per request."""
+    if steps is None or steps.empty:
+        return {"step_collectives_per_step": math.nan, "step_collectives_per_req": math.nan,
+                "sync_ms_per_step": math.nan}
+    per_step = steps[STEP_SITES].sum(axis=1)
+    return {
+        "step_collectives_per_step": per_step.mean(),
+        "step_collectives_per_req": per_step.sum() / n_requests if n_requests else math.nan,
+        "sync_ms_per_step": steps["sync_ms"].mean(),
+    }
+
+
+def _ttft_cells(g: pd.DataFrame, method: str) -> dict:
+    """TTFT percentiles (pooled over repeats) and the median scheduler lag."""
+    ttft = g["ttft_ms"].dropna().to_numpy(float)
+
+    def pct(values: np.ndarray, q: float) -> float:
+        v = percentile(values, q, method)
+        return math.nan if v is None else v
+    return {
+        "sched_lag_p50_ms": pct(g["sched_lag_ms"].dropna().to_numpy(float), 50),
+        "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90),
+        "ttft_p99_ms": pct(ttft, 99), "ttft_mean_ms": ttft.mean() if ttft.size else math.nan,
+    }
+
+
+def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> dict:
+    """TTFT p50 ratio vs the reference protocol's group, its CI and the per-repeat ratios."""
+    empty = {"ttft_p50_ratio_vs_pr27010": math.nan, "ttft_p50_ratio_ci_low": math.nan,
+             "ttft_p50_ratio_ci_high": math.nan, "ttft_p50_ratio_per_repeat": math.nan}
+    if ref is None:
+        return empty
+    x, y = _by_repeat(g, "ttft_ms"), _by_repeat(ref, "ttft_ms")
+    point, low, high = ratio_of_medians_ci(x, y)
+    if point is None:
+        return empty
+    per_repeat = per_repeat_ratios(x, y)
+    return {"ttft_p50_ratio_vs_pr27010": point, "ttft_p50_ratio_ci_low": low,
+            "ttft_p50_ratio_ci_high": high,
+            "ttft_p50_ratio_per_repeat": ";".join(f"{v:.4f}" for v in per_repeat.values())}
+
+
+def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
+    """Group key plus the layout columns that are constant within a group."""
+    cells = dict(zip(GROUP_KEYS, key, strict=True))
+    for col in ("world_size", "device", "backend"):
+        cells[col] = g[col].iloc[0] if col in g else None
+    repeats = g["repeat"].nunique()
+    cells["repeats"] = repeats
+    cells["requests"] = int(round(len(g) / repeats)) if repeats else 0
+    return cells
+
+
+def _check_cells(g: pd.DataFrame, method: str) -> dict:
+    """Correctness columns: every row's ranks agreed, and how many rows had bad data."""
+    return {"ranks_agree": bool((as_bool(g["ranks_agree"]) == True).all()),  # noqa: E712
+            "data_errors": int((as_bool(g["data_ok"]) == False).sum()),  # noqa: E712
+            "percentile_method": method}
+
+
+def _order(row: dict) -> tuple:
+    """Sort key: protocols and policies in cost_model order, then layout and rate."""
+    def index(seq: tuple, v: object) -> int:
+        return seq.index(v) if v in seq else len(seq)
+    rate = row["rate_rps"]
+    return (index(PROTOCOLS, row["protocol"]), str(row["protocol"]),
+            index(POLICIES, row["policy"]), str(row["policy"]), row["tp"], row["pp"],
+            str(row["storage"]), rate is None, rate or 0.0,
+            str(row["extra_pool"]), str(row["race_guard"]))
+
+
+def summarize(
+    requests: pd.DataFrame, steps: pd.DataFrame, percentile_method: str = "linear"
+) -> pd.DataFrame:
+    """One SUMMARY_COLUMNS row per configuration group of `requests` (see module docstring)."""
+    if percentile_method not in PERCENTILE_METHODS:
+        raise ValueError(f"unknown percentile method {percentile_method!r}")
+    groups, step_groups = _groups(requests), _groups(steps)
+    refs = {k[1:]: g for k, g in groups.items() if k[0] == REFERENCE_PROTOCOL}
+    rows = []
+    for key, g in groups.items():
+        rows.append(_config_cells(key, g) | _count_cells(g)
+                    | _step_cells(step_groups.get(key), len(g))
+                    | _ttft_cells(g, percentile_method) | _ratio_cells(g, refs.get(key[1:]))
+                    | _check_cells(g, percentile_method))
+    rows.sort(key=_order)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+TABLE_HEADERS = ["protocol", "policy", "tp", "pp", "polls/req", "decision/req", "expected",
+                 "critical/req", "background/req", "step/step", "p50_ms", "p90_ms", "p99_ms",
+                 "ratio [95% ci]", "agree", "data_err"]
+
+
+def _num(v: object, fmt: str = ".3f") -> str:
+    """A number cell; unknown (None/NaN) is '-'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, fmt)
+
+
+def table_rows(summary: pd.DataFrame) -> list[list[str]]:
+    """The human table's cells (TABLE_HEADERS), one list per summary row."""
+    out = []
+    for r in summary.to_dict("records"):
+        ratio = _num(r["ttft_p50_ratio_vs_pr27010"])
+        if ratio != "-":
+            ratio += (f" [{_num(r['ttft_p50_ratio_ci_low'])}, "
+                      f"{_num(r['ttft_p50_ratio_ci_high'])}]")
+        out.append([str(r["protocol"]), str(r["policy"]), str(r["tp"]), str(r["pp"]),
+                    _num(r["polls_per_req"]), _num(r["decision_collectives_per_req"]),
+                    _num(r["expected_decision_collectives_per_req"]),
+                    _num(r["critical_collectives_per_req"]),
+                    _num(r["background_collectives_per_req"]),
+                    _num(r["step_collectives_per_step"]), _num(r["ttft_p50_ms"], ".1f"),
+                    _num(r["ttft_p90_ms"], ".1f"), _num(r["ttft_p99_ms"], ".1f"), ratio,
+                    "yes" if r["ranks_agree"] in _TRUE else "NO", str(r["data_errors"])])
+    return out
+
+
+def format_table(summary: pd.DataFrame) -> str:
+    """A compact fixed-width table of the summary rows, for a terminal."""
+    rows = [TABLE_HEADERS] + table_rows(summary)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_HEADERS))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+             for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""summarize() on a tiny hand-built run, against hand-computed numbers."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
+from bench.summarize import TABLE_HEADERS, expected_counts, format_table, summarize
+
+CONFIG = dict(preset="t", tp=2, pp=1, world_size=2, device="cpu", backend="gloo",
+              storage="sim", rate_rps=4.0, seed=0, page_size=64, extra_pool=False,
+              race_guard=True)
+
+
+def req(protocol, policy, repeat, rid, ttft, polls, decision, hit_tokens, ack, **kw):
+    """One requests.csv row; a prefetch was issued when hit_tokens > 0."""
+    issued = hit_tokens > 0
+    row = dict(CONFIG, protocol=protocol, policy=policy, repeat=repeat, rid=rid, arrival_s=0.0,
+               ttft_ms=ttft, queue_ms=1.0, prefetch_io_ms=2.0, sched_lag_ms=float(polls),
+               sync_ms=0.5, load_back_ms=1.0, prefill_ms=3.0, polls=polls,
+               decision_collectives=decision, completion_collectives=0,
+               hit_query_collectives=int(issued), ack_collectives=ack, pp_hops=0,
+               terminated_by="ack" if issued else "none", op_issued=issued, io_issued=issued,
+               prefetch_requested_tokens=hit_tokens, hit_tokens=hit_tokens,
+               prefetched_tokens=hit_tokens, ranks_agree=True, data_ok=True)
+    row.update(kw)
+    return row
+
+
+def requests_frame():
+    # Acks at TP2: one per 128-page batch plus the final one: 10 pages -> 2, 200 pages -> 3.
+    rows = [
+        req("pr27010", "wait_complete", 0, "a", 100, 3, 3, 640, 2),
+        req("pr27010", "wait_complete", 0, "b", 50, 0, 0, 0, 0),
+        req("pr27010", "wait_complete", 1, "a", 120, 2, 2, 640, 2),
+        req("pr27010", "wait_complete", 1, "b", 80, 1, 1, 12800, 3),
+        req("pr36425", "wait_complete", 0, "a", 90, 3, 0, 640, 2),
+        req("pr36425", "wait_complete", 0, "b", 40, 0, 0, 0, 0),
+        req("pr36425", "wait_complete", 1, "a", 100, 2, 0, 640, 2, data_ok=False),
+        req("pr36425", "wait_complete", 1, "b", 60, 1, 0, 12800, 3),
+        req("pr36425", "timeout", 0, "a", 70, 2, 2, 640, 2, ranks_agree=False),
+    ]
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+
+
+def steps_frame():
+    rows = [dict(CONFIG, protocol="pr27010", policy="wait_complete", repeat=r, step=s,
+                 t_s=0.1 * s, waiting=1, polled=1, scheduled=1, request_broadcast=1,
+                 per_step_min=1, model_allreduce=4, decision=1, completion=0, pp_hop=0,
+                 sync_ms=float(ms))
+            for r, s, ms in [(0, 0, 1), (0, 1, 2), (1, 0, 3)]]
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+@pytest.fixture(scope="module")
+def summary():
+    return summarize(requests_frame(), steps_frame())
+
+
+def row(summary, protocol, policy):
+    hit = summary[(summary.protocol == protocol) & (summary.policy == policy)]
+    assert len(hit) == 1
+    return hit.iloc[0]
+
+
+def test_columns_and_groups(summary):
+    assert list(summary.columns) == SUMMARY_COLUMNS
+    assert list(zip(summary.protocol, summary.policy, strict=True)) == [
+        ("pr27010", "wait_complete"), ("pr36425", "wait_complete"), ("pr36425", "timeout")]
+
+
+def test_reference_counts(summary):
+    r = row(summary, "pr27010", "wait_complete")
+    assert (r.requests, r.repeats, r.tp, r.pp, r.world_size) == (2, 2, 2, 1, 2)
+    assert r.polls_per_req == 1.5  # (3 + 0 + 2 + 1) / 4
+    assert r.decision_collectives_per_req == 1.5
+    assert r.decision_collectives_per_poll == 1.0  # 6 / 6: T + P = 1 per poll at TP2 PP1
+    assert r.expected_decision_collectives_per_req == 1.5
+    assert r.critical_collectives_per_req == 1.5
+    assert r.background_collectives_per_req == 2.5  # (3 + 0 + 3 + 4) / 4
+    assert r.expected_background_collectives_per_req == 2.5
+
+
+def test_after_counts(summary):
+    r = row(summary, "pr36425", "wait_complete")
+    assert r.decision_collectives_per_req == 0
+    assert r.decision_collectives_per_poll == 0.0
+    assert r.expected_decision_collectives_per_req == 0
+    assert r.background_collectives_per_req == r.expected_background_collectives_per_req == 2.5
+
+
+def test_step_columns(summary):
+    r = row(summary, "pr27010", "wait_complete")
+    assert r.step_collectives_per_step == 6.0  # 1 broadcast + 1 per-step MIN + 4 model
+    assert r.step_collectives_per_req == 4.5  # 18 step collectives / 4 requests
+    assert r.sync_ms_per_step == 2.0
+    assert math.isnan(row(summary, "pr36425", "wait_complete").step_collectives_per_step)
+
+
+def test_ttft_percentiles_linear(summary):
+    r = row(summary, "pr27010", "wait_complete")  # TTFTs 50, 80, 100, 120
+    assert r.ttft_p50_ms == 90.0
+    assert r.ttft_p90_ms == pytest.approx(114.0)  # 100 + 0.7 * 20
+    assert r.ttft_mean_ms == 87.5
+    assert r.sched_lag_p50_ms == 1.5  # lags 0, 1, 2, 3
+    assert r.percentile_method == "linear"
+
+
+def test_ttft_percentiles_nearest_rank():
+    r = row(summarize(requests_frame(), steps_frame(), "nearest-rank"), "pr27010",
+            "wait_complete")
+    assert (r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms) == (80.0, 120.0, 120.0)
+    assert r.percentile_method == "nearest-rank"
+
+
+def test_ratio_vs_reference(summary):
+    r = row(summary, "pr36425", "wait_complete")  # TTFTs 40, 60, 90, 100: median 75
+    assert r.ttft_p50_ratio_vs_pr27010 == pytest.approx(75 / 90)
+    assert r.ttft_p50_ratio_ci_low <= r.ttft_p50_ratio_vs_pr27010 <= r.ttft_p50_ratio_ci_high
+    # repeat 0: 65 / 75; repeat 1: 80 / 100
+    assert r.ttft_p50_ratio_per_repeat == "0.8667;0.8000"
+    ref = row(summary, "pr27010", "wait_complete")
+    assert ref.ttft_p50_ratio_vs_pr27010 == 1.0
+    assert ref.ttft_p50_ratio_per_repeat == "1.0000;1.0000"
+
+
+def test_no_reference_group_leaves_ratio_empty(summary):
+    r = row(summary, "pr36425", "timeout")
+    assert math.isnan(r.ttft_p50_ratio_vs_pr27010)
+    assert math.isnan(r.ttft_p50_ratio_ci_low) and math.isnan(r.ttft_p50_ratio_ci_high)
+    assert pd.isna(r.ttft_p50_ratio_per_repeat)
+
+
+def test_correctness_columns(summary):
+    assert row(summary, "pr27010", "wait_complete").ranks_agree
+    assert row(summary, "pr27010", "wait_complete").data_errors == 0
+    assert row(summary, "pr36425", "wait_complete").data_errors == 1
+    assert not row(summary, "pr36425", "timeout").ranks_agree
+
+
+def test_expected_counts_per_request():
+    exp = expected_counts(requests_frame())
+    assert exp["decision"].tolist() == [3, 0, 2, 1, 0, 0, 0, 0, 2]
+    assert exp["background"].tolist() == [3, 0, 3, 4, 3, 0, 3, 4, 3]
+
+
+def test_csv_round_trip_gives_the_same_summary(tmp_path, summary):
+    requests_frame().to_csv(tmp_path / "requests.csv", index=False)
+    steps_frame().to_csv(tmp_path / "steps.csv", index=False)
+    again = summarize(pd.read_csv(tmp_path / "requests.csv"),
+                      pd.read_csv(tmp_path / "steps.csv"))
+    pd.testing.assert_frame_equal(again, summary, check_dtype=False)
+
+
+def test_bad_method():
+    with pytest.raises(ValueError):
+        summarize(requests_frame(), steps_frame(), "midpoint")
+
+
+def test_format_table(summary):
+    text = format_table(summary)
+    lines = text.splitlines()
+    assert len(lines) == 1 + len(summary)
+    for header in TABLE_HEADERS:
+        assert header in lines[0]
+    assert "0.833 [" in lines[2]  # ratio with its CI
+    assert lines[3].split()[-2:] == ["NO", "0"]  # timeout row: ranks disagreed
+    assert "-" in lines[3].split()  # its ratio is unknown
