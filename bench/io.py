@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import pandas as pd
+
 
 @contextlib.contextmanager
 def atomic_open(path: Path | str, mode: str = "w") -> Iterator[IO[Any]]:
@@ -66,3 +68,23 @@ def write_csv_atomic(path: Path | str, rows: list[dict], columns: list[str]) -> 
             if extra:
                 raise ValueError(f"row has columns not in the header: {sorted(extra)}")
             writer.writerow([csv_cell(row.get(c)) for c in columns])
+
+
+class ResultFileError(ValueError):
+    """A result file is missing, unreadable or lacks columns; the message is one line."""
+
+
+def read_csv_checked(path: Path | str, required: list[str]) -> pd.DataFrame:
+    """Read a result CSV, requiring `required` columns; ResultFileError says what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ResultFileError(f"{path}: no such file")
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError) as e:  # EmptyDataError is a ValueError
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise ResultFileError(f"{path}: unreadable CSV ({first})") from e
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise ResultFileError(f"{path}: missing columns {', '.join(missing)}")
+    return frame

@@ -36,7 +36,7 @@ def as_bool(series: pd.Series) -> pd.Series:
     return series.map(cell).astype(object)
 
 
-def _clean_key(key: tuple) -> tuple:
+def clean_key(key: tuple) -> tuple:
     """Group key with NaN -> None and numpy scalars -> Python, so keys compare across frames."""
     out = []
     for v in key:
@@ -47,11 +47,11 @@ def _clean_key(key: tuple) -> tuple:
     return tuple(out)
 
 
-def _groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
-    """Clean group key -> rows, in order of first appearance."""
+def config_groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """Clean GROUP_KEYS key -> rows, in order of first appearance."""
     if df.empty:
         return {}
-    return {_clean_key(k): g for k, g in df.groupby(GROUP_KEYS, dropna=False, sort=False)}
+    return {clean_key(k): g for k, g in df.groupby(GROUP_KEYS, dropna=False, sort=False)}
 
 
 def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
@@ -170,7 +170,7 @@ def summarize(
     """One SUMMARY_COLUMNS row per configuration group of `requests` (see module docstring)."""
     if percentile_method not in PERCENTILE_METHODS:
         raise ValueError(f"unknown percentile method {percentile_method!r}")
-    groups, step_groups = _groups(requests), _groups(steps)
+    groups, step_groups = config_groups(requests), config_groups(steps)
     refs = {k[1:]: g for k, g in groups.items() if k[0] == REFERENCE_PROTOCOL}
     rows = []
     for key, g in groups.items():
@@ -185,6 +185,8 @@ def summarize(
 TABLE_HEADERS = ["protocol", "policy", "tp", "pp", "polls/req", "decision/req", "expected",
                  "critical/req", "background/req", "step/step", "p50_ms", "p90_ms", "p99_ms",
                  "ratio [95% ci]", "agree", "data_err"]
+# Configuration columns shown after `pp` only when they differ between rows (e.g. a rate sweep).
+VARYING_COLUMNS = ["storage", "rate_rps", "extra_pool", "race_guard"]
 
 
 def _num(v: object, fmt: str = ".3f") -> str:
@@ -194,29 +196,47 @@ def _num(v: object, fmt: str = ".3f") -> str:
     return format(v, fmt)
 
 
+def varying_columns(summary: pd.DataFrame) -> list[str]:
+    """The VARYING_COLUMNS whose values differ between summary rows."""
+    return [c for c in VARYING_COLUMNS
+            if c in summary and summary[c].astype(str).nunique() > 1]
+
+
+def table_headers(summary: pd.DataFrame) -> list[str]:
+    """TABLE_HEADERS with the varying configuration columns inserted after `pp`."""
+    return TABLE_HEADERS[:4] + varying_columns(summary) + TABLE_HEADERS[4:]
+
+
+def _ratio_cell(r: dict) -> str:
+    """'point [low, high]' or '-' when there is no reference group."""
+    ratio = _num(r["ttft_p50_ratio_vs_pr27010"])
+    if ratio == "-":
+        return ratio
+    return f"{ratio} [{_num(r['ttft_p50_ratio_ci_low'])}, {_num(r['ttft_p50_ratio_ci_high'])}]"
+
+
 def table_rows(summary: pd.DataFrame) -> list[list[str]]:
-    """The human table's cells (TABLE_HEADERS), one list per summary row."""
+    """The human table's cells (table_headers(summary)), one list per summary row."""
+    extra = varying_columns(summary)
     out = []
     for r in summary.to_dict("records"):
-        ratio = _num(r["ttft_p50_ratio_vs_pr27010"])
-        if ratio != "-":
-            ratio += (f" [{_num(r['ttft_p50_ratio_ci_low'])}, "
-                      f"{_num(r['ttft_p50_ratio_ci_high'])}]")
-        out.append([str(r["protocol"]), str(r["policy"]), str(r["tp"]), str(r["pp"]),
-                    _num(r["polls_per_req"]), _num(r["decision_collectives_per_req"]),
-                    _num(r["expected_decision_collectives_per_req"]),
-                    _num(r["critical_collectives_per_req"]),
-                    _num(r["background_collectives_per_req"]),
-                    _num(r["step_collectives_per_step"]), _num(r["ttft_p50_ms"], ".1f"),
-                    _num(r["ttft_p90_ms"], ".1f"), _num(r["ttft_p99_ms"], ".1f"), ratio,
-                    "yes" if r["ranks_agree"] in _TRUE else "NO", str(r["data_errors"])])
+        out.append([str(r["protocol"]), str(r["policy"]), str(r["tp"]), str(r["pp"])]
+                   + [_num(r[c], "g") if isinstance(r[c], float) else str(r[c]) for c in extra]
+                   + [_num(r["polls_per_req"]), _num(r["decision_collectives_per_req"]),
+                      _num(r["expected_decision_collectives_per_req"]),
+                      _num(r["critical_collectives_per_req"]),
+                      _num(r["background_collectives_per_req"]),
+                      _num(r["step_collectives_per_step"]), _num(r["ttft_p50_ms"], ".1f"),
+                      _num(r["ttft_p90_ms"], ".1f"), _num(r["ttft_p99_ms"], ".1f"),
+                      _ratio_cell(r), "yes" if r["ranks_agree"] in _TRUE else "NO",
+                      str(r["data_errors"])])
     return out
 
 
 def format_table(summary: pd.DataFrame) -> str:
     """A compact fixed-width table of the summary rows, for a terminal."""
-    rows = [TABLE_HEADERS] + table_rows(summary)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_HEADERS))]
+    rows = [table_headers(summary)] + table_rows(summary)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
              for row in rows]

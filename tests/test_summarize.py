@@ -167,3 +167,11 @@ def test_format_table(summary):
     assert "0.833 [" in lines[2]  # ratio with its CI
     assert lines[3].split()[-2:] == ["NO", "0"]  # timeout row: ranks disagreed
     assert "-" in lines[3].split()  # its ratio is unknown
+
+
+def test_table_shows_config_columns_only_when_they_vary(summary):
+    assert "rate_rps" not in format_table(summary).splitlines()[0]
+    frame = requests_frame()
+    frame.loc[frame.policy == "timeout", "rate_rps"] = 16.0
+    header = format_table(summarize(frame, steps_frame())).splitlines()[0].split()
+    assert header[:5] == ["protocol", "policy", "tp", "pp", "rate_rps"]
