@@ -1,0 +1,386 @@
+"""CI perf gate: exact collective counts, correctness, and same-run TTFT ratios vs a baseline.
+
+Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--update-baseline]
+                                    [--tolerance FLOAT]
+
+Hard checks are exact (counts never depend on timing): measured decision and background
+collectives equal the analytic model (hicache.cost_model) for every request, every rank
+agreed, no data errors, and no protocol spends more decision collectives per poll than the
+committed baseline. The soft check compares TTFT p50 ratios vs pr27010 measured inside one
+run (interleaved repeats) against the baseline's ratio x (1 + tolerance), and fails only when
+every repeat exceeds the bound too, so noise alone does not fail CI.
+Exit 0: all checks hold; 1: a check failed (table on stdout); 2: bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bench.io import (
+    ResultFileError,
+    read_csv_checked,
+    write_csv_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
+from bench.report import CliParser, UsageError
+from bench.schema import STEP_COLUMNS, SUMMARY_COLUMNS
+from bench.summarize import (
+    GROUP_KEYS,
+    REFERENCE_PROTOCOL,
+    as_bool,
+    clean_key,
+    config_groups,
+    expected_counts,
+    summarize,
+)
+
+DEFAULT_TOLERANCE = 0.25  # used when the baseline has no gate.json; see gate.json's note
+REQUIRED_REQUEST_COLUMNS = GROUP_KEYS + [
+    "repeat", "rid", "page_size", "polls", "decision_collectives", "hit_query_collectives",
+    "ack_collectives", "hit_tokens", "op_issued", "io_issued", "ranks_agree", "data_ok",
+]
+REQUIRED_SUMMARY_COLUMNS = GROUP_KEYS + [
+    "decision_collectives_per_req", "expected_decision_collectives_per_req",
+    "background_collectives_per_req", "expected_background_collectives_per_req",
+    "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_per_repeat",
+    "ranks_agree", "data_errors",
+]
+# Cells that must be numbers (empty allowed only where a value may be unknown).
+REQUEST_NUMERIC = ["tp", "pp", "page_size", "polls", "decision_collectives",
+                   "hit_query_collectives", "ack_collectives", "hit_tokens"]
+SUMMARY_NUMERIC = ["tp", "pp", "decision_collectives_per_req",
+                   "expected_decision_collectives_per_req", "background_collectives_per_req",
+                   "expected_background_collectives_per_req", "decision_collectives_per_poll",
+                   "ttft_p50_ratio_vs_pr27010", "data_errors"]
+BASELINE_KEY = ["protocol", "policy", "tp", "pp"]
+BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010"]
+EPS = 1e-9  # CSV round trips of means; per-request counts are compared exactly
+
+
+@dataclass(frozen=True)
+class Check:
+    """One evaluated check of one summary row."""
+
+    check: str
+    protocol: str
+    policy: str
+    layout: str
+    passed: bool
+    expected: str = ""
+    observed: str = ""
+    meaning: str = ""
+    note: str = ""
+
+
+def _layout(row: dict) -> str:
+    """The row's configuration beyond protocol and policy, short."""
+    extra = " extra_pool" if row["extra_pool"] in (True, "True") else ""
+    return f"tp{row['tp']} pp{row['pp']} {row['storage']} rate={row['rate_rps']}{extra}"
+
+
+def _check(row: dict, name: str, passed: bool, **kw: str) -> Check:
+    return Check(name, str(row["protocol"]), str(row["policy"]), _layout(row), passed, **kw)
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(float(a) - float(b)) <= EPS
+
+
+def _count_meaning(site: str, protocol: str, expected: int, observed: int) -> str:
+    """One sentence on what a measured count differing from the model means."""
+    if site == "background":
+        more = "more" if observed > expected else "fewer"
+        return (f"{protocol}'s hit-query/ack threads issued {more} collectives than the model "
+                "(one MIN per hit query, one per 128-page batch plus the final ack): the "
+                "background agreement changed")
+    if observed > expected and expected == 0:
+        return (f"{protocol} issued a collective in a poll that needs none: a collective was "
+                "added to the hot path")
+    if observed > expected:
+        return (f"{protocol} issued more decision collectives than polls x (T + P): a "
+                "collective was added to the hot path")
+    return (f"{protocol} issued fewer decision collectives than the model: a poll skipped its "
+            "rank agreement, or the counter misses a call site")
+
+
+def _exact_check(row: dict, g: pd.DataFrame, site: str) -> Check:
+    """Per request (exact) and per summary row: measured `site` collectives == the model."""
+    column = "decision_collectives" if site == "decision" else None
+    measured = (g[column] if column else g["hit_query_collectives"] + g["ack_collectives"])
+    expected = expected_counts(g)[site]
+    bad = measured.astype(int) != expected
+    name = f"{site}_exact"
+    if bad.any():
+        first = g[bad].iloc[0]
+        exp, obs = int(expected[bad].iloc[0]), int(measured[bad].iloc[0])
+        return _check(row, name, False, expected=f"{exp} (rid {first['rid']}, repeat "
+                      f"{first['repeat']})", observed=f"{obs}; {int(bad.sum())} requests off",
+                      meaning=_count_meaning(site, row["protocol"], exp, obs))
+    got = row[f"{site}_collectives_per_req"]
+    want = row[f"expected_{site}_collectives_per_req"]
+    if not _close(got, want):
+        return _check(row, name, False, expected=f"{want:.4f}/req", observed=f"{got:.4f}/req",
+                      meaning="summary.csv disagrees with requests.csv and the model: the "
+                              "summary is stale or was edited; rebuild it with bench report")
+    return _check(row, name, True)
+
+
+def _agree_check(row: dict, g: pd.DataFrame) -> Check:
+    """Every request's ranks agreed, in requests.csv and in the summary row."""
+    bad = as_bool(g["ranks_agree"]) != True  # noqa: E712 - None (unknown) is not agreement
+    if bad.any() or row["ranks_agree"] not in (True, "True"):
+        where = f" (first rid {g[bad].iloc[0]['rid']})" if bad.any() else ""
+        return _check(row, "ranks_agree", False, expected="True",
+                      observed=f"False in {int(bad.sum())} of {len(g)} requests{where}",
+                      meaning="ranks reached different decisions or counts: the protocol is "
+                              "not rank-consistent (wrong answers or a hang in production)")
+    return _check(row, "ranks_agree", True)
+
+
+def _data_check(row: dict, g: pd.DataFrame) -> Check:
+    """No request read wrong prefix data (checksum mismatch)."""
+    bad = int((as_bool(g["data_ok"]) == False).sum())  # noqa: E712
+    errors = max(bad, int(row["data_errors"]))
+    if errors:
+        return _check(row, "data_errors", False, expected="0", observed=str(errors),
+                      meaning="load-back copied prefix pages with a wrong checksum: a completion "
+                              "race (e.g. PR #27550's extra pool) let a request use half-written "
+                              "data")
+    return _check(row, "data_errors", True)
+
+
+def run_checks(requests: pd.DataFrame, summary: pd.DataFrame) -> list[Check]:
+    """The hard checks that need no baseline, for every summary row."""
+    groups = config_groups(requests)
+    checks = []
+    for row in summary.to_dict("records"):
+        g = groups.pop(clean_key(tuple(row[k] for k in GROUP_KEYS)), requests.iloc[:0])
+        checks += [_exact_check(row, g, "decision"), _exact_check(row, g, "background"),
+                   _agree_check(row, g), _data_check(row, g)]
+    for key in groups:  # requests the summary does not cover: a stale summary.csv
+        row = dict(zip(GROUP_KEYS, key, strict=True))
+        checks.append(_check(row, "summary_covers_requests", False, expected="a summary row",
+                             observed="none", meaning="summary.csv is stale: rebuild it with "
+                                                      "bench report"))
+    return checks
+
+
+def _baseline_rows(baseline: pd.DataFrame, row: dict, column: str) -> float:
+    """The baseline's most lenient finite `column` for the row's (protocol, policy, tp, pp)."""
+    match = baseline
+    for k in BASELINE_KEY:
+        match = match[match[k] == row[k]]
+    values = match[column].dropna()
+    return float(values.max()) if len(values) else math.nan
+
+
+def per_poll_checks(summary: pd.DataFrame, baseline: pd.DataFrame) -> list[Check]:
+    """No more decision collectives per poll than the baseline, per layout."""
+    checks = []
+    for row in summary.to_dict("records"):
+        base = _baseline_rows(baseline, row, "decision_collectives_per_poll")
+        got = row["decision_collectives_per_poll"]
+        if math.isnan(base) or pd.isna(got):  # no baseline for this layout, or no polls
+            continue
+        ok = float(got) <= base + EPS
+        checks.append(_check(
+            row, "per_poll_vs_baseline", ok, expected=f"<= {base:.4f}", observed=f"{got:.4f}",
+            meaning="" if ok else f"{row['protocol']} spends more decision collectives per "
+                                  "poll than the committed baseline: a collective was added "
+                                  "to every poll"))
+    return checks
+
+
+def _repeat_ratios(cell: object, point: float) -> list[float]:
+    """Parse 'r0;r1;...'; without per-repeat ratios the pooled point stands for them."""
+    if pd.isna(cell) or not str(cell).strip():
+        return [point]
+    try:
+        return [float(v) for v in str(cell).split(";")]
+    except ValueError as e:
+        raise ResultFileError(f"summary.csv: bad ttft_p50_ratio_per_repeat {cell!r}") from e
+
+
+def ratio_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float) -> list[Check]:
+    """TTFT p50 ratio vs pr27010 within baseline x (1 + tolerance) unless every repeat agrees."""
+    checks = []
+    for row in summary.to_dict("records"):
+        point = row["ttft_p50_ratio_vs_pr27010"]
+        base = _baseline_rows(baseline, row, "ttft_p50_ratio_vs_pr27010")
+        if row["protocol"] == REFERENCE_PROTOCOL or pd.isna(point) or math.isnan(base):
+            continue
+        bound = base * (1 + tolerance)
+        repeats = _repeat_ratios(row["ttft_p50_ratio_per_repeat"], float(point))
+        failed = point > bound and all(r > bound for r in repeats)
+        noise = point > bound and not failed
+        checks.append(_check(
+            row, "ttft_ratio_vs_baseline", not failed,
+            expected=f"<= {bound:.3f} (baseline {base:.3f} x {1 + tolerance:g})",
+            observed=f"{point:.3f} (repeats {';'.join(f'{r:.3f}' for r in repeats)})",
+            meaning=f"{row['protocol']}'s TTFT p50 relative to {REFERENCE_PROTOCOL} grew "
+                    "beyond the baseline's tolerance in every repeat: it got slower"
+                    if failed else "",
+            note="above the bound pooled, but not in every repeat: treated as noise"
+                 if noise else ""))
+    return checks
+
+
+def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """requests.csv and summary.csv (rebuilt with summarize when absent) of a run."""
+    if not run_dir.is_dir():
+        raise ResultFileError(f"{run_dir}: no such directory")
+    path = run_dir / "requests.csv"
+    requests = _numeric(read_csv_checked(path, REQUIRED_REQUEST_COLUMNS), REQUEST_NUMERIC,
+                        path, REQUEST_NUMERIC[:-1])
+    path = run_dir / "summary.csv"
+    if path.exists():
+        summary = read_csv_checked(path, REQUIRED_SUMMARY_COLUMNS)
+        return requests, _numeric(summary, SUMMARY_NUMERIC, path, ["tp", "pp", "data_errors"])
+    steps_path = run_dir / "steps.csv"
+    steps = (read_csv_checked(steps_path, STEP_COLUMNS) if steps_path.exists()
+             else pd.DataFrame(columns=STEP_COLUMNS))
+    return requests, summarize(requests, steps)
+
+
+def _numeric(frame: pd.DataFrame, columns: list[str], where: Path,
+             not_empty: list[str]) -> pd.DataFrame:
+    """Columns converted to numbers; a non-numeric cell, or an empty one in `not_empty`
+    columns, is a ResultFileError."""
+    frame = frame.copy()
+    for col in columns:
+        values = pd.to_numeric(frame[col], errors="coerce")
+        if (values.isna() & frame[col].notna()).any():
+            raise ResultFileError(f"{where}: non-numeric values in column {col}")
+        if col in not_empty and values.isna().any():
+            raise ResultFileError(f"{where}: empty cells in column {col}")
+        frame[col] = values
+    return frame
+
+
+def _tolerance(value: object, where: str) -> float:
+    """A finite tolerance >= 0, else ResultFileError naming where it came from."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ResultFileError(f"{where}: tolerance must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """The baseline's summary (checked) and its gate.json settings ({} when absent)."""
+    path = baseline_dir / "summary.csv"
+    if not path.exists():
+        raise ResultFileError(f"{path}: no baseline (create one with --update-baseline)")
+    summary = read_csv_checked(path, BASELINE_KEY + BASELINE_NUMERIC[2:])
+    if summary.empty:
+        raise ResultFileError(f"{path}: baseline has no rows")
+    return _numeric(summary, BASELINE_NUMERIC, path, ["tp", "pp"]), read_settings(baseline_dir)
+
+
+def read_settings(baseline_dir: Path) -> dict:
+    """The baseline's gate.json ({} when absent); its tolerance, if any, is checked."""
+    gate_json = baseline_dir / "gate.json"
+    if not gate_json.exists():
+        return {}
+    try:
+        settings = json.loads(gate_json.read_text())
+    except (OSError, ValueError) as e:
+        raise ResultFileError(f"{gate_json}: unreadable JSON ({e})") from e
+    if not isinstance(settings, dict):
+        raise ResultFileError(f"{gate_json}: expected a JSON object")
+    if "tolerance" in settings:
+        _tolerance(settings["tolerance"], str(gate_json))
+    return settings
+
+
+def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
+                    tolerance: float, settings: dict) -> None:
+    """Write the run's summary and env.json, and gate.json, into the baseline directory."""
+    env_path = run_dir / "env.json"
+    try:
+        env_text = env_path.read_text()
+        json.loads(env_text)
+    except (OSError, ValueError) as e:
+        raise ResultFileError(f"{env_path}: a baseline needs the run's env.json ({e})") from e
+    baseline_dir.mkdir(parents=True, exist_ok=True)
+    # Each file is replaced atomically; all inputs were read and checked before the first.
+    write_csv_atomic(baseline_dir / "summary.csv", summary.to_dict("records"),
+                     [c for c in SUMMARY_COLUMNS if c in summary.columns])
+    write_text_atomic(baseline_dir / "env.json", env_text)
+    write_json_atomic(baseline_dir / "gate.json",
+                      {**settings, "tolerance": tolerance, "source_run": run_dir.name})
+
+
+def format_checks(checks: list[Check]) -> str:
+    """Failing checks as a table; when none fail, a PASS count per check."""
+    failing = [c for c in checks if not c.passed]
+    if failing:
+        header = ["check", "protocol", "policy", "layout", "expected", "observed", "meaning"]
+        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed, c.meaning]
+                for c in failing]
+    else:
+        header = ["check", "rows", "result"]
+        names = list(dict.fromkeys(c.check for c in checks))
+        rows = [[n, str(sum(c.check == n for c in checks)), "PASS"] for n in names]
+    table = [header] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]])
+             for r in table]
+    notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}): {c.observed}: {c.note}"
+             for c in checks if c.note]
+    return "\n".join(lines + notes)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = CliParser(prog="bench gate", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
+    parser.add_argument("--baseline", type=Path, default=Path("results/baseline"))
+    parser.add_argument("--update-baseline", action="store_true",
+                        help="after the run's own checks pass, make it the new baseline")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="allowed growth of the TTFT ratio over the baseline's "
+                             f"(default: the baseline's gate.json, else {DEFAULT_TOLERANCE})")
+    return parser.parse_args(argv)
+
+
+def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
+    """Evaluate every check (and update the baseline when asked); returns checks and a line."""
+    requests, summary = load_run(args.run_dir)
+    checks = run_checks(requests, summary)
+    if args.update_baseline:
+        old = read_settings(args.baseline)
+        tolerance = args.tolerance if args.tolerance is not None else old.get(
+            "tolerance", DEFAULT_TOLERANCE)
+        if all(c.passed for c in checks):
+            update_baseline(args.run_dir, args.baseline, summary, tolerance, old)
+            return checks, f"baseline updated: {args.baseline}"
+        return checks, "baseline NOT updated"
+    baseline, settings = load_baseline(args.baseline)
+    tolerance = args.tolerance if args.tolerance is not None else settings.get(
+        "tolerance", DEFAULT_TOLERANCE)
+    checks += per_poll_checks(summary, baseline) + ratio_checks(summary, baseline, tolerance)
+    return checks, f"tolerance {tolerance:g} vs baseline {args.baseline}"
+
+
+def main_gate(argv: list[str]) -> int:
+    """`python -m bench gate`: 0 when every check holds, 1 when one fails, 2 on bad input."""
+    try:
+        args = _parse(argv)
+        if args.tolerance is not None:
+            _tolerance(args.tolerance, "--tolerance")
+        checks, context = _gate(args)
+    except (UsageError, ValueError) as e:  # ResultFileError is a ValueError
+        print(f"bench gate: {e}", file=sys.stderr)
+        return 2
+    failed = [c for c in checks if not c.passed]
+    print(format_checks(checks))
+    print(context)
+    print("OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks")
+    return 1 if failed else 0

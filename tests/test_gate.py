@@ -1,0 +1,284 @@
+"""The CI gate on a synthetic, self-consistent run directory and on doctored copies of it."""
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.gate import main_gate
+from bench.io import write_csv_atomic, write_json_atomic
+from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
+from bench.summarize import summarize
+from hicache.cost_model import POLICIES, expected_per_request
+
+PROTOCOLS = ("pr27010", "pr36425", "step-clock")
+CONFIG = dict(preset="ci", tp=2, pp=1, world_size=2, device="cpu", backend="gloo",
+              storage="sim", rate_rps=8.0, seed=0, page_size=64, extra_pool=False,
+              race_guard=True)
+REPEATS, PER_CELL = 3, 12
+
+
+def request_row(rng, protocol, policy, repeat, i):
+    """One request whose collective counts are exactly what the cost model predicts."""
+    hit_pages = int(rng.integers(0, 300)) if i % 4 else 0
+    op, io = hit_pages > 0, hit_pages > 0 and i % 7 != 3
+    polls = int(rng.integers(1, 6)) if io else 0
+    e = expected_per_request(protocol, policy, 2, 1, polls, hit_pages, op, io)
+    return dict(CONFIG, protocol=protocol, policy=policy, repeat=repeat, rid=f"r{repeat}-{i}",
+                arrival_s=0.01 * i, ttft_ms=float(rng.lognormal(np.log(100), 0.2)),
+                queue_ms=5.0, prefetch_io_ms=20.0, sched_lag_ms=3.0, sync_ms=1.0,
+                load_back_ms=4.0, prefill_ms=30.0, polls=polls, decision_collectives=e.decision,
+                completion_collectives=e.completion, hit_query_collectives=e.hit_query,
+                ack_collectives=e.ack, pp_hops=e.pp_hops,
+                terminated_by="poll" if polls else "none", op_issued=op, io_issued=io,
+                prefetch_requested_tokens=hit_pages * 64, hit_tokens=hit_pages * 64,
+                prefetched_tokens=hit_pages * 64 if io else 0, ranks_agree=True, data_ok=True)
+
+
+def make_requests(seed=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame([request_row(rng, pro, pol, rep, i) for rep in range(REPEATS)
+                         for pro in PROTOCOLS for pol in POLICIES for i in range(PER_CELL)],
+                        columns=REQUEST_COLUMNS)
+
+
+def make_steps():
+    return pd.DataFrame([dict(CONFIG, protocol=pro, policy=pol, repeat=rep, step=s, t_s=s * 0.01,
+                              waiting=2, polled=2, scheduled=1, request_broadcast=1,
+                              per_step_min=1, model_allreduce=8, decision=0, completion=0,
+                              pp_hop=0, sync_ms=0.5)
+                         for rep in range(REPEATS) for pro in PROTOCOLS for pol in POLICIES
+                         for s in range(4)], columns=STEP_COLUMNS)
+
+
+def write_run(run_dir, requests, steps, with_summary=True):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(run_dir / "requests.csv", requests.to_dict("records"), REQUEST_COLUMNS)
+    write_csv_atomic(run_dir / "steps.csv", steps.to_dict("records"), STEP_COLUMNS)
+    write_json_atomic(run_dir / "env.json", {"git": {"commit": "0" * 40, "dirty": False}})
+    if with_summary:
+        write_csv_atomic(run_dir / "summary.csv",
+                         summarize(requests, steps).to_dict("records"), SUMMARY_COLUMNS)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """A consistent run and a baseline made from it with --update-baseline."""
+    root = tmp_path_factory.mktemp("gate")
+    run = write_run(root / "run", make_requests(), make_steps())
+    assert main_gate([str(run), "--baseline", str(root / "baseline"), "--update-baseline"]) == 0
+    return run, root / "baseline"
+
+
+def doctored(clean, tmp_path, edit, with_summary=True):
+    """A copy of the clean run with requests.csv edited by `edit(frame) -> frame`."""
+    requests = edit(pd.read_csv(clean[0] / "requests.csv"))
+    return write_run(tmp_path / "doctored", requests, make_steps(), with_summary)
+
+
+def gate(run, baseline, *extra):
+    return main_gate([str(run), "--baseline", str(baseline), *extra])
+
+
+def test_clean_run_passes(clean, capsys):
+    assert gate(*clean) == 0
+    out = capsys.readouterr().out
+    for check in ("decision_exact", "background_exact", "ranks_agree", "data_errors",
+                  "per_poll_vs_baseline", "ttft_ratio_vs_baseline"):
+        assert check in out
+    assert "PASS" in out and out.strip().endswith("OK")
+
+
+def test_baseline_files_written(clean):
+    baseline = clean[1]
+    assert sorted(p.name for p in baseline.iterdir()) == ["env.json", "gate.json", "summary.csv"]
+    assert json.loads((baseline / "gate.json").read_text())["tolerance"] == 0.25
+    assert len(pd.read_csv(baseline / "summary.csv")) == len(PROTOCOLS) * len(POLICIES)
+
+
+def test_missing_summary_is_rebuilt(clean, tmp_path, capsys):
+    run = doctored(clean, tmp_path, lambda f: f, with_summary=False)
+    assert gate(run, clean[1]) == 0
+
+
+def add_decision(frame):
+    frame.loc[frame.protocol == "pr36425", "decision_collectives"] += 1
+    return frame
+
+
+def test_extra_decision_collective_fails(clean, tmp_path, capsys):
+    assert gate(doctored(clean, tmp_path, add_decision), clean[1]) == 1
+    out = capsys.readouterr().out
+    failing = [line for line in out.splitlines() if line.startswith("decision_exact")]
+    assert failing and all("pr36425" in line for line in failing)
+    assert "a collective was added to the hot path" in out
+    assert "per_poll_vs_baseline" in out  # more per poll than the baseline too
+    assert out.strip().splitlines()[-1].startswith("FAILED")
+
+
+def test_extra_ack_fails_background(clean, tmp_path, capsys):
+    def add_ack(frame):
+        frame.loc[(frame.protocol == "step-clock") & frame.io_issued, "ack_collectives"] += 1
+        return frame
+    assert gate(doctored(clean, tmp_path, add_ack), clean[1]) == 1
+    assert "background_exact" in capsys.readouterr().out
+
+
+def test_ranks_disagree_in_one_request_fails(clean, tmp_path, capsys):
+    def disagree(frame):
+        frame.loc[5, "ranks_agree"] = False
+        return frame
+    assert gate(doctored(clean, tmp_path, disagree), clean[1]) == 1
+    out = capsys.readouterr().out
+    assert "ranks_agree" in out and "False in 1 of" in out
+
+
+def test_ranks_disagree_in_summary_row_fails(clean, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    summary = pd.read_csv(run / "summary.csv")
+    summary.loc[2, "ranks_agree"] = False
+    summary.to_csv(run / "summary.csv", index=False)
+    assert gate(run, clean[1]) == 1
+    assert "ranks_agree" in capsys.readouterr().out
+
+
+def test_data_error_fails(clean, tmp_path, capsys):
+    def corrupt(frame):
+        frame.loc[7, "data_ok"] = False
+        return frame
+    assert gate(doctored(clean, tmp_path, corrupt), clean[1]) == 1
+    assert "data_errors" in capsys.readouterr().out
+
+
+def triple_ttft(repeats):
+    def edit(frame):
+        frame.loc[(frame.protocol == "pr36425") & frame.repeat.isin(repeats), "ttft_ms"] *= 3
+        return frame
+    return edit
+
+
+def test_slower_in_every_repeat_fails(clean, tmp_path, capsys):
+    assert gate(doctored(clean, tmp_path, triple_ttft(range(REPEATS))), clean[1]) == 1
+    out = capsys.readouterr().out
+    assert "ttft_ratio_vs_baseline" in out and "got slower" in out
+    assert "decision_exact" not in out  # only the soft check fails
+
+
+def test_slower_in_one_repeat_is_noise(clean, tmp_path, capsys):
+    run = doctored(clean, tmp_path, triple_ttft([1]))
+    assert gate(run, clean[1]) == 0
+    assert capsys.readouterr().out.strip().endswith("OK")
+    # Even where the pooled ratio crosses a tight bound, the other repeats do not: noise.
+    assert gate(run, clean[1], "--tolerance", "0.05") == 0
+    assert "treated as noise" in capsys.readouterr().out
+
+
+def test_tolerance_from_gate_json_and_flag(clean, tmp_path, capsys):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(clean[1], baseline)
+    write_json_atomic(baseline / "gate.json", {"tolerance": 5.0})
+    run = doctored(clean, tmp_path, triple_ttft(range(REPEATS)))
+    assert gate(run, baseline) == 0
+    assert gate(run, baseline, "--tolerance", "0.25") == 1
+
+
+def test_update_refused_when_hard_checks_fail(clean, tmp_path, capsys):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(clean[1], baseline)
+    before = (baseline / "summary.csv").read_bytes()
+    assert gate(doctored(clean, tmp_path, add_decision), baseline, "--update-baseline") == 1
+    assert (baseline / "summary.csv").read_bytes() == before
+    assert "baseline NOT updated" in capsys.readouterr().out
+
+
+def test_stale_summary_fails(clean, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    summary = pd.read_csv(run / "summary.csv")
+    summary[summary.protocol != "step-clock"].to_csv(run / "summary.csv", index=False)
+    assert gate(run, clean[1]) == 1
+    assert "summary_covers_requests" in capsys.readouterr().out
+
+
+def break_columns(base):
+    pd.read_csv(base / "summary.csv").drop(columns=["decision_collectives_per_poll"]).to_csv(
+        base / "summary.csv", index=False)
+
+
+def break_numbers(base):
+    frame = pd.read_csv(base / "summary.csv")
+    frame["ttft_p50_ratio_vs_pr27010"] = frame["ttft_p50_ratio_vs_pr27010"].astype(object)
+    frame.loc[0, "ttft_p50_ratio_vs_pr27010"] = "fast"
+    frame.to_csv(base / "summary.csv", index=False)
+
+
+def break_empty(base):
+    (base / "summary.csv").write_text("")
+
+
+def break_header_only(base):
+    (base / "summary.csv").write_text(",".join(SUMMARY_COLUMNS) + "\n")
+
+
+def break_gate_json(base):
+    (base / "gate.json").write_text('{"tolerance": "lots"}')
+
+
+def break_missing(base):
+    shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("damage", [break_columns, break_numbers, break_empty,
+                                    break_header_only, break_gate_json, break_missing])
+def test_malformed_baseline_exits_2(clean, tmp_path, capsys, damage):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(clean[1], baseline)
+    damage(baseline)
+    assert gate(clean[0], baseline) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench gate: ")
+    assert "Traceback" not in err
+
+
+def test_bad_run_dir_exits_2(clean, tmp_path, capsys):
+    assert gate(tmp_path / "nope", clean[1]) == 2
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    pd.read_csv(run / "requests.csv").drop(columns=["polls"]).to_csv(run / "requests.csv",
+                                                                    index=False)
+    assert gate(run, clean[1]) == 2
+    (run / "requests.csv").write_text("")
+    assert gate(run, clean[1]) == 2
+    shutil.copy(clean[0] / "requests.csv", run / "requests.csv")
+    frame = pd.read_csv(run / "requests.csv")
+    frame["polls"] = frame["polls"].astype(object)
+    frame.loc[3, "polls"] = "many"
+    frame.to_csv(run / "requests.csv", index=False)
+    assert gate(run, clean[1]) == 2
+    frame.loc[3, "polls"] = None
+    frame.to_csv(run / "requests.csv", index=False)
+    assert gate(run, clean[1]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 5 and all(line.startswith("bench gate: ") for line in err)
+    assert "non-numeric values in column polls" in err[3] and "empty cells" in err[4]
+
+
+def test_bad_arguments_exit_2(clean, capsys):
+    assert main_gate([]) == 2
+    assert gate(*clean, "--tolerance", "-1") == 2
+    assert gate(*clean, "--tolerance", "abc") == 2
+    assert len(capsys.readouterr().err.splitlines()) == 3
+
+
+def test_malformed_run_summary_exits_2(clean, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    summary = pd.read_csv(run / "summary.csv")
+    summary.loc[0, "data_errors"] = None
+    summary.to_csv(run / "summary.csv", index=False)
+    assert gate(run, clean[1]) == 2
+    assert "empty cells in column data_errors" in capsys.readouterr().err
