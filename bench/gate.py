@@ -311,8 +311,11 @@ def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
         raise ResultFileError(f"{env_path}: a baseline needs the run's env.json ({e})") from e
     baseline_dir.mkdir(parents=True, exist_ok=True)
     # Each file is replaced atomically; all inputs were read and checked before the first.
-    write_csv_atomic(baseline_dir / "summary.csv", summary.to_dict("records"),
-                     [c for c in SUMMARY_COLUMNS if c in summary.columns])
+    if (run_dir / "summary.csv").exists():  # a byte-for-byte copy of what was gated
+        write_text_atomic(baseline_dir / "summary.csv", (run_dir / "summary.csv").read_text())
+    else:
+        write_csv_atomic(baseline_dir / "summary.csv", summary.to_dict("records"),
+                         [c for c in SUMMARY_COLUMNS if c in summary.columns])
     write_text_atomic(baseline_dir / "env.json", env_text)
     write_json_atomic(baseline_dir / "gate.json",
                       {**settings, "tolerance": tolerance, "source_run": run_dir.name})

@@ -282,3 +282,10 @@ def test_malformed_run_summary_exits_2(clean, tmp_path, capsys):
     summary.to_csv(run / "summary.csv", index=False)
     assert gate(run, clean[1]) == 2
     assert "empty cells in column data_errors" in capsys.readouterr().err
+
+
+def test_update_copies_summary_and_env(clean):
+    run, baseline = clean
+    assert (baseline / "summary.csv").read_text() == (run / "summary.csv").read_text()
+    assert (baseline / "env.json").read_text() == (run / "env.json").read_text()
+    assert json.loads((baseline / "gate.json").read_text())["source_run"] == run.name
