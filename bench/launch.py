@@ -1,0 +1,95 @@
+"""Starts one process per rank (spawn), or joins a torchrun launch, with hard timeouts.
+
+Locally: `launch(world_size, fn, args, timeout_s)` spawns `fn(rank, world_size, *args)` in
+fresh interpreters wired through env:// on a free loopback port, collects each rank's
+return value, and fails fast: when any rank exits non-zero or the deadline passes, the
+others are killed and `LaunchError` names the rank(s).
+Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) the caller runs `fn` in-process instead.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+
+import torch.multiprocessing as mp
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _entry(rank: int, world: int, port: int, fn, args, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    code = 0
+    try:
+        results.put((rank, "ok", fn(rank, world, *args)))
+    except BaseException as e:
+        code = 1
+        results.put((rank, "error", f"{type(e).__name__}: {e}", traceback.format_exc()))
+    # Flush the queue's feeder thread, then skip destructors that could block on a broken
+    # process group.
+    results.close()
+    results.join_thread()
+    os._exit(code)
+
+
+def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0) -> list:
+    """Runs fn on `world` ranks; returns the per-rank results in rank order."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(got) < world:
+            _collect(results, got)
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in got]
+            if dead:
+                _collect(results, got, wait_s=1.0)
+                dead = [r for r in dead if r not in got]
+            errors = {r: v for r, v in got.items() if v[0] == "error"}
+            if errors or dead:
+                raise LaunchError(_describe(errors, dead, procs))
+            if time.monotonic() > deadline:
+                missing = [r for r in range(world) if r not in got]
+                raise LaunchError(f"timed out after {timeout_s:.0f}s waiting for rank(s) "
+                                  f"{missing}")
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(got) == world else 0.1)
+            if p.is_alive():
+                p.kill()
+    return [got[r][1] for r in range(world)]
+
+
+def _collect(results, got: dict, wait_s: float = 0.05) -> None:
+    try:
+        item = results.get(timeout=wait_s)
+    except queue.Empty:
+        return
+    got[item[0]] = item[1:]
+
+
+def _describe(errors: dict, dead: list, procs) -> str:
+    parts = [f"rank {r} failed: {v[1]}" for r, v in sorted(errors.items())]
+    parts += [f"rank {r} died (exit code {procs[r].exitcode})" for r in dead]
+    return "; ".join(parts)

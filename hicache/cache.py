@@ -1,0 +1,295 @@
+"""Scheduler-thread side of HiCache: prefix match, prefetch issue, per-step events, the
+poll (`check_prefetch_progress`), finalisation and load-back.
+
+Everything here runs on the scheduler thread, in lock-step with the other ranks; the
+collectives it issues go through `Comm` on the scheduler's groups (`tp_cpu`, `pp_cpu`).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import torch
+import torch.distributed as dist
+
+from hicache.comm import COMPLETION, PER_STEP_MIN, Comm, Layout
+from hicache.config import HiCacheConfig
+from hicache.consensus import rank_consensus
+from hicache.controller import SIDECAR, CacheController, PrefetchOp
+from hicache.hashing import page_hashes
+from hicache.pools import PagePool, verify_pages
+from hicache.protocols import Facts, make_protocol
+from hicache.radix_tree import MatchResult, RadixTree
+from hicache.stats import Stats
+from hicache.storage import Storage
+
+
+class HiCache:
+    def __init__(self, cfg: HiCacheConfig, layout: Layout, comm: Comm, storage: Storage,
+                 device: torch.device, stats: Stats, consensus=None):
+        self.cfg, self.layout, self.comm, self.stats = cfg, layout, comm, stats
+        self.page, self.device, self.consensus = cfg.page_size, device, consensus
+        pin = device.type == "cuda"  # pinned host pool: async host->device copies
+        self.host_kv = PagePool("kv", cfg.host_pool_pages, cfg.kv_page_elems, "cpu", pin)
+        self.dev_kv = PagePool("kv", cfg.device_pool_pages, cfg.kv_page_elems, device)
+        self.host_side = self.dev_side = None
+        if cfg.extra_pool:  # side-car pages share the KV page's slot number
+            self.host_side = PagePool(SIDECAR, cfg.host_pool_pages, cfg.sidecar_page_elems,
+                                      "cpu", pin)
+            self.dev_side = PagePool(SIDECAR, cfg.device_pool_pages, cfg.sidecar_page_elems,
+                                     device)
+        self.tree = RadixTree(cfg.page_size)
+        self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
+        self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
+                                          cfg.page_size, self.protocol.uses_acks)
+        self.ongoing: dict[str, PrefetchOp] = {}
+        self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
+        self.prompts: dict[str, list[int]] = {}
+        self.tokens_in_flight = 0
+        self._tails: list[tuple[PrefetchOp, list[int]]] = []  # freed once their IO stopped
+        self.step_stamp = 0.0
+        self.copy_stream = torch.cuda.Stream() if device.type == "cuda" else None
+
+    # ---- arrival: prefix match and prefetch issue --------------------------------------------
+
+    def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
+        self.prompts[rid] = tokens
+        m = self._match_and_lock(rid, tokens)
+        aligned = len(tokens) // self.page * self.page
+        key = tokens[m.pages * self.page: aligned]
+        st = self.stats.requests[rid]
+        st.requested_tokens = len(key)
+        if len(key) < self.cfg.prefetch_threshold:
+            return
+        if self.tokens_in_flight >= 0.5 * self.cfg.host_pool_pages * self.page:
+            return  # rate-limited: half the host pool already in flight
+        op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page)
+        self.ongoing[rid] = op
+        self.tokens_in_flight += len(key)
+        st.op_issued = True
+        self.controller.prefetch_queue.put(op)
+
+    def _match_and_lock(self, rid: str, tokens: list[int]) -> MatchResult:
+        m = self.tree.match(tokens)
+        self.tree.lock(m.node)  # the matched prefix must survive eviction until load-back
+        self.matches.setdefault(rid, []).append(m)
+        return m
+
+    def release(self, rid: str) -> None:
+        self.prompts.pop(rid, None)
+        for m in self.matches.pop(rid, []):
+            self.tree.unlock(m.node)
+
+    def cached_tokens(self, tokens: list[int]) -> int:
+        """Host-resident prefix usable for this prompt (at least one token left to compute)."""
+        pages = min(self.tree.match(tokens).pages, (len(tokens) - 1) // self.page)
+        return pages * self.page
+
+    # ---- load-back host->device ---------------------------------------------------------------
+
+    def load_back(self, rid: str) -> tuple[list[int], float]:
+        """Copies the host-resident prefix to fresh device pages; returns them and the time."""
+        tokens = self.prompts[rid]
+        m = self._match_and_lock(rid, tokens)
+        pages = min(m.pages, (len(tokens) - 1) // self.page)
+        dev = self.dev_kv.alloc(pages)
+        if dev is None:
+            raise RuntimeError(f"device pool exhausted loading {pages} pages for {rid}")
+        pairs = [(self.host_kv, self.dev_kv)]
+        if self.host_side is not None:
+            pairs.append((self.host_side, self.dev_side))
+        t0 = time.monotonic()
+        for host, devp in pairs:
+            self._copy(host, m.slots[:pages], devp, dev)
+        seconds = time.monotonic() - t0
+        st = self.stats.requests[rid]
+        st.loaded_tokens = pages * self.page
+        st.data_errors += self._verify(tokens, m, pages, dev, pairs)
+        return dev, seconds
+
+    def _copy(self, host: PagePool, src: list[int], dev: PagePool, dst: list[int]) -> None:
+        if not src:
+            return
+        idx_src = torch.tensor(src, dtype=torch.int64)
+        rows = host.data.index_select(0, idx_src)
+        if self.copy_stream is None:
+            dev.data.index_copy_(0, torch.tensor(dst, dtype=torch.int64), rows)
+            return
+        # GPU: pinned staging, async copy on a side stream, the forward waits for it.
+        rows = rows.pin_memory()
+        with torch.cuda.stream(self.copy_stream):
+            idx_dst = torch.tensor(dst, dtype=torch.int64, device=self.device)
+            dev.data.index_copy_(0, idx_dst, rows.to(self.device, non_blocking=True))
+        torch.cuda.current_stream().wait_stream(self.copy_stream)
+        self.copy_stream.synchronize()  # the timed region ends when the bytes are there
+
+    def _verify(self, tokens, m: MatchResult, pages: int, dev: list[int], pairs) -> int:
+        """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
+        want = page_hashes(tokens[: pages * self.page], self.page)
+        bad = sum(a != b for a, b in zip(want, m.hashes[:pages], strict=True))
+        for _, devp in pairs:
+            bad += verify_pages(devp, dev, want, self.layout.rank)
+        return bad
+
+    def free_device(self, dev: list[int]) -> None:
+        self.dev_kv.free(dev)
+
+    # ---- once per step: check_hicache_events -------------------------------------------------
+
+    def check_hicache_events(self, stamp: float, busy: bool) -> bool:
+        """Drains hit-query results and acks by counts all ranks agree on; returns whether
+        any rank (of PP stage 0) still has work."""
+        self.step_stamp = stamp
+        self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
+        self._free_stopped_tails()
+        pending = [op for _, op in sorted(self.ongoing.items())
+                   if op.host_slots is not None and not op.decided]
+        votes = [self.protocol.step_vote(self._facts(op)) for op in pending]
+        flags = [v for v in votes if v is not None]
+        vec = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize(),
+               -int(busy)] + [-v for v in flags]  # MAX rides in the MIN by negation
+        t = torch.tensor(vec, dtype=torch.int64)
+        self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
+        agreed = t.tolist()
+        for op, f in zip(pending, agreed[3:], strict=False):
+            if f == -1:
+                self._decide(op)
+        for op in pending:
+            if not op.decided and self.protocol.step_decide(self._facts(op)):
+                self._decide(op)
+        self._drain_hits(agreed[0])
+        self._drain_acks(agreed[1])
+        return agreed[2] == -1
+
+    def _decide(self, op: PrefetchOp) -> None:
+        op.decided, op.frozen_tokens = True, op.completed_tokens
+
+    def _get(self, q: queue.Queue):
+        # A later PP stage may be behind stage 0's count: wait, but never forever.
+        try:
+            return q.get(timeout=self.cfg.collective_timeout_s)
+        except queue.Empty:
+            raise RuntimeError(f"rank {self.layout.rank}: agreed queue count not reached "
+                               f"within {self.cfg.collective_timeout_s}s") from None
+
+    def _drain_hits(self, n: int) -> None:
+        for _ in range(n):
+            op = self._get(self.controller.hit_queue)
+            op.hit_drained = True
+            st = self.stats.requests[op.rid]
+            st.hit_tokens = op.hit_tokens
+            if op.terminated.is_set():
+                continue  # revoked by a poll while its hit query was in flight
+            if op.hit_tokens < self.cfg.prefetch_threshold:
+                self._revoke(op)
+                continue
+            slots = self._alloc_host(len(op.hash_value))
+            if slots is None:
+                self._revoke(op)
+                continue
+            op.host_slots = slots
+            st.io_issued = True
+            self.controller.io_queue.put(op)
+
+    def _alloc_host(self, pages: int) -> list[int] | None:
+        slots = self.host_kv.alloc(pages)
+        if slots is None:
+            self.host_kv.free(self.tree.evict(pages - self.host_kv.available))
+            slots = self.host_kv.alloc(pages)
+        return slots
+
+    def _drain_acks(self, n: int) -> None:
+        for _ in range(n):
+            ack = self._get(self.controller.synced_acks)
+            op = ack.op
+            if self.ongoing.get(op.rid) is not op:
+                continue  # already terminated by a poll; the ack only paired the IO thread
+            op.completed_tokens = ack.tokens
+            if ack.final:
+                self._finalize(op, ack.tokens, "ack")
+
+    # ---- the poll ---------------------------------------------------------------------------
+
+    @rank_consensus(same_params=True, same_results=True)
+    def check_prefetch_progress(self, rid: str) -> bool:
+        op = self.ongoing.get(rid)
+        if op is None:
+            return True  # nothing ongoing: not a poll
+        self.stats.requests[rid].polls += 1
+        if not self.protocol.poll(self._facts(op), self.comm, rid):
+            return False
+        op.terminated.set()  # the IO thread stops at its next batch boundary
+        usable = self._usable_after_poll(op)
+        if op.host_slots is None:
+            self._revoke(op)
+        else:
+            self._finalize(op, usable, "poll")
+        return True
+
+    def _facts(self, op: PrefetchOp) -> Facts:
+        if self.protocol.name == "step-clock":
+            elapsed = self.step_stamp - op.start_stamp  # rank 0's clock, identical on all
+        else:
+            elapsed = time.monotonic() - op.start_time  # this rank's wall clock
+        limit = (self.cfg.timeout_base_s
+                 + op.hit_tokens / 1024 * self.cfg.timeout_per_ki_token_s)
+        return Facts(
+            completed=bool(op.hash_value) and op.completed_tokens == op.hit_tokens,
+            timed_out=elapsed > limit, terminated=op.terminated.is_set(),
+            has_sidecar=self.host_side is not None, sidecar_done=op.pool_transfers_done,
+            decided=op.decided, pp_rank=self.layout.pp_rank)
+
+    def _usable_after_poll(self, op: PrefetchOp) -> int:
+        if self.protocol.uses_acks:
+            return op.frozen_tokens if op.decided else op.completed_tokens
+        # pre27010: one MIN over TP of [completed_tokens, *pool_hit_pages] picks the usable
+        # length. Side-car hits count as soon as their read was issued: the bug that
+        # PR #27550's guard works around by not terminating until pool_transfers_done.
+        vec = [op.completed_tokens]
+        if self.host_side is not None:
+            side = op.sidecar_pages if op.pool_transfers_done else len(op.hash_value)
+            vec.append(side * self.page if op.sidecar_started else 0)
+        t = torch.tensor(vec, dtype=torch.int64)
+        self.comm.all_reduce(t, dist.ReduceOp.MIN, "tp_cpu", COMPLETION, op.rid)
+        return int(t.min().item())
+
+    # ---- termination ------------------------------------------------------------------------
+
+    def _revoke(self, op: PrefetchOp) -> None:
+        op.terminated.set()
+        self._end(op, "revoked", 0)
+
+    def _finalize(self, op: PrefetchOp, usable: int, via: str) -> None:
+        """Inserts the fetched prefix into the host tree; frees the rest once IO stopped."""
+        pages = usable // self.page
+        slots = op.host_slots
+        base = self.matches[op.rid][0]
+        if pages:
+            tokens = self.prompts[op.rid][: (base.pages + pages) * self.page]
+            overlap = self.tree.insert(tokens, base.slots + slots[:pages],
+                                       base.hashes + op.hash_value[:pages])
+            dup = max(0, overlap - base.pages)  # pages another request inserted meanwhile
+            self.host_kv.free(slots[:dup])
+        self._tails.append((op, slots[pages:]))
+        self._end(op, via, pages * self.page)
+
+    def _end(self, op: PrefetchOp, via: str, usable: int) -> None:
+        del self.ongoing[op.rid]
+        self.tokens_in_flight -= len(op.tokens)
+        st = self.stats.requests[op.rid]
+        st.terminated_by, st.prefetched_tokens = via, usable
+        st.ready, st.io_done, st.io_error = time.monotonic(), op.t_io_done, op.io_error
+        # The hit is part of the record only once agreed and drained (the same on all ranks).
+        hit = op.hit_tokens if op.hit_drained else None
+        self.stats.decisions[op.rid] = (via, usable, hit)
+
+    def _free_stopped_tails(self) -> None:
+        keep = []
+        for op, slots in self._tails:
+            if op.io_done.is_set():
+                self.host_kv.free(slots)
+                self.stats.requests[op.rid].io_done = op.t_io_done
+            else:
+                keep.append((op, slots))
+        self._tails = keep

@@ -1,0 +1,205 @@
+"""Process groups and the one counting wrapper every collective of the system goes through.
+
+Groups and their owner threads (each thread owns its groups, so the collectives of two
+threads never interleave on one group):
+- scheduler thread: `sched` (world, request broadcast), `tp_cpu` (its PP stage's TP ranks:
+  decisions, completion MIN, per-step MIN), `pp_cpu` (its TP column: the PP hop), `data`
+  (model all-reduce: NCCL on CUDA, gloo otherwise);
+- prefetch thread: `prefetch` (TP, hit-query MIN);
+- ack sync thread: `ack` (TP, completion-ack MIN);
+- consensus thread: `consensus` (world, rank-consensus digests).
+The default group belongs to the harness (barriers, result gathering) and is not counted.
+At world size 1 there are no groups and every collective is a no-op.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DECISION = "decision"
+COMPLETION = "completion"
+HIT_QUERY = "hit_query"
+ACK = "ack"
+PP_HOP = "pp_hop"
+REQUEST_BROADCAST = "request_broadcast"
+PER_STEP_MIN = "per_step_min"
+MODEL_ALLREDUCE = "model_allreduce"
+CONSENSUS = "consensus"
+SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
+         MODEL_ALLREDUCE, CONSENSUS)
+SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
+GROUP_NAMES = ("sched", "tp_cpu", "pp_cpu", "data", "prefetch", "ack", "consensus")
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out: names the call site, step, request and ranks."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Global rank r is TP rank r % tp of PP stage r // tp (TP ranks of a stage contiguous)."""
+
+    rank: int
+    tp: int
+    pp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // self.tp
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        return [stage * self.tp + i for i in range(self.tp)]
+
+    def column_ranks(self, tp_rank: int) -> list[int]:
+        return [s * self.tp + tp_rank for s in range(self.pp)]
+
+
+class Groups:
+    """Creates every group on every rank in one fixed order (new_group is collective)."""
+
+    def __init__(self, layout: Layout, data_backend: str, timeout_s: float):
+        self.layout, self.data_backend = layout, data_backend
+        self.ranks: dict[str, list[int]] = {}
+        self.pg: dict[str, dist.ProcessGroup | None] = dict.fromkeys(GROUP_NAMES)
+        if layout.world_size == 1:
+            return
+        to = timedelta(seconds=timeout_s)
+        world = list(range(layout.world_size))
+        self._make("sched", [world], "gloo", to)
+        self._make("tp_cpu", [layout.stage_ranks(s) for s in range(layout.pp)], "gloo", to)
+        self._make("pp_cpu", [layout.column_ranks(t) for t in range(layout.tp)], "gloo", to)
+        self._make("data", [layout.stage_ranks(s) for s in range(layout.pp)], data_backend, to)
+        self._make("prefetch", [layout.stage_ranks(s) for s in range(layout.pp)], "gloo", to)
+        self._make("ack", [layout.stage_ranks(s) for s in range(layout.pp)], "gloo", to)
+        self._make("consensus", [world], "gloo", to)
+
+    def _make(self, name: str, partition: list[list[int]], backend: str, to: timedelta) -> None:
+        for ranks in partition:
+            pg = dist.new_group(ranks, backend=backend, timeout=to)
+            if self.layout.rank in ranks:
+                self.pg[name], self.ranks[name] = pg, ranks
+
+    def size(self, name: str) -> int:
+        return len(self.ranks.get(name, [self.layout.rank]))
+
+    def sequence_numbers(self) -> dict[str, int]:
+        """Collectives (and p2p ops) each group has issued, as counted by torch itself."""
+        return {n: pg._get_sequence_number_for_group() for n, pg in self.pg.items()
+                if pg is not None and (n != "data" or self.data_backend == "gloo")}
+
+
+class CollectiveCounter:
+    """Counts every collective at its call site; thread-safe (four threads record)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.step = -1  # set by the scheduler at the top of each step
+        self.by_site: Counter[str] = Counter()
+        self.by_rid: dict[str, Counter[str]] = defaultdict(Counter)
+        self.by_step: dict[int, Counter[str]] = defaultdict(Counter)
+        self.raw_by_group: Counter[str] = Counter()
+        self.sched_seconds_by_step: dict[int, float] = defaultdict(float)
+        self.sched_seconds_by_rid: dict[str, float] = defaultdict(float)
+
+    def record(self, site: str, group: str, raw_ops: int, rid: str | None, seconds: float):
+        with self._lock:
+            self.by_site[site] += 1
+            self.raw_by_group[group] += raw_ops
+            if rid is not None:
+                self.by_rid[rid][site] += 1
+            if site in SCHEDULER_SITES or site == MODEL_ALLREDUCE:
+                self.by_step[self.step][site] += 1
+            if site in SCHEDULER_SITES:
+                self.sched_seconds_by_step[self.step] += seconds
+                if rid is not None:
+                    self.sched_seconds_by_rid[rid] += seconds
+
+
+class Comm:
+    """The system's only door to torch.distributed. Every call names its site."""
+
+    def __init__(self, layout: Layout, groups: Groups, counter: CollectiveCounter):
+        self.layout, self.groups, self.counter = layout, groups, counter
+        self._sends: list[dist.Work] = []
+
+    def all_reduce(self, t: torch.Tensor, op, group: str, site: str, rid: str | None = None):
+        """In-place all-reduce; a no-op on a one-rank group (as SGLang skips TP=1)."""
+        if self.groups.size(group) == 1:
+            return
+        self._run(lambda: dist.all_reduce(t, op=op, group=self.groups.pg[group]),
+                  site, group, 1, rid)
+
+    def reduce_tp_then_pp(self, t: torch.Tensor, op, site: str, rid: str | None = None):
+        """SGLang's `_all_reduce`: PP stage 0 reduces over its TP group, later stages take
+        stage 0's result point to point. Stages > 0 do no TP all-reduce for this value."""
+        if self.layout.pp_rank == 0:
+            self.all_reduce(t, op, "tp_cpu", site, rid)
+        self.pp_hop(t, rid)
+
+    def pp_hop(self, t: torch.Tensor, rid: str | None = None) -> None:
+        """Stage i receives from i-1 (blocking), then sends to i+1 without waiting."""
+        if self.layout.pp == 1:
+            return
+        pg, stage = self.groups.pg["pp_cpu"], self.layout.pp_rank
+        if stage > 0:
+            self._run(lambda: dist.recv(t, group_src=stage - 1, group=pg), PP_HOP, "pp_cpu",
+                      1, rid)
+        if stage + 1 < self.layout.pp:
+            # Send a copy: the caller may reuse `t` before the send completes.
+            buf = t.clone()
+            self._run(lambda: self._sends.append(dist.isend(buf, group_dst=stage + 1, group=pg)),
+                      PP_HOP, "pp_cpu", 1, rid)
+
+    def drain_sends(self) -> None:
+        """Wait for the PP hop sends of the last step (backpressure on a lagging stage)."""
+        for w in self._sends:
+            w.wait()
+        self._sends.clear()
+
+    def broadcast_object(self, obj, site: str):
+        """Rank 0's object to every rank of `sched`: a length broadcast, then the bytes."""
+        if self.groups.size("sched") == 1:
+            return obj
+        pg = self.groups.pg["sched"]
+        payload = pickle.dumps(obj) if self.layout.rank == 0 else b""
+        n = torch.tensor([len(payload)], dtype=torch.int64)
+
+        def bcast():
+            dist.broadcast(n, group_src=0, group=pg)
+            buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload
+                   else torch.empty(int(n.item()), dtype=torch.uint8))
+            dist.broadcast(buf, group_src=0, group=pg)
+            return buf
+
+        buf = self._run(bcast, site, "sched", 2, None)
+        return obj if self.layout.rank == 0 else pickle.loads(buf.numpy().tobytes())
+
+    def _run(self, fn, site: str, group: str, raw_ops: int, rid: str | None):
+        t0 = time.monotonic()
+        try:
+            out = fn()
+        except Exception as e:  # gloo raises RuntimeError on timeout or a mispaired peer
+            ranks = self.groups.ranks.get(group)
+            raise CollectiveError(
+                f"collective at call site '{site}' on group '{group}' (ranks {ranks}) failed "
+                f"on rank {self.layout.rank} at step {self.counter.step}"
+                f"{f' for request {rid}' if rid else ''}: {str(e).splitlines()[0][:300]}"
+            ) from e
+        self.counter.record(site, group, raw_ops, rid, time.monotonic() - t0)
+        return out

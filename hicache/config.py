@@ -1,0 +1,67 @@
+"""One frozen, validated configuration for the system under test."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.storage import StorageSpec
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    protocol: str = "pr36425"
+    policy: str = "timeout"
+    tp: int = 1
+    pp: int = 1
+    page_size: int = 64
+    prefetch_threshold: int = 256  # tokens; shorter page-aligned prefixes are not fetched
+    timeout_base_s: float = 1.0  # UnifiedRadixCache defaults
+    timeout_per_ki_token_s: float = 0.25
+    race_guard: bool = True  # PR #27550's pool_transfers_done check (pre27010 only)
+    extra_pool: bool = False  # side-car INDEXER pool read after the KV pages
+    kv_page_elems: int = 128  # floats per KV page (content is synthetic)
+    sidecar_page_elems: int = 16
+    host_pool_pages: int = 8192
+    device_pool_pages: int = 4096
+    max_prefill_tokens: int = 4096  # the batch token budget, agreed by all ranks
+    budget_skew: float = 0.0  # rank-local walk horizon skew (SGLang #30760), 0 = off
+    layers: int = 2  # prefill emulation: per layer a matmul and a data-plane all-reduce
+    hidden: int = 64
+    allreduce_tokens: int = 16  # rows of the per-layer all-reduce (fixed: a padded decode batch)
+    consensus_check: bool = False  # SGLang's @rank_consensus, off by default
+    consensus_interval_s: float = 0.05
+    collective_timeout_s: float = 60.0
+    kill_rank: int = -1  # fault injection: this rank exits at kill_step
+    kill_step: int = -1
+    storage: StorageSpec = field(default_factory=StorageSpec)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.protocol!r}; choose from {', '.join(PROTOCOLS)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
+        for name in ("tp", "pp", "page_size", "host_pool_pages", "device_pool_pages",
+                     "max_prefill_tokens", "layers", "hidden", "allreduce_tokens",
+                     "kv_page_elems", "sidecar_page_elems"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefetch_threshold < 0:
+            raise ValueError("prefetch_threshold must be >= 0")
+        if not 0.0 <= self.budget_skew < 1.0:
+            raise ValueError(f"budget_skew must be in [0, 1), got {self.budget_skew}")
+        if self.timeout_base_s < 0 or self.timeout_per_ki_token_s < 0:
+            raise ValueError("prefetch timeouts must be >= 0")
+        if self.collective_timeout_s <= 0:
+            raise ValueError("collective_timeout_s must be > 0")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    def row(self) -> dict:
+        """Flat fields for run headers and result rows."""
+        d = asdict(self)
+        storage = d.pop("storage")
+        d.update({f"storage_{k}": v for k, v in storage.items()})
+        return d

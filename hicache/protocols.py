@@ -1,0 +1,170 @@
+"""The termination protocols of check_prefetch_progress, side by side (SPEC section 4).
+
+Each protocol answers one question for one poll of a pending prefetch: may it stop now?
+It splits the answer into a rank-local `vote` (pure, testable without a process group) and
+`decide`, which turns the reduced vote into the answer. A vote of True/False is final and
+costs no collective; a list is all-reduced (op `reduce_op`) over the TP group only
+(`scope="tp"`) or over TP on PP stage 0 and then down the PP stages (`scope="tp_pp"`).
+
+Who calls what, when: the scheduler thread polls (`Protocol.poll`) while walking the waiting
+queue; `step_vote`/`step_decide` run once per step inside check_hicache_events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from hicache.comm import DECISION, Comm
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one rank knows about one pending prefetch when it polls it."""
+
+    completed: bool = False  # completed_tokens == len(hash_value) * page_size, and pages > 0
+    timed_out: bool = False  # evaluated on this rank's clock (or rank 0's step stamp)
+    terminated: bool = False  # operation.is_terminated()
+    has_sidecar: bool = False  # the op carries extra-pool transfers
+    sidecar_done: bool = True  # pool_transfers_done
+    decided: bool = False  # a step-level decision already said "stop"
+    pp_rank: int = 0
+
+
+Vote = bool | list[int]
+
+
+class Protocol:
+    name = ""
+    uses_acks = True  # completion is published through agreed acks
+    reduce_op = dist.ReduceOp.MAX
+    scope = "tp_pp"
+
+    def __init__(self, policy: str, race_guard: bool = True):
+        self.policy, self.race_guard = policy, race_guard
+
+    def vote(self, f: Facts) -> Vote:
+        raise NotImplementedError
+
+    def decide(self, reduced: list[int]) -> bool:
+        return reduced[0] == 1
+
+    def poll(self, f: Facts, comm: Comm, rid: str) -> bool:
+        v = self.vote(f)
+        if isinstance(v, bool):
+            return v
+        t = torch.tensor(v, dtype=torch.int32)
+        # Blocks until every rank of the group polls this request: the ordering rule that
+        # loop-count divergence (SGLang #30760) breaks.
+        if self.scope == "tp":
+            comm.all_reduce(t, self.reduce_op, "tp_cpu", DECISION, rid)
+        else:
+            comm.reduce_tp_then_pp(t, self.reduce_op, DECISION, rid)
+        return self.decide(t.tolist())
+
+    def step_vote(self, f: Facts) -> int | None:
+        """Per-step timeout flag packed into the per-step all-reduce (step-batched only)."""
+        return None
+
+    def step_decide(self, f: Facts) -> bool:
+        """Per-step decision from inputs identical on all ranks (step-clock only)."""
+        return False
+
+
+class Pre27010(Protocol):
+    """Before PR #27010: rank-local completion, one TP MAX per poll, no PP agreement."""
+
+    name, uses_acks, scope = "pre27010", False, "tp"
+
+    def vote(self, f: Facts) -> Vote:
+        if self.policy == "best_effort":
+            return True
+        can = f.completed if self.policy == "wait_complete" else (f.completed or f.timed_out)
+        # PR #27550: never stop while side-car pages are still being written to host memory.
+        if self.race_guard and f.completed and f.has_sidecar and not f.sidecar_done:
+            can = False
+        return [1 - int(can), int(f.terminated)]
+
+    def decide(self, reduced: list[int]) -> bool:
+        # Stop when every rank can, or when any rank already terminated.
+        return reduced[0] == 0 or reduced[1] == 1
+
+
+class Pr27010(Protocol):
+    """PR #27010 ("before"): one MAX all-reduce with the PP hop in every poll."""
+
+    name = "pr27010"
+
+    def vote(self, f: Facts) -> Vote:
+        if f.pp_rank != 0:
+            return [0]  # PP stages > 0 follow stage 0's decision
+        can = {"best_effort": True, "wait_complete": False}.get(self.policy, f.timed_out)
+        return [int(f.terminated or can)]
+
+
+class Pr36425(Protocol):
+    """PR #36425 ("after"): the all-reduce only where wall-clock time decides (timeout)."""
+
+    name = "pr36425"
+
+    def vote(self, f: Facts) -> Vote:
+        if f.terminated:
+            return True
+        if self.policy == "best_effort":
+            return True
+        if self.policy == "wait_complete":
+            return False
+        return [int(f.timed_out) if f.pp_rank == 0 else 0]
+
+
+class StepBatched(Pr36425):
+    """Timeout flags of all pending ops ride in the per-step all-reduce; polls just read."""
+
+    name = "step-batched"
+
+    def vote(self, f: Facts) -> Vote:
+        if self.policy != "timeout":
+            return super().vote(f)
+        return f.terminated or f.decided
+
+    def step_vote(self, f: Facts) -> int | None:
+        if self.policy != "timeout":
+            return None
+        return int(f.timed_out) if f.pp_rank == 0 else 0
+
+
+class StepClock(StepBatched):
+    """Every rank evaluates the timeout on rank 0's broadcast step clock: no collective."""
+
+    name = "step-clock"
+
+    def step_vote(self, f: Facts) -> int | None:
+        return None
+
+    def step_decide(self, f: Facts) -> bool:
+        return self.policy == "timeout" and f.timed_out
+
+
+REGISTRY: dict[str, type[Protocol]] = {
+    p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock)
+}
+
+
+def make_protocol(name: str, policy: str, race_guard: bool = True) -> Protocol:
+    return REGISTRY[name](policy, race_guard)
+
+
+def simulate(protocol: Protocol, facts_per_rank: list[Facts]) -> bool:
+    """The decision a TP group reaches when each rank votes `facts_per_rank[i]` (no PG).
+
+    Mirrors `poll`: a final local vote on rank 0 decides for itself; otherwise the votes
+    are combined element-wise with the protocol's reduce op. Used by the decision tables.
+    """
+    votes = [protocol.vote(f) for f in facts_per_rank]
+    if isinstance(votes[0], bool):
+        return votes[0]
+    assert all(isinstance(v, list) for v in votes), "ranks took different paths"
+    combine = max if protocol.reduce_op == dist.ReduceOp.MAX else min
+    return protocol.decide([combine(col) for col in zip(*votes, strict=True)])

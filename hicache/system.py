@@ -1,0 +1,97 @@
+"""One rank's system under test, assembled; and the process-level distributed setup.
+
+`build_system` wires storage, pools, tree, controller threads, protocol, scheduler and
+model for one configuration. The process groups are created once per process
+(`setup_distributed`) and reused by every configuration the process runs.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hicache.cache import HiCache
+from hicache.comm import Comm, Groups, Layout
+from hicache.config import HiCacheConfig
+from hicache.consensus import ConsensusChecker
+from hicache.controller import KV, SIDECAR
+from hicache.hashing import page_hashes
+from hicache.model import Model
+from hicache.scheduler import Request, Scheduler
+from hicache.stats import Stats
+from hicache.storage import make_storage
+
+
+def setup_distributed(layout: Layout, device: torch.device, timeout_s: float) -> Groups:
+    """Initialises the default (harness) group from the env:// variables and creates every
+    system group. A no-op at world size 1."""
+    data_backend = "nccl" if device.type == "cuda" else "gloo"
+    if layout.world_size > 1 and not dist.is_initialized():
+        # The default group is gloo even on GPU nodes: it carries only harness objects.
+        dist.init_process_group("gloo", rank=layout.rank, world_size=layout.world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    return Groups(layout, data_backend, timeout_s)
+
+
+def pick_device(kind: str, local_rank: int) -> torch.device:
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+class System:
+    def __init__(self, cfg: HiCacheConfig, layout: Layout, groups: Groups,
+                 device: torch.device, seed: int = 0):
+        self.cfg, self.layout, self.groups = cfg, layout, groups
+        self.stats = Stats()
+        self.comm = Comm(layout, groups, self.stats.counter)
+        self.storage = make_storage(cfg.storage, layout.rank, layout.tp_rank)
+        self.consensus = (ConsensusChecker(self.comm, cfg.consensus_interval_s)
+                          if cfg.consensus_check else None)
+        self.cache = HiCache(cfg, layout, self.comm, self.storage, device, self.stats,
+                             self.consensus)
+        self.model = Model(cfg.layers, cfg.hidden, cfg.allreduce_tokens, device, self.comm, seed)
+        self.scheduler = Scheduler(cfg, layout, self.comm, self.cache, self.model, self.stats)
+        self._seq0 = groups.sequence_numbers()
+
+    def populate(self, prompts: list[list[int]]) -> int:
+        """Writes every full page of `prompts` to this rank's storage (KV and side-car)."""
+        hashes = sorted({h for p in prompts for h in page_hashes(p, self.cfg.page_size)})
+        self.storage.put(hashes, KV, self.cfg.kv_page_elems)
+        if self.cfg.extra_pool:
+            self.storage.put(hashes, SIDECAR, self.cfg.sidecar_page_elems)
+        return len(hashes)
+
+    def run(self, requests: list[Request]) -> Stats:
+        """Serves the requests (rank 0's list; other ranks pass []) and returns the stats."""
+        self.cache.controller.start()
+        if self.consensus is not None:
+            self.consensus.start()
+        try:
+            self.scheduler.run(requests)
+        finally:
+            self.cache.comm.drain_sends()
+            if self.consensus is not None:
+                self.consensus.stop(self.cfg.collective_timeout_s)
+            self.cache.controller.stop()
+        if self.consensus is not None and self.consensus.error is not None:
+            raise self.consensus.error
+        return self.stats
+
+    def crosscheck(self) -> dict[str, tuple[int, int]]:
+        """Per group: (ops our counter saw, ops torch's sequence number saw) since build."""
+        now = self.groups.sequence_numbers()
+        counted = self.stats.counter.raw_by_group
+        return {g: (counted.get(g, 0), now[g] - self._seq0[g]) for g in now}
+
+    def close(self) -> None:
+        self.storage.close()
+
+
+def env_layout(tp: int, pp: int) -> Layout:
+    """Layout from torchrun's RANK (rank 0 when absent)."""
+    return Layout(int(os.environ.get("RANK", "0")), tp, pp)
