@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.cliutil import CliParser, UsageError
 from bench.io import (
     ResultFileError,
     read_csv_checked,
@@ -30,7 +31,6 @@ from bench.io import (
     write_json_atomic,
     write_text_atomic,
 )
-from bench.report import CliParser, UsageError
 from bench.schema import STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.summarize import (
     GROUP_KEYS,

@@ -5,18 +5,17 @@ Usage: python -m bench report RESULTS_DIR [--percentile-method linear|nearest-ra
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # the OO API renders with Agg; no pyplot global state
 
+from bench.cliutil import CliParser, UsageError
 from bench.io import (
     ResultFileError,
     atomic_open,
@@ -341,17 +340,6 @@ def write_report(run_dir: Path, percentile_method: str = "linear") -> Path:
                          _read_env(run_dir / "env.json"))
     write_text_atomic(run_dir / "report.md", text)
     return run_dir / "report.md"
-
-
-class UsageError(ValueError):
-    """Bad command-line arguments; the message is one line."""
-
-
-class CliParser(argparse.ArgumentParser):
-    """argparse that raises UsageError (one line, exit 2 by the caller) instead of exiting."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see --help)")
 
 
 def main_report(argv: list[str]) -> int:

@@ -1,0 +1,34 @@
+"""Usage:
+    python -m bench run [options]      the main job (see `python -m bench run --help`)
+    python -m bench report RUN_DIR     rebuild plots and report.md from a run's CSVs
+    python -m bench gate RUN_DIR       CI perf gate against results/baseline
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "run":
+        from bench.cli import main_run
+
+        return main_run(rest)
+    if cmd == "report":
+        from bench.report import main_report
+
+        return main_report(rest)
+    if cmd == "gate":
+        from bench.gate import main_gate
+
+        return main_gate(rest)
+    print(f"bench: unknown command {cmd!r}; use run, report or gate", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,266 @@
+"""`python -m bench run`: the main job. Every option is validated before any rank starts.
+
+Locally it launches tp*pp ranks itself; under torchrun (any --nnodes) each process is one
+rank and uses the launcher's environment. Exit codes: 0 OK, 1 FAILED (a check failed or a
+rank died), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from bench.cliutil import CliParser, UsageError
+from bench.plan import ALIASES, PRESET_HELP, PRESETS, RunPlan
+from bench.workload import WorkloadSpec
+from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.storage import StorageSpec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parser() -> CliParser:
+    p = CliParser(prog="python -m bench run", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--preset", default="default", choices=sorted(PRESETS),
+      help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
+    a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases before=pr27010, "
+      "after=pr36425)")
+    a("--policies", help=f"comma list of {', '.join(POLICIES)}")
+    a("--nproc", type=int, help="ranks to launch locally (default tp*pp)")
+    a("--tp", type=int)
+    a("--pp", type=int)
+    a("--requests", type=int, help="measured requests per configuration and repeat")
+    a("--rate", type=float, help="Poisson arrival rate, requests/s (comma list for a sweep)")
+    a("--repeats", type=int)
+    a("--seed", type=int, default=0)
+    a("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    a("--storage", choices=("sim", "file"), default="sim")
+    a("--storage-latency-ms", type=float, help="per 128-page batch read")
+    a("--jitter", type=float, help="per-rank storage slowdown spread, e.g. 0.5")
+    a("--fail-rate", type=float, help="probability that a storage batch read fails")
+    a("--stall-ms", type=float, help="extra delay of every storage read (a stalling tier)")
+    a("--extra-pool", action="store_true", help="read a side-car pool after the KV pages")
+    a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
+    a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
+    a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
+    a("--consensus", action="store_true", help="online rank-consensus checker (SPEC 6)")
+    a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
+    a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
+    a("--kill-step", type=int)
+    a("--out", type=Path, help="results directory (default results/<UTC>_<preset>_<sha>)")
+    return p
+
+
+def _list(text: str | None, allowed: tuple[str, ...], what: str, aliases=None) -> tuple:
+    if text is None:
+        return ()
+    items = [(aliases or {}).get(x.strip(), x.strip()) for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                         f"{', '.join(allowed)}")
+    return tuple(dict.fromkeys(items))
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def resolve_device(kind: str, ranks_here: int) -> str:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "auto":
+        return "cuda" if gpus >= ranks_here and torch.distributed.is_nccl_available() else "cpu"
+    if kind == "cuda":
+        if gpus < ranks_here:
+            raise UsageError(f"--device cuda needs {ranks_here} GPU(s) on this node (one per "
+                             f"local rank), found {gpus}")
+        if not torch.distributed.is_nccl_available():
+            raise UsageError("--device cuda needs NCCL, which this torch build lacks")
+    return kind
+
+
+def build_plan(args) -> RunPlan:
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    preset = PRESETS[args.preset](gpus if args.device != "cpu" else 0)
+    for name in ("requests", "repeats", "tp", "pp", "nproc", "kill_step"):
+        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=name == "kill_step")
+    for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate"):
+        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
+    _positive("timeout-base", args.timeout_base, allow_zero=True)
+    _positive("collective-timeout", args.collective_timeout)
+    tp, pp = args.tp or preset.get("tp", 2), args.pp or preset.get("pp", 1)
+    world = tp * pp
+    if args.nproc is not None and args.nproc != world:
+        raise UsageError(f"--nproc {args.nproc} does not match --tp {tp} x --pp {pp} = {world}")
+    if args.kill_rank is not None and not 0 <= args.kill_rank < world:
+        raise UsageError(f"--kill-rank {args.kill_rank} is not a rank of a {world}-rank run")
+    rates = preset.get("rates", (16.0,))
+    if args.rate is not None:
+        _positive("rate", args.rate)
+        rates = (args.rate,)
+    wl = replace(WorkloadSpec(), requests=args.requests or preset.get("requests", 32))
+    storage = _storage(args, preset)
+    system = _system(args, preset)
+    protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
+        preset.get("protocols", PROTOCOLS)
+    policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
+    return RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
+                   rates=tuple(rates), repeats=args.repeats or preset.get("repeats", 3),
+                   tp=tp, pp=pp, seed=args.seed, workload=wl, storage=storage,
+                   system=tuple(sorted(system.items())))
+
+
+def _storage(args, preset: dict) -> StorageSpec:
+    kw = {"kind": args.storage, "latency_ms": 20.0,
+          "sidecar_page_ms": preset.get("sidecar_page_ms", 0.0)}
+    for flag, key in (("storage_latency_ms", "latency_ms"), ("jitter", "jitter"),
+                      ("fail_rate", "fail_rate"), ("stall_ms", "stall_ms")):
+        if getattr(args, flag) is not None:
+            kw[key] = getattr(args, flag)
+    try:
+        return StorageSpec(**kw, root=str(REPO / "results" / ".storage") if args.storage == "file"
+                           else None)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _system(args, preset: dict) -> dict:
+    s = {}
+    if args.extra_pool or preset.get("extra_pool"):
+        s["extra_pool"] = True
+    if args.no_race_guard:
+        s["race_guard"] = False
+    for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
+                      ("collective_timeout", "collective_timeout_s"),
+                      ("kill_rank", "kill_rank"), ("kill_step", "kill_step")):
+        if getattr(args, flag) is not None:
+            s[key] = getattr(args, flag)
+    if args.consensus:
+        s["consensus_check"] = True
+    if args.budget_skew is not None and not args.budget_skew < 1:
+        raise UsageError(f"--budget-skew must be < 1, got {args.budget_skew}")
+    return s
+
+
+def out_dir(args, preset: str) -> Path:
+    if args.out is not None:
+        path = args.out
+    else:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        sha = _short_sha()
+        path = REPO / "results" / f"{stamp}_{preset}_{sha}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write results to {path}: {e.strerror or e}") from None
+    return path
+
+
+def _short_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+                             capture_output=True, timeout=10)
+        return out.stdout.strip() or "nogit"
+    except (OSError, subprocess.SubprocessError):
+        return "nogit"
+
+
+def main_run(argv: list[str]) -> int:
+    from bench.launch import under_torchrun
+
+    try:
+        args = parser().parse_args(argv)
+        plan = build_plan(args)
+        torchrun = under_torchrun()
+        if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
+            raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
+                             f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
+        plan = replace(plan, device=resolve_device(args.device, local))
+        if torchrun and int(os.environ["RANK"]) != 0:
+            plan = replace(plan, out_dir="")  # only rank 0 writes
+        else:
+            plan = replace(plan, out_dir=str(out_dir(args, plan.preset)))
+    except UsageError as e:
+        print(f"bench run: {e}", file=sys.stderr)
+        return 2
+    if torchrun:
+        from bench.worker import main_torchrun
+
+        return main_torchrun(plan)
+    return _run_local(plan)
+
+
+def _run_local(plan: RunPlan) -> int:
+    from bench.launch import LaunchError, launch
+    from bench.worker import run_rank
+
+    print(f"hicache-bench: preset {plan.preset}, {len(plan.cells())} runs "
+          f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
+          f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "
+          f"{plan.device}/{plan.backend}, results in {plan.out_dir}", file=sys.stderr)
+    _link_latest(Path(plan.out_dir))
+    t0 = time.monotonic()
+    timeout = dict(plan.system).get("collective_timeout_s", 60.0)
+    try:
+        status = launch(plan.world_size, run_rank, (plan,),
+                        timeout_s=_budget_s(plan) + 2 * timeout)[0]
+    except LaunchError as e:
+        _record_failure(Path(plan.out_dir), str(e))
+        print(f"FAILED: {e} ({time.monotonic() - t0:.0f}s); finished configurations are "
+              f"kept in {plan.out_dir}")
+        return 1
+    print(f"{status['line']} ({time.monotonic() - t0:.0f}s, {plan.out_dir})")
+    return 0 if status["ok"] else 1
+
+
+def _budget_s(plan: RunPlan) -> float:
+    """A generous bound on the whole run, so a wedged run still ends."""
+    per_cell = 30.0 + 3.0 * plan.workload.requests / min(plan.rates)
+    return 60.0 + per_cell * len(plan.cells())
+
+
+def _link_latest(path: Path) -> None:
+    latest = REPO / "results" / "latest"
+    if path.parent != latest.parent:
+        return
+    tmp = latest.with_name(".latest.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(path.name)
+    os.replace(tmp, latest)  # atomic: results/latest always points at a whole directory
+
+
+def _record_failure(run_dir: Path, error: str) -> None:
+    """failures.csv names the configuration that was running; the report is rebuilt from
+    the configurations that finished (their rows were written atomically)."""
+    import json
+
+    from bench.io import write_csv_atomic
+
+    progress = run_dir / "progress.json"
+    cell = json.loads(progress.read_text()) if progress.exists() else {}
+    write_csv_atomic(run_dir / "failures.csv",
+                     [{"protocol": cell.get("protocol"), "policy": cell.get("policy"),
+                       "repeat": cell.get("repeat"), "error": error}],
+                     ["protocol", "policy", "repeat", "error"])
+    if (run_dir / "requests.csv").exists():
+        from bench.report import write_report
+
+        try:
+            write_report(run_dir)
+        except ValueError as e:
+            print(f"bench run: could not rebuild the report: {e}", file=sys.stderr)

@@ -1,0 +1,94 @@
+"""What every rank runs: the plan's cells in order, in lock-step; rank 0 gathers each
+cell's per-rank stats (off the timed path), checks agreement and data, and writes rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from bench import workload
+from bench.plan import Cell, RunPlan
+from bench.sink import ResultSink
+from hicache.comm import Groups, Layout
+from hicache.system import System, pick_device, setup_distributed
+
+log = logging.getLogger("bench")
+
+
+def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
+    """Entry point of one rank (spawned locally, or in-process under torchrun)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    layout = Layout(rank, plan.tp, plan.pp)
+    device = pick_device(plan.device, int(os.environ.get("LOCAL_RANK", rank)))
+    timeout = dict(plan.system).get("collective_timeout_s", 60.0)
+    groups = setup_distributed(layout, device, timeout)
+    sink = ResultSink(plan) if rank == 0 else None
+    cells = plan.cells()
+    for cell in cells:
+        if sink:
+            sink.begin(cell, len(cells))
+        payload = run_cell(plan, cell, layout, groups, device)
+        gathered = _gather(payload, world)
+        if sink:
+            sink.add(cell, gathered)
+    return sink.finish() if sink else {}
+
+
+def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
+             device: torch.device) -> dict:
+    cfg = plan.config(cell)
+    spec = plan.workload_for(cell)
+    rank0 = layout.rank == 0
+    if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
+        warm = workload.build(spec, prefix="warm-", n=spec.warmup_requests)
+        _serve(cfg, layout, groups, device, warm, rank0, plan.seed)
+    main = workload.build(spec)
+    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed)
+    return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
+            "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
+            "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
+            "crosscheck": system.crosscheck()}
+
+
+def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int):
+    system = System(cfg, layout, groups, device, seed)
+    system.populate(wl.histories)
+    _barrier(layout, device)  # all ranks start the timed region together
+    stats = system.run(wl.requests if rank0 else [])
+    _barrier(layout, device)
+    system.close()
+    return system, stats
+
+
+def _barrier(layout: Layout, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if layout.world_size > 1:
+        dist.barrier()
+
+
+def _gather(payload: dict, world: int) -> list[dict]:
+    if world == 1:
+        return [payload]
+    out = [None] * world if payload["rank"] == 0 else None
+    dist.gather_object(payload, out, dst=0)  # harness group, outside the timed region
+    return out
+
+
+def main_torchrun(plan: RunPlan) -> int:
+    """Under torchrun: this process is one rank; rank 0 reports."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    t0 = time.monotonic()
+    status = run_rank(rank, world, plan)
+    if rank == 0:
+        print(status["line"], f"({time.monotonic() - t0:.0f}s)", file=sys.stdout)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if rank != 0 or status["ok"] else 1
