@@ -159,12 +159,15 @@ def make_protocol(name: str, policy: str, race_guard: bool = True) -> Protocol:
 def simulate(protocol: Protocol, facts_per_rank: list[Facts]) -> bool:
     """The decision a TP group reaches when each rank votes `facts_per_rank[i]` (no PG).
 
-    Mirrors `poll`: a final local vote on rank 0 decides for itself; otherwise the votes
-    are combined element-wise with the protocol's reduce op. Used by the decision tables.
+    Mirrors `poll`: final local votes decide for themselves (rank 0's is returned);
+    otherwise the votes are combined element-wise with the protocol's reduce op. Ranks that
+    mix the two paths fail an assertion. Used by the decision tables.
     """
     votes = [protocol.vote(f) for f in facts_per_rank]
+    # A rank that returns at once while another all-reduces would leave the collective
+    # unpaired (a hang or a mismatched pairing), whichever rank it is.
+    assert len({isinstance(v, bool) for v in votes}) == 1, "ranks took different paths"
     if isinstance(votes[0], bool):
         return votes[0]
-    assert all(isinstance(v, list) for v in votes), "ranks took different paths"
     combine = max if protocol.reduce_op == dist.ReduceOp.MAX else min
     return protocol.decide([combine(col) for col in zip(*votes, strict=True)])
