@@ -88,9 +88,12 @@ class CacheController:
             t.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        for q in (self.prefetch_queue, self.io_queue, self.ack_queue):
+        # In pipeline order: an op cut short by a poll may still be reading when the
+        # scheduler stops, and every ack its IO thread emits must still be synced, or one
+        # rank's ack thread leaves an all-reduce that no other rank joins.
+        for q, t in zip((self.prefetch_queue, self.io_queue, self.ack_queue), self._threads,
+                        strict=True):
             q.put(None)
-        for t in self._threads:
             t.join(timeout_s)
 
     def _guard(self, loop) -> None:
