@@ -39,3 +39,78 @@ def run_scenario(world: int, cfg_kw: dict, storage_kw: dict | None = None, n: in
     cfg_kw = {"collective_timeout_s": 30.0, **cfg_kw}
     return launch(world, scenario, (cfg_kw, storage_kw or {}, n, prefix_tokens, new_tokens,
                                     gap_s), timeout_s=timeout_s)
+
+
+# ---- several configurations in one launch ---------------------------------------------------
+#
+# Spawning ranks costs about a second and a half here; a launch that runs many configurations
+# back to back on the same process groups (created once per process, as in bench) keeps the
+# distributed tests fast. Each configuration gets a fresh System, so its counters and its
+# cross-check against the groups' sequence numbers start from zero.
+
+FR_BUFFER = "20000"  # flight-recorder ring size: larger than any one launch's collectives
+
+
+def case(cfg_kw: dict, storage_kw: dict | None = None, n: int = 6, prefix_tokens: int = 512,
+         new_tokens: int = 64, gap_s: float = 0.01) -> dict:
+    """One configuration and its scripted workload, for `run_cases`."""
+    return {"cfg_kw": {"collective_timeout_s": 30.0, **cfg_kw}, "storage_kw": storage_kw or {},
+            "n": n, "prefix_tokens": prefix_tokens, "new_tokens": new_tokens, "gap_s": gap_s}
+
+
+def _fr_counts(groups) -> dict[str, int]:
+    """Flight-recorder entries so far per system group (the default group is excluded)."""
+    import pickle
+
+    entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())["entries"]
+    by_pg_name: dict[str, int] = {}
+    for e in entries:
+        pg_name = e["process_group"][0]
+        by_pg_name[pg_name] = by_pg_name.get(pg_name, 0) + 1
+    return {name: by_pg_name.get(pg.group_name, 0)
+            for name, pg in groups.pg.items() if pg is not None}
+
+
+def _run_one(rank: int, groups, c: dict, flight_recorder: bool) -> dict:
+    import torch.distributed as dist
+
+    cfg = HiCacheConfig(storage=StorageSpec(**c["storage_kw"]), **c["cfg_kw"])
+    layout = Layout(rank, cfg.tp, cfg.pp)
+    fr0 = _fr_counts(groups) if flight_recorder else {}
+    system = System(cfg, layout, groups, torch.device("cpu"))
+    ps = prompts(c["n"], c["prefix_tokens"], c["new_tokens"])
+    system.populate([p[: c["prefix_tokens"]] for p in ps])
+    reqs = [Request(f"r{i:03d}", p, i * c["gap_s"]) for i, p in enumerate(ps)]
+    stats = system.run(reqs if rank == 0 else [])
+    out = {"rows": stats.request_rows(), "decisions": stats.decisions,
+           "crosscheck": system.crosscheck(), "by_site": dict(stats.counter.by_site),
+           "steps": stats.step_rows(), "raw_by_group": dict(stats.counter.raw_by_group),
+           "layout": (layout.tp_rank, layout.pp_rank)}
+    system.close()
+    if flight_recorder:
+        fr1 = _fr_counts(groups)
+        out["fr"] = {g: fr1[g] - fr0.get(g, 0) for g in fr1}
+    dist.barrier()  # the next configuration starts on quiet groups on every rank
+    return out
+
+
+def cases_worker(rank: int, world: int, cases: list[dict], flight_recorder: bool) -> list[dict]:
+    import os
+
+    if flight_recorder:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER  # read when the first group is made
+    torch.set_num_threads(1)
+    first = HiCacheConfig(**cases[0]["cfg_kw"])
+    assert all((c["cfg_kw"].get("tp", 1), c["cfg_kw"].get("pp", 1)) == (first.tp, first.pp)
+               for c in cases), "one launch, one layout"
+    assert first.world_size == world
+    groups = setup_distributed(Layout(rank, first.tp, first.pp), torch.device("cpu"),
+                               first.collective_timeout_s)
+    return [_run_one(rank, groups, c, flight_recorder) for c in cases]
+
+
+def run_cases(world: int, cases: list[dict], timeout_s: float = 90.0,
+              flight_recorder: bool = False) -> list[list[dict]]:
+    """Runs every case in one launch; returns results[case][rank]."""
+    per_rank = launch(world, cases_worker, (cases, flight_recorder), timeout_s=timeout_s)
+    return [[per_rank[r][i] for r in range(world)] for i in range(len(cases))]

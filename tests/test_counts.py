@@ -1,0 +1,164 @@
+"""Collective counts on real gloo groups equal SPEC section 4, request by request.
+
+One launch per layout runs every protocol x policy back to back (plus a variant whose
+timeout is shorter than the IO, so timeout decisions really fire). For every request the
+per-call-site counts are compared with `cost_model.expected_per_request`, computed from
+that request's own polls, agreed hit and whether its prefetch was issued and went to IO;
+the counter itself is checked against torch's process-group sequence numbers and against
+the flight recorder.
+
+Storage reads take 15 ms per batch, longer than a scheduler step, so wait_complete and
+timeout poll a pending prefetch several times. best_effort polls once: that first poll
+comes before the hit query returns and revokes the prefetch (as in SGLang), so its rows
+are checked for counts, not for prefetched tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from hicache.cost_model import POLICIES, PROTOCOLS, Expected, expected_per_request
+from hicache.protocols import make_protocol
+from tests.helpers import case, run_cases
+from tests.test_protocols import SPEC_PER_POLL
+
+pytestmark = pytest.mark.dist
+
+PAGE = 64
+STORAGE = {"latency_ms": 15.0}
+N_REQUESTS = 6
+PREFIX = 512  # tokens per request in storage (8 pages); 64 new tokens follow
+SITES = ("decision", "completion", "pp_hop", "hit_query", "ack")
+# timeout shorter than one read: decisions by the clock, prefetches cut short or revoked.
+FAST_TIMEOUT = {"timeout_base_s": 0.01, "timeout_per_ki_token_s": 0.0}
+
+VARIANTS = [(p, q, "") for p, q in itertools.product(PROTOCOLS, POLICIES)]
+VARIANTS += [(p, "timeout", "fast") for p in PROTOCOLS]
+
+
+def _cases(tp: int, pp: int) -> list[dict]:
+    return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
+                  **(FAST_TIMEOUT if v else {})}, STORAGE, n=N_REQUESTS,
+                 prefix_tokens=PREFIX, new_tokens=64)
+            for p, q, v in VARIANTS]
+
+
+def _launch(tp: int, pp: int, timeout_s: float) -> dict:
+    results = run_cases(tp * pp, _cases(tp, pp), timeout_s=timeout_s, flight_recorder=True)
+    return dict(zip(VARIANTS, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def tp2():
+    return _launch(2, 1, timeout_s=100)
+
+
+@pytest.fixture(scope="module")
+def tp2pp2():
+    return _launch(2, 2, timeout_s=150)
+
+
+def _id(v):
+    return f"{v[0]}-{v[1]}{'-' + v[2] if v[2] else ''}"
+
+
+def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int) -> Expected:
+    e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
+                             row["op_issued"], row["io_issued"])
+    if pp_rank == 0:
+        return e
+    # A later PP stage mirrors stage 0 (cost_model counts rank 0): for a decision that hops,
+    # it does no TP all-reduce and receives once per poll (the last stage sends nothing);
+    # pre27010 decides on its own TP group, so it all-reduces as stage 0 does.
+    hops = make_protocol(proto, policy).scope == "tp_pp"
+    return replace(e, decision=0 if hops else e.decision)
+
+
+def _measured(row: dict) -> Expected:
+    return Expected(*(row.get(f"coll_{s}", 0) for s in SITES))
+
+
+def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
+    proto, policy, _ = variant
+    per_rank = results[variant]
+    for rank, res in enumerate(per_rank):
+        _, pp_rank = res["layout"]
+        rows = res["rows"]
+        assert len(rows) == N_REQUESTS
+        for row in rows:
+            want = _expected(proto, policy, tp, pp, row, pp_rank)
+            assert _measured(row) == want, f"rank {rank} {row['rid']}: polls={row['polls']}"
+            assert row["data_errors"] == 0
+        # Our counter against torch's own sequence numbers, every group, every rank.
+        for group, (counted, seq) in res["crosscheck"].items():
+            assert counted == seq, f"rank {rank} group {group}: counted {counted}, seq {seq}"
+        # ...and against the flight recorder (gloo records collectives, not p2p sends).
+        for group, entries in res["fr"].items():
+            if group != "pp_cpu":
+                assert entries == res["raw_by_group"].get(group, 0), (rank, group)
+    rows0 = per_rank[0]["rows"]
+    polls = sum(r["polls"] for r in rows0)
+    if policy == "best_effort":
+        assert all(r["polls"] == 1 for r in rows0)  # the first poll always ends it
+    else:
+        assert polls > N_REQUESTS, "the scenario must poll pending prefetches repeatedly"
+    # Per poll, measured on rank 0, equals the hand-written SPEC table (T, P).
+    per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
+    assert sum(r.get("coll_decision", 0) for r in rows0) == per_poll[0] * polls
+    assert sum(r.get("coll_pp_hop", 0) for r in rows0) == per_poll[1] * polls
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+def test_counts_tp2(tp2, variant):
+    _check_layout(tp2, variant, 2, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+def test_counts_tp2pp2(tp2pp2, variant):
+    _check_layout(tp2pp2, variant, 2, 2)
+
+
+@pytest.mark.timeout(150)
+def test_fast_timeout_really_times_out(tp2):
+    """The fast variant's decisions come from the clock: prefetches cut short or revoked."""
+    for proto in PROTOCOLS:  # storage holds the 512-token prefix, not the new tokens
+        rows = tp2[(proto, "timeout", "fast")][0]["rows"]
+        assert any(r["prefetched_tokens"] < PREFIX for r in rows), proto
+    for proto in PROTOCOLS:  # with the default timeout every prefetch completes
+        rows = tp2[(proto, "timeout", "")][0]["rows"]
+        assert all(r["hit_tokens"] == r["prefetched_tokens"] == PREFIX for r in rows), proto
+
+
+def count_table(results: dict, tp: int, pp: int) -> str:
+    """Markdown: measured decision counts on rank 0 per protocol x policy."""
+    lines = ["| protocol | policy | layout | requests | polls/req | decision/poll | "
+             "pp_hop/poll | decision/req | expected decision/req |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for variant, per_rank in results.items():
+        proto, policy, v = variant
+        rows = per_rank[0]["rows"]
+        n, polls = len(rows), sum(r["polls"] for r in rows)
+        dec = sum(r.get("coll_decision", 0) for r in rows)
+        hop = sum(r.get("coll_pp_hop", 0) for r in rows)
+        exp = sum(_expected(proto, policy, tp, pp, r, 0).decision for r in rows)
+        lines.append(f"| {proto} | {policy}{' (fast)' if v else ''} | TP{tp}"
+                     f"{f'xPP{pp}' if pp > 1 else ''} | {n} | {polls / n:.2f} | "
+                     f"{dec / polls:.2f} | {hop / polls:.2f} | {dec / n:.2f} | {exp / n:.2f} |")
+    return "\n".join(lines)
+
+
+@pytest.mark.timeout(150)
+def test_print_count_table_tp2(tp2):
+    print("\n" + count_table(tp2, 2, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_print_count_table_tp2pp2(tp2pp2):
+    print("\n" + count_table(tp2pp2, 2, 2))
