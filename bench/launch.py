@@ -90,6 +90,7 @@ def _collect(results, got: dict, wait_s: float = 0.05) -> None:
 
 
 def _describe(errors: dict, dead: list, procs) -> str:
-    parts = [f"rank {r} failed: {v[1]}" for r, v in sorted(errors.items())]
-    parts += [f"rank {r} died (exit code {procs[r].exitcode})" for r in dead]
+    # A dead rank is the cause; the errors of the others are usually its consequence.
+    parts = [f"rank {r} died (exit code {procs[r].exitcode})" for r in dead]
+    parts += [f"rank {r} failed: {v[1]}" for r, v in sorted(errors.items())]
     return "; ".join(parts)

@@ -64,12 +64,13 @@ class ResultSink:
         agree, first = compare_decisions([p["decisions"] for p in gathered])
         per_rank = [{r["rid"]: r for r in p["requests"]} for p in gathered]
         rows = []
+        t0 = min((r["arrival"] for r in gathered[0]["requests"]), default=0.0)
         for r in gathered[0]["requests"]:
             rid = r["rid"]
             everywhere = [pr.get(rid) for pr in per_rank]
             finished = all(x is not None and x["first_token"] is not None for x in everywhere)
             errors = sum(x["data_errors"] for x in everywhere if x is not None)
-            rows.append({**config, "repeat": cell.repeat, **_timing(r),
+            rows.append({**config, "repeat": cell.repeat, **_timing(r, t0),
                          **_counts(r), "ranks_agree": agree.get(rid, True) and finished,
                          "data_ok": errors == 0})
         if first:
@@ -128,7 +129,7 @@ class ResultSink:
         return "; ".join(reasons)
 
 
-def _timing(r: dict) -> dict:
+def _timing(r: dict, t0: float) -> dict:
     """TTFT and its breakdown on rank 0's clock (ms). Unknown stays None."""
     first, arrival = r["first_token"], r["arrival"]
     ttft = None if first is None else (first - arrival) * MS
@@ -140,7 +141,7 @@ def _timing(r: dict) -> dict:
             io, lag = (end - enq) * MS, (sched - end) * MS
     load, prefill = r["load_back_s"] * MS, r["prefill_s"] * MS
     queue = None if ttft is None else ttft - io - lag - load - prefill
-    return {"rid": r["rid"], "arrival_s": arrival, "ttft_ms": ttft, "queue_ms": queue,
+    return {"rid": r["rid"], "arrival_s": arrival - t0, "ttft_ms": ttft, "queue_ms": queue,
             "prefetch_io_ms": io, "sched_lag_ms": lag, "sync_ms": r["sync_s"] * MS,
             "load_back_ms": load, "prefill_ms": prefill}
 

@@ -31,10 +31,11 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
     groups = setup_distributed(layout, device, timeout)
     sink = ResultSink(plan) if rank == 0 else None
     cells = plan.cells()
+    steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
     for cell in cells:
         if sink:
             sink.begin(cell, len(cells))
-        payload = run_cell(plan, cell, layout, groups, device)
+        payload = run_cell(plan, cell, layout, groups, device, steps)
         gathered = _gather(payload, world)
         if sink:
             sink.add(cell, gathered)
@@ -42,26 +43,27 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
 
 
 def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
-             device: torch.device) -> dict:
+             device: torch.device, steps: list[int]) -> dict:
     cfg = plan.config(cell)
     spec = plan.workload_for(cell)
     rank0 = layout.rank == 0
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
         warm = workload.build(spec, prefix="warm-", n=spec.warmup_requests)
-        _serve(cfg, layout, groups, device, warm, rank0, plan.seed)
+        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps)
     main = workload.build(spec)
-    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed)
+    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps)
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
             "crosscheck": system.crosscheck()}
 
 
-def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int):
+def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int]):
     system = System(cfg, layout, groups, device, seed)
     system.populate(wl.histories)
     _barrier(layout, device)  # all ranks start the timed region together
-    stats = system.run(wl.requests if rank0 else [])
+    stats = system.run(wl.requests if rank0 else [], steps[0])
+    steps[0] += system.steps_run
     _barrier(layout, device)
     system.close()
     return system, stats

@@ -1,9 +1,11 @@
 """Seeded multi-turn workload, shaped like SGLang's benchmark/hicache/bench_multiturn.py.
 
 Each client holds a conversation. Turn r's prompt is the whole history (earlier prompts and
-answers) plus `request_tokens` new tokens. Before measuring, storage holds every turn's
-history (the earlier turns were served and written through to storage), while the host and
-device caches start cold, so prefixes come through the storage tier. Arrivals are Poisson
+answers) plus `request_tokens` new tokens. Before measuring, storage holds the turns that
+came before the measured ones (they were served and written through to storage), while the
+host and device caches start cold, so prefixes come through the storage tier. A client's
+later measured turns find its earlier measured turn in the host tree (write-through of new
+turns to storage is not modelled, so their unmatched tail is not in storage). Arrivals are Poisson
 at `rate_rps`, turn-major: every client's turn r arrives before any client's turn r+1.
 """
 
@@ -21,8 +23,8 @@ VOCAB = 32000
 @dataclass(frozen=True)
 class WorkloadSpec:
     requests: int = 32  # measured requests
-    rounds: int = 2  # measured turns per client
-    history_rounds: int = 2  # turns each conversation already had (in storage)
+    rounds: int = 1  # measured turns per client
+    history_rounds: int = 4  # turns each conversation already had (in storage)
     request_tokens: int = 256  # new user tokens per turn
     output_tokens: int = 64  # answer tokens per turn (part of the next turn's history)
     rate_rps: float = 16.0
@@ -52,16 +54,15 @@ def build(spec: WorkloadSpec, prefix: str = "", seed_offset: int = 0,
     clients = math.ceil(n / spec.rounds)
     turn = spec.request_tokens + spec.output_tokens
     convs = [_tokens(rng, spec.history_rounds * turn) for _ in range(clients)]
-    requests, histories, t = [], [], 0.0
+    histories = [list(c) for c in convs]  # what storage holds before measuring
+    requests, t = [], 0.0
     for r in range(spec.rounds):
         for c in range(clients):
             if len(requests) == n:
                 break
             t += rng.expovariate(spec.rate_rps)
-            history = convs[c]
-            prompt = history + _tokens(rng, spec.request_tokens)
+            prompt = convs[c] + _tokens(rng, spec.request_tokens)
             requests.append(Request(f"{prefix}c{c:03d}t{r}", prompt, t))
-            histories.append(history)
             convs[c] = prompt + _tokens(rng, spec.output_tokens)
     return Workload(requests, histories)
 

@@ -37,12 +37,15 @@ class Scheduler:
         skew = cfg.budget_skew * layout.tp_rank / max(1, layout.tp - 1)
         self.horizon = int(cfg.max_prefill_tokens * (1.0 - skew))
 
-    def run(self, requests: list[Request], idle_sleep_s: float = 0.001) -> None:
-        """Serves `requests` (used on rank 0 only; the others receive them) to completion."""
+    def run(self, requests: list[Request], step_base: int = 0,
+            idle_sleep_s: float = 0.001) -> int:
+        """Serves `requests` (used on rank 0 only; the others receive them) to completion;
+        returns the number of steps. `step_base` counts the process's earlier steps (for
+        fault injection at a process-wide step)."""
         pending = deque(sorted(requests, key=lambda r: r.arrival_offset_s))
         t0, step = time.monotonic(), 0
         while True:
-            self._check_faults(step)
+            self._check_faults(step, step_base + step)
             now = time.monotonic()
             arrived = []
             while pending and t0 + pending[0].arrival_offset_s <= now:
@@ -51,7 +54,7 @@ class Scheduler:
             msg = self.comm.broadcast_object(
                 {"now": now, "reqs": arrived, "all_arrived": not pending}, REQUEST_BROADCAST)
             if self._step(step, msg):
-                return
+                return step + 1
             if self.layout.rank == 0 and not self.waiting and not self.cache.ongoing:
                 time.sleep(min(idle_sleep_s, max(0.0, t0 + pending[0].arrival_offset_s - now))
                            if pending else 0.0)
@@ -108,11 +111,12 @@ class Scheduler:
             self.cache.free_device(dev)
             self.cache.release(rid)
 
-    def _check_faults(self, step: int) -> None:
-        if self.cache.controller.error is not None:
+    def _check_faults(self, step: int, process_step: int) -> None:
+        error = self.cache.controller.error
+        if error is not None:
             raise RuntimeError(f"rank {self.layout.rank}: background thread failed at step "
-                               f"{step}: {self.cache.controller.error}") from self.cache.controller.error
+                               f"{step}: {error}") from error
         if self.cache.consensus is not None and self.cache.consensus.error is not None:
             raise self.cache.consensus.error
-        if self.layout.rank == self.cfg.kill_rank and step == self.cfg.kill_step:
+        if self.layout.rank == self.cfg.kill_rank and process_step == self.cfg.kill_step:
             os._exit(17)  # fault injection: this rank dies mid-run

@@ -66,21 +66,43 @@ class System:
             self.storage.put(hashes, SIDECAR, self.cfg.sidecar_page_elems)
         return len(hashes)
 
-    def run(self, requests: list[Request]) -> Stats:
-        """Serves the requests (rank 0's list; other ranks pass []) and returns the stats."""
+    def run(self, requests: list[Request], step_base: int = 0) -> Stats:
+        """Serves the requests (rank 0's list; other ranks pass []) and returns the stats;
+        `steps_run` says how many scheduler steps it took."""
         self.cache.controller.start()
         if self.consensus is not None:
             self.consensus.start()
         try:
-            self.scheduler.run(requests)
-        finally:
-            self.cache.comm.drain_sends()
-            if self.consensus is not None:
-                self.consensus.stop(self.cfg.collective_timeout_s)
-            self.cache.controller.stop()
+            self.steps_run = self.scheduler.run(requests, step_base)
+        except BaseException:
+            self._abandon()
+            raise
+        self._shutdown()
+        return self.stats
+
+    def _abandon(self) -> None:
+        """After a failure: tell the threads to stop, wait for none of them. One may be
+        blocked in a collective no other rank will join, and the error must reach the
+        launcher now, not a collective timeout later (the threads are daemons)."""
+        if self.consensus is not None:
+            self.consensus.stop(0.0)
+        self.cache.controller.stop(0.0)
+
+    def _shutdown(self) -> None:
+        """After the last step: each thread gets up to the collective timeout to finish (a
+        blocked collective has failed by then); a thread's error fails the run, since its
+        collectives did not pair the same way on every rank."""
+        grace_s = self.cfg.collective_timeout_s + 1.0
+        self.cache.comm.drain_sends()  # gloo's timeout bounds each wait
+        if self.consensus is not None:
+            self.consensus.stop(grace_s)
+        self.cache.controller.stop(grace_s)
         if self.consensus is not None and self.consensus.error is not None:
             raise self.consensus.error
-        return self.stats
+        error = self.cache.controller.error
+        if error is not None:
+            raise RuntimeError(f"rank {self.layout.rank}: background thread failed after the "
+                               f"last step: {error}") from error
 
     def crosscheck(self) -> dict[str, tuple[int, int]]:
         """Per group: (ops our counter saw, ops torch's sequence number saw) since build."""
