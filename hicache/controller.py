@@ -144,6 +144,10 @@ class CacheController:
             if not failed and not op.terminated.is_set():
                 failed = not self._read(op, batch, op.host_slots[i: i + len(batch)], self.host_kv)
                 done += 0 if failed else len(batch)
+                if failed and not self.uses_acks:
+                    # SGLang's mark_terminate on a failed batch: the poll's MAX sees it, so
+                    # wait_complete does not wait forever for pages that will never land.
+                    op.terminated.set()
             if self.uses_acks:
                 # One ack per batch on every rank, even for skipped batches, so the ack sync
                 # thread pairs the same acks on all ranks. Side-car pages are not there yet.
