@@ -22,9 +22,13 @@ test-fast: setup  ## skip the slow end-to-end and 4-rank tests
 bench: setup  ## the main job: protocols x policies x repeats, results/latest
 	$(PY) -m bench run --preset $(PRESET) $(ARGS)
 
-gate: setup  ## quick CI preset, then the perf gate against results/baseline
+gate: setup  ## quick CI preset, its micro-benchmarks, then the perf gate vs results/baseline
 	$(PY) -m bench run --preset ci $(ARGS)
+	$(PY) -m bench microbench results/latest
 	$(PY) -m bench gate results/latest --baseline results/baseline
+
+microbench: setup  ## pytest-benchmark micro-benchmarks saved into results/latest
+	$(PY) -m bench microbench results/latest
 
 lint: setup
 	$(PY) -m ruff check hicache bench tests scripts
