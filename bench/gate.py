@@ -320,7 +320,7 @@ def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
                          [c for c in SUMMARY_COLUMNS if c in summary.columns])
     write_text_atomic(baseline_dir / "env.json", env_text)
     write_json_atomic(baseline_dir / "gate.json",
-                      {**settings, "tolerance": tolerance, "source_run": run_dir.name})
+                      {**settings, "tolerance": tolerance, "source_run": run_dir.resolve().name})
 
 
 def format_checks(checks: list[Check]) -> str:
