@@ -23,6 +23,18 @@ def test_known_answer_first_page():
     assert page_hashes(tokens, 4) == [expected]
 
 
+def test_known_answer_literal_chain():
+    """Digests written out as literals (hashlib over hand-laid little-endian bytes), so a
+    wrong byte order or chaining rule cannot hide behind a reference that shares it."""
+    tokens = [1, 2, 256, 2**32 - 1, 5, 65536, 7, 2**24]
+    first = "a33d3bc32a1a1afc621c8e28607884e977bb9f3ac7c8eed187d95d5e1b232773"
+    second = "606c194175d13dcbcd50a5146a9079e9730b285611e912114d794e4a7af8b414"
+    assert hashlib.sha256(bytes([1, 0, 0, 0, 2, 0, 0, 0, 0, 1, 0, 0, 255, 255, 255, 255])
+                          ).hexdigest() == first
+    assert page_hashes(tokens, 4) == [first, second]
+    assert page_hashes(tokens[4:], 4, prior=first) == [second]
+
+
 def test_matches_reference_chain():
     tokens = [(i * 7919) % 50000 for i in range(256)] + [2**32 - 1] * 64
     assert page_hashes(tokens, 64) == _reference(tokens, 64)
