@@ -87,6 +87,8 @@ def slow_stage_seed(jitter: float = 1.0) -> int:
 # stage 0's complete. A decision that crosses PP keeps them together; pre27010's does not.
 PP_TIMEOUT = {"timeout_base_s": 0.1, "timeout_per_ki_token_s": 0.0}
 PP_VARIANTS = [(p, "timeout") for p in PROTOCOLS]
+PP_VARIANTS += [(p, q) for p in PROTOCOLS if p != "pre27010" for q in ("best_effort",
+                                                                        "wait_complete")]
 
 
 @pytest.fixture(scope="module")
