@@ -22,6 +22,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -102,10 +103,14 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if (args.runs_from and len(args.runs_from) < 2) or (not args.runs_from and args.runs < 2):
         p.error("noise needs at least 2 runs")
-    dirs = args.runs_from or [run_ci(i) for i in range(args.runs)]
+    dirs, load = args.runs_from or [], {}
+    for i in range(0 if args.runs_from else args.runs):
+        dirs.append(run_ci(i))
+        load[dirs[-1].name] = round(os.getloadavg()[0], 2)  # how shared the machine was
     figures = noise([ratios(d) for d in dirs])
     settings = {"tolerance": tolerance(figures["max_run_to_run"]), "noise": figures,
                 "method": METHOD, "runs": [d.name for d in dirs],
+                "load_avg_1m_after_run": load or None, "cpu_count": os.cpu_count(),
                 "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     gate_json = args.baseline / "gate.json"
     if args.dry_run:
