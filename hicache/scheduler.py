@@ -46,6 +46,7 @@ class Scheduler:
         t0, step = time.monotonic(), 0
         while True:
             self._check_faults(step, step_base + step)
+            self.stats.counter.step = step  # the broadcast below is this step's collective
             now = time.monotonic()
             arrived = []
             while pending and t0 + pending[0].arrival_offset_s <= now:
