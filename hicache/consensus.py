@@ -114,3 +114,34 @@ def compare_decisions(logs: list[dict[str, tuple]]) -> tuple[dict[str, bool], st
         if not agree[rid] and first is None:
             first = f"request {rid}: " + ", ".join(f"rank {r}={s}" for r, s in enumerate(seen))
     return agree, first
+
+
+def disagreements(logs: list[dict[str, tuple]]) -> dict[str, list[tuple[tuple | None, list[int]]]]:
+    """For each request whose ranks disagree: the distinct decisions (None where a rank has no
+    record), each with the ranks that hold it, in rank order."""
+    out = {}
+    for rid in sorted(set().union(*logs)) if logs else []:
+        groups: dict = {}
+        for rank, log in enumerate(logs):
+            groups.setdefault(log.get(rid), []).append(rank)
+        if len(groups) > 1:
+            out[rid] = list(groups.items())
+    return out
+
+
+def describe_disagreements(logs: list[dict[str, tuple]], tp: int | None = None) -> list[str]:
+    """One line per disagreeing request, naming the ranks and PP stages behind each decision
+    (global rank r is TP rank r % tp of PP stage r // tp; tp None: one stage, no PP)."""
+    tp = tp or len(logs)
+    return [f"request {rid}: " + "; ".join(f"{_who(ranks, tp, len(logs))} = {decision}"
+                                           for decision, ranks in groups)
+            for rid, groups in disagreements(logs).items()]
+
+
+def _who(ranks: list[int], tp: int, world: int) -> str:
+    if world <= tp:  # a single PP stage: the ranks say it all
+        return f"ranks {ranks}"
+    stages = sorted({r // tp for r in ranks})
+    if set(ranks) == {s * tp + i for s in stages for i in range(tp)}:  # whole stages
+        return f"ranks {ranks} (PP stage {', '.join(map(str, stages))})"
+    return f"ranks {ranks} (" + ", ".join(f"stage {r // tp} tp {r % tp}" for r in ranks) + ")"

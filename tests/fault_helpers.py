@@ -1,0 +1,173 @@
+"""Helpers for the divergence and fault tests: scenarios that stamp their start (pid and wall
+time) so a test can time detection from the start of the run and signal a rank from outside,
+a scenario that returns a rank's error instead of raising it, and a launcher that lets the
+surviving ranks end on their own instead of killing them when one rank dies.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bench.launch import LaunchError, free_port, launch
+from hicache.comm import CollectiveCounter, Comm, Layout
+from hicache.config import HiCacheConfig
+from hicache.consensus import ConsensusChecker
+from hicache.scheduler import Request
+from hicache.storage import StorageSpec
+from hicache.system import System, setup_distributed
+from tests.helpers import prompts, scenario
+
+
+def stamp(stamp_dir: str, rank: int) -> None:
+    """Writes `pid wall_time` to stamp_dir/rank{rank} (atomically: readers poll for it)."""
+    path = Path(stamp_dir) / f"rank{rank}"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{os.getpid()} {time.time()}")
+    tmp.replace(path)
+
+
+def read_stamps(stamp_dir: str) -> dict[int, tuple[int, float]]:
+    """rank -> (pid, wall time the rank started its scenario)."""
+    out = {}
+    for p in Path(stamp_dir).glob("rank*"):
+        if p.suffix == "":
+            pid, t = p.read_text().split()
+            out[int(p.name[4:])] = (int(pid), float(t))
+    return out
+
+
+def wait_for_stamps(stamp_dir: str, ranks: int, timeout_s: float) -> dict[int, tuple[int, float]]:
+    deadline = time.monotonic() + timeout_s
+    while len(stamps := read_stamps(stamp_dir)) < ranks:
+        assert time.monotonic() < deadline, f"ranks did not start within {timeout_s}s"
+        time.sleep(0.05)
+    return stamps
+
+
+def stamped_scenario(rank: int, world: int, stamp_dir: str, *args) -> dict:
+    stamp(stamp_dir, rank)
+    return scenario(rank, world, *args)
+
+
+def capturing_scenario(rank: int, world: int, stamp_dir: str, cfg_kw: dict, storage_kw: dict,
+                       n: int, prefix_tokens: int, new_tokens: int, gap_s: float) -> dict:
+    """Like helpers.scenario, but a failed run returns its error (and the decisions logged so
+    far) instead of raising, so a test sees every rank's side of a divergence."""
+    stamp(stamp_dir, rank)
+    torch.set_num_threads(1)
+    cfg = HiCacheConfig(storage=StorageSpec(**storage_kw), **cfg_kw)
+    layout = Layout(rank, cfg.tp, cfg.pp)
+    groups = setup_distributed(layout, torch.device("cpu"), cfg.collective_timeout_s)
+    system = System(cfg, layout, groups, torch.device("cpu"))
+    ps = prompts(n, prefix_tokens, new_tokens)
+    system.populate([p[:prefix_tokens] for p in ps])
+    reqs = [Request(f"r{i:03d}", p, i * gap_s) for i, p in enumerate(ps)]
+    t0, error = time.time(), None
+    try:
+        system.run(reqs if rank == 0 else [])
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    stats = system.stats
+    return {"error": error, "run_s": time.time() - t0, "decisions": dict(stats.decisions),
+            "rows": stats.request_rows(), "steps": stats.step_rows()}
+
+
+@dataclass
+class Outcome:
+    results: list | None  # per rank, when the launch succeeded
+    error: str | None  # the LaunchError text otherwise
+    wall_s: float  # launch call to return or LaunchError (spawn and imports included)
+    run_s: float | None  # earliest rank start stamp to return or LaunchError
+
+
+def launch_timed(world: int, fn, args: tuple, stamp_dir: str, timeout_s: float) -> Outcome:
+    """launch(fn, (stamp_dir, *args)); a LaunchError is returned, not raised."""
+    t0 = time.monotonic()
+    results, error = None, None
+    try:
+        results = launch(world, fn, (stamp_dir, *args), timeout_s=timeout_s)
+    except LaunchError as e:
+        error = str(e)
+    wall_end, now = time.monotonic(), time.time()
+    stamps = read_stamps(stamp_dir)
+    run_s = now - min(t for _, t in stamps.values()) if stamps else None
+    return Outcome(results, error, wall_end - t0, run_s)
+
+
+def _entry(rank: int, world: int, port: int, fn, args, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    try:
+        out = ("ok", fn(rank, world, *args))
+    except BaseException as e:
+        out = ("error", f"{type(e).__name__}: {e}")
+    results.put((rank, time.time(), *out))
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def spawn_all(world: int, fn, args: tuple, timeout_s: float) -> tuple[dict, dict]:
+    """Runs fn on every rank and, unlike bench.launch, lets the survivors of a dead rank run
+    to their own end. Returns {rank: (wall time, "ok"|"error", value)} for the ranks that
+    reported, and {rank: (exit code, wall time its death was seen)} for those that died
+    without reporting; ranks still running at the deadline are killed and in neither."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, q), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple] = {}
+    dead: dict[int, tuple[int, float]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(got) + len(dead) < world and time.monotonic() < deadline:
+            try:
+                rank, *rest = q.get(timeout=0.02)
+                got[rank] = tuple(rest)
+            except queue.Empty:
+                pass
+            for r, p in enumerate(procs):
+                if r not in got and r not in dead and p.exitcode not in (None, 0):
+                    dead[r] = (p.exitcode, time.time())
+    finally:
+        for p in procs:
+            p.join(timeout=0.5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return got, dead
+
+
+def consensus_probe(rank: int, world: int, variants: list[str], timeout_s: float) -> list:
+    """Feeds a ConsensusChecker the same 20 records on every rank, except that in variant
+    "different" rank 1's 8th record differs and in "extra" rank 1 has a 21st. Returns, per
+    variant, the checker's error text (None when it passed)."""
+    layout = Layout(rank, world, 1)
+    groups = setup_distributed(layout, torch.device("cpu"), timeout_s)
+    out = []
+    for variant in variants:
+        checker = ConsensusChecker(Comm(layout, groups, CollectiveCounter()), 0.01)
+        lines = [f"check_prefetch_progress('r{i:03d}',)" for i in range(20)]
+        if rank == 1 and variant == "different":
+            lines[7] = "check_prefetch_progress -> True"
+        if rank == 1 and variant == "extra":
+            lines.append("check_prefetch_progress('r020',)")
+        for line in lines:
+            checker.record(line)
+        checker.start()
+        checker.stop(timeout_s)
+        err = checker.error
+        out.append(None if err is None else f"{type(err).__name__}: {err}")
+        dist.barrier()  # the next variant starts on a quiet group
+    return out
