@@ -59,7 +59,8 @@ class ConsensusChecker:
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
-        """Ends after a final round that also compares the total record counts."""
+        """Ends after a final round that also compares the total record counts; that round
+        comes once every rank has called stop, so a lagging rank's last records count."""
         self._stop.set()
         self._thread.join(timeout_s)
 
@@ -74,11 +75,12 @@ class ConsensusChecker:
 
     def _round(self, stopping: bool) -> bool:
         n = len(self.records)
-        # One MIN of [count, -stop, -count]: agreed prefix length, whether any rank stops,
-        # and the largest count (to catch a rank that recorded more calls than the others).
-        t = torch.tensor([n, -int(stopping), -n], dtype=torch.int64)
+        # One MIN of [count, stop, -count]: agreed prefix length, whether every rank stops
+        # (a rank still in its last scheduler step may record more), and the largest count
+        # (to catch a rank that recorded more calls than the others).
+        t = torch.tensor([n, int(stopping), -n], dtype=torch.int64)
         self.comm.all_reduce(t, dist.ReduceOp.MIN, "consensus", CONSENSUS)
-        agreed, stop, most = int(t[0]), t[1] == -1, -int(t[2])
+        agreed, stop, most = int(t[0]), t[1] == 1, -int(t[2])
         digest = self._digest(agreed)
         lo, hi = digest.clone(), digest.clone()
         self.comm.all_reduce(lo, dist.ReduceOp.MIN, "consensus", CONSENSUS)

@@ -151,8 +151,9 @@ def spawn_all(world: int, fn, args: tuple, timeout_s: float) -> tuple[dict, dict
 
 def consensus_probe(rank: int, world: int, variants: list[str], timeout_s: float) -> list:
     """Feeds a ConsensusChecker the same 20 records on every rank, except that in variant
-    "different" rank 1's 8th record differs and in "extra" rank 1 has a 21st. Returns, per
-    variant, the checker's error text (None when it passed)."""
+    "different" rank 1's 8th record differs, in "extra" rank 1 has a 21st, and in "late"
+    rank 1 records its last 10 only after rank 0 has already stopped its checker (as a lagging
+    PP stage may). Returns, per variant, the checker's error text (None when it passed)."""
     layout = Layout(rank, world, 1)
     groups = setup_distributed(layout, torch.device("cpu"), timeout_s)
     out = []
@@ -163,9 +164,14 @@ def consensus_probe(rank: int, world: int, variants: list[str], timeout_s: float
             lines[7] = "check_prefetch_progress -> True"
         if rank == 1 and variant == "extra":
             lines.append("check_prefetch_progress('r020',)")
-        for line in lines:
+        split = 10 if rank == 1 and variant == "late" else len(lines)
+        for line in lines[:split]:
             checker.record(line)
         checker.start()
+        if split < len(lines):
+            time.sleep(0.3)
+            for line in lines[split:]:
+                checker.record(line)
         checker.stop(timeout_s)
         err = checker.error
         out.append(None if err is None else f"{type(err).__name__}: {err}")

@@ -239,9 +239,10 @@ def test_pp_stages_disagree_before_27010_and_agree_after():
 def test_consensus_checker_catches_injected_divergence():
     from bench.launch import launch
 
-    per_rank = launch(2, consensus_probe, (["same", "different", "extra"], T), timeout_s=45)
-    for rank, (same, different, extra) in enumerate(per_rank):
-        assert same is None, (rank, same)
+    variants = ["same", "different", "extra", "late"]
+    per_rank = launch(2, consensus_probe, (variants, T), timeout_s=45)
+    for rank, (same, different, extra, late) in enumerate(per_rank):
+        assert same is None and late is None, (rank, same, late)
         assert different.startswith("ConsensusError: ranks diverged within the first"), different
         assert extra == "ConsensusError: ranks recorded different numbers of calls (20 vs 21)"
 
