@@ -68,6 +68,12 @@ def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0) -> list:
                 dead = [r for r in dead if r not in got]
             errors = {r: v for r, v in got.items() if v[0] == "error"}
             if errors or dead:
+                # Give the other ranks a moment to report too: the rank that fails first
+                # is often the one left waiting, not the one that broke the pairing.
+                _drain(results, got, procs, world, grace_s=1.5)
+                errors = {r: v for r, v in got.items() if v[0] == "error"}
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in got]
                 raise LaunchError(_describe(errors, dead, procs))
             if time.monotonic() > deadline:
                 missing = [r for r in range(world) if r not in got]
@@ -79,6 +85,15 @@ def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0) -> list:
             if p.is_alive():
                 p.kill()
     return [got[r][1] for r in range(world)]
+
+
+def _drain(results, got: dict, procs, world: int, grace_s: float) -> None:
+    end = time.monotonic() + grace_s
+    while len(got) < world and time.monotonic() < end:
+        if all(p.exitcode is not None for r, p in enumerate(procs) if r not in got):
+            _collect(results, got, wait_s=0.2)  # whatever they put before exiting
+            return
+        _collect(results, got)
 
 
 def _collect(results, got: dict, wait_s: float = 0.05) -> None:

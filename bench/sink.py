@@ -14,7 +14,7 @@ from bench.io import write_csv_atomic, write_json_atomic
 from bench.plan import Cell, RunPlan
 from bench.schema import RANK_COLUMNS, REQUEST_COLUMNS, STEP_COLUMNS
 from hicache.comm import SITES
-from hicache.consensus import compare_decisions
+from hicache.consensus import compare_decisions, describe_disagreements
 
 MS = 1000.0
 
@@ -61,7 +61,8 @@ class ResultSink:
                 "race_guard": cfg.race_guard}
 
     def _request_rows(self, cell: Cell, config: dict, gathered: list[dict]) -> list[dict]:
-        agree, first = compare_decisions([p["decisions"] for p in gathered])
+        logs = [p["decisions"] for p in gathered]
+        agree, _ = compare_decisions(logs)
         per_rank = [{r["rid"]: r for r in p["requests"]} for p in gathered]
         rows = []
         t0 = min((r["arrival"] for r in gathered[0]["requests"]), default=0.0)
@@ -73,8 +74,8 @@ class ResultSink:
             rows.append({**config, "repeat": cell.repeat, **_timing(r, t0),
                          **_counts(r), "ranks_agree": agree.get(rid, True) and finished,
                          "data_ok": errors == 0})
-        if first:
-            self.problems.append(f"{cell.protocol}/{cell.policy} repeat {cell.repeat}: {first}")
+        for line in describe_disagreements(logs, self.plan.tp)[:3]:
+            self.problems.append(f"{cell.protocol}/{cell.policy} repeat {cell.repeat}: {line}")
         return rows
 
     def _step_row(self, config: dict, cell: Cell, s: dict) -> dict:
@@ -103,10 +104,10 @@ class ResultSink:
 
     def finish(self) -> dict:
         """Report, table and the closing verdict."""
+        import pandas as pd
+
         from bench.report import write_report  # matplotlib: imported once, at the end
         from bench.summarize import format_table, summarize
-
-        import pandas as pd
 
         (self.dir / "progress.json").unlink(missing_ok=True)
         write_report(self.dir)

@@ -59,11 +59,12 @@ def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
     hit_pages = (requests["hit_tokens"].fillna(0) // requests["page_size"]).astype(int)
     rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
                requests["polls"], hit_pages, as_bool(requests["op_issued"]),
-               as_bool(requests["io_issued"]), strict=True)
+               as_bool(requests["io_issued"]), requests["terminated_by"] == "poll",
+               strict=True)
     decision, background = [], []
-    for proto, policy, tp, pp, polls, pages, op, io in rows:
+    for proto, policy, tp, pp, polls, pages, op, io, by_poll in rows:
         e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
-                                 bool(op), bool(io))
+                                 bool(op), bool(io), bool(by_poll))
         decision.append(e.decision)
         background.append(e.hit_query + e.ack)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)

@@ -222,7 +222,7 @@ class HiCache:
         op.terminated.set()  # the IO thread stops at its next batch boundary
         usable = self._usable_after_poll(op)
         if op.host_slots is None:
-            self._revoke(op)
+            self._revoke(op, via="poll")  # stopped before its hit was agreed: nothing usable
         else:
             self._finalize(op, usable, "poll")
         return True
@@ -256,9 +256,9 @@ class HiCache:
 
     # ---- termination ------------------------------------------------------------------------
 
-    def _revoke(self, op: PrefetchOp) -> None:
+    def _revoke(self, op: PrefetchOp, via: str = "revoked") -> None:
         op.terminated.set()
-        self._end(op, "revoked", 0)
+        self._end(op, via, 0)
 
     def _finalize(self, op: PrefetchOp, usable: int, via: str) -> None:
         """Inserts the fetched prefix into the host tree; frees the rest once IO stopped."""

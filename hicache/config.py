@@ -38,7 +38,8 @@ class HiCacheConfig:
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {self.protocol!r}; choose from {', '.join(PROTOCOLS)}")
+            raise ValueError(f"unknown protocol {self.protocol!r}; "
+                             f"choose from {', '.join(PROTOCOLS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         for name in ("tp", "pp", "page_size", "host_pool_pages", "device_pool_pages",

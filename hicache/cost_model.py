@@ -58,6 +58,7 @@ def expected_per_request(
     hit_pages: int,
     op_issued: bool,
     io_issued: bool,
+    ended_by_poll: bool | None = None,
 ) -> Expected:
     """Collectives rank 0 issues for one request.
 
@@ -65,11 +66,14 @@ def expected_per_request(
     hit_pages: pages all ranks agreed storage holds (0 when no prefetch was issued).
     op_issued: a PrefetchOperation was created, so the prefetch thread ran its hit query.
     io_issued: the prefetch got host slots and went to the IO thread (not revoked).
+    ended_by_poll: a poll terminated the prefetch (terminated_by == "poll"); when unknown,
+    any poll is taken to have ended it.
     """
     t = tp_cost(tp)
     ar, hop = decision_per_poll(protocol, policy, tp, pp)
     # pre27010 agrees on the usable length with one MIN when a poll terminates the prefetch.
-    completion = t if protocol == "pre27010" and polls > 0 else 0
+    by_poll = polls > 0 if ended_by_poll is None else ended_by_poll
+    completion = t if protocol == "pre27010" and by_poll else 0
     acks = 0
     if protocol in ACK_PROTOCOLS and io_issued:
         acks = t * (-(-hit_pages // IO_BATCH_PAGES) + 1)  # one per batch plus the final one

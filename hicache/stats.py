@@ -23,7 +23,9 @@ class RequestStats:
     prefill_s: float = 0.0
     first_token: float | None = None
     polls: int = 0  # calls that found the prefetch still ongoing
-    terminated_by: str = "none"  # poll | ack | revoked | none (no prefetch issued)
+    # poll (a poll stopped it, possibly before its hit was agreed) | ack (final ack) |
+    # revoked (hit below threshold or no host memory) | none (no prefetch issued)
+    terminated_by: str = "none"
     op_issued: bool = False
     io_issued: bool = False
     requested_tokens: int = 0

@@ -67,7 +67,7 @@ def _id(v):
 
 def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int) -> Expected:
     e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
-                             row["op_issued"], row["io_issued"])
+                             row["op_issued"], row["io_issued"], row["terminated_by"] == "poll")
     if pp_rank == 0:
         return e
     # A later PP stage mirrors stage 0 (cost_model counts rank 0): for a decision that hops,

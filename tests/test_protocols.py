@@ -297,3 +297,13 @@ def test_expected_per_request_spec(k, hit_pages):
         assert (e.decision, e.pp_hops, e.completion) == (0, 0, 0)
     e = expected_per_request("pr27010", "timeout", 1, 1, k, hit_pages, True, True)
     assert e == type(e)(0, 0, 0, 0, 0)  # world size 1: nothing to agree on
+
+
+def test_pre27010_completion_only_when_a_poll_ended_the_prefetch():
+    """Polled, then revoked at the hit drain (hit below threshold): no completion MIN."""
+    polled_then_revoked = expected_per_request("pre27010", "wait_complete", 2, 1, 2, 3, True,
+                                               False, ended_by_poll=False)
+    assert (polled_then_revoked.decision, polled_then_revoked.completion) == (2, 0)
+    ended = expected_per_request("pre27010", "wait_complete", 2, 1, 2, 3, True, True,
+                                 ended_by_poll=True)
+    assert (ended.decision, ended.completion) == (2, 1)
