@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from bench.workload import WorkloadSpec
 from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage import StorageSpec
-from bench.workload import WorkloadSpec
 
 ALIASES = {"before": "pr27010", "after": "pr36425"}
 
