@@ -18,12 +18,9 @@ import torch.multiprocessing as mp
 
 from bench.launch import LaunchError, free_port, launch
 from hicache.comm import CollectiveCounter, Comm, Layout
-from hicache.config import HiCacheConfig
 from hicache.consensus import ConsensusChecker
-from hicache.scheduler import Request
-from hicache.storage import StorageSpec
-from hicache.system import System, setup_distributed
-from tests.helpers import prompts, scenario
+from hicache.system import setup_distributed
+from tests.helpers import build_scenario, scenario
 
 
 def stamp(stamp_dir: str, rank: int) -> None:
@@ -62,17 +59,11 @@ def capturing_scenario(rank: int, world: int, stamp_dir: str, cfg_kw: dict, stor
     """Like helpers.scenario, but a failed run returns its error (and the decisions logged so
     far) instead of raising, so a test sees every rank's side of a divergence."""
     stamp(stamp_dir, rank)
-    torch.set_num_threads(1)
-    cfg = HiCacheConfig(storage=StorageSpec(**storage_kw), **cfg_kw)
-    layout = Layout(rank, cfg.tp, cfg.pp)
-    groups = setup_distributed(layout, torch.device("cpu"), cfg.collective_timeout_s)
-    system = System(cfg, layout, groups, torch.device("cpu"))
-    ps = prompts(n, prefix_tokens, new_tokens)
-    system.populate([p[:prefix_tokens] for p in ps])
-    reqs = [Request(f"r{i:03d}", p, i * gap_s) for i, p in enumerate(ps)]
+    system, reqs = build_scenario(rank, cfg_kw, storage_kw, n, prefix_tokens, new_tokens,
+                                  gap_s)
     t0, error = time.time(), None
     try:
-        system.run(reqs if rank == 0 else [])
+        system.run(reqs)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     stats = system.stats

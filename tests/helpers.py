@@ -17,8 +17,9 @@ def prompts(n: int, prefix_tokens: int, new_tokens: int) -> list[list[int]]:
     return [[i * 100_000 + j for j in range(prefix_tokens + new_tokens)] for i in range(n)]
 
 
-def scenario(rank: int, world: int, cfg_kw: dict, storage_kw: dict, n: int,
-             prefix_tokens: int, new_tokens: int, gap_s: float) -> dict:
+def build_scenario(rank: int, cfg_kw: dict, storage_kw: dict, n: int, prefix_tokens: int,
+                   new_tokens: int, gap_s: float) -> tuple[System, list[Request]]:
+    """This rank's system with every prefix in storage, and rank 0's requests ([] else)."""
     torch.set_num_threads(1)
     cfg = HiCacheConfig(storage=StorageSpec(**storage_kw), **cfg_kw)
     layout = Layout(rank, cfg.tp, cfg.pp)
@@ -27,7 +28,14 @@ def scenario(rank: int, world: int, cfg_kw: dict, storage_kw: dict, n: int,
     ps = prompts(n, prefix_tokens, new_tokens)
     system.populate([p[:prefix_tokens] for p in ps])
     reqs = [Request(f"r{i:03d}", p, i * gap_s) for i, p in enumerate(ps)]
-    stats = system.run(reqs if rank == 0 else [])
+    return system, reqs if rank == 0 else []
+
+
+def scenario(rank: int, world: int, cfg_kw: dict, storage_kw: dict, n: int,
+             prefix_tokens: int, new_tokens: int, gap_s: float) -> dict:
+    system, reqs = build_scenario(rank, cfg_kw, storage_kw, n, prefix_tokens, new_tokens,
+                                  gap_s)
+    stats = system.run(reqs)
     return {"rows": stats.request_rows(), "decisions": stats.decisions,
             "crosscheck": system.crosscheck(), "by_site": dict(stats.counter.by_site),
             "steps": stats.step_rows()}
