@@ -209,6 +209,10 @@ def _run_local(plan: RunPlan) -> int:
     from bench.launch import LaunchError, launch
     from bench.worker import run_rank
 
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+        print("bench run: warning: TORCH_DISTRIBUTED_DEBUG=DETAIL adds hidden collectives and "
+              "~20x latency; counts and timings of this run are not comparable",
+              file=sys.stderr)
     print(f"hicache-bench: preset {plan.preset}, {len(plan.cells())} runs "
           f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
           f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "

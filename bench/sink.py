@@ -5,6 +5,7 @@ ranks agreed and data matched storage, and rewrites the CSVs atomically after ev
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +29,9 @@ class ResultSink:
         self.problems: list[str] = []
         world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
                  "device": plan.device, "backend": plan.backend}
+        debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
+                                                  "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
 
     def begin(self, cell: Cell, total: int) -> None:
