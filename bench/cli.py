@@ -49,6 +49,7 @@ def parser() -> CliParser:
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
+    a("--step-ms", type=float, help="minimum scheduler step (a decode forward), ms (0)")
     a("--consensus", action="store_true", help="online rank-consensus checker (SPEC 6)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
@@ -98,6 +99,7 @@ def build_plan(args) -> RunPlan:
     for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     _positive("timeout-base", args.timeout_base, allow_zero=True)
+    _positive("step-ms", args.step_ms, allow_zero=True)
     _positive("collective-timeout", args.collective_timeout)
     tp, pp = args.tp or preset.get("tp", 2), args.pp or preset.get("pp", 1)
     world = tp * pp
@@ -142,6 +144,7 @@ def _system(args, preset: dict) -> dict:
     if args.no_race_guard:
         s["race_guard"] = False
     for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
+                      ("step_ms", "min_step_ms"),
                       ("collective_timeout", "collective_timeout_s"),
                       ("kill_rank", "kill_rank"), ("kill_step", "kill_step")):
         if getattr(args, flag) is not None:

@@ -29,6 +29,7 @@ class HiCacheConfig:
     layers: int = 2  # prefill emulation: per layer a matmul and a data-plane all-reduce
     hidden: int = 64
     allreduce_tokens: int = 16  # rows of the per-layer all-reduce (fixed: a padded decode batch)
+    min_step_ms: float = 0.0  # a step's forward lasts at least this long (decode batches)
     consensus_check: bool = False  # SGLang's @rank_consensus, off by default
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
@@ -53,6 +54,8 @@ class HiCacheConfig:
             raise ValueError(f"budget_skew must be in [0, 1), got {self.budget_skew}")
         if self.timeout_base_s < 0 or self.timeout_per_ki_token_s < 0:
             raise ValueError("prefetch timeouts must be >= 0")
+        if self.min_step_ms < 0:
+            raise ValueError(f"min_step_ms must be >= 0, got {self.min_step_ms}")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
 

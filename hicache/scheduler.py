@@ -105,6 +105,10 @@ class Scheduler:
             new_tokens += len(self.cache.prompts[rid]) - st.loaded_tokens
         t0 = time.monotonic()
         self.model.forward(new_tokens)  # runs every step: decode batches never stop
+        # Pad the step to a decode forward's length: how often waiting requests get polled.
+        rest = t0 + self.cfg.min_step_ms / 1e3 - time.monotonic()
+        if rest > 0:
+            time.sleep(rest)
         done = time.monotonic()
         for rid, dev in zip(batch, loaded, strict=True):
             st = self.stats.requests[rid]

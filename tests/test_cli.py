@@ -18,6 +18,7 @@ BAD = [
     (["--repeats", "-1"], "--repeats must be > 0"),
     (["--fail-rate", "1.5"], "fail_rate"),
     (["--budget-skew", "1"], "--budget-skew must be < 1"),
+    (["--step-ms", "-5"], "--step-ms must be >= 0"),
     (["--kill-rank", "5"], "--kill-rank 5 is not a rank"),
     (["--preset", "nope"], "invalid choice"),
     (["--device", "tpu"], "invalid choice"),
