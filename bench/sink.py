@@ -86,9 +86,8 @@ class ResultSink:
                "waiting": s["waiting"], "polled": s["polled"], "scheduled": s["scheduled"],
                "sync_ms": s["sync_s"] * MS}
         for site in ("request_broadcast", "per_step_min", "model_allreduce", "decision",
-                     "completion"):
+                     "completion", "pp_hop"):
             row[site] = s.get(f"coll_{site}", 0)
-        row["pp_hop"] = s.get("coll_pp_hop", 0)
         return row
 
     def _rank_row(self, config: dict, cell: Cell, p: dict) -> dict:

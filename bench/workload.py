@@ -46,11 +46,10 @@ class Workload:
     histories: list[list[int]]  # token runs to write to storage before the run
 
 
-def build(spec: WorkloadSpec, prefix: str = "", seed_offset: int = 0,
-          n: int | None = None) -> Workload:
-    """Deterministic for (spec, prefix, seed_offset): all ranks could build it alike."""
+def build(spec: WorkloadSpec, prefix: str = "", n: int | None = None) -> Workload:
+    """Deterministic for (spec, prefix): all ranks could build it alike."""
     n = spec.requests if n is None else n
-    rng = random.Random(f"{spec.seed}/{seed_offset}/{prefix}")
+    rng = random.Random(f"{spec.seed}/{prefix}")
     clients = math.ceil(n / spec.rounds)
     turn = spec.request_tokens + spec.output_tokens
     convs = [_tokens(rng, spec.history_rounds * turn) for _ in range(clients)]

@@ -158,7 +158,8 @@ class HiCache:
         self._free_stopped_tails()
         pending = [op for _, op in sorted(self.ongoing.items())
                    if op.host_slots is not None and not op.decided]
-        votes = [self.protocol.step_vote(self._facts(op)) for op in pending]
+        facts = [self._facts(op) for op in pending]
+        votes = [self.protocol.step_vote(f) for f in facts]
         flags = [v for v in votes if v is not None]
         vec = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize(),
                -int(busy)] + [-v for v in flags]  # MAX rides in the MIN by negation
@@ -168,8 +169,8 @@ class HiCache:
         for op, f in zip(pending, agreed[3:], strict=False):
             if f == -1:
                 self._decide(op)
-        for op in pending:
-            if not op.decided and self.protocol.step_decide(self._facts(op)):
+        for op, f in zip(pending, facts, strict=True):
+            if not op.decided and self.protocol.step_decide(f):
                 self._decide(op)
         self._drain_hits(agreed[0])
         self._drain_acks(agreed[1])

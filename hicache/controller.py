@@ -40,7 +40,6 @@ class PrefetchOp:
     start_stamp: float  # rank 0's step clock at enqueue (step-clock's timeout input)
     hashes: list[str] = field(default_factory=list)
     hash_value: list[str] = field(default_factory=list)  # truncated to the agreed hit pages
-    hit_agreed: bool = False  # set by the prefetch thread after the MIN
     hit_drained: bool = False  # the scheduler took the agreed hit (same step on all ranks)
     host_slots: list[int] | None = None
     completed_tokens: int = 0  # pre27010: this rank's IO progress; else the agreed acks
@@ -111,7 +110,6 @@ class CacheController:
             # Blocks until every TP rank has queried this op: ops arrive in one order on all.
             self.comm.all_reduce(hit, dist.ReduceOp.MIN, "prefetch", HIT_QUERY, op.rid)
             op.hash_value = op.hashes[: int(hit.item())]
-            op.hit_agreed = True
             self.hit_queue.put(op)
 
     def _storage_hit(self, hashes: list[str]) -> int:

@@ -7,7 +7,6 @@ model for one configuration. The process groups are created once per process
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import torch
@@ -113,7 +112,3 @@ class System:
     def close(self) -> None:
         self.storage.close()
 
-
-def env_layout(tp: int, pp: int) -> Layout:
-    """Layout from torchrun's RANK (rank 0 when absent)."""
-    return Layout(int(os.environ.get("RANK", "0")), tp, pp)

@@ -54,7 +54,7 @@ def install_pending(cache: HiCache) -> None:
     cache.matches[RID] = [cache.tree.match([])]  # nothing cached on the host yet
     op = PrefetchOp(RID, tokens, None, time.monotonic(), 0.0, page_size=cache.page)
     op.hashes = op.hash_value = page_hashes(tokens, cache.page)
-    op.hit_agreed = op.hit_drained = True
+    op.hit_drained = True
     op.host_slots = list(range(PAGES))
     cache.ongoing[RID] = op
 
