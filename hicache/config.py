@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.shapes import get_shape
 from hicache.storage import StorageSpec
 
 
@@ -25,6 +26,7 @@ class HiCacheConfig:
     host_pool_pages: int = 8192
     device_pool_pages: int = 4096
     max_prefill_tokens: int = 4096  # the batch token budget, agreed by all ranks
+    model: str = "toy"  # hicache.shapes: KV bytes, step-time model, CUDA forward shapes
     budget_skew: float = 0.0  # rank-local walk horizon skew (SGLang #30760), 0 = off
     layers: int = 2  # prefill emulation: per layer a matmul and a data-plane all-reduce
     hidden: int = 64
@@ -48,6 +50,7 @@ class HiCacheConfig:
                      "kv_page_elems", "sidecar_page_elems"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        get_shape(self.model)  # ValueError naming the known models
         if self.prefetch_threshold < 0:
             raise ValueError("prefetch_threshold must be >= 0")
         if not 0.0 <= self.budget_skew < 1.0:

@@ -22,8 +22,11 @@ class Model:
         self.rows = torch.zeros(allreduce_rows, hidden, device=device)
         self.device, self.comm = device, comm
 
-    def forward(self, new_tokens: int) -> None:
-        x = torch.ones(max(new_tokens, 1), self.weights[0].shape[0], device=self.device)
+    def forward(self, new_tokens: int, decode_reqs: int = 0) -> None:
+        """One step's forward: a prefill of `new_tokens`, or else a decode step of
+        `decode_reqs` running requests (one token each)."""
+        rows = new_tokens if new_tokens else decode_reqs
+        x = torch.ones(max(rows, 1), self.weights[0].shape[0], device=self.device)
         for w in self.weights:
             x = torch.tanh(x @ w)
             n = min(len(x), len(self.rows))
