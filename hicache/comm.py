@@ -33,6 +33,7 @@ REQUEST_BROADCAST = "request_broadcast"
 PER_STEP_MIN = "per_step_min"
 MODEL_ALLREDUCE = "model_allreduce"
 CONSENSUS = "consensus"
+CALIBRATION = "calibration"  # the harness's latency probe (bench.calibrate); not a system site
 SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
          MODEL_ALLREDUCE, CONSENSUS)
 SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
