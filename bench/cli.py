@@ -19,6 +19,8 @@ from bench.cliutil import CliParser, UsageError
 from bench.plan import ALIASES, PRESET_HELP, PRESETS, RunPlan
 from bench.workload import WorkloadSpec
 from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.shapes import SHAPES
+from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,12 +38,23 @@ def parser() -> CliParser:
     a("--tp", type=int)
     a("--pp", type=int)
     a("--requests", type=int, help="measured requests per configuration and repeat")
-    a("--rate", type=float, help="Poisson arrival rate, requests/s (comma list for a sweep)")
+    a("--rate", type=float, help="Poisson arrival rate of the prefetching requests, "
+      "requests/s; inf = a burst")
+    a("--bystanders", type=int, help="requests with nothing to prefetch (short prompts)")
+    a("--bystander-rate", type=float, help="their Poisson arrival rate, requests/s")
+    a("--output-tokens", type=int, help="tokens every request generates (64)")
+    a("--max-running", type=int, help="running batch bound, max_running_requests (256)")
+    a("--model", choices=sorted(SHAPES), help="model shape (llama3-8b): KV bytes per page; "
+      "the forward's modelled time on CPU, its real shape on CUDA")
+    a("--gpu", choices=(*GPUS, "none"), help="GPU whose forward the CPU stand-in sleeps out "
+      "(h100); none: steps last their CPU work")
     a("--repeats", type=int)
     a("--seed", type=int, default=0)
     a("--device", choices=("auto", "cpu", "cuda"), default="auto")
     a("--storage", choices=("sim", "file"), default="sim")
-    a("--storage-latency-ms", type=float, help="per 128-page batch read")
+    a("--storage-latency-ms", type=float, help="per 128-page batch read (2)")
+    a("--storage-gbps", type=float, help="storage read bandwidth per rank, GB/s (3, Mooncake "
+      "over TCP); a batch costs latency + its KV bytes / bandwidth")
     a("--jitter", type=float, help="per-rank storage slowdown spread, e.g. 0.5")
     a("--fail-rate", type=float, help="probability that a storage batch read fails")
     a("--stall-ms", type=float, help="extra delay of every storage read (a stalling tier)")
@@ -49,7 +62,8 @@ def parser() -> CliParser:
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
-    a("--step-ms", type=float, help="minimum scheduler step (a decode forward), ms (0)")
+    a("--step-ms", type=float, help="the modelled decode step's fixed part, ms (default: "
+      "the model's roofline on --gpu, e.g. 4.5 for llama3-8b at TP2 on h100)")
     a("--consensus", action="store_true", help="online rank-consensus checker (SPEC 6)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
@@ -94,9 +108,11 @@ def build_plan(args) -> RunPlan:
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     preset = PRESETS[args.preset](gpus if args.device != "cpu" else 0)
-    for name in ("requests", "repeats", "tp", "pp", "nproc", "kill_step"):
+    for name in ("requests", "repeats", "tp", "pp", "nproc", "kill_step", "output_tokens",
+                 "max_running", "bystander_rate", "storage_gbps"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=name == "kill_step")
-    for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate"):
+    for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate",
+                 "bystanders"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     _positive("timeout-base", args.timeout_base, allow_zero=True)
     _positive("step-ms", args.step_ms, allow_zero=True)
@@ -111,7 +127,6 @@ def build_plan(args) -> RunPlan:
     if args.rate is not None:
         _positive("rate", args.rate)
         rates = (args.rate,)
-    wl = replace(WorkloadSpec(), requests=args.requests or preset.get("requests", 32))
     storage = _storage(args, preset)
     system = _system(args, preset)
     protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
@@ -119,14 +134,28 @@ def build_plan(args) -> RunPlan:
     policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
     return RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
                    rates=tuple(rates), repeats=args.repeats or preset.get("repeats", 3),
-                   tp=tp, pp=pp, seed=args.seed, workload=wl, storage=storage,
+                   tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
+                   gpu=args.gpu or "h100", step_ms=args.step_ms,
+                   workload=_workload(args, preset), storage=storage,
                    system=tuple(sorted(system.items())))
 
 
+def _workload(args, preset: dict) -> WorkloadSpec:
+    def pick(flag: str, key: str, default):
+        value = getattr(args, flag)
+        return preset.get(key, default) if value is None else value
+
+    return WorkloadSpec(requests=pick("requests", "requests", 32),
+                        bystanders=pick("bystanders", "bystanders", 0),
+                        bystander_rate_rps=pick("bystander_rate", "bystander_rate", 20.0),
+                        output_tokens=pick("output_tokens", "output_tokens", 64))
+
+
 def _storage(args, preset: dict) -> StorageSpec:
-    kw = {"kind": args.storage, "latency_ms": 20.0,
+    kw = {"kind": args.storage, "latency_ms": 2.0, "bandwidth_gbps": 3.0,
           "sidecar_page_ms": preset.get("sidecar_page_ms", 0.0)}
-    for flag, key in (("storage_latency_ms", "latency_ms"), ("jitter", "jitter"),
+    for flag, key in (("storage_latency_ms", "latency_ms"), ("storage_gbps", "bandwidth_gbps"),
+                      ("jitter", "jitter"),
                       ("fail_rate", "fail_rate"), ("stall_ms", "stall_ms")):
         if getattr(args, flag) is not None:
             kw[key] = getattr(args, flag)
@@ -144,7 +173,7 @@ def _system(args, preset: dict) -> dict:
     if args.no_race_guard:
         s["race_guard"] = False
     for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
-                      ("step_ms", "min_step_ms"),
+                      ("max_running", "max_running_requests"),
                       ("collective_timeout", "collective_timeout_s"),
                       ("kill_rank", "kill_rank"), ("kill_step", "kill_step")):
         if getattr(args, flag) is not None:
@@ -194,6 +223,9 @@ def main_run(argv: list[str]) -> int:
                              f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
         local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
         plan = replace(plan, device=resolve_device(args.device, local))
+        if plan.device == "cuda" and plan.step_ms is not None:
+            raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
+                             "forward is real")
         if torchrun and int(os.environ["RANK"]) != 0:
             plan = replace(plan, out_dir="")  # only rank 0 writes
         else:
@@ -237,7 +269,9 @@ def _run_local(plan: RunPlan) -> int:
 
 def _budget_s(plan: RunPlan) -> float:
     """A generous bound on the whole run, so a wedged run still ends."""
-    per_cell = 30.0 + 3.0 * plan.workload.requests / min(plan.rates)
+    wl = plan.workload
+    per_cell = (30.0 + 3.0 * wl.requests / min(plan.rates)
+                + 3.0 * wl.bystanders / wl.bystander_rate_rps + 0.05 * wl.output_tokens)
     return 60.0 + per_cell * len(plan.cells())
 
 

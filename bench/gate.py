@@ -6,9 +6,10 @@ Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--update-base
 Hard checks are exact (counts never depend on timing): measured decision and background
 collectives equal the analytic model (hicache.cost_model) for every request, every rank
 agreed, no data errors, and no protocol spends more decision collectives per poll than the
-committed baseline. The soft check compares TTFT p50 ratios vs pr27010 measured inside one
-run (interleaved repeats) against the baseline's ratio x (1 + tolerance), and fails only when
-every repeat exceeds the bound too, so noise alone does not fail CI. When the run directory
+committed baseline. The timing checks (bench.gate_timing) compare ratios vs pr27010 measured
+inside one run (interleaved repeats) against the baseline's ratio x (1 + tolerance): TTFT
+p50 with the noisy-metric tolerance, mean step time and ITL p50 with their own smaller
+`quiet_tolerance`; each fails only when every repeat exceeds the bound too. When the run directory
 holds microbench.json, the per-poll cost ratios are printed as information, never checked.
 Exit 0: all checks hold; 1: a check failed (table on stdout); 2: bad input (one line).
 """
@@ -19,12 +20,13 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from bench.checks import BASELINE_KEY, EPS, Check, baseline_value, make_check
 from bench.cliutil import CliParser, UsageError
+from bench.gate_timing import DEFAULT_QUIET_TOLERANCE, quiet_checks, ratio_checks
 from bench.io import (
     ResultFileError,
     read_csv_checked,
@@ -36,7 +38,6 @@ from bench.microbench import gate_note
 from bench.schema import STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.summarize import (
     GROUP_KEYS,
-    REFERENCE_PROTOCOL,
     as_bool,
     clean_key,
     config_groups,
@@ -62,34 +63,7 @@ SUMMARY_NUMERIC = ["tp", "pp", "decision_collectives_per_req",
                    "expected_decision_collectives_per_req", "background_collectives_per_req",
                    "expected_background_collectives_per_req", "decision_collectives_per_poll",
                    "ttft_p50_ratio_vs_pr27010", "data_errors"]
-BASELINE_KEY = ["protocol", "policy", "tp", "pp"]
 BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010"]
-EPS = 1e-9  # CSV round trips of means; per-request counts are compared exactly
-
-
-@dataclass(frozen=True)
-class Check:
-    """One evaluated check of one summary row."""
-
-    check: str
-    protocol: str
-    policy: str
-    layout: str
-    passed: bool
-    expected: str = ""
-    observed: str = ""
-    meaning: str = ""
-    note: str = ""
-
-
-def _layout(row: dict) -> str:
-    """The row's configuration beyond protocol and policy, short."""
-    extra = " extra_pool" if row["extra_pool"] in (True, "True") else ""
-    return f"tp{row['tp']} pp{row['pp']} {row['storage']} rate={row['rate_rps']}{extra}"
-
-
-def _check(row: dict, name: str, passed: bool, **kw: str) -> Check:
-    return Check(name, str(row["protocol"]), str(row["policy"]), _layout(row), passed, **kw)
 
 
 def _close(a: float, b: float) -> bool:
@@ -123,16 +97,16 @@ def _exact_check(row: dict, g: pd.DataFrame, site: str) -> Check:
     if bad.any():
         first = g[bad].iloc[0]
         exp, obs = int(expected[bad].iloc[0]), int(measured[bad].iloc[0])
-        return _check(row, name, False, expected=f"{exp} (rid {first['rid']}, repeat "
+        return make_check(row, name, False, expected=f"{exp} (rid {first['rid']}, repeat "
                       f"{first['repeat']})", observed=f"{obs}; {int(bad.sum())} requests off",
                       meaning=_count_meaning(site, row["protocol"], exp, obs))
     got = row[f"{site}_collectives_per_req"]
     want = row[f"expected_{site}_collectives_per_req"]
     if not _close(got, want):
-        return _check(row, name, False, expected=f"{want:.4f}/req", observed=f"{got:.4f}/req",
+        return make_check(row, name, False, expected=f"{want:.4f}/req", observed=f"{got:.4f}/req",
                       meaning="summary.csv disagrees with requests.csv and the model: the "
                               "summary is stale or was edited; rebuild it with bench report")
-    return _check(row, name, True)
+    return make_check(row, name, True)
 
 
 def _agree_check(row: dict, g: pd.DataFrame) -> Check:
@@ -140,11 +114,11 @@ def _agree_check(row: dict, g: pd.DataFrame) -> Check:
     bad = as_bool(g["ranks_agree"]) != True  # noqa: E712 - None (unknown) is not agreement
     if bad.any() or row["ranks_agree"] not in (True, "True"):
         where = f" (first rid {g[bad].iloc[0]['rid']})" if bad.any() else ""
-        return _check(row, "ranks_agree", False, expected="True",
+        return make_check(row, "ranks_agree", False, expected="True",
                       observed=f"False in {int(bad.sum())} of {len(g)} requests{where}",
                       meaning="ranks reached different decisions or counts: the protocol is "
                               "not rank-consistent (wrong answers or a hang in production)")
-    return _check(row, "ranks_agree", True)
+    return make_check(row, "ranks_agree", True)
 
 
 def _data_check(row: dict, g: pd.DataFrame) -> Check:
@@ -152,11 +126,11 @@ def _data_check(row: dict, g: pd.DataFrame) -> Check:
     bad = int((as_bool(g["data_ok"]) == False).sum())  # noqa: E712
     errors = max(bad, int(row["data_errors"]))
     if errors:
-        return _check(row, "data_errors", False, expected="0", observed=str(errors),
+        return make_check(row, "data_errors", False, expected="0", observed=str(errors),
                       meaning="load-back copied prefix pages with a wrong checksum: a completion "
                               "race (e.g. PR #27550's extra pool) let a request use half-written "
                               "data")
-    return _check(row, "data_errors", True)
+    return make_check(row, "data_errors", True)
 
 
 def run_checks(requests: pd.DataFrame, summary: pd.DataFrame) -> list[Check]:
@@ -169,69 +143,26 @@ def run_checks(requests: pd.DataFrame, summary: pd.DataFrame) -> list[Check]:
                    _agree_check(row, g), _data_check(row, g)]
     for key in groups:  # requests the summary does not cover: a stale summary.csv
         row = dict(zip(GROUP_KEYS, key, strict=True))
-        checks.append(_check(row, "summary_covers_requests", False, expected="a summary row",
+        checks.append(make_check(row, "summary_covers_requests", False, expected="a summary row",
                              observed="none", meaning="summary.csv is stale: rebuild it with "
                                                       "bench report"))
     return checks
-
-
-def _baseline_rows(baseline: pd.DataFrame, row: dict, column: str) -> float:
-    """The baseline's most lenient finite `column` for the row's (protocol, policy, tp, pp)."""
-    match = baseline
-    for k in BASELINE_KEY:
-        match = match[match[k] == row[k]]
-    values = match[column].dropna()
-    return float(values.max()) if len(values) else math.nan
 
 
 def per_poll_checks(summary: pd.DataFrame, baseline: pd.DataFrame) -> list[Check]:
     """No more decision collectives per poll than the baseline, per layout."""
     checks = []
     for row in summary.to_dict("records"):
-        base = _baseline_rows(baseline, row, "decision_collectives_per_poll")
+        base = baseline_value(baseline, row, "decision_collectives_per_poll")
         got = row["decision_collectives_per_poll"]
         if math.isnan(base) or pd.isna(got):  # no baseline for this layout, or no polls
             continue
         ok = float(got) <= base + EPS
-        checks.append(_check(
+        checks.append(make_check(
             row, "per_poll_vs_baseline", ok, expected=f"<= {base:.4f}", observed=f"{got:.4f}",
             meaning="" if ok else f"{row['protocol']} spends more decision collectives per "
                                   "poll than the committed baseline: a collective was added "
                                   "to every poll"))
-    return checks
-
-
-def _repeat_ratios(cell: object, point: float) -> list[float]:
-    """Parse 'r0;r1;...'; without per-repeat ratios the pooled point stands for them."""
-    if pd.isna(cell) or not str(cell).strip():
-        return [point]
-    try:
-        return [float(v) for v in str(cell).split(";")]
-    except ValueError as e:
-        raise ResultFileError(f"summary.csv: bad ttft_p50_ratio_per_repeat {cell!r}") from e
-
-
-def ratio_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float) -> list[Check]:
-    """TTFT p50 ratio vs pr27010 within baseline x (1 + tolerance) unless every repeat agrees."""
-    checks = []
-    for row in summary.to_dict("records"):
-        point = row["ttft_p50_ratio_vs_pr27010"]
-        base = _baseline_rows(baseline, row, "ttft_p50_ratio_vs_pr27010")
-        if row["protocol"] == REFERENCE_PROTOCOL or pd.isna(point) or math.isnan(base):
-            continue
-        bound = base * (1 + tolerance)
-        repeats = _repeat_ratios(row["ttft_p50_ratio_per_repeat"], float(point))
-        failed = point > bound and all(r > bound for r in repeats)
-        noise = point > bound and not failed
-        checks.append(_check(
-            row, "ttft_ratio_vs_baseline", not failed,
-            expected=f"<= {bound:.3f} (baseline {base:.3f} x {1 + tolerance:g})",
-            observed=f"{point:.3f} (repeats {';'.join(f'{r:.3f}' for r in repeats)})",
-            meaning=f"{row['protocol']}'s TTFT p50 relative to {REFERENCE_PROTOCOL} grew "
-                    "beyond the baseline's tolerance in every repeat: it got slower"
-                    if failed else "",
-            note="above the bound pooled, but not in every repeat: treated as noise"
-                 if noise else ""))
     return checks
 
 
@@ -297,8 +228,9 @@ def read_settings(baseline_dir: Path) -> dict:
         raise ResultFileError(f"{gate_json}: unreadable JSON ({e})") from e
     if not isinstance(settings, dict):
         raise ResultFileError(f"{gate_json}: expected a JSON object")
-    if "tolerance" in settings:
-        _tolerance(settings["tolerance"], str(gate_json))
+    for key in ("tolerance", "quiet_tolerance"):
+        if key in settings:
+            _tolerance(settings[key], f"{gate_json} ({key})")
     return settings
 
 
@@ -370,10 +302,13 @@ def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
     baseline, settings = load_baseline(args.baseline)
     tolerance = args.tolerance if args.tolerance is not None else settings.get(
         "tolerance", DEFAULT_TOLERANCE)
-    checks += per_poll_checks(summary, baseline) + ratio_checks(summary, baseline, tolerance)
+    quiet = settings.get("quiet_tolerance", DEFAULT_QUIET_TOLERANCE)
+    checks += (per_poll_checks(summary, baseline) + ratio_checks(summary, baseline, tolerance)
+               + quiet_checks(summary, baseline, quiet))
     # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
     note = gate_note(args.run_dir)
-    return checks, f"tolerance {tolerance:g} vs baseline {args.baseline}" + \
+    return checks, f"tolerance {tolerance:g} (TTFT), {quiet:g} (step time, ITL) vs " \
+        f"baseline {args.baseline}" + \
         (f"\n{note}" if note else "")
 
 

@@ -6,11 +6,14 @@ override them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from bench.workload import WorkloadSpec
 from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.shapes import get_shape
+from hicache.step_time import StepTimeModel, roofline
 from hicache.storage import StorageSpec
 
 ALIASES = {"before": "pr27010", "after": "pr36425"}
@@ -36,8 +39,12 @@ class RunPlan:
     pp: int = 1
     device: str = "cpu"  # resolved: cpu | cuda
     seed: int = 0
+    model: str = "llama3-8b"  # hicache.shapes: KV bytes per page, the forward's time or shape
+    gpu: str = "h100"  # the GPU whose forward the CPU stand-in sleeps out; none: no sleep
+    step_ms: float | None = None  # overrides the modelled decode step's fixed part
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    storage: StorageSpec = field(default_factory=lambda: StorageSpec(latency_ms=20.0))
+    storage: StorageSpec = field(default_factory=lambda: StorageSpec(latency_ms=2.0,
+                                                                     bandwidth_gbps=3.0))
     system: tuple[tuple[str, object], ...] = ()  # HiCacheConfig overrides
     out_dir: str = ""
 
@@ -62,10 +69,28 @@ class RunPlan:
                         cells.append(Cell(len(cells), rep, rate, policy, proto))
         return cells
 
+    @property
+    def forward(self) -> str:
+        """What a step's forward is: real (CUDA), modelled on a GPU (CPU sleep), or none."""
+        if self.device != "cpu":
+            return "real"
+        return "none" if self.gpu == "none" else f"modelled:{self.gpu}"
+
+    def step_time(self) -> StepTimeModel:
+        """The CPU stand-in's forward time (none on CUDA: the forward there is real)."""
+        if self.device != "cpu" or self.gpu == "none":
+            return StepTimeModel()
+        model = roofline(get_shape(self.model), self.tp, self.gpu)
+        return model if self.step_ms is None else replace(model, decode_base_ms=self.step_ms)
+
     def config(self, cell: Cell) -> HiCacheConfig:
-        return HiCacheConfig(protocol=cell.protocol, policy=cell.policy, tp=self.tp,
-                             pp=self.pp, storage=replace(self.storage, seed=self.seed),
-                             **dict(self.system))
+        cfg = HiCacheConfig(protocol=cell.protocol, policy=cell.policy, tp=self.tp,
+                            pp=self.pp, model=self.model, step_time=self.step_time(),
+                            **dict(self.system))
+        # Storage reads take the time of the model's KV bytes on one TP rank.
+        page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
+        return replace(cfg, storage=replace(self.storage, seed=self.seed,
+                                            kv_page_bytes=page_bytes))
 
     def workload_for(self, cell: Cell) -> WorkloadSpec:
         # The same requests for every protocol within a repeat: paired comparisons.
@@ -73,16 +98,30 @@ class RunPlan:
                        seed=self.seed * 1000 + cell.repeat)
 
 
+def _tp(gpus: int) -> int:
+    return min(gpus, 8) if gpus > 1 else 2
+
+
+def _queue(gpus: int) -> dict:
+    """SPEC section 8's regime: a burst of prefetching requests whose storage reads queue
+    up behind one IO thread, polled every step while bystanders decode beside them."""
+    return {"tp": _tp(gpus), "repeats": 3, "requests": 48, "rates": (math.inf,),
+            "bystanders": 48, "bystander_rate": 24.0,
+            "protocols": ("pr27010", "pr36425", "step-clock"),
+            "policies": ("wait_complete", "timeout")}
+
+
 def _default(gpus: int) -> dict:
-    return {"tp": min(gpus, 8) if gpus > 1 else 2, "repeats": 3}
+    return {**_queue(gpus), "repeats": 2, "protocols": PROTOCOLS, "policies": POLICIES}
 
 
 def _ci(gpus: int) -> dict:
-    return {"tp": 2, "repeats": 3, "requests": 12}
+    return {**_queue(gpus), "tp": 2, "repeats": 2, "requests": 24, "bystanders": 24,
+            "protocols": PROTOCOLS, "policies": POLICIES}
 
 
 def _sweep(gpus: int) -> dict:
-    return {"tp": min(gpus, 8) if gpus > 1 else 2, "repeats": 2, "requests": 16,
+    return {"tp": _tp(gpus), "repeats": 2, "requests": 16,
             "protocols": ("pr27010", "pr36425", "step-clock"),
             "policies": ("wait_complete", "timeout"), "rates": (4.0, 8.0, 16.0, 32.0)}
 
@@ -97,10 +136,15 @@ def _race(gpus: int) -> dict:
             "sidecar_page_ms": 5.0}
 
 
-PRESETS = {"default": _default, "ci": _ci, "sweep": _sweep, "pp": _pp, "race": _race}
+PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
+           "race": _race}
 PRESET_HELP = {
-    "default": "make bench: all protocols x policies, 3 repeats, TP = local GPUs (2 on CPU)",
-    "ci": "quick CI run for the gate: all protocols x policies, 3 repeats, 12 requests",
+    "default": "make bench: the queue scenario for all protocols x policies, 2 repeats, "
+               "TP = local GPUs (2 on CPU)",
+    "queue": "the headline: a burst of 48 prefetching requests plus 48 bystanders, "
+             "pr27010 / pr36425 / step-clock, wait_complete and timeout, 3 repeats",
+    "ci": "the gate's quick run: a smaller queue scenario (24 + 24), all protocols x "
+          "policies, 2 repeats",
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",

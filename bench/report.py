@@ -6,23 +6,21 @@ Usage: python -m bench report RESULTS_DIR [--percentile-method linear|nearest-ra
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure  # the OO API renders with Agg; no pyplot global state
 
+from bench import headline
 from bench.cliutil import CliParser, UsageError
 from bench.io import (
     ResultFileError,
-    atomic_open,
     read_csv_checked,
     write_csv_atomic,
     write_text_atomic,
 )
+from bench.plots import write_plots
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.stats import PERCENTILE_METHODS
 from bench.summarize import (
@@ -35,142 +33,11 @@ from bench.summarize import (
     table_headers,
     table_rows,
 )
-from hicache.cost_model import POLICIES, PROTOCOLS
 
-SITES = {"decision_collectives": "decision", "completion_collectives": "completion",
-         "pp_hops": "PP hops", "hit_query_collectives": "hit query", "ack_collectives": "acks"}
-PHASES = {"queue_ms": "queue", "prefetch_io_ms": "prefetch IO", "sched_lag_ms": "scheduler lag",
-          "sync_ms": "sync", "load_back_ms": "load-back", "prefill_ms": "prefill"}
+THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
 FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
-
-
-def _ordered(values: Sequence, reference: Sequence) -> list:
-    """Distinct values in `reference` order, unknown ones after (sorted by text)."""
-    distinct = list(dict.fromkeys(values))
-    known = [v for v in reference if v in distinct]
-    return known + sorted((v for v in distinct if v not in reference), key=str)
-
-
-def _color(protocol: str) -> str:
-    """A fixed colour per protocol, the same in every plot."""
-    i = PROTOCOLS.index(protocol) if protocol in PROTOCOLS else len(PROTOCOLS)
-    return f"C{i % 10}"
-
-
-def _save(fig: Figure, path: Path) -> None:
-    """Write a figure as PNG atomically."""
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
-
-
-def _stacked_bars(ax: Axes, means: pd.DataFrame, columns: dict[str, str]) -> None:
-    """Stacked bars (one stack per (policy, protocol) row of `means`), clustered by policy."""
-    policies = list(dict.fromkeys(means.index.get_level_values(0)))
-    x, ticks, bottom = [], [], np.zeros(len(means))
-    for i, (policy, protocol) in enumerate(means.index):
-        x.append(i + policies.index(policy))  # one empty slot between policies
-        ticks.append(protocol)
-    for col, label in columns.items():
-        values = means[col].fillna(0).to_numpy(float)
-        ax.bar(x, values, bottom=bottom, label=label, width=0.8)
-        bottom = bottom + values
-    ax.set_xticks(x, ticks, rotation=40, ha="right", fontsize=8)
-    for policy in policies:
-        xs = [xi for xi, (p, _) in zip(x, means.index, strict=True) if p == policy]
-        ax.text(float(np.mean(xs)), 1.01, policy, ha="center", transform=ax.get_xaxis_transform())
-
-
-def _means(requests: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """Per (policy, protocol) means of `columns`, in cost_model order."""
-    means = requests.groupby(["policy", "protocol"])[columns].mean()
-    order = [(pol, pro) for pol in _ordered(requests["policy"], POLICIES)
-             for pro in _ordered(requests["protocol"], PROTOCOLS) if (pol, pro) in means.index]
-    return means.loc[order]
-
-
-def plot_collectives(requests: pd.DataFrame, path: Path) -> None:
-    """Collectives rank 0 issues per request, stacked by call site."""
-    fig = Figure(figsize=(10, 4.5))
-    ax = fig.add_subplot()
-    _stacked_bars(ax, _means(requests, list(SITES)), SITES)
-    ax.set_ylabel("collectives per request (rank 0)")
-    ax.legend(fontsize=8)
-    _save(fig, path)
-
-
-def plot_breakdown(requests: pd.DataFrame, path: Path) -> None:
-    """Mean TTFT split into its phases; black ticks mark the mean TTFT itself."""
-    fig = Figure(figsize=(10, 4.5))
-    ax = fig.add_subplot()
-    means = _means(requests, [*PHASES, "ttft_ms"])
-    _stacked_bars(ax, means, PHASES)
-    ax.scatter([p.get_x() + p.get_width() / 2 for p in ax.patches[:len(means)]],
-               means["ttft_ms"], marker="_", s=300, color="k", label="TTFT", zorder=3)
-    ax.set_ylabel("mean time per request (ms)")
-    ax.legend(fontsize=8)
-    _save(fig, path)
-
-
-def _policy_axes(fig: Figure, policies: list, **kw: object) -> list[Axes]:
-    """One subplot per policy, side by side."""
-    axes = fig.subplots(1, len(policies), squeeze=False, **kw)[0]
-    for ax, policy in zip(axes, policies, strict=True):
-        ax.set_title(str(policy))
-    return list(axes)
-
-
-def plot_ttft_cdf(requests: pd.DataFrame, path: Path) -> None:
-    """Empirical TTFT CDF per policy, one line per protocol."""
-    policies = _ordered(requests["policy"], POLICIES)
-    fig = Figure(figsize=(4 * len(policies) + 1, 4))
-    for ax, policy in zip(_policy_axes(fig, policies, sharey=True), policies, strict=True):
-        sub = requests[requests["policy"] == policy]
-        for protocol in _ordered(sub["protocol"], PROTOCOLS):
-            ttft = np.sort(sub.loc[sub["protocol"] == protocol, "ttft_ms"].dropna())
-            ax.step(ttft, np.arange(1, ttft.size + 1) / max(ttft.size, 1), where="post",
-                    label=protocol, color=_color(protocol))
-        if sub["ttft_ms"].min() > 0:
-            ax.set_xscale("log")
-        ax.set_xlabel("TTFT (ms)")
-    fig.axes[0].set_ylabel("fraction of requests")
-    fig.axes[0].legend(fontsize=8)
-    _save(fig, path)
-
-
-def plot_ttft_vs_rate(summary: pd.DataFrame, path: Path) -> None:
-    """p50 (solid) and p99 (dashed) TTFT against arrival rate, per policy."""
-    policies = _ordered(summary["policy"], POLICIES)
-    fig = Figure(figsize=(4 * len(policies) + 1, 4))
-    for ax, policy in zip(_policy_axes(fig, policies, sharey=True), policies, strict=True):
-        sub = summary[summary["policy"] == policy]
-        for protocol in _ordered(sub["protocol"], PROTOCOLS):
-            by_rate = (sub[sub["protocol"] == protocol].groupby("rate_rps")
-                       [["ttft_p50_ms", "ttft_p99_ms"]].median().sort_index())
-            ax.plot(by_rate.index, by_rate["ttft_p50_ms"], "o-", color=_color(protocol),
-                    label=f"{protocol} p50")
-            ax.plot(by_rate.index, by_rate["ttft_p99_ms"], "s--", color=_color(protocol),
-                    label=f"{protocol} p99")
-        ax.set_xlabel("arrival rate (requests/s)")
-    fig.axes[0].set_ylabel("TTFT (ms)")
-    fig.axes[0].legend(fontsize=7)
-    _save(fig, path)
-
-
-def write_plots(run_dir: Path, requests: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
-    """All plots this run supports; returns their file names."""
-    if requests.empty:
-        return []
-    plot_collectives(requests, run_dir / "collectives_per_request.png")
-    plot_ttft_cdf(requests, run_dir / "ttft_cdf.png")
-    plot_breakdown(requests, run_dir / "ttft_breakdown.png")
-    names = ["collectives_per_request.png", "ttft_cdf.png", "ttft_breakdown.png"]
-    if summary["rate_rps"].nunique() > 1:
-        plot_ttft_vs_rate(summary, run_dir / "ttft_vs_rate.png")
-        names.append("ttft_vs_rate.png")
-    return names
 
 
 def _yes_no(value: object) -> str:
@@ -281,21 +148,66 @@ def _plot_lines(plots: list[str]) -> list[str]:
     titles = {"collectives_per_request.png": "Collectives per request by call site (rank 0)",
               "ttft_cdf.png": "TTFT CDF per policy",
               "ttft_breakdown.png": "TTFT breakdown (means)",
-              "ttft_vs_rate.png": "TTFT vs arrival rate (p50 solid, p99 dashed)"}
+              "ttft_vs_rate.png": "TTFT vs arrival rate (p50 solid, p99 dashed)",
+              "queue_over_time.png": "Waiting requests and step time over time (repeat 0)"}
     if not plots:
         return ["No request rows: nothing to plot."]
     return [line for p in plots for line in (f"### {titles[p]}", "", f"![{titles[p]}]({p})", "")]
 
 
+def cpu_lines(env: dict | None, summary: pd.DataFrame) -> list[str]:
+    """Says so when the run's threads outnumber the cores: timings are then CPU-bound."""
+    cores = (env or {}).get("cpu_count")
+    world = ((env or {}).get("world") or {}).get("world_size")
+    busy = summary["cores_busy"].max() if "cores_busy" in summary else math.nan
+    if not cores or not world:
+        return []
+    threads = world * THREADS_PER_RANK
+    busy_text = "" if pd.isna(busy) else f"; the ranks kept up to {busy:.1f} cores busy"
+    if threads <= cores:
+        return [f"CPU: {world} ranks x {THREADS_PER_RANK} threads fit in {cores} cores"
+                f"{busy_text}.", ""]
+    return [f"**Warning: CPU-bound.** {world} ranks x {THREADS_PER_RANK} threads (scheduler, "
+            f"prefetch, IO, ack sync) exceed this machine's {cores} cores{busy_text}: "
+            "timings here are partly CPU-bound, not only collective-bound; compare ratios "
+            "within the run, not absolute times across machines.", ""]
+
+
+def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
+    """Expectation, headline table with its verdict, then the model against measurement."""
+    rows = headline.headline_rows(summary)
+    out = ["## What the overhead model expects", "",
+           *headline.expectation_lines(summary, calib), ""]
+    if rows:
+        out += ["## Headline: each protocol against pr27010", "",
+                markdown_table(headline.HEADLINE_HEADERS, rows), "",
+                "Ratios are over pr27010 in the same configuration of the same run, with "
+                "95% percentile-bootstrap intervals stratified by repeat; `step x` is the "
+                "mean step time, ITL pools every inter-token gap, TTFT is split by request "
+                "class (prefetch: prefix in storage; bystander: nothing to fetch).", "",
+                *headline.verdict_lines(summary), ""]
+    model = headline.model_rows(summary)
+    if model:
+        out += ["## The overhead model: predicted vs measured extra step time", "",
+                markdown_table(headline.MODEL_HEADERS, model), "",
+                "Predicted: polls per step x decision collectives per poll x c (calibrated "
+                "before the cells). Measured: scheduler host time per step (step minus "
+                "forward) over the reference protocol's, whose polls issue no collective "
+                "(`overhead_reference` in summary.csv). " + headline.agreement_sentence(summary),
+                ""]
+    return out
+
+
 def render_report(run_dir: Path, summary: pd.DataFrame, method: str, plots: list[str],
-                  divergence: list[str], env: dict | None) -> str:
+                  divergence: list[str], env: dict | None, calib: dict | None = None) -> str:
     """report.md's text."""
     ok = bool(summary["ranks_agree"].all()) and int(summary["data_errors"].sum()) == 0
     return "\n".join([
         f"# hicache-bench report: {run_dir.name}", "", "## Provenance", "",
-        *provenance_lines(env), "", "## Summary", "",
+        *provenance_lines(env), "", *cpu_lines(env, summary),
         "OK: every rank agreed and no data errors." if ok
         else "FAILED: see Divergence / failures below.", "",
+        *lead_lines(summary, calib), "## All configurations", "",
         markdown_table(table_headers(summary), table_rows(summary)), "",
         f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[method]}; "
         f"{_n_text(summary)} requests per row. The ratio is median TTFT over "
@@ -312,7 +224,7 @@ def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
     return read_csv_checked(path, required) if path.exists() else None
 
 
-def _read_env(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict | None:
     if not path.exists():
         return None
     try:
@@ -330,14 +242,16 @@ def write_report(run_dir: Path, percentile_method: str = "linear") -> Path:
     requests = read_csv_checked(run_dir / "requests.csv", REQUEST_COLUMNS)
     steps = _read_optional(run_dir / "steps.csv", STEP_COLUMNS)
     steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
-    summary = summarize(requests, steps, percentile_method)
+    ranks = _read_optional(run_dir / "ranks.csv", [])
+    calibration = _read_json(run_dir / "calibration.json")
+    summary = summarize(requests, steps, percentile_method, calibration, ranks)
     write_csv_atomic(run_dir / "summary.csv", summary.to_dict("records"), SUMMARY_COLUMNS)
-    plots = write_plots(run_dir, requests, summary)
+    plots = write_plots(run_dir, requests, summary, steps)
     divergence = divergence_lines(summary, requests,
                                   _read_optional(run_dir / "failures.csv", FAILURE_COLUMNS),
-                                  _read_optional(run_dir / "ranks.csv", []))
+                                  ranks)
     text = render_report(run_dir, summary, percentile_method, plots, divergence,
-                         _read_env(run_dir / "env.json"))
+                         _read_json(run_dir / "env.json"), calibration)
     write_text_atomic(run_dir / "report.md", text)
     return run_dir / "report.md"
 

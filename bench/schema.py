@@ -2,38 +2,66 @@
 
 # Configuration echoed in every result row.
 CONFIG_COLUMNS = [
-    "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend",
-    "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard",
+    "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model",
+    "forward", "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard",
 ]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
-    "repeat", "rid", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms", "sched_lag_ms",
+    "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
+    "sched_lag_ms",
     "sync_ms", "load_back_ms", "prefill_ms", "polls", "decision_collectives",
     "completion_collectives", "hit_query_collectives", "ack_collectives", "pp_hops",
     "terminated_by", "op_issued", "io_issued", "prefetch_requested_tokens", "hit_tokens",
-    "prefetched_tokens", "ranks_agree", "data_ok",
+    "prefetched_tokens", "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
+    "itl_p99_ms", "itl_ms", "ranks_agree", "data_ok",
 ]
 
 STEP_COLUMNS = CONFIG_COLUMNS + [
-    "repeat", "step", "t_s", "waiting", "polled", "scheduled", "request_broadcast",
+    "repeat", "step", "t_s", "kind", "step_ms", "forward_ms", "waiting", "prefetching",
+    "polled", "scheduled", "running", "prefill_tokens", "context_tokens", "request_broadcast",
     "per_step_min", "model_allreduce", "decision", "completion", "pp_hop", "sync_ms",
+    "decision_sync_ms",
 ]
 
 # Per-rank counts: every rank's collectives by call site, per configuration and repeat.
 RANK_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rank", "tp_rank", "pp_rank", "decision", "completion", "pp_hop", "hit_query",
     "ack", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
-    "crosscheck_ok",
+    "crosscheck_ok", "cpu_s", "wall_s",
+]
+
+# Serving-regime metrics reported as a ratio to pr27010 with a 95% CI (bench.serving).
+RATIO_METRICS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "prefetch_ttft_p99",
+                 "bystander_ttft_p50", "bystander_ttft_p99"]
+QUIET_METRICS = ["step_mean", "itl_p50"]  # gated, so their per-repeat ratios are kept
+
+SERVING_COLUMNS = [
+    "prefetch_requests", "prefetch_ttft_p50_ms", "prefetch_ttft_p90_ms", "prefetch_ttft_p99_ms",
+    "bystander_requests", "bystander_ttft_p50_ms", "bystander_ttft_p90_ms",
+    "bystander_ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "itl_mean_ms",
+    "step_mean_ms", "step_p50_ms", "step_p99_ms", "decode_step_p50_ms", "decode_step_p99_ms",
+    "host_ms_per_step", "polls_per_step", "critical_collectives_per_step",
+    "decision_sync_ms_per_step", "waiting_p50", "waiting_max", "prefetching_p50",
+    "prefetching_max", "output_tok_per_s", "cores_busy",
+] + [f"{m}_ratio{s}" for m in RATIO_METRICS for s in ("", "_ci_low", "_ci_high")] + [
+    f"{m}_ratio_per_repeat" for m in QUIET_METRICS]
+
+OVERHEAD_COLUMNS = [
+    "c_ms", "c_p50_ms", "c_insitu_ms", "predicted_extra_step_ms", "predicted_extra_step_low_ms",
+    "predicted_extra_step_high_ms", "measured_extra_step_ms", "measured_extra_step_ci_low_ms",
+    "measured_extra_step_ci_high_ms", "predicted_itl_inflation", "measured_itl_inflation",
+    "overhead_reference", "overhead_model_agrees", "overhead_model_note",
 ]
 
 SUMMARY_COLUMNS = [
-    "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "storage",
-    "rate_rps", "extra_pool", "race_guard", "requests", "repeats", "polls_per_req",
+    "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model", "forward",
+    "storage", "rate_rps", "extra_pool", "race_guard", "requests", "repeats", "polls_per_req",
     "decision_collectives_per_req", "decision_collectives_per_poll",
     "expected_decision_collectives_per_req", "critical_collectives_per_req",
     "background_collectives_per_req", "expected_background_collectives_per_req",
     "step_collectives_per_step", "step_collectives_per_req", "sync_ms_per_step",
     "sched_lag_p50_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
     "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_ci_low", "ttft_p50_ratio_ci_high",
-    "ttft_p50_ratio_per_repeat", "ranks_agree", "data_errors", "percentile_method",
+    "ttft_p50_ratio_per_repeat", *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "ranks_agree",
+    "data_errors", "percentile_method",
 ]

@@ -10,10 +10,12 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench import calibrate
 from bench.envinfo import collect_env
 from bench.io import write_csv_atomic, write_json_atomic
 from bench.plan import Cell, RunPlan
 from bench.schema import RANK_COLUMNS, REQUEST_COLUMNS, STEP_COLUMNS
+from bench.stats import percentile
 from hicache.comm import SITES
 from hicache.consensus import compare_decisions, describe_disagreements
 
@@ -33,6 +35,15 @@ class ResultSink:
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
                                                   "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
+
+    def calibration(self, per_rank: list[list[float]]) -> None:
+        """calibration.json: c, the control-plane all-reduce latency (bench.calibrate)."""
+        self.calib = calibrate.summarize(per_rank, self.plan.tp, self.plan.pp)
+        write_json_atomic(self.dir / "calibration.json", self.calib)
+        c = self.calib["allreduce"]
+        print(f"calibration: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
+              f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
+              f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
 
     def begin(self, cell: Cell, total: int) -> None:
         write_json_atomic(self.dir / "progress.json", {**cell.__dict__, "total": total})
@@ -59,7 +70,8 @@ class ResultSink:
         cfg = p.config(cell)
         return {"preset": p.preset, "protocol": cell.protocol, "policy": cell.policy,
                 "tp": p.tp, "pp": p.pp, "world_size": p.world_size, "device": p.device,
-                "backend": p.backend, "storage": p.storage.kind, "rate_rps": cell.rate_rps,
+                "backend": p.backend, "model": p.model, "forward": p.forward,
+                "storage": p.storage.kind, "rate_rps": cell.rate_rps,
                 "seed": p.seed, "page_size": cfg.page_size, "extra_pool": cfg.extra_pool,
                 "race_guard": cfg.race_guard}
 
@@ -74,7 +86,7 @@ class ResultSink:
             everywhere = [pr.get(rid) for pr in per_rank]
             finished = all(x is not None and x["first_token"] is not None for x in everywhere)
             errors = sum(x["data_errors"] for x in everywhere if x is not None)
-            rows.append({**config, "repeat": cell.repeat, **_timing(r, t0),
+            rows.append({**config, "repeat": cell.repeat, **_timing(r, t0), **_decode(r),
                          **_counts(r), "ranks_agree": agree.get(rid, True) and finished,
                          "data_ok": errors == 0})
         for line in describe_disagreements(logs, self.plan.tp)[:3]:
@@ -83,8 +95,12 @@ class ResultSink:
 
     def _step_row(self, config: dict, cell: Cell, s: dict) -> dict:
         row = {**config, "repeat": cell.repeat, "step": s["step"], "t_s": s["t"],
-               "waiting": s["waiting"], "polled": s["polled"], "scheduled": s["scheduled"],
-               "sync_ms": s["sync_s"] * MS}
+               "kind": s["kind"], "step_ms": (s["t_end"] - s["t"]) * MS,
+               "forward_ms": s["forward_s"] * MS, "sync_ms": s["sync_s"] * MS,
+               "decision_sync_ms": s["decision_sync_s"] * MS}
+        for key in ("waiting", "prefetching", "polled", "scheduled", "running",
+                    "prefill_tokens", "context_tokens"):
+            row[key] = s[key]
         for site in ("request_broadcast", "per_step_min", "model_allreduce", "decision",
                      "completion", "pp_hop"):
             row[site] = s.get(f"coll_{site}", 0)
@@ -97,7 +113,7 @@ class ResultSink:
                                  f"{cell.protocol}/{cell.policy}: {p['crosscheck']}")
         return {**config, "repeat": cell.repeat, "rank": p["rank"], "tp_rank": p["tp_rank"],
                 "pp_rank": p["pp_rank"], **{s: p["by_site"].get(s, 0) for s in SITES},
-                "crosscheck_ok": ok}
+                "crosscheck_ok": ok, "cpu_s": p["cpu_s"], "wall_s": p["wall_s"]}
 
     def _write(self) -> None:
         write_csv_atomic(self.dir / "requests.csv", self.requests, REQUEST_COLUMNS)
@@ -113,7 +129,9 @@ class ResultSink:
 
         (self.dir / "progress.json").unlink(missing_ok=True)
         write_report(self.dir)
-        summary = summarize(pd.DataFrame(self.requests), pd.DataFrame(self.steps))
+        summary = summarize(pd.DataFrame(self.requests), pd.DataFrame(self.steps),
+                            calibration=getattr(self, "calib", None),
+                            ranks=pd.DataFrame(self.ranks))
         print(format_table(summary))
         why = self._verdict()
         line = "OK" if not why else f"FAILED: {why}"
@@ -147,6 +165,18 @@ def _timing(r: dict, t0: float) -> dict:
     return {"rid": r["rid"], "arrival_s": arrival - t0, "ttft_ms": ttft, "queue_ms": queue,
             "prefetch_io_ms": io, "sched_lag_ms": lag, "sync_ms": r["sync_s"] * MS,
             "load_back_ms": load, "prefill_ms": prefill}
+
+
+def _decode(r: dict) -> dict:
+    """The request's class, its end-to-end time and its inter-token latencies (ms)."""
+    gaps = [g * MS for g in r["itl_s"]]
+    end = None if r["finished"] is None else (r["finished"] - r["arrival"]) * MS
+    out = {"request_class": r["kind"], "output_tokens": len(gaps) + (r["first_token"] is not None),
+           "e2e_ms": end, "itl_ms": ";".join(f"{g:.3f}" for g in gaps)}
+    for q in (50, 90, 99):
+        out[f"itl_p{q}_ms"] = percentile(gaps, q)
+    out["itl_mean_ms"] = statistics.fmean(gaps) if gaps else None
+    return out
 
 
 def _counts(r: dict) -> dict:

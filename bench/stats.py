@@ -101,3 +101,77 @@ def per_repeat_ratios(
         if ratio is not None:
             out[r] = ratio
     return out
+
+
+Stat = str  # "mean" or a percentile "p50", "p99", ...
+
+
+def stat_value(values: np.ndarray, stat: Stat, axis: int | None = None) -> np.ndarray | float:
+    """The statistic of `values` ("mean" or "pNN", linear percentiles) along `axis`."""
+    if stat == "mean":
+        return np.mean(values, axis=axis)
+    if stat.startswith("p") and stat[1:].replace(".", "", 1).isdigit():
+        return np.percentile(values, float(stat[1:]), axis=axis)
+    raise ValueError(f"unknown statistic {stat!r}; use 'mean' or 'pNN'")
+
+
+def _bootstrap_stat(strata: dict[int, np.ndarray], stat: Stat, n_boot: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """The statistic of n_boot stratified resamples (each repeat resampled in place)."""
+    parts = [a[rng.integers(0, a.size, size=(n_boot, a.size))] for a in strata.values()]
+    return stat_value(np.concatenate(parts, axis=1), stat, axis=1)
+
+
+def ratio_of_stat_ci(
+    x_by_repeat: Mapping[int, Sequence[float]],
+    y_by_repeat: Mapping[int, Sequence[float]],
+    stat: Stat = "p50",
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> RatioCI:
+    """(point, low, high): stat(all x) / stat(all y) with a 95% percentile-bootstrap CI,
+    stratified by repeat like ratio_of_medians_ci. All None when a side has no values."""
+    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
+    if not xs or not ys:
+        return None, None, None
+    point = _ratio(float(stat_value(np.concatenate(list(xs.values())), stat)),
+                   float(stat_value(np.concatenate(list(ys.values())), stat)))
+    if point is None:
+        return None, None, None
+    rng = np.random.default_rng(seed)
+    bx, by = _bootstrap_stat(xs, stat, n_boot, rng), _bootstrap_stat(ys, stat, n_boot, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        low, high = np.nanquantile(bx / by, [0.025, 0.975])
+    return point, float(low), float(high)
+
+
+def diff_of_means_ci(
+    x_by_repeat: Mapping[int, Sequence[float]],
+    y_by_repeat: Mapping[int, Sequence[float]],
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> RatioCI:
+    """(point, low, high): mean(all x) - mean(all y) with a stratified 95% bootstrap CI."""
+    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
+    if not xs or not ys:
+        return None, None, None
+    point = float(np.mean(np.concatenate(list(xs.values())))
+                  - np.mean(np.concatenate(list(ys.values()))))
+    rng = np.random.default_rng(seed)
+    diffs = _bootstrap_stat(xs, "mean", n_boot, rng) - _bootstrap_stat(ys, "mean", n_boot, rng)
+    low, high = np.quantile(diffs, [0.025, 0.975])
+    return point, float(low), float(high)
+
+
+def per_repeat_stat_ratios(
+    x_by_repeat: Mapping[int, Sequence[float]], y_by_repeat: Mapping[int, Sequence[float]],
+    stat: Stat = "p50",
+) -> dict[int, float]:
+    """Repeat -> stat(x) / stat(y) of that repeat, for repeats where both have values."""
+    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
+    out = {}
+    for r in sorted(set(xs) & set(ys)):
+        ratio = _ratio(float(stat_value(xs[r], stat)), float(stat_value(ys[r], stat)))
+        if ratio is not None:
+            out[r] = ratio
+    return out

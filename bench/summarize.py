@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from bench.schema import SUMMARY_COLUMNS
+from bench.serving import overhead_cells, ratio_cells, reference_protocol, serving_cells
 from bench.stats import PERCENTILE_METHODS, per_repeat_ratios, percentile, ratio_of_medians_ci
 from hicache.cost_model import POLICIES, PROTOCOLS, expected_per_request
 
@@ -139,7 +140,7 @@ def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> dict:
 def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
     """Group key plus the layout columns that are constant within a group."""
     cells = dict(zip(GROUP_KEYS, key, strict=True))
-    for col in ("world_size", "device", "backend"):
+    for col in ("world_size", "device", "backend", "model", "forward"):
         cells[col] = g[col].iloc[0] if col in g else None
     repeats = g["repeat"].nunique()
     cells["repeats"] = repeats
@@ -165,22 +166,45 @@ def _order(row: dict) -> tuple:
             str(row["extra_pool"]), str(row["race_guard"]))
 
 
+def cores_busy(ranks: pd.DataFrame | None) -> dict[tuple, float]:
+    """Per group: CPU cores the run's ranks kept busy while serving (all ranks' CPU seconds
+    over rank 0's wall seconds, averaged over repeats)."""
+    if ranks is None or ranks.empty or "cpu_s" not in ranks:
+        return {}
+    out = {}
+    for key, g in config_groups(ranks).items():
+        per_repeat = [x["cpu_s"].sum() / x.loc[x["rank"] == 0, "wall_s"].sum()
+                      for _, x in g.groupby("repeat") if x.loc[x["rank"] == 0, "wall_s"].sum()]
+        out[key] = float(np.mean(per_repeat)) if per_repeat else math.nan
+    return out
+
+
 def summarize(
-    requests: pd.DataFrame, steps: pd.DataFrame, percentile_method: str = "linear"
+    requests: pd.DataFrame, steps: pd.DataFrame, percentile_method: str = "linear",
+    calibration: dict | None = None, ranks: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One SUMMARY_COLUMNS row per configuration group of `requests` (see module docstring)."""
+    """One SUMMARY_COLUMNS row per configuration group of `requests` (see module docstring);
+    `calibration` (calibration.json) feeds the overhead model, `ranks` the CPU load."""
     if percentile_method not in PERCENTILE_METHODS:
         raise ValueError(f"unknown percentile method {percentile_method!r}")
     groups, step_groups = config_groups(requests), config_groups(steps)
-    refs = {k[1:]: g for k, g in groups.items() if k[0] == REFERENCE_PROTOCOL}
-    rows = []
+    refs = {k[1:]: k for k in groups if k[0] == REFERENCE_PROTOCOL}
+    busy = cores_busy(ranks)
+    rows = {}
     for key, g in groups.items():
-        rows.append(_config_cells(key, g) | _count_cells(g)
-                    | _step_cells(step_groups.get(key), len(g))
-                    | _ttft_cells(g, percentile_method) | _ratio_cells(g, refs.get(key[1:]))
-                    | _check_cells(g, percentile_method))
-    rows.sort(key=_order)
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+        s, ref = step_groups.get(key), refs.get(key[1:])
+        rows[key] = (_config_cells(key, g) | _count_cells(g) | _step_cells(s, len(g))
+                     | _ttft_cells(g, percentile_method)
+                     | _ratio_cells(g, groups.get(ref)) | serving_cells(g, s, busy.get(key))
+                     | ratio_cells(g, s, groups.get(ref), step_groups.get(ref))
+                     | _check_cells(g, percentile_method))
+    for key, row in rows.items():
+        name = reference_protocol({k[0] for k in groups if k[1:] == key[1:]}, key[1])
+        ref = (name, *key[1:])
+        row |= overhead_cells(row, step_groups.get(key), rows.get(ref), step_groups.get(ref),
+                              calibration)
+    out = sorted(rows.values(), key=_order)
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)
 
 
 TABLE_HEADERS = ["protocol", "policy", "tp", "pp", "polls/req", "decision/req", "expected",

@@ -8,11 +8,12 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
-from bench import workload
+from bench import calibrate, workload
 from bench.plan import Cell, RunPlan
 from bench.sink import ResultSink
 from hicache.comm import Groups, Layout
@@ -30,6 +31,10 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     groups = setup_distributed(layout, device, timeout)
     sink = ResultSink(plan) if rank == 0 else None
+    # c for the overhead model, measured before any cell on quiet groups.
+    samples = _gather({"rank": rank, "c": calibrate.measure(layout, groups)}, world)
+    if sink:
+        sink.calibration([p["c"] for p in samples])
     cells = plan.cells()
     steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
     for cell in cells:
@@ -48,14 +53,19 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     spec = plan.workload_for(cell)
     rank0 = layout.rank == 0
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
-        warm = workload.build(spec, prefix="warm-", n=spec.warmup_requests)
+        short = replace(spec, output_tokens=min(4, spec.output_tokens))
+        warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
         _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps)
     main = workload.build(spec)
+    cpu0, wall0 = time.process_time(), time.monotonic()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps)
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
-            "crosscheck": system.crosscheck()}
+            "crosscheck": system.crosscheck(),
+            # CPU seconds this rank's threads used while serving (and the wall time):
+            # together with the other ranks', how busy the machine's cores were.
+            "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0}
 
 
 def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int]):

@@ -117,6 +117,7 @@ class CollectiveCounter:
         self.raw_by_group: Counter[str] = Counter()
         self.sched_seconds_by_step: dict[int, float] = defaultdict(float)
         self.sched_seconds_by_rid: dict[str, float] = defaultdict(float)
+        self.sched_seconds_by_step_site: dict[int, Counter[str]] = defaultdict(Counter)
 
     def record(self, site: str, group: str, raw_ops: int, rid: str | None, seconds: float):
         with self._lock:
@@ -128,6 +129,7 @@ class CollectiveCounter:
                 self.by_step[self.step][site] += 1
             if site in SCHEDULER_SITES:
                 self.sched_seconds_by_step[self.step] += seconds
+                self.sched_seconds_by_step_site[self.step][site] += seconds
                 if rid is not None:
                     self.sched_seconds_by_rid[rid] += seconds
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.shapes import get_shape
+from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
 
 
@@ -31,13 +32,15 @@ class HiCacheConfig:
     layers: int = 2  # prefill emulation: per layer a matmul and a data-plane all-reduce
     hidden: int = 64
     allreduce_tokens: int = 16  # rows of the per-layer all-reduce (fixed: a padded decode batch)
-    min_step_ms: float = 0.0  # a step's forward lasts at least this long (decode batches)
+    max_running_requests: int = 256  # the running (decode) batch's bound; full: no walk
     consensus_check: bool = False  # SGLang's @rank_consensus, off by default
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
     kill_rank: int = -1  # fault injection: this rank exits at kill_step
     kill_step: int = -1
     storage: StorageSpec = field(default_factory=StorageSpec)
+    # Modelled forward time on CPU (hicache.step_time); all zero: steps last their CPU work.
+    step_time: StepTimeModel = field(default_factory=StepTimeModel)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -46,8 +49,8 @@ class HiCacheConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         for name in ("tp", "pp", "page_size", "host_pool_pages", "device_pool_pages",
-                     "max_prefill_tokens", "layers", "hidden", "allreduce_tokens",
-                     "kv_page_elems", "sidecar_page_elems"):
+                     "max_prefill_tokens", "max_running_requests", "layers", "hidden",
+                     "allreduce_tokens", "kv_page_elems", "sidecar_page_elems"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_shape(self.model)  # ValueError naming the known models
@@ -57,8 +60,6 @@ class HiCacheConfig:
             raise ValueError(f"budget_skew must be in [0, 1), got {self.budget_skew}")
         if self.timeout_base_s < 0 or self.timeout_per_ki_token_s < 0:
             raise ValueError("prefetch timeouts must be >= 0")
-        if self.min_step_ms < 0:
-            raise ValueError(f"min_step_ms must be >= 0, got {self.min_step_ms}")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
 
@@ -71,4 +72,5 @@ class HiCacheConfig:
         d = asdict(self)
         storage = d.pop("storage")
         d.update({f"storage_{k}": v for k, v in storage.items()})
+        d.update({f"step_time_{k}": v for k, v in d.pop("step_time").items()})
         return d

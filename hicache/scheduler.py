@@ -1,9 +1,12 @@
 """The scheduler loop every rank runs in lock-step (one step = one iteration below).
 
-Per step: rank 0 broadcasts the new arrivals and its clock; check_hicache_events agrees on
-the per-step counters with one packed MIN; the waiting queue is walked in arrival order,
-polling each reached request at most once; the batch is loaded back host->device and
-prefilled; its first tokens end TTFT. Only the scheduler thread runs this.
+Per step, as SGLang's event loop runs it: rank 0 broadcasts the new arrivals and its clock;
+check_hicache_events agrees on the per-step counters; unless the waiting queue is empty or
+the running batch is full, the waiting queue is walked in arrival order, polling each
+reached request at most once; then one forward runs: a prefill of the newly scheduled
+requests when there are any (SGLang runs prefill first), else a decode step that gives every
+running request one token. A request leaves the running batch after its last token. On CPU
+the forward lasts its modelled time (hicache.step_time). Only the scheduler thread runs this.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ class Request:
     rid: str
     tokens: list[int]
     arrival_offset_s: float  # seconds after the run's start, on rank 0's clock
+    output_tokens: int = 1  # the first token, then one per decode step
+    kind: str = "prefetch"  # prefetch | bystander (nothing to fetch): reported apart
+
+
+@dataclass
+class Running:
+    """A request in the decode batch."""
+
+    rid: str
+    context: int  # KV tokens a decode step reads for it: prompt plus tokens so far
+    left: int  # tokens it has still to generate
 
 
 class Scheduler:
@@ -33,6 +47,7 @@ class Scheduler:
         self.cfg, self.layout, self.comm = cfg, layout, comm
         self.cache, self.model, self.stats = cache, model, stats
         self.waiting: deque = deque()
+        self.running: dict[str, Running] = {}  # in join order
         # Rank-local walk horizon: a skewed rank believes the batch is full sooner (#30760).
         skew = cfg.budget_skew * layout.tp_rank / max(1, layout.tp - 1)
         self.horizon = int(cfg.max_prefill_tokens * (1.0 - skew))
@@ -51,12 +66,14 @@ class Scheduler:
             arrived = []
             while pending and t0 + pending[0].arrival_offset_s <= now:
                 r = pending.popleft()
-                arrived.append((r.rid, r.tokens, t0 + r.arrival_offset_s))
+                arrived.append((r.rid, r.tokens, t0 + r.arrival_offset_s, r.output_tokens,
+                                r.kind))
             msg = self.comm.broadcast_object(
                 {"now": now, "reqs": arrived, "all_arrived": not pending}, REQUEST_BROADCAST)
             if self._step(step, msg):
                 return step + 1
-            if self.layout.rank == 0 and not self.waiting and not self.cache.ongoing:
+            if self.layout.rank == 0 and not (self.waiting or self.cache.ongoing
+                                              or self.running):
                 time.sleep(min(idle_sleep_s, max(0.0, t0 + pending[0].arrival_offset_s - now))
                            if pending else 0.0)
             step += 1
@@ -64,25 +81,37 @@ class Scheduler:
     def _step(self, step: int, msg: dict) -> bool:
         self.stats.counter.step = step
         stamp = msg["now"]
-        for rid, tokens, arrival in msg["reqs"]:
-            self.stats.requests[rid] = RequestStats(rid, arrival, enqueued=time.monotonic())
+        for rid, tokens, arrival, output_tokens, kind in msg["reqs"]:
+            self.stats.requests[rid] = RequestStats(rid, arrival, kind, output_tokens,
+                                                    enqueued=time.monotonic())
             self.waiting.append(rid)
             self.cache.admit(rid, tokens, stamp)
-        busy = bool(self.waiting or self.cache.ongoing)
+        busy = bool(self.waiting or self.cache.ongoing or self.running)
         any_busy = self.cache.check_hicache_events(stamp, busy)
-        rec = StepStats(step, stamp, waiting=len(self.waiting))
+        rec = StepStats(step, stamp, waiting=len(self.waiting), running=len(self.running),
+                        prefetching=sum(rid in self.cache.ongoing for rid in self.waiting))
         batch = self._walk(rec)
-        self._run_batch(batch)
-        rec.scheduled = len(batch)
+        if batch:
+            self._prefill(batch, rec)
+        elif self.running:
+            self._decode(rec)
+        else:
+            self._forward(rec, 0, 0, 0)  # idle: the data-plane collectives still pair up
+        rec.t_end = time.monotonic()
         self.stats.steps.append(rec)
         # Stop on agreed inputs only, so every rank leaves the loop at the same step.
         return msg["all_arrived"] and not any_busy
 
     def _walk(self, rec: StepStats) -> list[str]:
+        """SGLang's get_new_batch_prefill: no walk, so no polls, when nothing waits or no
+        request slot is free; the walk stops at the slot limit and at the token budget."""
+        free = self.cfg.max_running_requests - len(self.running)
+        if not self.waiting or free <= 0:
+            return []
         batch, used = [], 0
         for rid in list(self.waiting):
-            if used >= self.horizon:
-                break  # this rank thinks the batch is full
+            if len(batch) >= free or used >= self.horizon:
+                break  # the batch is full (this rank's horizon may be skewed: #30760)
             rec.polled += rid in self.cache.ongoing
             if not self.cache.check_prefetch_progress(rid):
                 continue  # still prefetching: skipped, polled again next step
@@ -94,7 +123,7 @@ class Scheduler:
             used += extend
         return batch
 
-    def _run_batch(self, batch: list[str]) -> None:
+    def _prefill(self, batch: list[str], rec: StepStats) -> None:
         loaded, new_tokens = [], 0
         for rid in batch:
             self.waiting.remove(rid)
@@ -103,18 +132,47 @@ class Scheduler:
             dev, st.load_back_s = self.cache.load_back(rid)
             loaded.append(dev)
             new_tokens += len(self.cache.prompts[rid]) - st.loaded_tokens
+        rec.kind, rec.scheduled, rec.prefill_tokens = "prefill", len(batch), new_tokens
+        done = self._forward(rec, new_tokens, 0, 0)
+        for rid, dev in zip(batch, loaded, strict=True):
+            st = self.stats.requests[rid]
+            st.prefill_s, st.first_token = rec.forward_s, done
+            st.token_times.append(done)
+            context = len(self.cache.prompts[rid]) + 1
+            # Decode reads no KV in this model: the pages and tree locks go back at once.
+            self.cache.free_device(dev)
+            self.cache.release(rid)
+            if st.output_tokens > 1:
+                self.running[rid] = Running(rid, context, st.output_tokens - 1)
+            else:
+                st.finished = done
+
+    def _decode(self, rec: StepStats) -> None:
+        rec.kind = "decode"
+        rec.context_tokens = sum(r.context for r in self.running.values())
+        done = self._forward(rec, 0, len(self.running), rec.context_tokens)
+        for r in list(self.running.values()):
+            st = self.stats.requests[r.rid]
+            st.token_times.append(done)
+            r.context, r.left = r.context + 1, r.left - 1
+            if r.left == 0:
+                del self.running[r.rid]
+                st.finished = done
+
+    def _forward(self, rec: StepStats, new_tokens: int, decode_reqs: int,
+                 context: int) -> float:
+        """Runs the step's forward; returns when its outputs exist (this rank's clock)."""
         t0 = time.monotonic()
-        self.model.forward(new_tokens)  # runs every step: decode batches never stop
-        # Pad the step to a decode forward's length: how often waiting requests get polled.
-        rest = t0 + self.cfg.min_step_ms / 1e3 - time.monotonic()
+        self.model.forward(new_tokens, decode_reqs)
+        # CPU stand-in: sleep out the rest of the modelled forward, releasing the GIL to the
+        # controller's threads as a scheduler waiting on its GPU would.
+        modelled = self.cfg.step_time.forward_ms(new_tokens, decode_reqs, context) / 1e3
+        rest = t0 + modelled - time.monotonic()
         if rest > 0:
             time.sleep(rest)
         done = time.monotonic()
-        for rid, dev in zip(batch, loaded, strict=True):
-            st = self.stats.requests[rid]
-            st.prefill_s, st.first_token = done - t0, done
-            self.cache.free_device(dev)
-            self.cache.release(rid)
+        rec.forward_s = done - t0
+        return done
 
     def _check_faults(self, step: int, process_step: int) -> None:
         error = self.cache.controller.error

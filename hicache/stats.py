@@ -8,13 +8,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hicache.comm import CollectiveCounter
+from hicache.comm import COMPLETION, DECISION, PP_HOP, CollectiveCounter
+
+CRITICAL_SITES = (DECISION, COMPLETION, PP_HOP)  # the poll's own collectives
 
 
 @dataclass
 class RequestStats:
     rid: str
     arrival: float  # rank 0's clock when the request arrived
+    kind: str = "prefetch"  # prefetch (its prefix is in storage) | bystander (nothing to fetch)
+    output_tokens: int = 1  # tokens it generates: the first, then one per decode step
     enqueued: float | None = None  # this rank received it (request broadcast)
     io_done: float | None = None  # this rank's IO thread finished its prefetch
     ready: float | None = None  # check_prefetch_progress returned True / final ack landed
@@ -22,6 +26,8 @@ class RequestStats:
     load_back_s: float = 0.0
     prefill_s: float = 0.0
     first_token: float | None = None
+    token_times: list[float] = field(default_factory=list)  # every output token, first included
+    finished: float | None = None  # its last token
     polls: int = 0  # calls that found the prefetch still ongoing
     # poll (a poll stopped it, possibly before its hit was agreed) | ack (final ack) |
     # revoked (hit below threshold or no host memory) | none (no prefetch issued)
@@ -39,10 +45,17 @@ class RequestStats:
 @dataclass
 class StepStats:
     step: int
-    t: float
+    t: float  # this rank's clock at the top of the step
+    t_end: float = 0.0  # after the forward and its outputs
+    kind: str = "idle"  # prefill (newly scheduled requests) | decode (the running batch) | idle
     waiting: int = 0
+    prefetching: int = 0  # waiting requests whose prefetch is still ongoing
     polled: int = 0
     scheduled: int = 0
+    running: int = 0  # requests in the running (decode) batch during this step
+    prefill_tokens: int = 0
+    context_tokens: int = 0  # KV tokens the decode step reads
+    forward_s: float = 0.0  # the forward, modelled time included
 
 
 @dataclass
@@ -57,6 +70,9 @@ class Stats:
         rows = []
         for rid, r in self.requests.items():
             row = asdict(r)
+            row.pop("token_times")  # gaps only, below: the list itself stays in memory
+            t = r.token_times
+            row["itl_s"] = [b - a for a, b in zip(t[:-1], t[1:], strict=True)]
             row.update({f"coll_{k}": v for k, v in self.counter.by_rid.get(rid, {}).items()})
             row["sync_s"] = self.counter.sched_seconds_by_rid.get(rid, 0.0)
             rows.append(row)
@@ -68,5 +84,7 @@ class Stats:
             row = asdict(s)
             row.update({f"coll_{k}": v for k, v in self.counter.by_step.get(s.step, {}).items()})
             row["sync_s"] = self.counter.sched_seconds_by_step.get(s.step, 0.0)
+            by_site = self.counter.sched_seconds_by_step_site.get(s.step, {})
+            row["decision_sync_s"] = sum(by_site.get(k, 0.0) for k in CRITICAL_SITES)
             rows.append(row)
         return rows

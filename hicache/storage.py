@@ -38,7 +38,10 @@ class StorageError(RuntimeError):
 class StorageSpec:
     kind: str = "sim"
     latency_ms: float = 2.0  # per batch read
-    bandwidth_gbps: float = 10.0  # GB/s
+    bandwidth_gbps: float = 10.0  # GB/s per rank
+    # Modelled bytes of one KV page on this rank (the model's KV shape over TP ranks); the
+    # stored content is smaller and synthetic. 0: time the content's own bytes.
+    kv_page_bytes: int = 0
     exists_latency_ms: float = 0.2  # per batch_exists call
     jitter: float = 0.0  # per-rank slowdown spread, and lognormal sigma = jitter / 2
     miss_prob: float = 0.0  # per page, per TP rank, deterministic
@@ -56,6 +59,8 @@ class StorageSpec:
         for name in ("latency_ms", "exists_latency_ms", "jitter", "stall_ms", "sidecar_page_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.kv_page_bytes < 0:
+            raise ValueError(f"kv_page_bytes must be >= 0, got {self.kv_page_bytes}")
         if not self.bandwidth_gbps > 0:
             raise ValueError(f"bandwidth_gbps must be > 0, got {self.bandwidth_gbps}")
         for name in ("miss_prob", "fail_rate"):
@@ -151,7 +156,10 @@ class Storage(ABC):
         """(seconds before the first row, seconds per row) of one batch read."""
         spec = self.spec
         scale = self.rank_factor * noise
-        transfer_ms = n * page_elems * 4 / (spec.bandwidth_gbps * 1e6)  # float32 bytes
+        # latency + bytes / bandwidth, with a KV page's bytes from the model's shape
+        page_bytes = spec.kv_page_bytes if pool == KV_POOL and spec.kv_page_bytes else \
+            page_elems * 4  # float32 content
+        transfer_ms = n * page_bytes / (spec.bandwidth_gbps * 1e6)
         head_ms = spec.latency_ms * scale + spec.stall_ms
         row_ms = transfer_ms * scale / n + (spec.sidecar_page_ms if pool != KV_POOL else 0.0)
         return head_ms / 1e3, row_ms / 1e3

@@ -145,6 +145,21 @@ def test_read_time_model():
     assert time.perf_counter() - t0 >= 0.05
 
 
+def test_read_time_from_model_bytes():
+    """A batch costs latency + bytes / bandwidth with a KV page's bytes from the model shape:
+    Llama-3-8B at TP2 is 4 MiB per 64-token page; 20 pages at 3 GB/s = 27.96 ms + 2 ms."""
+    from hicache.shapes import SHAPES
+
+    page_bytes = SHAPES["llama3-8b"].kv_bytes_per_page(64, tp=2)
+    spec = StorageSpec(latency_ms=2.0, bandwidth_gbps=3.0, kv_page_bytes=page_bytes)
+    st = SimStorage(spec, rank=0, tp_rank=0)
+    head_s, row_s = st._read_times(20, 128, "kv", 1.0)
+    assert head_s == pytest.approx(0.002)
+    assert 20 * row_s == pytest.approx(20 * 4 * 2**20 / 3e9)
+    # side-car pages keep their own (content) bytes: 16 float32 = 64 bytes each
+    assert st._read_times(20, 16, "indexer", 1.0)[1] == pytest.approx(64 / 3e9)
+
+
 def test_rank_factor_drawn_once_per_rank():
     def factors(seed):
         return [SimStorage(StorageSpec(jitter=0.5, seed=seed), r, r).rank_factor for r in range(4)]
@@ -168,6 +183,7 @@ def test_rank_factor_drawn_once_per_rank():
         dict(fail_rate=-0.1),
         dict(stall_ms=-1.0),
         dict(sidecar_page_ms=-2.0),
+        dict(kv_page_bytes=-1),
     ],
 )
 def test_bad_spec(kwargs):

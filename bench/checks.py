@@ -1,0 +1,48 @@
+"""One evaluated gate check, and the baseline look-up the gate's comparisons share."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+BASELINE_KEY = ["protocol", "policy", "tp", "pp"]
+EPS = 1e-9  # CSV round trips of means; per-request counts are compared exactly
+
+
+@dataclass(frozen=True)
+class Check:
+    """One evaluated check of one summary row."""
+
+    check: str
+    protocol: str
+    policy: str
+    layout: str
+    passed: bool
+    expected: str = ""
+    observed: str = ""
+    meaning: str = ""
+    note: str = ""
+
+
+def layout(row: dict) -> str:
+    """The row's configuration beyond protocol and policy, short."""
+    extra = " extra_pool" if row["extra_pool"] in (True, "True") else ""
+    return f"tp{row['tp']} pp{row['pp']} {row['storage']} rate={row['rate_rps']}{extra}"
+
+
+def make_check(row: dict, name: str, passed: bool, **kw: str) -> Check:
+    return Check(name, str(row["protocol"]), str(row["policy"]), layout(row), passed, **kw)
+
+
+def baseline_value(baseline: pd.DataFrame, row: dict, column: str) -> float:
+    """The baseline's most lenient finite `column` for the row's (protocol, policy, tp, pp);
+    NaN when the baseline has no such row or column."""
+    if column not in baseline:
+        return math.nan
+    match = baseline
+    for k in BASELINE_KEY:
+        match = match[match[k] == row[k]]
+    values = pd.to_numeric(match[column], errors="coerce").dropna()
+    return float(values.max()) if len(values) else math.nan

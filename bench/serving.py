@@ -1,0 +1,217 @@
+"""Serving-regime metrics of one configuration group (SPEC section 8): TTFT per request
+class, inter-token latency (ITL), step time, polls and collectives per step, queue depth,
+throughput; their ratios to pr27010 with 95% CIs; and the overhead model's prediction next
+to what was measured.
+
+Pooled ITL is every gap between consecutive tokens of every request (requests.csv `itl_ms`).
+Step time is rank 0's wall time per scheduler step (steps.csv). The overhead model's
+measured side is the scheduler's host time per step (step minus forward) over that of a
+protocol whose polls issue no collective in the same configuration (the reference).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from bench.overhead import extra_step_ms, hop_ms, intervals_overlap
+from bench.schema import QUIET_METRICS, RATIO_METRICS
+from bench.stats import diff_of_means_ci, per_repeat_stat_ratios, ratio_of_stat_ci, stat_value
+from hicache.cost_model import decision_per_poll
+
+CLASSES = ("prefetch", "bystander")
+# Ratio metrics vs pr27010 (schema.RATIO_METRICS): name -> (source, class filter, statistic)
+RATIO_SOURCES = {
+    "step_mean": ("steps", None, "mean"),
+    "itl_p50": ("itl", None, "p50"),
+    "itl_p99": ("itl", None, "p99"),
+    "prefetch_ttft_p50": ("ttft", "prefetch", "p50"),
+    "prefetch_ttft_p99": ("ttft", "prefetch", "p99"),
+    "bystander_ttft_p50": ("ttft", "bystander", "p50"),
+    "bystander_ttft_p99": ("ttft", "bystander", "p99"),
+}
+ZERO_COST_REFERENCES = ("step-clock", "step-batched", "pr36425")  # in order of preference
+C_MISMATCH = 1.25  # in-run c this far from the calibrated c: the c assumption broke
+
+
+def _nan(v: object) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _classes(g: pd.DataFrame) -> pd.Series:
+    """Each request's class; runs without the column hold prefetching requests only."""
+    if "request_class" not in g:
+        return pd.Series("prefetch", index=g.index)
+    classes = g["request_class"].astype(object)
+    return classes.where(classes.notna(), "prefetch")
+
+
+def itl_gaps(cells: pd.Series) -> np.ndarray:
+    """All gaps (ms) of requests.csv `itl_ms` cells ('1.2;3.4', empty when < 2 tokens)."""
+    parts = [str(c) for c in cells if isinstance(c, str) and c.strip()]
+    return np.array([float(v) for p in parts for v in p.split(";")], dtype=float)
+
+
+def by_repeat(g: pd.DataFrame, s: pd.DataFrame | None, source: str,
+              klass: str | None = None) -> dict[int, np.ndarray]:
+    """Repeat -> the samples behind a metric: step times, ITL gaps or TTFTs (of a class)."""
+    if source == "steps":
+        if s is None or s.empty or "step_ms" not in s:
+            return {}
+        return {int(r): x["step_ms"].dropna().to_numpy(float) for r, x in s.groupby("repeat")}
+    if source == "itl":
+        if "itl_ms" not in g:
+            return {}
+        return {int(r): itl_gaps(x["itl_ms"]) for r, x in g.groupby("repeat")}
+    sub = g if klass is None else g[_classes(g) == klass]
+    return {int(r): x["ttft_ms"].dropna().to_numpy(float) for r, x in sub.groupby("repeat")}
+
+
+def _pct(values: np.ndarray, stat: str) -> float:
+    return float(stat_value(values, stat)) if values.size else math.nan
+
+
+def _ttft_class_cells(g: pd.DataFrame) -> dict:
+    out = {}
+    for klass in CLASSES:
+        ttft = g.loc[_classes(g) == klass, "ttft_ms"].dropna().to_numpy(float)
+        out[f"{klass}_requests"] = int(ttft.size)
+        for q in (50, 90, 99):
+            out[f"{klass}_ttft_p{q}_ms"] = _pct(ttft, f"p{q}")
+    return out
+
+
+def _step_cells(s: pd.DataFrame | None, n_requests: int) -> dict:
+    keys = ("step_mean_ms", "step_p50_ms", "step_p99_ms", "decode_step_p50_ms",
+            "decode_step_p99_ms", "host_ms_per_step", "polls_per_step",
+            "critical_collectives_per_step", "decision_sync_ms_per_step", "waiting_p50",
+            "waiting_max", "prefetching_p50", "prefetching_max", "output_tok_per_s")
+    if s is None or s.empty or "step_ms" not in s:
+        return dict.fromkeys(keys, math.nan)
+    step = s["step_ms"].to_numpy(float)
+    decode = s.loc[s["kind"] == "decode", "step_ms"].to_numpy(float)
+    critical = s[["decision", "completion", "pp_hop"]].sum(axis=1)
+    return {"step_mean_ms": step.mean(), "step_p50_ms": _pct(step, "p50"),
+            "step_p99_ms": _pct(step, "p99"), "decode_step_p50_ms": _pct(decode, "p50"),
+            "decode_step_p99_ms": _pct(decode, "p99"),
+            "host_ms_per_step": (s["step_ms"] - s["forward_ms"]).mean(),
+            "polls_per_step": s["polled"].mean(), "critical_collectives_per_step":
+            critical.mean(), "decision_sync_ms_per_step": s["decision_sync_ms"].mean(),
+            "waiting_p50": s["waiting"].median(), "waiting_max": s["waiting"].max(),
+            "prefetching_p50": s["prefetching"].median(),
+            "prefetching_max": s["prefetching"].max(), "output_tok_per_s": math.nan}
+
+
+def _throughput(g: pd.DataFrame, s: pd.DataFrame | None) -> float:
+    """Output tokens per second of serving time (all repeats' tokens over their steps)."""
+    if s is None or s.empty or "output_tokens" not in g or "step_ms" not in s:
+        return math.nan
+    seconds = s["step_ms"].sum() / 1e3
+    return float(g["output_tokens"].sum() / seconds) if seconds > 0 else math.nan
+
+
+def serving_cells(g: pd.DataFrame, s: pd.DataFrame | None, cores_busy: float) -> dict:
+    """Absolute serving metrics of a group: TTFT per class, ITL, steps, queue, throughput."""
+    gaps = itl_gaps(g["itl_ms"]) if "itl_ms" in g else np.array([])
+    out = _ttft_class_cells(g) | _step_cells(s, len(g))
+    out["output_tok_per_s"] = _throughput(g, s)
+    for stat in ("p50", "p90", "p99"):
+        out[f"itl_{stat}_ms"] = _pct(gaps, stat)
+    out["itl_mean_ms"] = _pct(gaps, "mean")
+    out["cores_busy"] = cores_busy
+    return out
+
+
+def ratio_cells(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | None,
+                ref_s: pd.DataFrame | None) -> dict:
+    """Each RATIO_METRICS metric over pr27010's in the same configuration, with its CI."""
+    out = {}
+    for name in RATIO_METRICS:
+        source, klass, stat = RATIO_SOURCES[name]
+        point = low = high = None
+        x = by_repeat(g, s, source, klass)
+        y = by_repeat(ref, ref_s, source, klass) if ref is not None else {}
+        if x and y:
+            point, low, high = ratio_of_stat_ci(x, y, stat)
+        out |= {f"{name}_ratio": _nan(point), f"{name}_ratio_ci_low": _nan(low),
+                f"{name}_ratio_ci_high": _nan(high)}
+        if name in QUIET_METRICS:
+            ratios = per_repeat_stat_ratios(x, y, stat) if x and y else {}
+            out[f"{name}_ratio_per_repeat"] = ";".join(f"{v:.4f}" for v in ratios.values()) \
+                or math.nan
+    return out
+
+
+def reference_protocol(available: set[str], policy: str) -> str | None:
+    """The protocol whose polls issue no collective, to measure extra step time against."""
+    for p in ZERO_COST_REFERENCES:
+        if p in available and decision_per_poll(p, policy, 2, 2) == (0, 0):
+            return p
+    return None
+
+
+def _host_by_repeat(s: pd.DataFrame | None) -> dict[int, np.ndarray]:
+    if s is None or s.empty or "forward_ms" not in s:
+        return {}
+    return {int(r): (x["step_ms"] - x["forward_ms"]).to_numpy(float)
+            for r, x in s.groupby("repeat")}
+
+
+def overhead_cells(row: dict, s: pd.DataFrame | None, ref: dict | None,
+                   ref_s: pd.DataFrame | None, calib: dict | None) -> dict:
+    """Predicted extra step time (from c and the row's polls) beside the measured one, and
+    the ITL inflation each implies; `ref` is the reference protocol's serving cells."""
+    ref_name = None if ref is None else ref["protocol"]
+    out = dict.fromkeys(("c_ms", "c_p50_ms", "c_insitu_ms", "predicted_extra_step_ms",
+                         "predicted_extra_step_low_ms", "predicted_extra_step_high_ms",
+                         "measured_extra_step_ms", "measured_extra_step_ci_low_ms",
+                         "measured_extra_step_ci_high_ms", "predicted_itl_inflation",
+                         "measured_itl_inflation"), math.nan)
+    out |= {"overhead_reference": ref_name, "overhead_model_agrees": None,
+            "overhead_model_note": ""}
+    if calib is None or s is None or s.empty or "polled" not in s:
+        return out
+    c = calib["allreduce"]
+    tp, pp = int(row["tp"]), int(row["pp"])
+    hop = hop_ms(c["mean_ms"], max(2, int(calib["tp"])), calib.get("pp_hop_ms"))
+    completions = s["completion"].mean()
+    polls = s["polled"].mean()
+    predict = [extra_step_ms(row["protocol"], row["policy"], tp, pp, polls, c_ms, hop,
+                             completions)
+               for c_ms in (c["mean_ms"], c["mean_ci_low_ms"], c["mean_ci_high_ms"])]
+    critical = s[["decision", "completion", "pp_hop"]].to_numpy().sum()
+    out |= {"c_ms": c["mean_ms"], "c_p50_ms": c["p50_ms"],
+            "c_insitu_ms": s["decision_sync_ms"].sum() / critical if critical else math.nan,
+            "predicted_extra_step_ms": predict[0], "predicted_extra_step_low_ms": predict[1],
+            "predicted_extra_step_high_ms": predict[2]}
+    x, y = _host_by_repeat(s), _host_by_repeat(ref_s)
+    if ref is None or not (x and y):
+        return out
+    point, low, high = diff_of_means_ci(x, y)
+    out |= {"measured_extra_step_ms": point, "measured_extra_step_ci_low_ms": low,
+            "measured_extra_step_ci_high_ms": high}
+    # Every step pays the extra time, and every ITL gap spans whole steps.
+    if ref["step_mean_ms"] > 0 and ref["itl_mean_ms"] > 0:
+        out["predicted_itl_inflation"] = 1 + predict[0] / ref["step_mean_ms"]
+        out["measured_itl_inflation"] = row["itl_mean_ms"] / ref["itl_mean_ms"]
+    agrees = intervals_overlap((predict[1], predict[2]), (low, high))
+    out["overhead_model_agrees"] = agrees
+    out["overhead_model_note"] = "" if agrees else _why(out, c)
+    return out
+
+
+def _why(out: dict, c: dict) -> str:
+    """Which assumption of the model broke, in one sentence."""
+    insitu, calibrated = out["c_insitu_ms"], c["mean_ms"]
+    if not math.isnan(insitu) and calibrated > 0 and not (
+            1 / C_MISMATCH <= insitu / calibrated <= C_MISMATCH):
+        return (f"c broke: a decision collective took {insitu:.3f} ms in the run against "
+                f"{calibrated:.3f} ms calibrated on quiet groups (contention with the IO/ack "
+                "threads and the other ranks)")
+    if out["measured_extra_step_ms"] > out["predicted_extra_step_high_ms"]:
+        return ("the step grew by more than its collectives cost: other scheduler work grew "
+                "with them (e.g. the walk, or threads competing for the GIL or the cores)")
+    return ("the step grew by less than its collectives cost: part of their time overlapped "
+            "work the reference step also waited for")
