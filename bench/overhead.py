@@ -72,4 +72,4 @@ def intervals_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
     """Whether two closed intervals [low, high] share a point (NaN bounds never do)."""
     if any(math.isnan(v) for v in (*a, *b)):
         return False
-    return max(a[0], b[0]) <= min(a[1], b[1])
+    return bool(max(a[0], b[0]) <= min(a[1], b[1]))

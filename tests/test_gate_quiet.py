@@ -1,0 +1,88 @@
+"""The gate's quiet metrics (mean step time and ITL p50 ratios vs pr27010) on a synthetic
+serving run: a slowdown of every step in every repeat fails, one noisy repeat does not."""
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.schema import STEP_COLUMNS
+from hicache.cost_model import POLICIES
+from tests.test_gate import CONFIG, PROTOCOLS, REPEATS, gate, make_requests, write_run
+
+
+def serving_steps(slow=lambda protocol, repeat: 1.0):
+    """Decode steps of 10 ms (pr27010 pays 5 ms more), scaled by slow(protocol, repeat)."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for rep in range(REPEATS):
+        for pro in PROTOCOLS:
+            for pol in POLICIES:
+                for s in range(40):
+                    ms = (15.0 if pro == "pr27010" else 10.0) * slow(pro, rep)
+                    ms *= float(rng.normal(1, 0.01))
+                    rows.append(dict(CONFIG, protocol=pro, policy=pol, repeat=rep, step=s,
+                                     t_s=s * 0.01, kind="decode", step_ms=ms, forward_ms=8.0,
+                                     waiting=2, prefetching=1, polled=1, scheduled=0,
+                                     running=4, prefill_tokens=0, context_tokens=4000,
+                                     request_broadcast=1, per_step_min=1, model_allreduce=2,
+                                     decision=0, completion=0, pp_hop=0, sync_ms=0.5,
+                                     decision_sync_ms=0.0))
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def serving_requests(slow=lambda protocol, repeat: 1.0):
+    frame = make_requests()
+    gaps = [";".join(f"{(15.0 if p == 'pr27010' else 10.0) * slow(p, r):.3f}"
+                     for _ in range(4)) for p, r in zip(frame.protocol, frame.repeat,
+                                                        strict=True)]
+    return frame.assign(itl_ms=gaps, request_class="prefetch")
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quiet")
+    run = write_run(root / "run", serving_requests(), serving_steps())
+    assert gate(run, root / "baseline", "--update-baseline") == 0
+    return run, root / "baseline"
+
+
+def test_clean_serving_run_passes_quiet_checks(serving, capsys):
+    assert gate(*serving) == 0
+    out = capsys.readouterr().out
+    assert "step_mean_ratio_vs_baseline" in out and "itl_p50_ratio_vs_baseline" in out
+
+
+def test_every_step_slower_in_every_repeat_fails(serving, tmp_path, capsys):
+    def slow(protocol, repeat):  # pr36425 got 30% slower per step: its ratio 0.67 -> 0.87
+        return 1.3 if protocol == "pr36425" else 1.0
+    run = write_run(tmp_path / "slow", serving_requests(slow), serving_steps(slow))
+    assert gate(run, serving[1]) == 1
+    out = capsys.readouterr().out
+    failing = [line for line in out.splitlines() if "ratio_vs_baseline" in line]
+    assert any(line.startswith("step_mean_ratio_vs_baseline") and "pr36425" in line
+               for line in failing)
+    assert any(line.startswith("itl_p50_ratio_vs_baseline") for line in failing)
+    assert "mean step time relative to pr27010 grew" in out
+
+
+def test_one_slow_repeat_is_noise(serving, tmp_path, capsys):
+    def slow(protocol, repeat):
+        return 1.3 if protocol == "pr36425" and repeat == 0 else 1.0
+    run = write_run(tmp_path / "noisy", serving_requests(slow), serving_steps(slow))
+    assert gate(run, serving[1]) == 0  # the other repeats stay within the bound
+
+
+def test_quiet_tolerance_comes_from_gate_json(serving, tmp_path, capsys):
+    def slow(protocol, repeat):
+        return 1.3 if protocol == "pr36425" else 1.0
+    run = write_run(tmp_path / "slow2", serving_requests(slow), serving_steps(slow))
+    base = tmp_path / "lenient"
+    shutil.copytree(serving[1], base)
+    settings = json.loads((base / "gate.json").read_text())
+    (base / "gate.json").write_text(json.dumps({**settings, "quiet_tolerance": 0.5}))
+    assert gate(run, base) == 0
+    (base / "gate.json").write_text(json.dumps({**settings, "quiet_tolerance": -1}))
+    assert gate(run, base) == 2
