@@ -17,6 +17,7 @@ from hicache.step_time import StepTimeModel, roofline
 from hicache.storage import StorageSpec
 
 ALIASES = {"before": "pr27010", "after": "pr36425"}
+THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
 
 
 @dataclass(frozen=True)

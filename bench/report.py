@@ -20,6 +20,7 @@ from bench.io import (
     write_csv_atomic,
     write_text_atomic,
 )
+from bench.plan import THREADS_PER_RANK
 from bench.plots import write_plots
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.stats import PERCENTILE_METHODS
@@ -33,8 +34,6 @@ from bench.summarize import (
     table_headers,
     table_rows,
 )
-
-THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
 FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]

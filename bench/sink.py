@@ -55,13 +55,16 @@ class ResultSink:
         config = self._config(cell)
         rows = self._request_rows(cell, config, gathered)
         self.requests += rows
-        self.steps += [self._step_row(config, cell, s) for s in gathered[0]["steps"]]
+        steps = [self._step_row(config, cell, s) for s in gathered[0]["steps"]]
+        self.steps += steps
         self.ranks += [self._rank_row(config, cell, p) for p in gathered]
         self._write()
         ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
         agree = all(r["ranks_agree"] for r in rows)
+        step_ms = statistics.fmean(s["step_ms"] for s in steps) if steps else float("nan")
+        polled = statistics.fmean(s["polled"] for s in steps) if steps else float("nan")
         print(f" ttft p50 {statistics.median(ttft) if ttft else float('nan'):7.1f} ms, "
-              f"polls/req {statistics.fmean(r['polls'] for r in rows):5.2f}, "
+              f"step {step_ms:5.1f} ms, polls/step {polled:5.1f}, "
               f"decision/req {statistics.fmean(r['decision_collectives'] for r in rows):5.2f}"
               f"{'' if agree else '  RANKS DISAGREE'}", file=sys.stderr, flush=True)
 

@@ -1,8 +1,9 @@
 """Usage: python scripts/measure_noise.py [--runs K] [--baseline results/baseline]
                                          [--from RUN_DIR ...] [--dry-run]
 
-Measures the run-to-run noise of the CI preset's TTFT ratios on this machine and derives the
-perf gate's tolerance from it.
+Measures the run-to-run noise of the CI preset's ratios vs pr27010 on this machine and derives
+the perf gate's tolerances from it: `tolerance` from the TTFT p50 ratios, `quiet_tolerance`
+from the mean step time and ITL p50 ratios (the quiet metrics).
 
 Runs `python -m bench run --preset ci` K times (default 4) back to back (or reads the runs
 given with --from), and for every protocol other than pr27010 x policy collects each run's
@@ -10,9 +11,10 @@ pooled TTFT p50 ratio vs pr27010 and its per-repeat ratios (summary.csv). Figure
 configuration and overall:
   run_to_run: max over runs of |ratio_run / median over runs - 1|
   per_repeat: max over runs and repeats of |ratio_repeat / ratio_run - 1|
-The tolerance is 2 x the largest run-to-run deviation, rounded up to a multiple of 0.05: the
-baseline run and a gated run may each sit that far from the median, on opposite sides.
-Writes tolerance, noise, method and runs into BASELINE/gate.json, keeping its other keys
+Each tolerance is 2 x the largest run-to-run deviation of its metrics, rounded up to a
+multiple of 0.05: the baseline run and a gated run may each sit that far from the median, on
+opposite sides. Writes tolerance, quiet_tolerance, noise, method and runs into
+BASELINE/gate.json, keeping its other keys
 (`bench gate --update-baseline` keeps them in turn). --dry-run prints instead of writing.
 """
 
@@ -39,9 +41,11 @@ from bench.summarize import REFERENCE_PROTOCOL  # noqa: E402
 STEP = 0.05  # tolerance granularity
 FACTOR = 2.0  # tolerance = FACTOR x the largest run-to-run deviation
 METHOD = (f"K back-to-back `bench run --preset ci` runs; per protocol != {REFERENCE_PROTOCOL} "
-          "x policy, run_to_run = max over runs of |pooled TTFT p50 ratio / median over runs "
-          "- 1|, per_repeat = max over runs and repeats of |repeat ratio / pooled ratio - 1|; "
-          f"tolerance = {FACTOR:g} x max run_to_run, rounded up to {STEP:g}")
+          "x policy, run_to_run = max over runs of |pooled ratio / median over runs - 1|, "
+          "per_repeat = max over runs and repeats of |repeat ratio / pooled ratio - 1|; "
+          f"tolerance = {FACTOR:g} x max run_to_run of the TTFT p50 ratios, quiet_tolerance "
+          f"= {FACTOR:g} x max run_to_run of the mean step time and ITL p50 ratios, each "
+          f"rounded up to {STEP:g}")
 
 
 def run_ci(index: int) -> Path:
@@ -57,17 +61,24 @@ def run_ci(index: int) -> Path:
     return out
 
 
-def ratios(run_dir: Path) -> dict[str, tuple[float, list[float]]]:
+# metric -> (pooled ratio column, per-repeat ratios column) in summary.csv
+METRICS = {"ttft_p50": ("ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_per_repeat"),
+           "step_mean": ("step_mean_ratio", "step_mean_ratio_per_repeat"),
+           "itl_p50": ("itl_p50_ratio", "itl_p50_ratio_per_repeat")}
+QUIET = ("step_mean", "itl_p50")
+
+
+def ratios(run_dir: Path, metric: str = "ttft_p50") -> dict[str, tuple[float, list[float]]]:
     """'protocol/policy' -> (pooled ratio, per-repeat ratios) from a run's summary.csv."""
     summary = pd.read_csv(run_dir / "summary.csv")
+    pooled, per_repeat = METRICS[metric]
     out = {}
     for row in summary.to_dict("records"):
-        if row["protocol"] == REFERENCE_PROTOCOL or pd.isna(row["ttft_p50_ratio_vs_pr27010"]):
+        if row["protocol"] == REFERENCE_PROTOCOL or pd.isna(row.get(pooled)):
             continue
-        cell = row["ttft_p50_ratio_per_repeat"]
+        cell = row[per_repeat]
         reps = [float(v) for v in str(cell).split(";")] if not pd.isna(cell) else []
-        out[f"{row['protocol']}/{row['policy']}"] = (float(row["ttft_p50_ratio_vs_pr27010"]),
-                                                     reps)
+        out[f"{row['protocol']}/{row['policy']}"] = (float(row[pooled]), reps)
     return out
 
 
@@ -108,7 +119,11 @@ def main(argv: list[str]) -> int:
         dirs.append(run_ci(i))
         load[dirs[-1].name] = round(os.getloadavg()[0], 2)  # how shared the machine was
     figures = noise([ratios(d) for d in dirs])
-    settings = {"tolerance": tolerance(figures["max_run_to_run"]), "noise": figures,
+    quiet = {m: noise([ratios(d, m) for d in dirs]) for m in QUIET}
+    worst_quiet = max(q["max_run_to_run"] for q in quiet.values())
+    settings = {"tolerance": tolerance(figures["max_run_to_run"]),
+                "quiet_tolerance": tolerance(worst_quiet), "noise": figures,
+                "quiet_noise": quiet,
                 "method": METHOD, "runs": [d.name for d in dirs],
                 "load_avg_1m_after_run": load or None, "cpu_count": os.cpu_count(),
                 "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
@@ -119,9 +134,10 @@ def main(argv: list[str]) -> int:
     old = json.loads(gate_json.read_text()) if gate_json.exists() else {}
     args.baseline.mkdir(parents=True, exist_ok=True)
     write_json_atomic(gate_json, {**old, **settings})
-    print(f"max run-to-run deviation {figures['max_run_to_run']:.3f}, max per-repeat "
+    print(f"TTFT: max run-to-run deviation {figures['max_run_to_run']:.3f}, max per-repeat "
           f"{figures['max_per_repeat']:.3f} over {len(dirs)} runs -> tolerance "
-          f"{settings['tolerance']:g} ({gate_json})")
+          f"{settings['tolerance']:g}; step time and ITL: max run-to-run {worst_quiet:.3f} -> "
+          f"quiet_tolerance {settings['quiet_tolerance']:g} ({gate_json})")
     return 0
 
 
