@@ -34,6 +34,7 @@ from bench.summarize import (
     table_headers,
     table_rows,
 )
+
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
 FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
