@@ -23,6 +23,13 @@ BAD = [
     (["--preset", "nope"], "invalid choice"),
     (["--device", "tpu"], "invalid choice"),
     (["--requests", "many"], "invalid int value"),
+    (["--output-tokens", "0"], "--output-tokens must be > 0"),
+    (["--max-running", "0"], "--max-running must be > 0"),
+    (["--bystanders", "-1"], "--bystanders must be >= 0"),
+    (["--bystander-rate", "0"], "--bystander-rate must be > 0"),
+    (["--storage-gbps", "0"], "--storage-gbps must be > 0"),
+    (["--model", "gpt5"], "invalid choice"),
+    (["--gpu", "tpu"], "invalid choice"),
 ]
 
 
@@ -47,6 +54,14 @@ def test_cuda_without_nccl_is_refused(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
     assert main_run(["--device", "cuda", "--out", str(tmp_path / "r")]) == 2
     assert "needs NCCL" in capsys.readouterr().err
+
+
+def test_step_ms_on_cuda_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert main_run(["--device", "cuda", "--step-ms", "7", "--out", str(tmp_path / "r")]) == 2
+    assert "on CUDA the forward is real" in capsys.readouterr().err
 
 
 def test_unwritable_output_directory(capsys, tmp_path):
