@@ -4,8 +4,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PRESET ?= default
 ARGS ?=
+RUN ?= results/latest
 
-.PHONY: setup test test-fast bench gate microbench lint clean
+.PHONY: setup test test-fast bench gate microbench project lint clean
 
 setup: $(STAMP)
 
@@ -29,6 +30,9 @@ gate: setup  ## quick CI preset, its micro-benchmarks, then the perf gate vs res
 
 microbench: setup  ## pytest-benchmark micro-benchmarks saved into results/latest
 	$(PY) -m bench microbench results/latest
+
+project: setup  ## overhead projection to TP 2-64, PP 1-4 of a run: make project RUN=results/latest
+	$(PY) -m bench project $(RUN) $(ARGS)
 
 lint: setup
 	$(PY) -m ruff check hicache bench tests scripts

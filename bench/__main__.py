@@ -3,6 +3,8 @@
     python -m bench report RUN_DIR     rebuild plots and report.md from a run's CSVs
     python -m bench gate RUN_DIR       CI perf gate against results/baseline
     python -m bench microbench RUN_DIR micro-benchmarks (pytest-benchmark) saved with a run
+    python -m bench project RUN_DIR    predicted step overhead and ITL inflation at TP 2-64,
+                                       PP 1-4, 10-1000 polled requests, from the run's c
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ def main(argv: list[str]) -> int:
         from bench.microbench import main_microbench
 
         return main_microbench(rest)
-    print(f"bench: unknown command {cmd!r}; use run, report, gate or microbench",
+    if cmd == "project":
+        from bench.project import main_project
+
+        return main_project(rest)
+    print(f"bench: unknown command {cmd!r}; use run, report, gate, microbench or project",
           file=sys.stderr)
     return 2
 
