@@ -219,9 +219,12 @@ class HiCache:
             op = ack.op
             if self.ongoing.get(op.rid) is not op:
                 continue  # already terminated by a poll; the ack only paired the IO thread
-            op.completed_tokens = ack.tokens
+            if ack.tokens is not None:
+                op.completed_tokens = ack.tokens
+            if ack.pool_pages is not None:
+                op.pool_transfers_done = True
             if ack.final:
-                self._finalize(op, ack.tokens, "ack")
+                self._finalize(op, op.completed_tokens, "ack")
 
     # ---- the poll ---------------------------------------------------------------------------
 
