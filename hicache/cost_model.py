@@ -88,9 +88,10 @@ def expected_per_request(
     """
     t = tp_cost(tp)
     ar, hop = decision_per_poll(protocol, policy, tp, pp)
-    # pre27010 agrees on the usable length with one MIN when a poll terminates the prefetch.
+    # pre27010 agrees on the usable length with one MIN when a poll terminates a prefetch
+    # holding host slots; one stopped before its hit was agreed is revoked with none.
     by_poll = polls > 0 if ended_by_poll is None else ended_by_poll
-    completion = t if protocol == "pre27010" and by_poll else 0
+    completion = t if protocol == "pre27010" and by_poll and io_issued else 0
     bg = background_cost(protocol, tp, pp)
     acks = 0
     if protocol in ACK_PROTOCOLS and io_issued:

@@ -170,6 +170,16 @@ ACK_PROTOCOLS = [p for p in PROTOCOLS if p != "pre27010"]
 
 
 @pytest.mark.timeout(150)
+def test_pre27010_poll_before_host_slots_pays_no_completion_min(tp2):
+    """A poll that ends a prefetch before its hit was agreed (no host slots) revokes it with
+    no completion MIN; only ops holding host slots agree on a usable length."""
+    rows = [r for res in tp2[("pre27010", "best_effort", "")] for r in res["rows"]]
+    revoked = [r for r in rows if r["terminated_by"] == "poll" and not r["io_issued"]]
+    assert revoked, "no poll ended a prefetch before its hit was agreed"
+    assert all(r.get("coll_completion", 0) == 0 for r in revoked)
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("proto", ACK_PROTOCOLS)
 def test_final_ack_costs_no_collective(tp2, proto):
     """8 pages = one read batch: one reduced ack per request, the final ack is free."""
@@ -177,6 +187,26 @@ def test_final_ack_costs_no_collective(tp2, proto):
         for row in res["rows"]:
             assert row["io_issued"] and row["hit_tokens"] == PREFIX
             assert row.get("coll_ack", 0) == 1, row["rid"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+def test_one_packed_per_step_min_without_pp(tp2, variant):
+    for res in tp2[variant]:
+        assert all(s.get("coll_per_step_min", 0) == 1 for s in res["steps"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+def test_two_per_step_reductions_with_pp(tp2pp2, variant):
+    """check_hicache_events with PP > 1: two `_all_reduce` calls per step, each a TP
+    all-reduce on stage 0 and the PP hop (stage 1 receives twice)."""
+    for res in tp2pp2[variant]:
+        stage = res["layout"][1]
+        for s in res["steps"]:
+            assert s.get("coll_per_step_min", 0) == (2 if stage == 0 else 0), s
+            assert s.get("coll_pp_hop", 0) >= 2, s
 
 
 @pytest.mark.slow

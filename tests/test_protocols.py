@@ -284,7 +284,7 @@ def test_expected_per_request_spec(k, hit_pages):
     assert (e.decision, e.completion, e.pp_hops, e.hit_query, e.ack) == (
         k, int(k > 0), 0, 1, 0)  # k*T + T; background groups TP only
     e = expected_per_request("pre27010", "best_effort", 2, 2, min(k, 1), hit_pages, True, False)
-    assert e.decision == 0 and e.completion <= 1  # best_effort <= T
+    assert e.decision == 0 and e.completion == 0  # best_effort: no slots, no MIN
     e = expected_per_request("pr27010", "wait_complete", 2, 2, k, hit_pages, True, True)
     # Hit query and every per-batch ack: T + P (TP group, then PP group); the final ack 0.
     assert (e.decision, e.pp_hops, e.completion, e.hit_query, e.ack) == (
@@ -309,6 +309,17 @@ def test_pre27010_completion_only_when_a_poll_ended_the_prefetch():
     ended = expected_per_request("pre27010", "wait_complete", 2, 1, 2, 3, True, True,
                                  ended_by_poll=True)
     assert (ended.decision, ended.completion) == (2, 1)
+
+
+def test_pre27010_poll_before_host_slots_pays_no_completion_min():
+    """A poll that ends a prefetch whose host slots were never allocated revokes it: the
+    completion MIN runs only for ops holding host slots (SGLang hiradix_cache.py)."""
+    e = expected_per_request("pre27010", "timeout", 2, 1, 3, 8, True, False,
+                             ended_by_poll=True)
+    assert (e.decision, e.completion) == (3, 0)
+    e = expected_per_request("pre27010", "best_effort", 2, 1, 1, 0, True, False,
+                             ended_by_poll=True)
+    assert e.completion == 0
 
 
 @pytest.mark.parametrize("proto", ["pr27010", "pr36425", "step-batched", "step-clock"])
