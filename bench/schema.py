@@ -23,7 +23,7 @@ STEP_COLUMNS = CONFIG_COLUMNS + [
 RANK_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rank", "tp_rank", "pp_rank", "decision", "completion", "pp_hop", "hit_query",
     "ack", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
-    "crosscheck_ok",
+    "crosscheck_ok", "host_slots_unaccounted",
 ]
 
 SUMMARY_COLUMNS = [

@@ -55,7 +55,8 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
-            "crosscheck": system.crosscheck()}
+            "crosscheck": system.crosscheck(),
+            "host_slots_unaccounted": stats.host_slots_unaccounted}
 
 
 def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int]):

@@ -155,7 +155,7 @@ class HiCache:
         any rank (of PP stage 0) still has work."""
         self.step_stamp = stamp
         self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
-        self._free_stopped_tails()
+        self.free_stopped_tails()
         pending = [op for _, op in sorted(self.ongoing.items())
                    if op.host_slots is not None and not op.decided]
         facts = [self._facts(op) for op in pending]
@@ -320,7 +320,10 @@ class HiCache:
         hit = op.hit_tokens if op.hit_drained else None
         self.stats.decisions[op.rid] = (via, usable, hit)
 
-    def _free_stopped_tails(self) -> None:
+    def free_stopped_tails(self) -> None:
+        """Frees the unfetched host slots of ended prefetches whose IO has stopped; called
+        every step and once more after the IO thread has ended (a read can outlive the
+        scheduler's last step)."""
         keep = []
         for op, slots in self._tails:
             if op.io_done.is_set():
@@ -329,3 +332,7 @@ class HiCache:
             else:
                 keep.append((op, slots))
         self._tails = keep
+
+    def host_slots_unaccounted(self) -> int:
+        """Host slots neither in the tree nor free: 0 after a run, or slots leaked."""
+        return self.host_kv.num_pages - self.host_kv.available - self.tree.total_pages

@@ -118,10 +118,15 @@ def _run_one(rank: int, groups, c: dict, flight_recorder: bool) -> dict:
     populate(system, rank, [p[: c["prefix_tokens"]] for p in ps], c.get("holes", ()))
     reqs = [Request(f"r{i:03d}", p, i * c["gap_s"]) for i, p in enumerate(ps)]
     stats = system.run(reqs if rank == 0 else [])
+    host = system.cache.host_kv
     out = {"rows": stats.request_rows(), "decisions": stats.decisions,
            "crosscheck": system.crosscheck(), "by_site": dict(stats.counter.by_site),
            "steps": stats.step_rows(), "raw_by_group": dict(stats.counter.raw_by_group),
-           "layout": (layout.tp_rank, layout.pp_rank)}
+           "layout": (layout.tp_rank, layout.pp_rank),
+           # Host pool accounting from the outside: free + in the tree must be all of it.
+           "host_pages": host.num_pages, "host_free": host.available,
+           "host_in_tree": system.cache.tree.total_pages,
+           "host_slots_unaccounted": getattr(stats, "host_slots_unaccounted", None)}
     system.close()
     if flight_recorder:
         fr1 = _fr_counts(groups)

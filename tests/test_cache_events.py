@@ -1,6 +1,6 @@
 """The scheduler side of HiCache in one process, with recorded collectives: which
-collectives a poll and a step issue, and how a hit is given host slots under memory
-pressure.
+collectives a poll and a step issue, how a hit is given host slots under memory pressure,
+and the host-slot self-check.
 
 SGLang source these follow (sgl-project/sglang): mem_cache/hiradix_cache.py
 `check_prefetch_progress` (pre-PR-#27010 style: revoke with no MIN while `host_indices` is
@@ -99,3 +99,14 @@ def test_hit_is_revoked_when_what_fits_is_below_the_threshold():
     assert "r0" not in cache.ongoing
     assert cache.stats.decisions["r0"] == ("revoked", 0, 8 * PAGE)
     assert cache.host_kv.available == 3
+
+
+# ---- item 9: the host-slot self-check -------------------------------------------------------
+
+def test_host_slot_self_check_counts_slots_neither_in_tree_nor_free():
+    cache = one_rank_cache(HiCacheConfig(tp=2), RecordingComm())
+    assert cache.host_slots_unaccounted() == 0
+    held = cache.host_kv.alloc(3)
+    assert cache.host_slots_unaccounted() == 3
+    cache.host_kv.free(held)
+    assert cache.host_slots_unaccounted() == 0
