@@ -59,13 +59,14 @@ class PrefetchOp:
     start_time: float  # this rank's clock at enqueue (timeout input in most protocols)
     start_stamp: float  # rank 0's step clock at enqueue (step-clock's timeout input)
     hashes: list[str] = field(default_factory=list)
-    hash_value: list[str] = field(default_factory=list)  # truncated to the agreed hit pages
+    # Truncated to the agreed hit pages, then to the host slots it got (memory pressure).
+    hash_value: list[str] = field(default_factory=list)
     hit_drained: bool = False  # the scheduler took the agreed hit (same step on all ranks)
     host_slots: list[int] | None = None
     completed_tokens: int = 0  # pre27010: this rank's IO progress; else the agreed acks
-    sidecar_started: bool = False
-    sidecar_pages: int = 0  # side-car pages written to host memory
-    pool_transfers_done: bool = False
+    sidecar_started: bool = False  # pre27010: the side-car read (after all KV) began
+    sidecar_pages: int = 0  # pre27010: side-car pages written to host memory
+    pool_transfers_done: bool = False  # extra-pool reads over (pre27010) / acked (others)
     decided: bool = False  # step-level "stop" (step-batched, step-clock)
     frozen_tokens: int = 0  # completed_tokens when the step-level decision was taken
     io_error: str | None = None
