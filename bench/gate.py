@@ -75,8 +75,8 @@ def _count_meaning(site: str, protocol: str, expected: int, observed: int) -> st
     if site == "background":
         more = "more" if observed > expected else "fewer"
         return (f"{protocol}'s hit-query/ack threads issued {more} collectives than the model "
-                "(one MIN per hit query, one per 128-page batch plus the final ack): the "
-                "background agreement changed")
+                "(per hit query and per 128-page batch one MIN over TP, then PP for the ack "
+                "protocols; the final ack is free): the background agreement changed")
     if observed > expected and expected == 0:
         return (f"{protocol} issued a collective in a poll that needs none: a collective was "
                 "added to the hot path")

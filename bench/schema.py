@@ -27,7 +27,7 @@ STEP_COLUMNS = CONFIG_COLUMNS + [
 RANK_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rank", "tp_rank", "pp_rank", "decision", "completion", "pp_hop", "hit_query",
     "ack", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
-    "crosscheck_ok", "cpu_s", "wall_s",
+    "crosscheck_ok", "host_slots_unaccounted", "cpu_s", "wall_s",
 ]
 
 # Serving-regime metrics reported as a ratio to pr27010 with a 95% CI (bench.serving).

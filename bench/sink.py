@@ -1,5 +1,6 @@
 """Rank 0's result sink: turns each cell's gathered per-rank stats into rows, checks that
-ranks agreed and data matched storage, and rewrites the CSVs atomically after every cell
+ranks agreed, data matched storage and every host slot was in the tree or free at the end
+(each rank's self-check), and rewrites the CSVs atomically after every cell
 (a failure later in the run keeps every finished cell on disk).
 """
 
@@ -114,9 +115,15 @@ class ResultSink:
         if not ok:
             self.problems.append(f"rank {p['rank']} counter != torch sequence numbers in "
                                  f"{cell.protocol}/{cell.policy}: {p['crosscheck']}")
+        leaked = p.get("host_slots_unaccounted")
+        if leaked:
+            self.problems.append(f"rank {p['rank']}: {leaked} host slot(s) neither in the tree "
+                                 f"nor free after {cell.protocol}/{cell.policy} repeat "
+                                 f"{cell.repeat}")
         return {**config, "repeat": cell.repeat, "rank": p["rank"], "tp_rank": p["tp_rank"],
                 "pp_rank": p["pp_rank"], **{s: p["by_site"].get(s, 0) for s in SITES},
-                "crosscheck_ok": ok, "cpu_s": p["cpu_s"], "wall_s": p["wall_s"]}
+                "crosscheck_ok": ok, "host_slots_unaccounted": leaked, "cpu_s": p["cpu_s"],
+                "wall_s": p["wall_s"]}
 
     def _write(self) -> None:
         write_csv_atomic(self.dir / "requests.csv", self.requests, REQUEST_COLUMNS)
@@ -150,6 +157,10 @@ class ResultSink:
         if bad_data:
             reasons.append(f"{bad_data} request(s) loaded data that differs from storage")
         reasons += [p for p in self.problems if "sequence numbers" in p][:1]
+        leaks = [p for p in self.problems if "host slot(s)" in p]
+        if leaks:  # a self-check like data errors: slots leaked on some rank
+            more = f" (and {len(leaks) - 1} more)" if len(leaks) > 1 else ""
+            reasons.append(leaks[0] + more)
         return "; ".join(reasons)
 
 

@@ -58,14 +58,16 @@ def config_groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
 def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
     """Per request: the cost model's decision and background (hit query + ack) collectives."""
     hit_pages = (requests["hit_tokens"].fillna(0) // requests["page_size"]).astype(int)
+    extra = (as_bool(requests["extra_pool"]) if "extra_pool" in requests
+             else pd.Series(False, index=requests.index))
     rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
                requests["polls"], hit_pages, as_bool(requests["op_issued"]),
-               as_bool(requests["io_issued"]), requests["terminated_by"] == "poll",
+               as_bool(requests["io_issued"]), requests["terminated_by"] == "poll", extra,
                strict=True)
     decision, background = [], []
-    for proto, policy, tp, pp, polls, pages, op, io, by_poll in rows:
+    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side in rows:
         e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
-                                 bool(op), bool(io), bool(by_poll))
+                                 bool(op), bool(io), bool(by_poll), bool(side))
         decision.append(e.decision)
         background.append(e.hit_query + e.ack)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)

@@ -63,6 +63,7 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
             "crosscheck": system.crosscheck(),
+            "host_slots_unaccounted": stats.host_slots_unaccounted,
             # CPU seconds this rank's threads used while serving (and the wall time):
             # together with the other ranks', how busy the machine's cores were.
             "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0}

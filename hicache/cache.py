@@ -155,26 +155,38 @@ class HiCache:
         any rank (of PP stage 0) still has work."""
         self.step_stamp = stamp
         self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
-        self._free_stopped_tails()
+        self.free_stopped_tails()
         pending = [op for _, op in sorted(self.ongoing.items())
                    if op.host_slots is not None and not op.decided]
         facts = [self._facts(op) for op in pending]
         votes = [self.protocol.step_vote(f) for f in facts]
-        flags = [v for v in votes if v is not None]
-        vec = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize(),
-               -int(busy)] + [-v for v in flags]  # MAX rides in the MIN by negation
-        t = torch.tensor(vec, dtype=torch.int64)
-        self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
-        agreed = t.tolist()
-        for op, f in zip(pending, agreed[3:], strict=False):
+        # Who is busy, and step-batched's timeout flags: a MAX rides in the MIN by negation.
+        head = [-int(busy)] + [-v for v in votes if v is not None]
+        queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
+        head, queues = self._agree_step(head, queues)
+        for op, f in zip(pending, head[1:], strict=False):
             if f == -1:
                 self._decide(op)
         for op, f in zip(pending, facts, strict=True):
             if not op.decided and self.protocol.step_decide(f):
                 self._decide(op)
-        self._drain_hits(agreed[0])
-        self._drain_acks(agreed[1])
-        return agreed[2] == -1
+        self._drain_hits(queues[0])
+        self._drain_acks(queues[1])
+        return head[0] == -1
+
+    def _agree_step(self, head: list[int], queues: list[int]) -> tuple[list[int], list[int]]:
+        """The step's counters, agreed. SGLang (unified_radix_cache check_hicache_events):
+        with PP = 1 one packed MIN; with PP > 1 two `_all_reduce` calls, finished-op counts
+        and then the storage queue sizes, each a TP MIN on stage 0 and the PP hop."""
+        if self.layout.pp == 1:
+            agreed = self._reduce_step(queues + head)
+            return agreed[len(queues):], agreed[: len(queues)]
+        return self._reduce_step(head), self._reduce_step(queues)
+
+    def _reduce_step(self, values: list[int]) -> list[int]:
+        t = torch.tensor(values, dtype=torch.int64)
+        self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
+        return t.tolist()
 
     def _decide(self, op: PrefetchOp) -> None:
         op.decided, op.frozen_tokens = True, op.completed_tokens
@@ -202,15 +214,20 @@ class HiCache:
             if slots is None:
                 self._revoke(op)
                 continue
-            op.host_slots = slots
-            st.io_issued = True
+            op.host_slots, op.hash_value = slots, op.hash_value[: len(slots)]
+            st.hit_tokens, st.io_issued = op.hit_tokens, True  # the hit it will fetch
             self.controller.io_queue.put(op)
 
     def _alloc_host(self, pages: int) -> list[int] | None:
+        """Host slots for the hit; under pressure (after eviction) the longest prefix that
+        fits if it reaches the threshold (unified_radix_cache `_try_alloc_storage_hit`)."""
         slots = self.host_kv.alloc(pages)
         if slots is None:
             self.host_kv.free(self.tree.evict(pages - self.host_kv.available))
             slots = self.host_kv.alloc(pages)
+        fit = min(pages, self.host_kv.available)
+        if slots is None and fit * self.page >= self.cfg.prefetch_threshold:
+            slots = self.host_kv.alloc(fit)
         return slots
 
     def _drain_acks(self, n: int) -> None:
@@ -219,9 +236,12 @@ class HiCache:
             op = ack.op
             if self.ongoing.get(op.rid) is not op:
                 continue  # already terminated by a poll; the ack only paired the IO thread
-            op.completed_tokens = ack.tokens
+            if ack.tokens is not None:
+                op.completed_tokens = ack.tokens
+            if ack.pool_pages is not None:
+                op.pool_transfers_done = True
             if ack.final:
-                self._finalize(op, ack.tokens, "ack")
+                self._finalize(op, op.completed_tokens, "ack")
 
     # ---- the poll ---------------------------------------------------------------------------
 
@@ -234,11 +254,12 @@ class HiCache:
         if not self.protocol.poll(self._facts(op), self.comm, rid):
             return False
         op.terminated.set()  # the IO thread stops at its next batch boundary
-        usable = self._usable_after_poll(op)
         if op.host_slots is None:
-            self._revoke(op, via="poll")  # stopped before its hit was agreed: nothing usable
+            # Stopped before its hit was agreed: no host slots, nothing usable, and no
+            # completion MIN (SGLang revokes it first: hiradix_cache check_prefetch_progress).
+            self._revoke(op, via="poll")
         else:
-            self._finalize(op, usable, "poll")
+            self._finalize(op, self._usable_after_poll(op), "poll")
         return True
 
     def _facts(self, op: PrefetchOp) -> Facts:
@@ -258,8 +279,9 @@ class HiCache:
         if self.protocol.uses_acks:
             return op.frozen_tokens if op.decided else op.completed_tokens
         # pre27010: one MIN over TP of [completed_tokens, *pool_hit_pages] picks the usable
-        # length. Side-car hits count as soon as their read was issued: the bug that
-        # PR #27550's guard works around by not terminating until pool_transfers_done.
+        # length (ops holding host slots only). Side-car hits count as soon as their read
+        # was issued: the bug PR #27550's guard works around by not terminating until
+        # pool_transfers_done.
         vec = [op.completed_tokens]
         if self.host_side is not None:
             side = op.sidecar_pages if op.pool_transfers_done else len(op.hash_value)
@@ -298,7 +320,10 @@ class HiCache:
         hit = op.hit_tokens if op.hit_drained else None
         self.stats.decisions[op.rid] = (via, usable, hit)
 
-    def _free_stopped_tails(self) -> None:
+    def free_stopped_tails(self) -> None:
+        """Frees the unfetched host slots of ended prefetches whose IO has stopped; called
+        every step and once more after the IO thread has ended (a read can outlive the
+        scheduler's last step)."""
         keep = []
         for op, slots in self._tails:
             if op.io_done.is_set():
@@ -307,3 +332,7 @@ class HiCache:
             else:
                 keep.append((op, slots))
         self._tails = keep
+
+    def host_slots_unaccounted(self) -> int:
+        """Host slots neither in the tree nor free: 0 after a run, or slots leaked."""
+        return self.host_kv.num_pages - self.host_kv.available - self.tree.total_pages

@@ -5,9 +5,14 @@ threads never interleave on one group):
 - scheduler thread: `sched` (world, request broadcast), `tp_cpu` (its PP stage's TP ranks:
   decisions, completion MIN, per-step MIN), `pp_cpu` (its TP column: the PP hop), `data`
   (model all-reduce: NCCL on CUDA, gloo otherwise);
-- prefetch thread: `prefetch` (TP, hit-query MIN);
-- ack sync thread: `ack` (TP, completion-ack MIN);
+- prefetch thread: `prefetch` (TP) and `prefetch_pp` (its TP column across the PP stages):
+  the hit-query MIN;
+- ack sync thread: `ack` (TP) and `ack_pp` (TP column): the per-batch ack MINs;
 - consensus thread: `consensus` (world, rank-consensus digests).
+After SGLang PR #27010 a background reduction runs on the TP group, then on the PP group
+(cache_controller.py `_create_sync_groups` / `_all_reduce`), so every rank of the TP x PP
+grid ends with the same global MIN: rank 0 pays T + (1 if PP > 1). pre27010 used the TP
+groups only.
 The default group belongs to the harness (barriers, result gathering) and is not counted.
 At world size 1 there are no groups and every collective is a no-op.
 """
@@ -37,7 +42,10 @@ CALIBRATION = "calibration"  # the harness's latency probe (bench.calibrate); no
 SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
          MODEL_ALLREDUCE, CONSENSUS)
 SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
-GROUP_NAMES = ("sched", "tp_cpu", "pp_cpu", "data", "prefetch", "ack", "consensus")
+GROUP_NAMES = ("sched", "tp_cpu", "pp_cpu", "data", "prefetch", "prefetch_pp", "ack", "ack_pp",
+               "consensus")
+HIT_GROUPS = ("prefetch", "prefetch_pp")  # the prefetch thread's background groups
+ACK_GROUPS = ("ack", "ack_pp")  # the ack sync thread's
 
 
 class CollectiveError(RuntimeError):
@@ -82,12 +90,16 @@ class Groups:
             return
         to = timedelta(seconds=timeout_s)
         world = list(range(layout.world_size))
+        stages = [layout.stage_ranks(s) for s in range(layout.pp)]  # TP groups
+        columns = [layout.column_ranks(t) for t in range(layout.tp)]  # PP groups
         self._make("sched", [world], "gloo", to)
-        self._make("tp_cpu", [layout.stage_ranks(s) for s in range(layout.pp)], "gloo", to)
-        self._make("pp_cpu", [layout.column_ranks(t) for t in range(layout.tp)], "gloo", to)
-        self._make("data", [layout.stage_ranks(s) for s in range(layout.pp)], data_backend, to)
-        self._make("prefetch", [layout.stage_ranks(s) for s in range(layout.pp)], "gloo", to)
-        self._make("ack", [layout.stage_ranks(s) for s in range(layout.pp)], "gloo", to)
+        self._make("tp_cpu", stages, "gloo", to)
+        self._make("pp_cpu", columns, "gloo", to)
+        self._make("data", stages, data_backend, to)
+        self._make("prefetch", stages, "gloo", to)
+        self._make("prefetch_pp", columns, "gloo", to)
+        self._make("ack", stages, "gloo", to)
+        self._make("ack_pp", columns, "gloo", to)
         self._make("consensus", [world], "gloo", to)
 
     def _make(self, name: str, partition: list[list[int]], backend: str, to: timedelta) -> None:
@@ -147,6 +159,14 @@ class Comm:
             return
         self._run(lambda: dist.all_reduce(t, op=op, group=self.groups.pg[group]),
                   site, group, 1, rid)
+
+    def all_reduce_groups(self, t: torch.Tensor, op, groups: tuple[str, ...], site: str,
+                          rid: str | None = None) -> None:
+        """A background thread's reduction (SGLang's controller `_all_reduce`): one
+        all-reduce per group in turn, TP then PP, so every rank of the grid ends with the
+        global result. Each is counted at `site`; one-rank groups are skipped."""
+        for group in groups:
+            self.all_reduce(t, op, group, site, rid)
 
     def reduce_tp_then_pp(self, t: torch.Tensor, op, site: str, rid: str | None = None):
         """SGLang's `_all_reduce`: PP stage 0 reduces over its TP group, later stages take

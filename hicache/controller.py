@@ -1,13 +1,33 @@
 """The cache controller's background threads and the prefetch operation they share.
 
 Threads and the groups they own (see hicache.comm):
-- prefetch thread (group `prefetch`): hashes the pages, asks storage how many leading pages
-  exist, then MIN-all-reduces the hit count so every TP rank agrees;
+- prefetch thread (groups `prefetch` + `prefetch_pp`): hashes the pages, asks storage how
+  many leading pages exist, then MIN-reduces the hit count: over TP, then over PP for the
+  ack protocols (every rank of the grid agrees), over TP only for pre27010;
 - IO thread (no collective): reads the agreed pages in 128-page batches into the host pool,
-  then the side-car pages; publishes progress rank-locally (pre27010) or as acks;
-- ack sync thread (group `ack`, ack protocols only): MIN-all-reduces every ack so
-  completion is identical on all ranks before the scheduler sees it.
+  per page (a batch counts its pages up to the first one storage could not return, and that
+  page ends the reads); publishes progress rank-locally (pre27010) or as acks;
+- ack sync thread (groups `ack` + `ack_pp`, ack protocols only): MIN-reduces every ack that
+  carries a count (per-batch tokens, extra-pool hits), over TP then PP, so completion is
+  identical on every rank before the scheduler sees it. The final ack only says the IO
+  stopped: it is passed on in order, unreduced.
 Any exception in a thread is kept in `error` and re-raised by the scheduler at its next step.
+
+Read order and what a prefetch cut short keeps, by version:
+- ack protocols follow the newest source read (sgl-project/sglang, managers/
+  cache_controller.py `_page_transfer` / `_page_transfer_kv_batch` at 001067ff and
+  mem_cache/hybrid_cache/hybrid_cache_controller.py `_page_transfer_sidecar` /
+  `_reduce_prefetch_ack` at 00343773): a KV-derived side-car (the indexer, same slots as
+  KV) is read with each batch, right after its KV pages, and the batch counts the leading
+  pages both delivered; so every acked page has its side-car, and a prefetch cut short keeps
+  its acked pages. After the batches, one extra-pool ack (reduced) for the pools that are
+  not KV-derived (none here: it carries 0), then the final ack. A short batch stops the
+  reads but does not set the shared `terminated` flag (`all_success = False` there): every
+  batch still acks, and the agreed final ack ends the op on all ranks alike.
+- pre27010 (PR #27550's era, hiradix_cache.py): KV pages first, batch by batch, progress
+  rank-local; a short batch marks the op terminated; the side-car pages only after every
+  KV page, with `pool_transfers_done` set when they are written: the race window the
+  guard of PR #27550 closes.
 """
 
 from __future__ import annotations
@@ -15,16 +35,16 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
-from hicache.comm import ACK, HIT_QUERY, Comm
+from hicache.comm import ACK, ACK_GROUPS, HIT_GROUPS, HIT_QUERY, Comm
 from hicache.cost_model import IO_BATCH_PAGES
 from hicache.hashing import page_hashes
 from hicache.pools import PagePool
-from hicache.storage import Storage, StorageError
+from hicache.storage import Storage
 
 KV, SIDECAR = "kv", "indexer"
 
@@ -39,13 +59,14 @@ class PrefetchOp:
     start_time: float  # this rank's clock at enqueue (timeout input in most protocols)
     start_stamp: float  # rank 0's step clock at enqueue (step-clock's timeout input)
     hashes: list[str] = field(default_factory=list)
-    hash_value: list[str] = field(default_factory=list)  # truncated to the agreed hit pages
+    # Truncated to the agreed hit pages, then to the host slots it got (memory pressure).
+    hash_value: list[str] = field(default_factory=list)
     hit_drained: bool = False  # the scheduler took the agreed hit (same step on all ranks)
     host_slots: list[int] | None = None
     completed_tokens: int = 0  # pre27010: this rank's IO progress; else the agreed acks
-    sidecar_started: bool = False
-    sidecar_pages: int = 0  # side-car pages written to host memory
-    pool_transfers_done: bool = False
+    sidecar_started: bool = False  # pre27010: the side-car read (after all KV) began
+    sidecar_pages: int = 0  # pre27010: side-car pages written to host memory
+    pool_transfers_done: bool = False  # extra-pool reads over (pre27010) / acked (others)
     decided: bool = False  # step-level "stop" (step-batched, step-clock)
     frozen_tokens: int = 0  # completed_tokens when the step-level decision was taken
     io_error: str | None = None
@@ -62,9 +83,12 @@ class PrefetchOp:
 
 @dataclass(frozen=True)
 class Ack:
+    """One PrefetchAck: exactly one of the three roles below."""
+
     op: PrefetchOp
-    tokens: int  # usable tokens so far on this rank (agreed by MIN before use)
-    final: bool
+    tokens: int | None = None  # per batch: cumulative usable tokens (MIN-reduced)
+    pool_pages: int | None = None  # extra-pool hits, not KV-derived (MIN-reduced)
+    final: bool = False  # the op's IO stopped (SGLang's completed_req): not reduced
 
 
 class CacheController:
@@ -72,6 +96,8 @@ class CacheController:
                  host_sidecar: PagePool | None, page_size: int, uses_acks: bool):
         self.comm, self.storage, self.page_size = comm, storage, page_size
         self.host_kv, self.host_sidecar, self.uses_acks = host_kv, host_sidecar, uses_acks
+        # Background groups: TP then PP after PR #27010 (the ack protocols), TP before.
+        self.hit_groups = HIT_GROUPS if uses_acks else HIT_GROUPS[:1]
         self.prefetch_queue: queue.Queue = queue.Queue()
         self.hit_queue: queue.Queue = queue.Queue()  # drained by the scheduler, agreed count
         self.io_queue: queue.Queue = queue.Queue()
@@ -106,9 +132,13 @@ class CacheController:
     def _prefetch_loop(self) -> None:
         while (op := self.prefetch_queue.get()) is not None:
             op.hashes = page_hashes(op.tokens, self.page_size, op.prior_hash)
-            hit = torch.tensor([self._storage_hit(op.hashes)], dtype=torch.int64)
-            # Blocks until every TP rank has queried this op: ops arrive in one order on all.
-            self.comm.all_reduce(hit, dist.ReduceOp.MIN, "prefetch", HIT_QUERY, op.rid)
+            # An op a poll already ended is not queried, but still reduced (its peers are).
+            local = 0 if op.terminated.is_set() else self._storage_hit(op.hashes)
+            hit = torch.tensor([local], dtype=torch.int64)
+            # Blocks until every rank of the groups has queried this op: ops arrive in one
+            # order on all ranks (the request broadcast).
+            self.comm.all_reduce_groups(hit, dist.ReduceOp.MIN, self.hit_groups, HIT_QUERY,
+                                        op.rid)
             op.hash_value = op.hashes[: int(hit.item())]
             self.hit_queue.put(op)
 
@@ -126,69 +156,100 @@ class CacheController:
 
     def _io_loop(self) -> None:
         while (op := self.io_queue.get()) is not None:
-            kv_pages = self._read_kv(op)
-            side_pages = self._read_sidecar(op, kv_pages)
-            usable = kv_pages if self.host_sidecar is None else min(kv_pages, side_pages)
-            op.t_io_done = time.monotonic()
             if self.uses_acks:
-                self.ack_queue.put(Ack(op, usable * self.page_size, final=True))
+                self._transfer_with_acks(op)
+            else:
+                self._transfer_rank_local(op)
             op.io_done.set()
 
-    def _read_kv(self, op: PrefetchOp) -> int:
-        """Reads KV pages batch by batch; returns how many leading pages landed."""
-        done, failed = 0, False
+    def _transfer_with_acks(self, op: PrefetchOp) -> None:
+        """Batches of KV + side-car pages, one ack per batch; the extra-pool ack; the final."""
+        done, reading = 0, True
         for i in range(0, len(op.hash_value), IO_BATCH_PAGES):
-            batch = op.hash_value[i: i + IO_BATCH_PAGES]
-            if not failed and not op.terminated.is_set():
-                failed = not self._read(op, batch, op.host_slots[i: i + len(batch)], self.host_kv)
-                done += 0 if failed else len(batch)
-                if failed and not self.uses_acks:
-                    # SGLang's mark_terminate on a failed batch: the poll's MAX sees it, so
-                    # wait_complete does not wait forever for pages that will never land.
-                    op.terminated.set()
-            if self.uses_acks:
-                # One ack per batch on every rank, even for skipped batches, so the ack sync
-                # thread pairs the same acks on all ranks. Side-car pages are not there yet.
-                tokens = done * self.page_size if self.host_sidecar is None else 0
-                self.ack_queue.put(Ack(op, tokens, final=False))
-            elif not failed:
-                op.completed_tokens = done * self.page_size  # rank-local progress (pre27010)
-        return done
+            n = len(op.hash_value[i: i + IO_BATCH_PAGES])
+            reading = reading and not op.terminated.is_set()
+            if reading:
+                got = self._read_batch(op, i, n)
+                done += got
+                reading = got == n  # a page storage could not return ends the reads
+            # One ack per batch on every rank, read or not, so the ack sync thread pairs
+            # the same acks on all ranks.
+            self.ack_queue.put(Ack(op, tokens=done * self.page_size))
+        if self.host_sidecar is not None:
+            # Pools not derived from KV would be read here, only if every KV page landed;
+            # this model has none, but their (reduced) ack is emitted all the same.
+            self.ack_queue.put(Ack(op, pool_pages=0))
+        op.t_io_done = time.monotonic()
+        self.ack_queue.put(Ack(op, final=True))
 
-    def _read_sidecar(self, op: PrefetchOp, kv_pages: int) -> int:
+    def _read_batch(self, op: PrefetchOp, i: int, n: int) -> int:
+        """KV pages of one batch, then the side-car pages of those that landed; returns the
+        leading pages both delivered (SGLang: min over the KV and KV-derived pools)."""
+        kv = self._read(op, i, n, self.host_kv)
+        if self.host_sidecar is None or kv == 0:
+            return kv
+        return min(kv, self._read(op, i, kv, self.host_sidecar))
+
+    def _transfer_rank_local(self, op: PrefetchOp) -> None:
+        """pre27010: KV batch by batch with rank-local progress, then the side-car pages."""
+        done = 0
+        for i in range(0, len(op.hash_value), IO_BATCH_PAGES):
+            if op.terminated.is_set():
+                break
+            n = len(op.hash_value[i: i + IO_BATCH_PAGES])
+            got = self._read(op, i, n, self.host_kv)
+            done += got
+            op.completed_tokens = done * self.page_size  # only after the pages landed
+            if got < n:
+                # SGLang's mark_terminate on a short batch: the poll's MAX sees it, so
+                # wait_complete does not wait forever for pages that will never land.
+                op.terminated.set()
+                break
+        self._read_sidecar(op, done)
+        op.t_io_done = time.monotonic()
+
+    def _read_sidecar(self, op: PrefetchOp, kv_pages: int) -> None:
         if self.host_sidecar is None:
             op.pool_transfers_done = True
-            return 0
+            return
         done = 0
         op.sidecar_started = True
         for i in range(0, kv_pages, IO_BATCH_PAGES):
             if op.terminated.is_set():
                 break
-            batch = op.hash_value[i: min(kv_pages, i + IO_BATCH_PAGES)]
-            if not self._read(op, batch, op.host_slots[i: i + len(batch)], self.host_sidecar):
+            n = min(kv_pages, i + IO_BATCH_PAGES) - i
+            got = self._read(op, i, n, self.host_sidecar)
+            done += got
+            if got < n:
                 break
-            done += len(batch)
         op.sidecar_pages = done
         # Only now has the side-car read stopped writing host memory (PR #27550).
         op.pool_transfers_done = True
-        return done
 
-    def _read(self, op: PrefetchOp, hashes: list[str], slots: list[int], pool: PagePool) -> bool:
-        staging = torch.empty((len(hashes), pool.page_elems), dtype=pool.data.dtype)
-        try:
-            self.storage.batch_get(hashes, pool.name, staging)
-        except StorageError as e:
-            op.io_error = str(e)
-            return False
-        index = torch.tensor(slots, dtype=torch.int64, device=pool.data.device)
-        pool.data.index_copy_(0, index, staging.to(pool.data.device))
-        return True
+    def _read(self, op: PrefetchOp, i: int, n: int, pool: PagePool) -> int:
+        """Reads pages i..i+n of the op into their host slots; returns how many leading
+        pages landed (the rest of the batch is not written)."""
+        staging = torch.empty((n, pool.page_elems), dtype=pool.data.dtype)
+        got = self.storage.batch_get(op.hash_value[i: i + n], pool.name, staging)
+        if got.error is not None:
+            op.io_error = got.error
+        if got.pages:
+            index = torch.tensor(op.host_slots[i: i + got.pages], dtype=torch.int64,
+                                 device=pool.data.device)
+            pool.data.index_copy_(0, index, staging[: got.pages].to(pool.data.device))
+        return got.pages
 
     # ---- ack sync thread --------------------------------------------------------------------
 
     def _ack_loop(self) -> None:
         while (ack := self.ack_queue.get()) is not None:
-            t = torch.tensor([ack.tokens], dtype=torch.int64)
-            # Every rank emits the same acks in the same order, so MIN pairs them up.
-            self.comm.all_reduce(t, dist.ReduceOp.MIN, "ack", ACK, ack.op.rid)
-            self.synced_acks.put(Ack(ack.op, int(t.item()), ack.final))
+            self.synced_acks.put(ack if ack.final else self._reduce(ack))
+
+    def _reduce(self, ack: Ack) -> Ack:
+        count = ack.tokens if ack.tokens is not None else ack.pool_pages
+        t = torch.tensor([count], dtype=torch.int64)
+        # Every rank emits the same acks in the same order, so MIN pairs them up.
+        self.comm.all_reduce_groups(t, dist.ReduceOp.MIN, ACK_GROUPS, ACK, ack.op.rid)
+        if ack.tokens is not None:
+            return replace(ack, tokens=int(t.item()))
+        return replace(ack, pool_pages=int(t.item()))

@@ -1,8 +1,15 @@
-"""Analytic collective counts of SPEC section 4, per poll and per request.
+"""Analytic collective counts of SPEC section 4 (with its corrections), per poll and per
+request.
 
 The tests and the CI gate compare what a run measured against these numbers, computed from
 the run's own polls and layout. Counts are those issued by global rank 0 (PP stage 0,
 TP rank 0): a PP hop costs rank 0 one point-to-point send.
+
+Background reductions (hit-query MIN, per-batch ack MINs) run on the background threads'
+own groups: for the ack protocols over TP and then PP, T + (1 if PP > 1) each; for
+pre27010 over TP only. The final "request complete" ack carries nothing and costs nothing.
+Per step (not per request): one packed MIN with PP = 1, two `_all_reduce` calls (TP MIN on
+stage 0 and the PP hop each) with PP > 1.
 """
 
 from __future__ import annotations
@@ -35,6 +42,12 @@ def pp_cost(pp: int) -> int:
     return 1 if pp > 1 else 0
 
 
+def background_cost(protocol: str, tp: int, pp: int) -> int:
+    """Collectives one background reduction (hit query, per-batch ack) costs rank 0."""
+    t = tp_cost(tp)
+    return t + pp_cost(pp) if protocol in ACK_PROTOCOLS else t
+
+
 def decision_per_poll(protocol: str, policy: str, tp: int, pp: int) -> tuple[int, int]:
     """(TP all-reduces, PP hops) that one poll of a pending prefetch costs rank 0."""
     t, p = tp_cost(tp), pp_cost(pp)
@@ -59,23 +72,30 @@ def expected_per_request(
     op_issued: bool,
     io_issued: bool,
     ended_by_poll: bool | None = None,
+    extra_pool: bool = False,
 ) -> Expected:
     """Collectives rank 0 issues for one request.
 
     polls: calls of check_prefetch_progress that found the prefetch still ongoing.
-    hit_pages: pages all ranks agreed storage holds (0 when no prefetch was issued).
+    hit_pages: pages the prefetch fetches: the hit all ranks agreed storage holds, cut to
+    the host slots it got under memory pressure (0 when no prefetch was issued).
     op_issued: a PrefetchOperation was created, so the prefetch thread ran its hit query.
     io_issued: the prefetch got host slots and went to the IO thread (not revoked).
     ended_by_poll: a poll terminated the prefetch (terminated_by == "poll"); when unknown,
     any poll is taken to have ended it.
+    extra_pool: side-car pages ride along; the ack protocols then reduce one extra-pool
+    ack after the batches.
     """
     t = tp_cost(tp)
     ar, hop = decision_per_poll(protocol, policy, tp, pp)
-    # pre27010 agrees on the usable length with one MIN when a poll terminates the prefetch.
+    # pre27010 agrees on the usable length with one MIN when a poll terminates a prefetch
+    # holding host slots; one stopped before its hit was agreed is revoked with none.
     by_poll = polls > 0 if ended_by_poll is None else ended_by_poll
-    completion = t if protocol == "pre27010" and by_poll else 0
+    completion = t if protocol == "pre27010" and by_poll and io_issued else 0
+    bg = background_cost(protocol, tp, pp)
     acks = 0
     if protocol in ACK_PROTOCOLS and io_issued:
-        acks = t * (-(-hit_pages // IO_BATCH_PAGES) + 1)  # one per batch plus the final one
-    hit_query = t if op_issued else 0
+        # One per 128-page batch, plus the extra-pool ack; the final ack is free.
+        acks = bg * (-(-hit_pages // IO_BATCH_PAGES) + int(extra_pool))
+    hit_query = bg if op_issued else 0
     return Expected(polls * ar, completion, polls * hop, hit_query, acks)

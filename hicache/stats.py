@@ -65,6 +65,9 @@ class Stats:
     steps: list[StepStats] = field(default_factory=list)
     # rid -> (how it ended, usable tokens, agreed hit tokens): compared across ranks.
     decisions: dict[str, tuple] = field(default_factory=dict)
+    # Self-check after the run: host slots neither in the radix tree nor free (0 = every
+    # slot accounted for; more = leaked). None until the run has shut down.
+    host_slots_unaccounted: int | None = None
 
     def request_rows(self) -> list[dict]:
         rows = []

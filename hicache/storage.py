@@ -6,6 +6,10 @@ slowdown (jitter), deterministic per-TP-rank misses, random read failures, a sta
 and slow side-car pages. Stored content is always `page_content(hash, rank, pool)`, so
 every read can be verified with `pools.verify_pages`.
 
+Reads are per page, as SGLang's storage backends report them (`batch_get_v1` returns one
+result per page, and the controller counts pages up to the first failure): `batch_get`
+delivers the leading pages it can and says how many (`ReadResult`).
+
 Threads: the prefetch thread calls `batch_exists`, the IO thread `batch_get`; the RNG they
 share is guarded by a lock.
 """
@@ -31,7 +35,16 @@ _SLEEP_MIN_S = 0.0005  # below this a sleep costs more than it models: fold it i
 
 
 class StorageError(RuntimeError):
-    """A storage read failed (injected failure, missing page or shape mismatch)."""
+    """A read was asked for with a destination of the wrong shape (a caller bug)."""
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What one batch read delivered: out[:pages] hold hashes[:pages]; `error` says why
+    page `pages` did not come (None when every page did)."""
+
+    pages: int
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,7 @@ class StorageSpec:
     exists_latency_ms: float = 0.2  # per batch_exists call
     jitter: float = 0.0  # per-rank slowdown spread, and lognormal sigma = jitter / 2
     miss_prob: float = 0.0  # per page, per TP rank, deterministic
-    fail_rate: float = 0.0  # probability that a batch_get raises StorageError
+    fail_rate: float = 0.0  # probability that a batch read fails, at a random page of it
     stall_ms: float = 0.0  # extra sleep on every batch read
     sidecar_page_ms: float = 0.0  # extra sleep per page of a non-"kv" pool
     root: str | None = None  # directory for kind="file"
@@ -89,26 +102,30 @@ class Storage(ABC):
         kept = next((i for i, h in enumerate(hashes) if self._missing(h)), len(hashes))
         return self._leading_present(hashes[:kept])
 
-    def batch_get(self, hashes: list[str], pool: str, out: torch.Tensor) -> None:
-        """Read pages into out[i] for hashes[i], one row at a time, paced by the model.
+    def batch_get(self, hashes: list[str], pool: str, out: torch.Tensor) -> ReadResult:
+        """Read pages into out[i] for hashes[i], one row at a time, paced by the model, up to
+        the first page that cannot be returned (missing, short, or an injected failure).
 
         Rows land in order while the read is "in flight", so a concurrent reader of `out` can
-        see a half-written batch. Failures are raised before any row is written.
+        see a half-written batch. Rows past the first failed page are never written.
         """
         n = len(hashes)
         if out.dim() != 2 or out.shape[0] != n:
             raise StorageError(f"out must have shape [{n}, page_elems], got {tuple(out.shape)}")
         if n == 0:
-            return
-        failed, noise = self._draw()
+            return ReadResult(0)
+        fail_at, noise = self._draw(n)
         head_s, row_s = self._read_times(n, out.shape[1], pool, noise)
-        if failed:
-            _sleep(head_s)  # a failed read still costs its round trip
-            raise StorageError(f"injected read failure on rank {self.rank} ({pool}, {n} pages)")
-        if any(self._missing(h) for h in hashes) or self._leading_present(hashes) < n:
-            raise StorageError(f"rank {self.rank}: some of {n} pages are not in storage")
-        rows = self._load(hashes, pool, out.shape[1]).to(out.device)
-        self._paced_copy(rows, out, head_s, row_s)
+        # The miss rule goes first: a "missing" page is absent whatever the backend holds.
+        kept = next((i for i, h in enumerate(hashes) if self._missing(h)), n)
+        rows = self._load(hashes[: min(kept, fail_at)], pool, out.shape[1]).to(out.device)
+        self._paced_copy(rows, out, head_s, row_s)  # a failed read still costs its round trip
+        got = rows.shape[0]
+        if got == n:
+            return ReadResult(n)
+        why = (f"injected read failure at page {got} of {n}" if got == fail_at
+               else f"page {got} of {n} is not in storage")
+        return ReadResult(got, f"rank {self.rank} ({pool}): {why}")
 
     def put(self, hashes: list[str], pool: str, page_elems: int) -> None:
         """Store pages with content page_content(hash, self.rank, pool); costs no model time."""
@@ -127,7 +144,8 @@ class Storage(ABC):
 
     @abstractmethod
     def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
-        """Stored content of present pages as a CPU float32 tensor [len(hashes), page_elems]."""
+        """Stored content of the leading pages stored for `pool` with `page_elems` values, as
+        a CPU float32 tensor [k, page_elems]; stops at the first page that is not."""
 
     @abstractmethod
     def _store(self, hashes: list[str], pool: str, rows: torch.Tensor) -> None:
@@ -144,13 +162,15 @@ class Storage(ABC):
         u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2**64
         return u < p
 
-    def _draw(self) -> tuple[bool, float]:
-        """(fail this batch?, lognormal noise factor) from the per-rank seeded RNG."""
+    def _draw(self, n: int) -> tuple[int, float]:
+        """(page at which this n-page read fails, n when it does not; lognormal noise
+        factor) from the per-rank seeded RNG."""
         spec = self.spec
         with self._rng_lock:
             failed = spec.fail_rate > 0 and self._rng.random() < spec.fail_rate
+            fail_at = self._rng.randrange(n) if failed else n
             noise = self._rng.lognormvariate(0.0, spec.jitter / 2) if spec.jitter > 0 else 1.0
-        return failed, noise
+        return fail_at, noise
 
     def _read_times(self, n: int, page_elems: int, pool: str, noise: float) -> tuple[float, float]:
         """(seconds before the first row, seconds per row) of one batch read."""
@@ -166,6 +186,7 @@ class Storage(ABC):
 
     @staticmethod
     def _paced_copy(rows: torch.Tensor, out: torch.Tensor, head_s: float, row_s: float) -> None:
+        """Writes rows into out[:len(rows)] at the model's pace (head latency, then per row)."""
         # Pace against deadlines, not per-row sleeps: the total time stays right even when a
         # row's share is far below what one time.sleep call costs.
         start = time.perf_counter()
@@ -197,9 +218,8 @@ class SimStorage(Storage):
 
     def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
         stored = self._pages.get(pool, {})
-        if any(stored.get(h) != page_elems for h in hashes):
-            raise StorageError(f"pages of {pool!r} absent or not {page_elems} elems wide")
-        return expected_rows(hashes, self.rank, pool, page_elems)
+        k = next((i for i, h in enumerate(hashes) if stored.get(h) != page_elems), len(hashes))
+        return expected_rows(hashes[:k], self.rank, pool, page_elems)
 
     def _store(self, hashes: list[str], pool: str, rows: torch.Tensor) -> None:
         table = self._pages.setdefault(pool, {})
@@ -236,10 +256,10 @@ class FileStorage(Storage):
         for i, h in enumerate(hashes):
             try:
                 row = np.fromfile(self._path(pool, h), dtype=np.float32)
-            except OSError as e:
-                raise StorageError(f"rank {self.rank}: cannot read page {h} of {pool!r}") from e
+            except OSError:
+                return torch.from_numpy(out[:i])  # absent (or unreadable): stop here
             if row.size != page_elems:
-                raise StorageError(f"page {h} of {pool!r} has {row.size} elems, not {page_elems}")
+                return torch.from_numpy(out[:i])  # a short page is not returned
             out[i] = row
         return torch.from_numpy(out)
 

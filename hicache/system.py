@@ -96,6 +96,10 @@ class System:
         if self.consensus is not None:
             self.consensus.stop(grace_s)
         self.cache.controller.stop(grace_s)
+        # A read can outlive the last step (a timeout cut its prefetch short): its tail
+        # slots are freed now that the IO thread has ended; then the self-check.
+        self.cache.free_stopped_tails()
+        self.stats.host_slots_unaccounted = self.cache.host_slots_unaccounted()
         if self.consensus is not None and self.consensus.error is not None:
             raise self.consensus.error
         error = self.cache.controller.error

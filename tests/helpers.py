@@ -7,6 +7,8 @@ import torch
 from bench.launch import launch
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
+from hicache.controller import KV, SIDECAR
+from hicache.hashing import page_hashes
 from hicache.scheduler import Request
 from hicache.storage import StorageSpec
 from hicache.system import System, setup_distributed
@@ -60,10 +62,36 @@ FR_BUFFER = "20000"  # flight-recorder ring size: larger than any one launch's c
 
 
 def case(cfg_kw: dict, storage_kw: dict | None = None, n: int = 6, prefix_tokens: int = 512,
-         new_tokens: int = 64, gap_s: float = 0.01) -> dict:
-    """One configuration and its scripted workload, for `run_cases`."""
+         new_tokens: int = 64, gap_s: float = 0.01, holes: tuple = ()) -> dict:
+    """One configuration and its scripted workload, for `run_cases`. `holes`: (rank,
+    request index, page index, pool) of pages that rank's storage lacks (see populate)."""
     return {"cfg_kw": {"collective_timeout_s": 30.0, **cfg_kw}, "storage_kw": storage_kw or {},
-            "n": n, "prefix_tokens": prefix_tokens, "new_tokens": new_tokens, "gap_s": gap_s}
+            "n": n, "prefix_tokens": prefix_tokens, "new_tokens": new_tokens, "gap_s": gap_s,
+            "holes": tuple(holes)}
+
+
+def populate(system: System, rank: int, prefixes: list[list[int]], holes=()) -> None:
+    """Every full page of every prefix into this rank's storage, KV and (when configured)
+    side-car, except the holes of this rank. A page missing from every configured pool is
+    stored under the other pool's name, so the hit query (any pool) still counts it and
+    only the read finds it missing: a page lost after the hit query."""
+    if not any(r == rank for r, *_ in holes):
+        system.populate(prefixes)
+        return
+    cfg = system.cfg
+    pools = {KV: cfg.kv_page_elems}
+    if cfg.extra_pool:
+        pools[SIDECAR] = cfg.sidecar_page_elems
+    other = {KV: SIDECAR, SIDECAR: KV}
+    for i, prefix in enumerate(prefixes):
+        for j, h in enumerate(page_hashes(prefix, cfg.page_size)):
+            lacks = {pool for r, q, p, pool in holes if (r, q, p) == (rank, i, j)}
+            for pool, elems in pools.items():
+                if pool not in lacks:
+                    system.storage.put([h], pool, elems)
+            if lacks >= set(pools):
+                pool = other[next(iter(lacks))]
+                system.storage.put([h], pool, pools.get(pool, cfg.kv_page_elems))
 
 
 def _fr_counts(groups) -> dict[str, int]:
@@ -87,13 +115,18 @@ def _run_one(rank: int, groups, c: dict, flight_recorder: bool) -> dict:
     fr0 = _fr_counts(groups) if flight_recorder else {}
     system = System(cfg, layout, groups, torch.device("cpu"))
     ps = prompts(c["n"], c["prefix_tokens"], c["new_tokens"])
-    system.populate([p[: c["prefix_tokens"]] for p in ps])
+    populate(system, rank, [p[: c["prefix_tokens"]] for p in ps], c.get("holes", ()))
     reqs = [Request(f"r{i:03d}", p, i * c["gap_s"]) for i, p in enumerate(ps)]
     stats = system.run(reqs if rank == 0 else [])
+    host = system.cache.host_kv
     out = {"rows": stats.request_rows(), "decisions": stats.decisions,
            "crosscheck": system.crosscheck(), "by_site": dict(stats.counter.by_site),
            "steps": stats.step_rows(), "raw_by_group": dict(stats.counter.raw_by_group),
-           "layout": (layout.tp_rank, layout.pp_rank)}
+           "layout": (layout.tp_rank, layout.pp_rank),
+           # Host pool accounting from the outside: free + in the tree must be all of it.
+           "host_pages": host.num_pages, "host_free": host.available,
+           "host_in_tree": system.cache.tree.total_pages,
+           "host_slots_unaccounted": getattr(stats, "host_slots_unaccounted", None)}
     system.close()
     if flight_recorder:
         fr1 = _fr_counts(groups)

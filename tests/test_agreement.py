@@ -128,3 +128,40 @@ def test_tp2pp2_pre27010_stages_disagree(tp2pp2):
     # difference is the PP hazard, not a fluke of the clocks: stage 1 timed out with less.
     assert any(stage1[0].get(rid) is None or stage1[0][rid][1] < stage0[0][rid][1]
                for rid in differ)
+
+
+# ---- TP2 x PP2: failing storage reads -------------------------------------------------------
+
+# Reads fail with probability 0.2 per batch, independently on every rank, at a random page of
+# the batch: 16-token pages and a 4096-token prefix make two batches per request. Each rank
+# cuts its own prefixes short; the hit-query and ack MINs over TP and then PP make every
+# rank of every stage keep the same count (pre27010 has no such agreement across stages).
+FAILING = {"fail_rate": 0.2, "latency_ms": 5.0, "seed": 1}
+FAIL_VARIANTS = [(p, q) for p in PROTOCOLS if p != "pre27010" for q in POLICIES]
+
+
+@pytest.fixture(scope="module")
+def tp2pp2_failing():
+    cases = [case({"protocol": p, "policy": q, "tp": 2, "pp": 2, "page_size": 16}, FAILING,
+                  n=8, prefix_tokens=4096, gap_s=0.02) for p, q in FAIL_VARIANTS]
+    return dict(zip(FAIL_VARIANTS, run_cases(4, cases, timeout_s=200), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("variant", FAIL_VARIANTS, ids=_ids(FAIL_VARIANTS))
+def test_tp2pp2_failing_reads_ranks_agree(tp2pp2_failing, variant):
+    _assert_agree(tp2pp2_failing[variant], f"{variant} at TP2xPP2 with failing reads")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_tp2pp2_failing_reads_scenario_is_contested(tp2pp2_failing):
+    """Not a vacuous agreement: reads failed on some ranks and not on others, and cut
+    prefixes short on all of them."""
+    for proto in (p for p in PROTOCOLS if p != "pre27010"):
+        per_rank = tp2pp2_failing[(proto, "wait_complete")]
+        failed = [{r["rid"] for r in res["rows"] if r["io_error"]} for res in per_rank]
+        assert any(failed) and len({frozenset(f) for f in failed}) > 1, failed
+        short = [r for r in per_rank[0]["rows"] if r["prefetched_tokens"] < r["hit_tokens"]]
+        assert short, proto

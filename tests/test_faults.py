@@ -136,6 +136,20 @@ def test_stalling_storage_is_cut_short_by_the_timeout_policy(storage_faults, pro
     assert storage_faults["wall_s"] < 60
 
 
+@pytest.mark.dist
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("key", [("fail", p, q) for p, q in FAIL_CASES]
+                         + [("stall", p) for p in STALL_CASES], ids=str)
+def test_every_host_slot_is_in_the_tree_or_free_after_the_run(storage_faults, key):
+    """A timeout cuts prefetches whose reads outlive the last scheduler step (the stalling
+    tier): their tail slots are freed once the IO stops, at the latest at shutdown, and
+    the run's own self-check says so."""
+    for rank, res in enumerate(storage_faults[key]):
+        leaked = res["host_pages"] - res["host_free"] - res["host_in_tree"]
+        assert leaked == 0, f"rank {rank}: {leaked} host slot(s) neither in the tree nor free"
+        assert res["host_slots_unaccounted"] == 0, f"rank {rank}: self-check missing or wrong"
+
+
 # ---- a rank dies or hangs: reported, fast -------------------------------------------------
 
 def _args(cfg_kw: dict, n: int, gap_s: float) -> tuple:

@@ -279,14 +279,16 @@ def test_decision_per_poll_spec_table(proto, policy):
 @pytest.mark.parametrize(("k", "hit_pages"), [(0, 8), (1, 8), (5, 8), (3, 300)])
 def test_expected_per_request_spec(k, hit_pages):
     """Per request at TP2 x PP2: SPEC section 4's formulas, with hit query and acks."""
-    batches_plus_final = -(-hit_pages // 128) + 1
+    batches = -(-hit_pages // 128)
     e = expected_per_request("pre27010", "wait_complete", 2, 2, k, hit_pages, True, True)
-    assert (e.decision, e.completion, e.pp_hops, e.ack) == (k, int(k > 0), 0, 0)  # k*T + T
+    assert (e.decision, e.completion, e.pp_hops, e.hit_query, e.ack) == (
+        k, int(k > 0), 0, 1, 0)  # k*T + T; background groups TP only
     e = expected_per_request("pre27010", "best_effort", 2, 2, min(k, 1), hit_pages, True, False)
-    assert e.decision == 0 and e.completion <= 1  # best_effort <= T
+    assert e.decision == 0 and e.completion == 0  # best_effort: no slots, no MIN
     e = expected_per_request("pr27010", "wait_complete", 2, 2, k, hit_pages, True, True)
+    # Hit query and every per-batch ack: T + P (TP group, then PP group); the final ack 0.
     assert (e.decision, e.pp_hops, e.completion, e.hit_query, e.ack) == (
-        k, k, 0, 1, batches_plus_final)
+        k, k, 0, 2, 2 * batches)
     for policy in ("best_effort", "wait_complete"):
         e = expected_per_request("pr36425", policy, 2, 2, k, hit_pages, True, True)
         assert (e.decision, e.pp_hops) == (0, 0)
@@ -307,3 +309,42 @@ def test_pre27010_completion_only_when_a_poll_ended_the_prefetch():
     ended = expected_per_request("pre27010", "wait_complete", 2, 1, 2, 3, True, True,
                                  ended_by_poll=True)
     assert (ended.decision, ended.completion) == (2, 1)
+
+
+def test_pre27010_poll_before_host_slots_pays_no_completion_min():
+    """A poll that ends a prefetch whose host slots were never allocated revokes it: the
+    completion MIN runs only for ops holding host slots (SGLang hiradix_cache.py)."""
+    e = expected_per_request("pre27010", "timeout", 2, 1, 3, 8, True, False,
+                             ended_by_poll=True)
+    assert (e.decision, e.completion) == (3, 0)
+    e = expected_per_request("pre27010", "best_effort", 2, 1, 1, 0, True, False,
+                             ended_by_poll=True)
+    assert e.completion == 0
+
+
+@pytest.mark.parametrize("proto", ["pr27010", "pr36425", "step-batched", "step-clock"])
+@pytest.mark.parametrize(("tp", "pp", "per"), [(2, 1, 1), (2, 2, 2), (1, 2, 1), (1, 1, 0),
+                                                (4, 2, 2)])
+def test_background_reductions_over_tp_then_pp(proto, tp, pp, per):
+    """Ack protocols: hit query and each per-batch ack cost rank 0 T + (1 if PP > 1)."""
+    for hit_pages, batches in ((8, 1), (128, 1), (300, 3)):
+        e = expected_per_request(proto, "wait_complete", tp, pp, 2, hit_pages, True, True)
+        assert (e.hit_query, e.ack) == (per, per * batches)  # no final ack
+    e = expected_per_request(proto, "wait_complete", tp, pp, 1, 0, True, False)
+    assert (e.hit_query, e.ack) == (per, 0)  # revoked: a hit query, no IO, no acks
+
+
+def test_pre27010_background_reductions_are_tp_only():
+    e = expected_per_request("pre27010", "wait_complete", 2, 2, 2, 300, True, True)
+    assert (e.hit_query, e.ack) == (1, 0)
+
+
+@pytest.mark.parametrize(("tp", "pp", "per"), [(2, 1, 1), (2, 2, 2)])
+def test_extra_pool_adds_one_reduced_pool_ack(tp, pp, per):
+    """hybrid_cache_controller: after the KV batches, one extra-pool ack (MIN-reduced)."""
+    e = expected_per_request("pr36425", "wait_complete", tp, pp, 2, 300, True, True,
+                             extra_pool=True)
+    assert e.ack == per * (3 + 1)
+    e = expected_per_request("pre27010", "wait_complete", tp, pp, 2, 300, True, True,
+                             extra_pool=True)
+    assert e.ack == 0

@@ -29,17 +29,17 @@ def req(protocol, policy, repeat, rid, ttft, polls, decision, hit_tokens, ack, *
 
 
 def requests_frame():
-    # Acks at TP2: one per 128-page batch plus the final one: 10 pages -> 2, 200 pages -> 3.
+    # Acks at TP2: one per 128-page batch (the final ack is free): 10 pages -> 1, 200 -> 2.
     rows = [
-        req("pr27010", "wait_complete", 0, "a", 100, 3, 3, 640, 2),
+        req("pr27010", "wait_complete", 0, "a", 100, 3, 3, 640, 1),
         req("pr27010", "wait_complete", 0, "b", 50, 0, 0, 0, 0),
-        req("pr27010", "wait_complete", 1, "a", 120, 2, 2, 640, 2),
-        req("pr27010", "wait_complete", 1, "b", 80, 1, 1, 12800, 3),
-        req("pr36425", "wait_complete", 0, "a", 90, 3, 0, 640, 2),
+        req("pr27010", "wait_complete", 1, "a", 120, 2, 2, 640, 1),
+        req("pr27010", "wait_complete", 1, "b", 80, 1, 1, 12800, 2),
+        req("pr36425", "wait_complete", 0, "a", 90, 3, 0, 640, 1),
         req("pr36425", "wait_complete", 0, "b", 40, 0, 0, 0, 0),
-        req("pr36425", "wait_complete", 1, "a", 100, 2, 0, 640, 2, data_ok=False),
-        req("pr36425", "wait_complete", 1, "b", 60, 1, 0, 12800, 3),
-        req("pr36425", "timeout", 0, "a", 70, 2, 2, 640, 2, ranks_agree=False),
+        req("pr36425", "wait_complete", 1, "a", 100, 2, 0, 640, 1, data_ok=False),
+        req("pr36425", "wait_complete", 1, "b", 60, 1, 0, 12800, 2),
+        req("pr36425", "timeout", 0, "a", 70, 2, 2, 640, 1, ranks_agree=False),
     ]
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
@@ -78,8 +78,8 @@ def test_reference_counts(summary):
     assert r.decision_collectives_per_poll == 1.0  # 6 / 6: T + P = 1 per poll at TP2 PP1
     assert r.expected_decision_collectives_per_req == 1.5
     assert r.critical_collectives_per_req == 1.5
-    assert r.background_collectives_per_req == 2.5  # (3 + 0 + 3 + 4) / 4
-    assert r.expected_background_collectives_per_req == 2.5
+    assert r.background_collectives_per_req == 1.75  # (2 + 0 + 2 + 3) / 4
+    assert r.expected_background_collectives_per_req == 1.75
 
 
 def test_after_counts(summary):
@@ -87,7 +87,7 @@ def test_after_counts(summary):
     assert r.decision_collectives_per_req == 0
     assert r.decision_collectives_per_poll == 0.0
     assert r.expected_decision_collectives_per_req == 0
-    assert r.background_collectives_per_req == r.expected_background_collectives_per_req == 2.5
+    assert r.background_collectives_per_req == r.expected_background_collectives_per_req == 1.75
 
 
 def test_step_columns(summary):
@@ -142,7 +142,7 @@ def test_correctness_columns(summary):
 def test_expected_counts_per_request():
     exp = expected_counts(requests_frame())
     assert exp["decision"].tolist() == [3, 0, 2, 1, 0, 0, 0, 0, 2]
-    assert exp["background"].tolist() == [3, 0, 3, 4, 3, 0, 3, 4, 3]
+    assert exp["background"].tolist() == [2, 0, 2, 3, 2, 0, 2, 3, 2]
 
 
 def test_csv_round_trip_gives_the_same_summary(tmp_path, summary):

@@ -1,0 +1,42 @@
+"""Rank 0's result sink: every rank's host-slot self-check lands in ranks.csv, and a rank
+with host slots neither in the tree nor free fails the run, named (like data errors)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from bench.plan import RunPlan
+from bench.schema import RANK_COLUMNS
+from bench.sink import ResultSink
+from hicache.stats import RequestStats
+
+
+def _payload(rank: int, unaccounted: int) -> dict:
+    row = asdict(RequestStats("r000", 0.0, enqueued=0.0, ready=0.001, scheduled=0.002,
+                              first_token=0.01))
+    row["sync_s"] = 0.0
+    return {"rank": rank, "tp_rank": rank, "pp_rank": 0, "requests": [row], "steps": [],
+            "decisions": {"r000": ("none", 0, None)}, "by_site": {}, "crosscheck": {},
+            "host_slots_unaccounted": unaccounted}
+
+
+def _sink(tmp_path, unaccounted: list[int]) -> ResultSink:
+    plan = RunPlan(protocols=("pr36425",), policies=("timeout",), repeats=1,
+                   out_dir=str(tmp_path))
+    sink = ResultSink(plan)
+    sink.add(plan.cells()[0], [_payload(r, n) for r, n in enumerate(unaccounted)])
+    return sink
+
+
+def test_host_slot_self_check_is_a_ranks_column(tmp_path):
+    assert "host_slots_unaccounted" in RANK_COLUMNS
+    sink = _sink(tmp_path, [0, 3])
+    assert [r["host_slots_unaccounted"] for r in sink.ranks] == [0, 3]
+    assert "host_slots_unaccounted" in (tmp_path / "ranks.csv").read_text().splitlines()[0]
+
+
+def test_unaccounted_host_slots_fail_the_run_naming_the_rank(tmp_path):
+    why = _sink(tmp_path, [0, 3])._verdict()
+    assert "rank 1" in why and "3 host slot(s)" in why and "pr36425/timeout" in why, why
+    (tmp_path / "ok").mkdir()
+    assert _sink(tmp_path / "ok", [0, 0])._verdict() == ""
