@@ -180,8 +180,7 @@ class CacheController:
         except StorageError as e:
             op.io_error = str(e)
             return False
-        index = torch.tensor(slots, dtype=torch.int64, device=pool.data.device)
-        pool.data.index_copy_(0, index, staging.to(pool.data.device))
+        pool.write(slots, staging)  # bulk bytes too, when pages carry a model's KV bytes
         return True
 
     # ---- ack sync thread --------------------------------------------------------------------
