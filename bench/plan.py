@@ -35,6 +35,7 @@ class RunPlan:
     tp: int = 2
     pp: int = 1
     device: str = "cpu"  # resolved: cpu | cuda
+    data_backend: str = ""  # resolved: nccl | gloo (model all-reduces); "" = by device
     seed: int = 0
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     storage: StorageSpec = field(default_factory=lambda: StorageSpec(latency_ms=20.0))
@@ -47,7 +48,12 @@ class RunPlan:
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.device == "cuda" else "gloo"
+        """The data-plane backend actually used (the control plane is always gloo)."""
+        return self.data_backend or ("nccl" if self.device == "cuda" else "gloo")
+
+    @property
+    def model(self) -> str:
+        return dict(self.system).get("model", "toy")
 
     def cells(self) -> list[Cell]:
         """Repeat-major and interleaved: every repeat runs every configuration once, with the

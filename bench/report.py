@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # the OO API renders with Agg; no pyplot global state
 
 from bench.cliutil import CliParser, UsageError
+from bench.dataplane import data_plane_lines
 from bench.io import (
     ResultFileError,
     atomic_open,
@@ -213,6 +214,7 @@ def provenance_lines(env: dict | None) -> list[str]:
         f"gloo available {_yes_no(v.get('gloo_available'))}, NCCL {v.get('nccl') or 'none'}, "
         f"CUDA available {_yes_no(v.get('cuda_available'))}",
         f"- backend: {env.get('backend')}; world layout: {world or 'unknown'}",
+        *data_plane_lines(env),
         *_gpu_lines(env.get("gpu") or {}),
     ]
 

@@ -3,12 +3,13 @@
 # Configuration echoed in every result row.
 CONFIG_COLUMNS = [
     "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend",
-    "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard",
+    "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard", "model",
 ]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms", "sched_lag_ms",
-    "sync_ms", "load_back_ms", "prefill_ms", "polls", "decision_collectives",
+    "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
+    "decision_collectives",
     "completion_collectives", "hit_query_collectives", "ack_collectives", "pp_hops",
     "terminated_by", "op_issued", "io_issued", "prefetch_requested_tokens", "hit_tokens",
     "prefetched_tokens", "ranks_agree", "data_ok",

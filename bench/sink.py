@@ -21,7 +21,7 @@ MS = 1000.0
 
 
 class ResultSink:
-    def __init__(self, plan: RunPlan):
+    def __init__(self, plan: RunPlan, h2d: dict | None = None):
         self.plan, self.dir = plan, Path(plan.out_dir)
         self.requests: list[dict] = []
         self.steps: list[dict] = []
@@ -31,6 +31,7 @@ class ResultSink:
                  "device": plan.device, "backend": plan.backend}
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
+                                                  **data_plane(plan), **(h2d or {}),
                                                   "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
 
@@ -61,7 +62,7 @@ class ResultSink:
                 "tp": p.tp, "pp": p.pp, "world_size": p.world_size, "device": p.device,
                 "backend": p.backend, "storage": p.storage.kind, "rate_rps": cell.rate_rps,
                 "seed": p.seed, "page_size": cfg.page_size, "extra_pool": cfg.extra_pool,
-                "race_guard": cfg.race_guard}
+                "race_guard": cfg.race_guard, "model": cfg.model}
 
     def _request_rows(self, cell: Cell, config: dict, gathered: list[dict]) -> list[dict]:
         logs = [p["decisions"] for p in gathered]
@@ -144,9 +145,12 @@ def _timing(r: dict, t0: float) -> dict:
             io, lag = (end - enq) * MS, (sched - end) * MS
     load, prefill = r["load_back_s"] * MS, r["prefill_s"] * MS
     queue = None if ttft is None else ttft - io - lag - load - prefill
+    nbytes = r.get("load_back_bytes", 0)
+    gbps = nbytes / r["load_back_s"] / 1e9 if nbytes and r["load_back_s"] > 0 else None
     return {"rid": r["rid"], "arrival_s": arrival - t0, "ttft_ms": ttft, "queue_ms": queue,
             "prefetch_io_ms": io, "sched_lag_ms": lag, "sync_ms": r["sync_s"] * MS,
-            "load_back_ms": load, "prefill_ms": prefill}
+            "load_back_ms": load, "prefill_ms": prefill, "load_back_bytes": nbytes,
+            "load_back_gbps": gbps}
 
 
 def _counts(r: dict) -> dict:
@@ -157,6 +161,16 @@ def _counts(r: dict) -> dict:
             "terminated_by": r["terminated_by"], "op_issued": r["op_issued"],
             "io_issued": r["io_issued"], "prefetch_requested_tokens": r["requested_tokens"],
             "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"]}
+
+
+def data_plane(plan: RunPlan) -> dict:
+    """env.json's data-plane facts: which backend carried the model all-reduces, and
+    whether that is an NCCL measurement (gloo on CUDA: ranks shared GPUs)."""
+    shared = plan.device == "cuda" and plan.backend == "gloo"
+    return {"data_backend": plan.backend, "model": plan.model,
+            "data_plane_note": ("gloo on CUDA: ranks share GPUs (rank r on GPU r % GPUs), "
+                                "model all-reduces staged through host memory; not an NCCL "
+                                "measurement") if shared else None}
 
 
 def _plan_dict(plan: RunPlan) -> dict:
