@@ -94,12 +94,13 @@ class GpuModel:
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         d, t = self.shape.head_dim, q.shape[0]
-        q = q.view(t, self.heads, d).transpose(0, 1)
+        # [1, heads, tokens, head_dim]: the fused (flash / memory-efficient) kernels want 4-D.
+        q = q.view(1, t, self.heads, d).transpose(1, 2)
         group = self.heads // self.kv_heads  # GQA: each KV head serves `group` query heads
-        k = k.view(t, self.kv_heads, d).transpose(0, 1).repeat_interleave(group, dim=0)
-        v = v.view(t, self.kv_heads, d).transpose(0, 1).repeat_interleave(group, dim=0)
+        k = k.view(1, t, self.kv_heads, d).transpose(1, 2).repeat_interleave(group, dim=1)
+        v = v.view(1, t, self.kv_heads, d).transpose(1, 2).repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return out.transpose(0, 1).reshape(t, self.q_out)
+        return out.transpose(1, 2).reshape(t, self.q_out)
 
     def _mlp(self, h: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)

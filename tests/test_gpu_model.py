@@ -8,6 +8,9 @@ CPU with a small Llama-like shape.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from math import inf
+
 import pytest
 import torch
 
@@ -38,6 +41,20 @@ def test_shards_like_sglang():
     assert m.w_lm.shape == (50, 64) and m.w_qkv.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="does not divide"):
         GpuModel(MINI, 3, CPU, _solo_comm())
+
+
+def test_prefill_attention_is_causal_gqa():
+    """Against a per-head loop: query head h reads KV head h // (heads / kv_heads)."""
+    m = GpuModel(replace(MINI, dtype="fp32"), 1, CPU, _solo_comm())
+    t, d = 7, MINI.head_dim
+    q, k, v = torch.randn(t, m.q_out), torch.randn(t, m.kv_out), torch.randn(t, m.kv_out)
+    mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+    want = []
+    for h in range(m.heads):
+        kh, vh = (x.view(t, m.kv_heads, d)[:, h // 4] for x in (k, v))
+        scores = (q.view(t, m.heads, d)[:, h] @ kh.T / d ** 0.5).masked_fill(mask, -inf)
+        want.append(torch.softmax(scores, -1) @ vh)
+    assert torch.allclose(m._attend(q, k, v), torch.stack(want, 1).reshape(t, -1), atol=1e-5)
 
 
 def test_forward_at_tp1_has_no_collectives():
