@@ -3,6 +3,7 @@
     python -m bench report RUN_DIR     rebuild plots and report.md from a run's CSVs
     python -m bench gate RUN_DIR       CI perf gate against results/baseline
     python -m bench microbench RUN_DIR micro-benchmarks (pytest-benchmark) saved with a run
+    python -m bench devcheck ...       device checks of scripts/gpu_check.sh (H2D, forward)
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ def main(argv: list[str]) -> int:
         from bench.microbench import main_microbench
 
         return main_microbench(rest)
-    print(f"bench: unknown command {cmd!r}; use run, report, gate or microbench",
+    if cmd == "devcheck":
+        from bench.devcheck import main_devcheck
+
+        return main_devcheck(rest)
+    print(f"bench: unknown command {cmd!r}; use run, report, gate, microbench or devcheck",
           file=sys.stderr)
     return 2
 
