@@ -22,7 +22,7 @@ MS = 1000.0
 
 class ResultSink:
     def __init__(self, plan: RunPlan, h2d: dict | None = None):
-        self.plan, self.dir = plan, Path(plan.out_dir)
+        self.plan, self.dir, self.h2d = plan, Path(plan.out_dir), h2d or {}
         self.requests: list[dict] = []
         self.steps: list[dict] = []
         self.ranks: list[dict] = []
@@ -116,9 +116,21 @@ class ResultSink:
         write_report(self.dir)
         summary = summarize(pd.DataFrame(self.requests), pd.DataFrame(self.steps))
         print(format_table(summary))
+        if self.h2d.get("h2d_peak_gbps"):
+            print(self._load_back_line())
         why = self._verdict()
         line = "OK" if not why else f"FAILED: {why}"
         return {"ok": not why, "line": line, "dir": str(self.dir)}
+
+    def _load_back_line(self) -> str:
+        """Achieved load-back GB/s against the host->device peak (GPU runs)."""
+        gbps = sorted(r["load_back_gbps"] for r in self.requests if r["load_back_gbps"])
+        peak = self.h2d["h2d_peak_gbps"]
+        if not gbps:
+            return f"load-back: none with bytes; host->device peak {peak} GB/s"
+        p50 = statistics.median(gbps)
+        return (f"load-back: p50 {p50:.1f} GB/s over {len(gbps)} load-backs "
+                f"({100 * p50 / peak:.0f}% of the host->device peak {peak} GB/s)")
 
     def _verdict(self) -> str:
         bad_agree = sum(not r["ranks_agree"] for r in self.requests)

@@ -54,6 +54,17 @@ def test_summary_fails_on_a_failed_step_or_bad_pages(tmp_path):
     assert summary_lines(work)[1] is False
 
 
+def test_run_prints_load_back_against_the_peak():
+    from bench.sink import ResultSink
+
+    sink = ResultSink.__new__(ResultSink)  # only the line's inputs: no run directory
+    sink.h2d = {"h2d_peak_gbps": 50.0}
+    sink.requests = [{"load_back_gbps": 40.0}, {"load_back_gbps": None},
+                     {"load_back_gbps": 45.0}]
+    assert sink._load_back_line() == ("load-back: p50 42.5 GB/s over 2 load-backs (85% of "
+                                      "the host->device peak 50.0 GB/s)")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_dry_run_passes_and_packs_results(tmp_path):
