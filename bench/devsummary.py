@@ -69,9 +69,9 @@ def _device_lines(dc: dict) -> list[str]:
     return [
         f"  H2D peak:                 {h2d}",
         f"  load-back {lb.get('pages')} x {_size(lb.get('page_bytes'))} pages: "
-        f"consecutive {_fmt(lb.get('consecutive_gbps'), ' GB/s')}"
+        f"consecutive {_fmt(lb.get('consecutive_gbps'), ' GB/s', 2)}"
         f"{_pct(lb.get('consecutive_gbps'), peak)}, scattered "
-        f"{_fmt(lb.get('scattered_gbps'), ' GB/s')}{_pct(lb.get('scattered_gbps'), peak)}; bad "
+        f"{_fmt(lb.get('scattered_gbps'), ' GB/s', 2)}{_pct(lb.get('scattered_gbps'), peak)}; bad "
         f"pages {lb.get('consecutive_bad_pages', 'n/a')}/{lb.get('scattered_bad_pages', 'n/a')}",
         f"  {model} TP1 forward:   decode b1 {_fmt(fw.get('decode_b1_ms'), ' ms', 2)}, b32 "
         f"{_fmt(fw.get('decode_b32_ms'), ' ms', 2)}; prefill 512 tok "

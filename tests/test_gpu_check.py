@@ -39,7 +39,7 @@ def test_summary_of_a_gpu_run(tmp_path):
     text = "\n".join(lines)
     assert ok and lines[-1] == "RESULT: OK" and "NVIDIA H200" in lines[0]
     assert "50.0 GB/s pinned (256 MiB)" in text
-    assert "consecutive 45.0 GB/s (90% of peak)" in text and "8.0 MiB pages" in text
+    assert "consecutive 45.00 GB/s (90% of peak)" in text and "8.0 MiB pages" in text
     assert "decode b1 7.00 ms" in text and "prefill 512 tok 30.00 ms" in text
 
 
