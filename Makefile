@@ -2,40 +2,50 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.dev-installed
 PRESET ?= default
 ARGS ?=
 RUN ?= results/latest
 
-.PHONY: setup test test-fast bench gate microbench project lint clean
+.PHONY: setup dev test test-fast bench gate microbench project lint gpu-check clean
 
-setup: $(STAMP)
+setup: $(STAMP)  ## runtime only: no network where python3 already imports the runtime deps
 
 $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
-test: setup  ## all tests, slow ones included
+dev: $(DEV_STAMP)  ## adds pytest, pytest-benchmark, pytest-timeout, ruff (only those missing)
+
+$(DEV_STAMP): $(STAMP)
+	bash scripts/setup_env.sh --dev $(VENV)
+	touch $(DEV_STAMP)
+
+test: dev  ## all tests, slow ones included
 	$(PY) -m pytest -q
 
-test-fast: setup  ## skip the slow end-to-end and 4-rank tests
+test-fast: dev  ## skip the slow end-to-end and 4-rank tests
 	$(PY) -m pytest -q -m "not slow"
 
 bench: setup  ## the main job: protocols x policies x repeats, results/latest
 	$(PY) -m bench run --preset $(PRESET) $(ARGS)
 
-gate: setup  ## quick CI preset, its micro-benchmarks, then the perf gate vs results/baseline
+gate: dev  ## quick CI preset, its micro-benchmarks, then the perf gate vs results/baseline
 	$(PY) -m bench run --preset ci $(ARGS)
 	$(PY) -m bench microbench results/latest
 	$(PY) -m bench gate results/latest --baseline results/baseline
 
-microbench: setup  ## pytest-benchmark micro-benchmarks saved into results/latest
+microbench: dev  ## pytest-benchmark micro-benchmarks saved into results/latest
 	$(PY) -m bench microbench results/latest
 
 project: setup  ## overhead projection to TP 2-64, PP 1-4 of a run: make project RUN=results/latest
 	$(PY) -m bench project $(RUN) $(ARGS)
 
-lint: setup
+lint: dev
 	$(PY) -m ruff check hicache bench tests scripts
+
+gpu-check:  ## on a GPU node: CUDA tests, llama3-8b TP1 run, TP2 shared-GPU run, H2D check
+	bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -5,6 +5,7 @@
     python -m bench microbench RUN_DIR micro-benchmarks (pytest-benchmark) saved with a run
     python -m bench project RUN_DIR    predicted step overhead and ITL inflation at TP 2-64,
                                        PP 1-4, 10-1000 polled requests, from the run's c
+    python -m bench devcheck ...       device checks of scripts/gpu_check.sh (H2D, forward)
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ def main(argv: list[str]) -> int:
         from bench.project import main_project
 
         return main_project(rest)
-    print(f"bench: unknown command {cmd!r}; use run, report, gate, microbench or project",
+    if cmd == "devcheck":
+        from bench.devcheck import main_devcheck
+
+        return main_devcheck(rest)
+    print(f"bench: unknown command {cmd!r}; use run, report, gate, microbench, project "
+          f"or devcheck",
           file=sys.stderr)
     return 2
 

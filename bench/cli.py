@@ -51,6 +51,12 @@ def parser() -> CliParser:
     a("--repeats", type=int)
     a("--seed", type=int, default=0)
     a("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    a("--data-backend", choices=("nccl", "gloo"),
+      help="model all-reduces: nccl (default on CUDA, one GPU per rank) or gloo (the only one "
+      "on CPU; on CUDA lets ranks share GPUs, rank r on GPU r %% GPUs: not an NCCL measurement)")
+    a("--kv-budget-gib", type=float,
+      help="real KV pages (CUDA, non-toy model): GiB of each of the host (pinned) and device "
+      "KV pools per rank; page counts follow from it (default 4)")
     a("--storage", choices=("sim", "file"), default="sim")
     a("--storage-latency-ms", type=float, help="per 128-page batch read (2)")
     a("--storage-gbps", type=float, help="storage read bandwidth per rank, GB/s (3, Mooncake "
@@ -88,19 +94,33 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
         raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
-def resolve_device(kind: str, ranks_here: int) -> str:
+def resolve_device(kind: str, ranks_here: int, data_backend: str | None = None) -> str:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = torch.distributed.is_nccl_available()
     if kind == "auto":
-        return "cuda" if gpus >= ranks_here and torch.distributed.is_nccl_available() else "cpu"
-    if kind == "cuda":
+        if data_backend == "gloo":
+            return "cuda" if gpus else "cpu"
+        return "cuda" if gpus >= ranks_here and nccl else "cpu"
+    if kind == "cuda" and data_backend == "gloo":
+        if gpus == 0:
+            raise UsageError("--device cuda needs a GPU, found none")
+    elif kind == "cuda":
         if gpus < ranks_here:
             raise UsageError(f"--device cuda needs {ranks_here} GPU(s) on this node (one per "
-                             f"local rank), found {gpus}")
-        if not torch.distributed.is_nccl_available():
-            raise UsageError("--device cuda needs NCCL, which this torch build lacks")
+                             f"local rank for NCCL), found {gpus}; --data-backend gloo lets "
+                             f"ranks share GPUs (not an NCCL measurement)")
+        if not nccl:
+            raise UsageError("--device cuda needs NCCL, which this torch build lacks "
+                             "(--data-backend gloo runs without it)")
     return kind
+
+
+def resolve_data_backend(device: str, asked: str | None) -> str:
+    if device == "cpu" and asked == "nccl":
+        raise UsageError("--data-backend nccl needs --device cuda (CPU runs use gloo)")
+    return asked or ("nccl" if device == "cuda" else "gloo")
 
 
 def build_plan(args) -> RunPlan:
@@ -117,6 +137,7 @@ def build_plan(args) -> RunPlan:
     _positive("timeout-base", args.timeout_base, allow_zero=True)
     _positive("step-ms", args.step_ms, allow_zero=True)
     _positive("collective-timeout", args.collective_timeout)
+    _positive("kv-budget-gib", args.kv_budget_gib)
     tp, pp = args.tp or preset.get("tp", 2), args.pp or preset.get("pp", 1)
     world = tp * pp
     if args.nproc is not None and args.nproc != world:
@@ -180,9 +201,21 @@ def _system(args, preset: dict) -> dict:
             s[key] = getattr(args, flag)
     if args.consensus:
         s["consensus_check"] = True
+    if args.kv_budget_gib is not None:
+        s["kv_budget_gib"] = args.kv_budget_gib
     if args.budget_skew is not None and not args.budget_skew < 1:
         raise UsageError(f"--budget-skew must be < 1, got {args.budget_skew}")
     return s
+
+
+def _check_model_on_device(plan: RunPlan) -> None:
+    """The real forward's all-reduces carry each rank's own batch: ranks whose batches
+    differ (--budget-skew) would pair all-reduces of different sizes, which NCCL does not
+    detect. The toy forward pads its all-reduce to a fixed size for exactly that case."""
+    if plan.device == "cuda" and plan.model != "toy" and \
+            dict(plan.system).get("budget_skew", 0.0) > 0:
+        raise UsageError("--budget-skew needs --model toy on CUDA (the real forward's "
+                         "all-reduce sizes follow each rank's batch)")
 
 
 def out_dir(args, preset: str) -> Path:
@@ -222,7 +255,10 @@ def main_run(argv: list[str]) -> int:
             raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
                              f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
         local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
-        plan = replace(plan, device=resolve_device(args.device, local))
+        device = resolve_device(args.device, local, args.data_backend)
+        plan = replace(plan, device=device,
+                       data_backend=resolve_data_backend(device, args.data_backend))
+        _check_model_on_device(plan)
         if plan.device == "cuda" and plan.step_ms is not None:
             raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
                              "forward is real")

@@ -39,6 +39,7 @@ class RunPlan:
     tp: int = 2
     pp: int = 1
     device: str = "cpu"  # resolved: cpu | cuda
+    data_backend: str = ""  # resolved: nccl | gloo (model all-reduces); "" = by device
     seed: int = 0
     model: str = "llama3-8b"  # hicache.shapes: KV bytes per page, the forward's time or shape
     gpu: str = "h100"  # the GPU whose forward the CPU stand-in sleeps out; none: no sleep
@@ -55,7 +56,8 @@ class RunPlan:
 
     @property
     def backend(self) -> str:
-        return "nccl" if self.device == "cuda" else "gloo"
+        """The data-plane backend actually used (the control plane is always gloo)."""
+        return self.data_backend or ("nccl" if self.device == "cuda" else "gloo")
 
     def cells(self) -> list[Cell]:
         """Repeat-major and interleaved: every repeat runs every configuration once, with the

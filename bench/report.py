@@ -14,6 +14,7 @@ import pandas as pd
 
 from bench import headline
 from bench.cliutil import CliParser, UsageError
+from bench.dataplane import data_plane_lines
 from bench.io import (
     ResultFileError,
     read_csv_checked,
@@ -80,6 +81,7 @@ def provenance_lines(env: dict | None) -> list[str]:
         f"gloo available {_yes_no(v.get('gloo_available'))}, NCCL {v.get('nccl') or 'none'}, "
         f"CUDA available {_yes_no(v.get('cuda_available'))}",
         f"- backend: {env.get('backend')}; world layout: {world or 'unknown'}",
+        *data_plane_lines(env),
         *_gpu_lines(env.get("gpu") or {}),
     ]
 

@@ -9,7 +9,8 @@ CONFIG_COLUMNS = [
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
     "sched_lag_ms",
-    "sync_ms", "load_back_ms", "prefill_ms", "polls", "decision_collectives",
+    "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
+    "decision_collectives",
     "completion_collectives", "hit_query_collectives", "ack_collectives", "pp_hops",
     "terminated_by", "op_issued", "io_issued", "prefetch_requested_tokens", "hit_tokens",
     "prefetched_tokens", "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",

@@ -24,8 +24,8 @@ MS = 1000.0
 
 
 class ResultSink:
-    def __init__(self, plan: RunPlan):
-        self.plan, self.dir = plan, Path(plan.out_dir)
+    def __init__(self, plan: RunPlan, h2d: dict | None = None):
+        self.plan, self.dir, self.h2d = plan, Path(plan.out_dir), h2d or {}
         self.requests: list[dict] = []
         self.steps: list[dict] = []
         self.ranks: list[dict] = []
@@ -34,6 +34,7 @@ class ResultSink:
                  "device": plan.device, "backend": plan.backend}
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
+                                                  **data_plane(plan), **(h2d or {}),
                                                   "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
 
@@ -143,9 +144,21 @@ class ResultSink:
                             calibration=getattr(self, "calib", None),
                             ranks=pd.DataFrame(self.ranks))
         print(format_table(summary))
+        if self.h2d.get("h2d_peak_gbps"):
+            print(self._load_back_line())
         why = self._verdict()
         line = "OK" if not why else f"FAILED: {why}"
         return {"ok": not why, "line": line, "dir": str(self.dir)}
+
+    def _load_back_line(self) -> str:
+        """Achieved load-back GB/s against the host->device peak (GPU runs)."""
+        gbps = sorted(r["load_back_gbps"] for r in self.requests if r["load_back_gbps"])
+        peak = self.h2d["h2d_peak_gbps"]
+        if not gbps:
+            return f"load-back: none with bytes; host->device peak {peak} GB/s"
+        p50 = statistics.median(gbps)
+        return (f"load-back: p50 {p50:.1f} GB/s over {len(gbps)} load-backs "
+                f"({100 * p50 / peak:.0f}% of the host->device peak {peak} GB/s)")
 
     def _verdict(self) -> str:
         bad_agree = sum(not r["ranks_agree"] for r in self.requests)
@@ -176,9 +189,12 @@ def _timing(r: dict, t0: float) -> dict:
             io, lag = (end - enq) * MS, (sched - end) * MS
     load, prefill = r["load_back_s"] * MS, r["prefill_s"] * MS
     queue = None if ttft is None else ttft - io - lag - load - prefill
+    nbytes = r.get("load_back_bytes", 0)
+    gbps = nbytes / r["load_back_s"] / 1e9 if nbytes and r["load_back_s"] > 0 else None
     return {"rid": r["rid"], "arrival_s": arrival - t0, "ttft_ms": ttft, "queue_ms": queue,
             "prefetch_io_ms": io, "sched_lag_ms": lag, "sync_ms": r["sync_s"] * MS,
-            "load_back_ms": load, "prefill_ms": prefill}
+            "load_back_ms": load, "prefill_ms": prefill, "load_back_bytes": nbytes,
+            "load_back_gbps": gbps}
 
 
 def _decode(r: dict) -> dict:
@@ -201,6 +217,16 @@ def _counts(r: dict) -> dict:
             "terminated_by": r["terminated_by"], "op_issued": r["op_issued"],
             "io_issued": r["io_issued"], "prefetch_requested_tokens": r["requested_tokens"],
             "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"]}
+
+
+def data_plane(plan: RunPlan) -> dict:
+    """env.json's data-plane facts: which backend carried the model all-reduces, and
+    whether that is an NCCL measurement (gloo on CUDA: ranks shared GPUs)."""
+    shared = plan.device == "cuda" and plan.backend == "gloo"
+    return {"data_backend": plan.backend, "model": plan.model,
+            "data_plane_note": ("gloo on CUDA: ranks share GPUs (rank r on GPU r % GPUs), "
+                                "model all-reduces staged through host memory; not an NCCL "
+                                "measurement") if shared else None}
 
 
 def _plan_dict(plan: RunPlan) -> dict:

@@ -17,6 +17,7 @@ from bench import calibrate, workload
 from bench.plan import Cell, RunPlan
 from bench.sink import ResultSink
 from hicache.comm import Groups, Layout
+from hicache.loadback import h2d_peak
 from hicache.system import System, pick_device, setup_distributed
 
 log = logging.getLogger("bench")
@@ -29,8 +30,9 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
     layout = Layout(rank, plan.tp, plan.pp)
     device = pick_device(plan.device, int(os.environ.get("LOCAL_RANK", rank)))
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
-    groups = setup_distributed(layout, device, timeout)
-    sink = ResultSink(plan) if rank == 0 else None
+    groups = setup_distributed(layout, device, timeout, plan.backend)
+    # Measured once, before any configuration, by rank 0 (the others wait at the barrier).
+    sink = ResultSink(plan, h2d_peak(device)) if rank == 0 else None
     # c for the overhead model, measured before any cell on quiet groups.
     samples = _gather({"rank": rank, "c": calibrate.measure(layout, groups)}, world)
     if sink:

@@ -1,5 +1,6 @@
 """Scheduler-thread side of HiCache: prefix match, prefetch issue, per-step events, the
-poll (`check_prefetch_progress`), finalisation and load-back.
+poll (`check_prefetch_progress`), finalisation and load-back (the copy itself:
+`hicache.loadback`; page sizes and pool page counts: `hicache.kv_layout`).
 
 Everything here runs on the scheduler thread, in lock-step with the other ranks; the
 collectives it issues go through `Comm` on the scheduler's groups (`tp_cpu`, `pp_cpu`).
@@ -18,6 +19,8 @@ from hicache.config import HiCacheConfig
 from hicache.consensus import rank_consensus
 from hicache.controller import SIDECAR, CacheController, PrefetchOp
 from hicache.hashing import page_hashes
+from hicache.kv_layout import kv_layout
+from hicache.loadback import LoadBack
 from hicache.pools import PagePool, verify_pages
 from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
@@ -31,14 +34,15 @@ class HiCache:
         self.cfg, self.layout, self.comm, self.stats = cfg, layout, comm, stats
         self.page, self.device, self.consensus = cfg.page_size, device, consensus
         pin = device.type == "cuda"  # pinned host pool: async host->device copies
-        self.host_kv = PagePool("kv", cfg.host_pool_pages, cfg.kv_page_elems, "cpu", pin)
-        self.dev_kv = PagePool("kv", cfg.device_pool_pages, cfg.kv_page_elems, device)
+        kv = self.kv = kv_layout(cfg, device)
+        self.host_kv = PagePool("kv", kv.host_pages, cfg.kv_page_elems, "cpu", pin,
+                                bulk_bytes=kv.bulk_bytes)
+        self.dev_kv = PagePool("kv", kv.device_pages, cfg.kv_page_elems, device,
+                               bulk_bytes=kv.bulk_bytes)
         self.host_side = self.dev_side = None
         if cfg.extra_pool:  # side-car pages share the KV page's slot number
-            self.host_side = PagePool(SIDECAR, cfg.host_pool_pages, cfg.sidecar_page_elems,
-                                      "cpu", pin)
-            self.dev_side = PagePool(SIDECAR, cfg.device_pool_pages, cfg.sidecar_page_elems,
-                                     device)
+            self.host_side = PagePool(SIDECAR, kv.host_pages, cfg.sidecar_page_elems, "cpu", pin)
+            self.dev_side = PagePool(SIDECAR, kv.device_pages, cfg.sidecar_page_elems, device)
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
@@ -49,7 +53,7 @@ class HiCache:
         self.tokens_in_flight = 0
         self._tails: list[tuple[PrefetchOp, list[int]]] = []  # freed once their IO stopped
         self.step_stamp = 0.0
-        self.copy_stream = torch.cuda.Stream() if device.type == "cuda" else None
+        self.loader = LoadBack(device)
 
     # ---- arrival: prefix match and prefetch issue --------------------------------------------
 
@@ -62,7 +66,7 @@ class HiCache:
         st.requested_tokens = len(key)
         if len(key) < self.cfg.prefetch_threshold:
             return
-        if self.tokens_in_flight >= 0.5 * self.cfg.host_pool_pages * self.page:
+        if self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
             return  # rate-limited: half the host pool already in flight
         op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page)
         self.ongoing[rid] = op
@@ -95,47 +99,17 @@ class HiCache:
         pages = min(m.pages, (len(tokens) - 1) // self.page)
         dev = self.dev_kv.alloc(pages)
         if dev is None:
-            raise RuntimeError(f"device pool exhausted loading {pages} pages for {rid}")
+            raise RuntimeError(f"device pool exhausted loading {pages} pages for {rid} "
+                               f"({self.dev_kv.num_pages} pages of {self.kv.page_bytes} bytes; "
+                               f"a larger kv_budget_gib holds more)")
         pairs = [(self.host_kv, self.dev_kv)]
         if self.host_side is not None:
             pairs.append((self.host_side, self.dev_side))
-        seconds = self._timed_copies(pairs, m.slots[:pages], dev)
         st = self.stats.requests[rid]
+        seconds, st.load_back_bytes = self.loader.copy(pairs, m.slots[:pages], dev)
         st.loaded_tokens = pages * self.page
         st.data_errors += self._verify(tokens, m, pages, dev, pairs)
         return dev, seconds
-
-    def _timed_copies(self, pairs, src: list[int], dst: list[int]) -> float:
-        """Seconds the host->device copies took: CUDA events on the copy stream on GPU
-        (the bytes are there when the end event completes), wall clock on CPU."""
-        if self.copy_stream is None:
-            t0 = time.monotonic()
-            for host, devp in pairs:
-                self._copy(host, src, devp, dst)
-            return time.monotonic() - t0
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(self.copy_stream)
-        for host, devp in pairs:
-            self._copy(host, src, devp, dst)
-        end.record(self.copy_stream)
-        end.synchronize()  # blocks until the copies landed: off the forward's stream
-        return start.elapsed_time(end) / 1e3
-
-    def _copy(self, host: PagePool, src: list[int], dev: PagePool, dst: list[int]) -> None:
-        if not src:
-            return
-        idx_src = torch.tensor(src, dtype=torch.int64)
-        rows = host.data.index_select(0, idx_src)
-        if self.copy_stream is None:
-            dev.data.index_copy_(0, torch.tensor(dst, dtype=torch.int64), rows)
-            return
-        # GPU: pinned staging, async copy on a side stream, the forward waits for it.
-        rows = rows.pin_memory()
-        with torch.cuda.stream(self.copy_stream):
-            idx_dst = torch.tensor(dst, dtype=torch.int64, device=self.device)
-            dev.data.index_copy_(0, idx_dst, rows.to(self.device, non_blocking=True))
-        # The forward (current stream) waits for the copy stream before it reads the pages.
-        torch.cuda.current_stream().wait_stream(self.copy_stream)
 
     def _verify(self, tokens, m: MatchResult, pages: int, dev: list[int], pairs) -> int:
         """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
@@ -147,6 +121,12 @@ class HiCache:
 
     def free_device(self, dev: list[int]) -> None:
         self.dev_kv.free(dev)
+
+    def close(self) -> None:
+        """Frees the pools' memory (gigabytes of pinned host memory with real KV pages)."""
+        for pool in (self.host_kv, self.dev_kv, self.host_side, self.dev_side):
+            if pool is not None:
+                pool.release()
 
     # ---- once per step: check_hicache_events -------------------------------------------------
 

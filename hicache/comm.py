@@ -108,6 +108,9 @@ class Groups:
             if self.layout.rank in ranks:
                 self.pg[name], self.ranks[name] = pg, ranks
 
+    def backend(self, name: str) -> str:
+        return self.data_backend if name == "data" else "gloo"
+
     def size(self, name: str) -> int:
         return len(self.ranks.get(name, [self.layout.rank]))
 
@@ -157,6 +160,9 @@ class Comm:
         """In-place all-reduce; a no-op on a one-rank group (as SGLang skips TP=1)."""
         if self.groups.size(group) == 1:
             return
+        if t.is_cuda and self.groups.backend(group) == "gloo":
+            self._host_all_reduce(t, op, group, site, rid)
+            return
         self._run(lambda: dist.all_reduce(t, op=op, group=self.groups.pg[group]),
                   site, group, 1, rid)
 
@@ -167,6 +173,15 @@ class Comm:
         global result. Each is counted at `site`; one-rank groups are skipped."""
         for group in groups:
             self.all_reduce(t, op, group, site, rid)
+
+    def _host_all_reduce(self, t: torch.Tensor, op, group: str, site: str,
+                         rid: str | None = None):
+        """A gloo data plane on GPUs (ranks sharing a GPU): reduce a host copy, copy back.
+        Still one collective at `site`; slower than NCCL, and recorded as not NCCL."""
+        host = t.cpu()  # blocks until the forward's kernels that produced `t` are done
+        self._run(lambda: dist.all_reduce(host, op=op, group=self.groups.pg[group]),
+                  site, group, 1, rid)
+        t.copy_(host)
 
     def reduce_tp_then_pp(self, t: torch.Tensor, op, site: str, rid: str | None = None):
         """SGLang's `_all_reduce`: PP stage 0 reduces over its TP group, later stages take

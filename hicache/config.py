@@ -28,6 +28,10 @@ class HiCacheConfig:
     device_pool_pages: int = 4096
     max_prefill_tokens: int = 4096  # the batch token budget, agreed by all ranks
     model: str = "toy"  # hicache.shapes: KV bytes, step-time model, CUDA forward shapes
+    # KV pages: "real" = the model's KV bytes per page (hicache.kv_layout), "synthetic" = a
+    # float32 signature row only, "auto" = real on CUDA with a non-toy model.
+    kv_bytes: str = "auto"
+    kv_budget_gib: float = 4.0  # real pages: bytes of each of the host and device pools
     budget_skew: float = 0.0  # rank-local walk horizon skew (SGLang #30760), 0 = off
     layers: int = 2  # prefill emulation: per layer a matmul and a data-plane all-reduce
     hidden: int = 64
@@ -54,6 +58,10 @@ class HiCacheConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_shape(self.model)  # ValueError naming the known models
+        if self.kv_bytes not in ("auto", "real", "synthetic"):
+            raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
+        if not self.kv_budget_gib > 0:
+            raise ValueError(f"kv_budget_gib must be > 0, got {self.kv_budget_gib}")
         if self.prefetch_threshold < 0:
             raise ValueError("prefetch_threshold must be >= 0")
         if not 0.0 <= self.budget_skew < 1.0:

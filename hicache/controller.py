@@ -234,9 +234,8 @@ class CacheController:
         if got.error is not None:
             op.io_error = got.error
         if got.pages:
-            index = torch.tensor(op.host_slots[i: i + got.pages], dtype=torch.int64,
-                                 device=pool.data.device)
-            pool.data.index_copy_(0, index, staging[: got.pages].to(pool.data.device))
+            # bulk bytes too, when pages carry a model's KV bytes
+            pool.write(op.host_slots[i: i + got.pages], staging[: got.pages])
         return got.pages
 
     # ---- ack sync thread --------------------------------------------------------------------

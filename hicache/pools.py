@@ -21,6 +21,14 @@ class PagePool:
     Thread-safe: the IO thread frees slots of aborted reads while the scheduler thread
     allocates, so alloc/free take a lock. `data` itself is not locked: each slot has one
     writer at a time by construction (the owner of the allocation).
+
+    `data` holds each page's verified float32 signature (`page_content`). With
+    `bulk_bytes` > 0 a page also owns that many real bytes in `bulk` (uint8), so a page
+    weighs what a model's KV page weighs (`hicache.kv_layout`): writers fill a page's bulk
+    with one byte derived from its signature, and `verify_pages` checks a fixed sample of
+    bulk positions, so a page copied without its bulk, or a slot holding another page's
+    bytes, is caught without generating megabytes of expected content. `bulk` is not
+    zeroed on allocation (a memset of gigabytes per configuration); `data` is.
     """
 
     def __init__(
@@ -31,6 +39,7 @@ class PagePool:
         device: torch.device | str = "cpu",
         pin_memory: bool = False,
         dtype: torch.dtype = torch.float32,
+        bulk_bytes: int = 0,
     ) -> None:
         if num_pages < 0 or page_elems <= 0:
             raise ValueError(
@@ -42,9 +51,33 @@ class PagePool:
         # Pinning needs a CUDA context; on CPU-only machines it would raise, so never try.
         pin = pin_memory and torch.cuda.is_available() and torch.device(device).type == "cpu"
         self.data = torch.zeros((num_pages, page_elems), dtype=dtype, device=device, pin_memory=pin)
+        self.bulk = (torch.empty((num_pages, bulk_bytes), dtype=torch.uint8, device=device,
+                                 pin_memory=pin) if bulk_bytes > 0 else None)
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low slots first
         self._is_free = [True] * num_pages
         self._lock = threading.Lock()
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page: signature row plus bulk."""
+        bulk = 0 if self.bulk is None else self.bulk.shape[1]
+        return self.page_elems * self.data.element_size() + bulk
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every per-page tensor, rows indexed by slot (what a page copy must move)."""
+        return [self.data] if self.bulk is None else [self.data, self.bulk]
+
+    def write(self, slots: list[int], rows: torch.Tensor) -> None:
+        """Pages `rows` (signatures, [len(slots), page_elems]) into `slots`, bulk included."""
+        index = torch.tensor(slots, dtype=torch.int64, device=self.data.device)
+        self.data.index_copy_(0, index, rows.to(self.data.device))
+        if self.bulk is not None:
+            for slot, fill in zip(slots, bulk_fill(rows).tolist(), strict=True):
+                self.bulk[slot].fill_(fill)
+
+    def release(self) -> None:
+        """Drops the page memory (pinned host memory is scarce); the pool is unusable after."""
+        self.data, self.bulk = self.data[:0], None
 
     @property
     def available(self) -> int:
@@ -106,6 +139,16 @@ def expected_rows(hashes: list[str], rank: int, pool: str, page_elems: int) -> t
     return ((coef[:, :1] + idx[None, :] * coef[:, 1:]) % _MOD + 1).to(torch.float32)
 
 
+def bulk_fill(rows: torch.Tensor) -> torch.Tensor:
+    """The byte (1..255) a page's bulk is filled with, from its signature row (int64)."""
+    return rows[:, 0].to(torch.int64) % 255 + 1
+
+
+def bulk_sample(bulk_bytes: int, n: int = 16) -> torch.Tensor:
+    """Fixed positions checked in every bulk row: spread evenly, first and last included."""
+    return torch.linspace(0, bulk_bytes - 1, min(n, bulk_bytes)).round().to(torch.int64)
+
+
 def verify_pages(pool: PagePool, slots: list[int], hashes: list[str], rank: int) -> int:
     """Number of pages in `slots` whose rows differ from their expected content (0 = all good)."""
     assert len(slots) == len(hashes), "one hash per slot"
@@ -114,5 +157,10 @@ def verify_pages(pool: PagePool, slots: list[int], hashes: list[str], rank: int)
     want = expected_rows(hashes, rank, pool.name, pool.page_elems).to(pool.data.device)
     index = torch.tensor(slots, dtype=torch.int64, device=pool.data.device)
     got = pool.data.index_select(0, index).to(torch.float32)
+    bad = (got != want).any(dim=1)
+    if pool.bulk is not None:
+        pos = bulk_sample(pool.bulk.shape[1]).to(pool.data.device)
+        sample = pool.bulk[index[:, None], pos[None, :]].to(torch.int64)
+        bad |= (sample != bulk_fill(want)[:, None]).any(dim=1)
     # .item() syncs with the device: verification is off the timed path.
-    return int((got != want).any(dim=1).sum().item())
+    return int(bad.sum().item())

@@ -24,6 +24,7 @@ class RequestStats:
     ready: float | None = None  # check_prefetch_progress returned True / final ack landed
     scheduled: float | None = None
     load_back_s: float = 0.0
+    load_back_bytes: int = 0  # host->device bytes of the load-back (every pool)
     prefill_s: float = 0.0
     first_token: float | None = None
     token_times: list[float] = field(default_factory=list)  # every output token, first included

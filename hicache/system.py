@@ -17,17 +17,21 @@ from hicache.comm import Comm, Groups, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import ConsensusChecker
 from hicache.controller import KV, SIDECAR
+from hicache.gpu_model import GpuModel
 from hicache.hashing import page_hashes
 from hicache.model import Model
 from hicache.scheduler import Request, Scheduler
+from hicache.shapes import get_shape
 from hicache.stats import Stats
 from hicache.storage import make_storage
 
 
-def setup_distributed(layout: Layout, device: torch.device, timeout_s: float) -> Groups:
+def setup_distributed(layout: Layout, device: torch.device, timeout_s: float,
+                      data_backend: str | None = None) -> Groups:
     """Initialises the default (harness) group from the env:// variables and creates every
-    system group. A no-op at world size 1."""
-    data_backend = "nccl" if device.type == "cuda" else "gloo"
+    system group. A no-op at world size 1. The data plane is NCCL on CUDA unless told
+    otherwise (gloo: ranks sharing a GPU, where NCCL refuses to run)."""
+    data_backend = data_backend or ("nccl" if device.type == "cuda" else "gloo")
     if layout.world_size > 1 and not dist.is_initialized():
         # The default group is gloo even on GPU nodes: it carries only harness objects.
         dist.init_process_group("gloo", rank=layout.rank, world_size=layout.world_size,
@@ -36,10 +40,21 @@ def setup_distributed(layout: Layout, device: torch.device, timeout_s: float) ->
 
 
 def pick_device(kind: str, local_rank: int) -> torch.device:
+    """Local rank r uses GPU r % GPUs: one GPU per rank, or shared when there are fewer."""
     if kind == "cuda":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
+
+
+def make_model(cfg: HiCacheConfig, device: torch.device, comm: Comm, seed: int = 0):
+    """The forward a step runs. CUDA with a model shape: `GpuModel`, real TP-sharded matmuls
+    (2 x layers model all-reduces per forward at TP > 1). Otherwise the toy `Model` (CPU
+    compute of `cfg.layers` small matmuls, `cfg.layers` all-reduces per forward)."""
+    if device.type == "cuda" and cfg.model != "toy":
+        return GpuModel(get_shape(cfg.model), cfg.tp, device, comm, seed)
+    return Model(cfg.layers, cfg.hidden, cfg.allreduce_tokens, device, comm, seed)
 
 
 class System:
@@ -53,7 +68,7 @@ class System:
                           if cfg.consensus_check else None)
         self.cache = HiCache(cfg, layout, self.comm, self.storage, device, self.stats,
                              self.consensus)
-        self.model = Model(cfg.layers, cfg.hidden, cfg.allreduce_tokens, device, self.comm, seed)
+        self.model = make_model(cfg, device, self.comm, seed)
         self.scheduler = Scheduler(cfg, layout, self.comm, self.cache, self.model, self.stats)
         self._seq0 = groups.sequence_numbers()
 
@@ -115,4 +130,5 @@ class System:
 
     def close(self) -> None:
         self.storage.close()
+        self.cache.close()
 

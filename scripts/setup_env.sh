@@ -1,20 +1,93 @@
 #!/usr/bin/env bash
-# Usage: bash scripts/setup_env.sh [VENV_DIR]
+# Usage: bash scripts/setup_env.sh [--dev] [VENV_DIR]
 #
-# Creates the project's virtual environment and installs hicache-bench into it.
-# - If the interpreter already imports torch (e.g. a GPU node with a CUDA build), the venv
-#   sees the system site-packages and that torch is reused, never replaced.
-# - Otherwise the pinned CPU build torch==2.13.0 is installed first (an unpinned `torch`
-#   would resolve to a multi-GB CUDA build).
+# Creates the project's environment in VENV_DIR (default .venv) so that `make bench` runs,
+# using $PYTHON (default python3). Runtime dependencies: torch, numpy, pandas, matplotlib,
+# nvidia-ml-py (pynvml). Three cases, decided by what $PYTHON already imports:
+# 1. Everything (a GPU node as shipped: CUDA torch, no package index, no ruff): no network,
+#    no pip, no build. The venv sees $PYTHON's packages (--system-site-packages, plus a .pth
+#    naming $PYTHON's site-packages when $PYTHON is itself a venv) and the project is put on
+#    its path by a .pth file. Where `python -m venv` is missing, VENV_DIR/bin/python is a
+#    wrapper that runs $PYTHON with the project on PYTHONPATH.
+# 2. torch but not the rest: a venv with the system site-packages, then `pip install -e .`
+#    adds what is missing; the torch already there satisfies torch>=2.4 and is never replaced.
+# 3. No torch: a plain venv, the pinned CPU build torch==2.13.0 first (an unpinned torch
+#    would resolve to a multi-GB CUDA build), then `pip install -e .`.
+# --dev (make test, make lint, make gate) adds the dev-only tools pytest, pytest-benchmark,
+# pytest-timeout and ruff, installing only those missing (the network is needed only then).
+# `make setup` / `make bench` never install them.
 set -euo pipefail
+DEV=0
+if [[ "${1:-}" == "--dev" ]]; then DEV=1; shift; fi
 VENV=${1:-.venv}
-PY=${PYTHON:-python3}
-if "$PY" -c "import torch" >/dev/null 2>&1; then
-  echo "setup: reusing the torch already importable by $PY ($("$PY" -c 'import torch; print(torch.__version__)'))"
-  "$PY" -m venv --system-site-packages "$VENV"
-else
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check torch==2.13.0
+PY=$(command -v "${PYTHON:-python3}")
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+RUNTIME="import torch, numpy, pandas, matplotlib, pynvml"
+PIP=(-m pip install -q --disable-pip-version-check)
+
+site_dirs() {  # a python's site-packages directories (purelib, platlib), one per line
+  "$1" -c 'import sysconfig as s; p = s.get_paths(); print(*sorted({p["purelib"], p["platlib"]}), sep="\n")'
+}
+
+link_project() {  # the project importable without pip: a .pth file naming the repository
+  echo "$ROOT" >"$(site_dirs "$VENV/bin/python" | head -1)/hicache_bench.pth"
+}
+
+wrapper() {  # no venv module: a python that is $PY with the project on its path
+  mkdir -p "$VENV/bin"
+  printf '#!/usr/bin/env bash\n# made by scripts/setup_env.sh: %s with the project on its path\nexport PYTHONPATH="%s${PYTHONPATH:+:$PYTHONPATH}"\nexec "%s" "$@"\n' \
+    "$PY" "$ROOT" "$PY" >"$VENV/bin/python"
+  chmod +x "$VENV/bin/python"
+}
+
+offline_venv() {
+  echo "setup: $PY already imports every runtime dependency: no pip, no network"
+  if ! "$PY" -m venv --without-pip --system-site-packages "$VENV" 2>/dev/null; then
+    echo "setup: no venv module; $VENV/bin/python wraps $PY"
+    wrapper
+    return
+  fi
+  if "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+    # $PY is itself a venv: --system-site-packages sees its base, not its packages.
+    site_dirs "$PY" >"$(site_dirs "$VENV/bin/python" | head -1)/base_env.pth"
+  fi
+  link_project
+}
+
+ensure_pip() {
+  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip -q
+}
+
+pip_venv() {
+  if "$PY" -c "import torch" >/dev/null 2>&1; then
+    echo "setup: reusing the torch already importable by $PY ($("$PY" -c 'import torch; print(torch.__version__)'))"
+    "$PY" -m venv --system-site-packages "$VENV"
+  else
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/python" "${PIP[@]}" torch==2.13.0
+  fi
+  ensure_pip
+  "$VENV/bin/python" "${PIP[@]}" -e "$ROOT"
+}
+
+install_dev() {
+  local missing=()
+  for pair in pytest:pytest pytest_benchmark:pytest-benchmark pytest_timeout:pytest-timeout; do
+    "$VENV/bin/python" -c "import ${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
+  done
+  "$VENV/bin/python" -m ruff --version >/dev/null 2>&1 || missing+=(ruff)
+  if ((${#missing[@]})); then
+    echo "setup: installing dev tools: ${missing[*]}"
+    ensure_pip
+    "$VENV/bin/python" "${PIP[@]}" "${missing[@]}"
+  fi
+}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  if "$PY" -c "$RUNTIME" >/dev/null 2>&1; then offline_venv; else pip_venv; fi
+elif ! "$VENV/bin/python" -c "$RUNTIME; import hicache, bench" >/dev/null 2>&1; then
+  ensure_pip
+  "$VENV/bin/python" "${PIP[@]}" -e "$ROOT"
 fi
-"$VENV/bin/pip" install -q --disable-pip-version-check -e '.[dev]'
+if ((DEV)); then install_dev; fi
 "$VENV/bin/python" -c "import torch, hicache, bench; print('setup: torch', torch.__version__, 'cuda', torch.cuda.is_available())"

@@ -30,6 +30,8 @@ BAD = [
     (["--storage-gbps", "0"], "--storage-gbps must be > 0"),
     (["--model", "gpt5"], "invalid choice"),
     (["--gpu", "tpu"], "invalid choice"),
+    (["--device", "cpu", "--data-backend", "nccl"], "--data-backend nccl needs --device cuda"),
+    (["--kv-budget-gib", "0"], "--kv-budget-gib must be > 0"),
 ]
 
 
@@ -79,3 +81,55 @@ def test_module_entry_point_exit_codes():
     assert subprocess.run([*run, "frobnicate"], capture_output=True, timeout=60).returncode == 2
     helptext = subprocess.run([*run, "run", "--help"], capture_output=True, text=True, timeout=60)
     assert helptext.returncode == 0 and "--protocols" in helptext.stdout
+
+
+def _one_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+
+
+def test_nccl_on_fewer_gpus_than_ranks_is_refused_naming_gloo(capsys, tmp_path, monkeypatch):
+    _one_gpu(monkeypatch)
+    assert main_run(["--device", "cuda", "--tp", "2", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs 2 GPU(s)" in err and "--data-backend gloo" in err and "\n" not in err
+
+
+def test_shared_gpus_with_gloo_data_plane(monkeypatch):
+    from bench.cli import build_plan, parser, resolve_data_backend, resolve_device
+
+    _one_gpu(monkeypatch)
+    assert resolve_device("cuda", 2, "gloo") == "cuda"
+    assert resolve_device("auto", 2, "gloo") == "cuda"
+    assert resolve_device("auto", 2) == "cpu"  # NCCL needs a GPU per rank
+    assert resolve_data_backend("cuda", None) == "nccl"
+    assert resolve_data_backend("cuda", "gloo") == "gloo"
+    assert resolve_data_backend("cpu", None) == "gloo"
+    plan = build_plan(parser().parse_args(["--model", "llama3-8b", "--kv-budget-gib", "2"]))
+    cfg = plan.config(plan.cells()[0])
+    assert (cfg.model, cfg.kv_budget_gib, plan.model) == ("llama3-8b", 2.0, "llama3-8b")
+
+
+def test_budget_skew_with_a_real_forward_is_refused(capsys, tmp_path, monkeypatch):
+    _one_gpu(monkeypatch)
+    argv = ["--device", "cuda", "--data-backend", "gloo", "--model", "llama3-8b",
+            "--budget-skew", "0.5", "--out", str(tmp_path / "r")]
+    assert main_run(argv) == 2
+    assert "--budget-skew needs --model toy on CUDA" in capsys.readouterr().err
+
+
+def test_data_plane_facts_for_env_and_report():
+    from bench.dataplane import data_plane_lines
+    from bench.plan import RunPlan
+    from bench.sink import data_plane
+
+    shared = data_plane(RunPlan(device="cuda", data_backend="gloo"))
+    assert shared["data_backend"] == "gloo" and "not an NCCL measurement" in \
+        shared["data_plane_note"]
+    assert data_plane(RunPlan(device="cuda"))["data_backend"] == "nccl"
+    assert data_plane(RunPlan(device="cuda"))["data_plane_note"] is None
+    lines = data_plane_lines({**shared, "h2d_peak_gbps": 51.2, "h2d_bytes": 256 << 20})
+    assert any("not an NCCL measurement" in x for x in lines)
+    assert any("51.2 GB/s" in x and "256 MiB" in x for x in lines)
+    assert data_plane_lines({}) == []

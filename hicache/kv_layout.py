@@ -1,0 +1,54 @@
+"""How big a KV page is, and how many pages the host and device pools hold, for one rank.
+
+Two kinds of page:
+- synthetic (CPU runs, and the toy model): a page is its float32 signature row of
+  `kv_page_elems` values, and the pools hold the configured page counts;
+- real (CUDA with a model shape, or `kv_bytes="real"`): a page weighs the model's KV bytes of
+  `page_size` tokens on this TP rank (`ModelShape.kv_bytes_per_page`: llama3-8b at TP1 is
+  8 MiB), the signature row plus bulk bytes. Page counts are then bounded by
+  `kv_budget_gib` per pool per rank (host pinned memory and device memory each), so a
+  llama3-8b run does not try to pin 8192 x 8 MiB = 64 GiB: 4 GiB holds 512 pages (32768
+  tokens), enough for the benchmark's in-flight prefixes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hicache.config import HiCacheConfig
+from hicache.shapes import get_shape
+
+SIGNATURE_BYTES_PER_ELEM = 4  # float32 (pools.page_content)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    real: bool
+    page_bytes: int  # one page on this rank: signature plus bulk
+    bulk_bytes: int
+    host_pages: int
+    device_pages: int
+
+
+def real_kv_bytes(cfg: HiCacheConfig, device: torch.device) -> bool:
+    if cfg.kv_bytes != "auto":
+        return cfg.kv_bytes == "real"
+    return device.type == "cuda" and cfg.model != "toy"
+
+
+def kv_layout(cfg: HiCacheConfig, device: torch.device) -> KVLayout:
+    """Page size and pool page counts for this configuration on `device`."""
+    signature = cfg.kv_page_elems * SIGNATURE_BYTES_PER_ELEM
+    if not real_kv_bytes(cfg, device):
+        return KVLayout(False, signature, 0, cfg.host_pool_pages, cfg.device_pool_pages)
+    page = get_shape(cfg.model).kv_bytes_per_page(cfg.page_size, cfg.tp)
+    page = max(page, signature)
+    budget = int(cfg.kv_budget_gib * 2**30)
+    host, dev = min(cfg.host_pool_pages, budget // page), min(cfg.device_pool_pages,
+                                                             budget // page)
+    if min(host, dev) < 1:
+        raise ValueError(f"kv_budget_gib {cfg.kv_budget_gib} holds no {cfg.model} page of "
+                         f"{page / 2**20:.1f} MiB (page_size {cfg.page_size}, TP {cfg.tp})")
+    return KVLayout(True, page, page - signature, host, dev)

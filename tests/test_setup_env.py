@@ -1,0 +1,58 @@
+"""scripts/setup_env.sh on a machine like the GPU node as shipped: the interpreter already
+imports every runtime dependency and there is no package index (PIP_NO_INDEX=1). Setup
+must then need neither pip nor the network, and `python -m bench` must run from the result.
+The interpreter used is this test's own (it has every dependency).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SETUP = REPO / "scripts" / "setup_env.sh"
+pytestmark = pytest.mark.slow  # each creates a venv and imports torch several times (~40 s)
+
+
+def _setup(venv: Path, python: str, *flags: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": python, "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+    return subprocess.run(["bash", str(SETUP), *flags, str(venv)], env=env, text=True,
+                          capture_output=True, timeout=120)
+
+
+def _bench_help(venv: Path, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "python"), "-m", "bench", "run", "--help"],
+                          cwd=cwd, text=True, capture_output=True, timeout=60)
+
+
+@pytest.mark.timeout(200)
+def test_offline_setup_needs_no_pip(tmp_path):
+    venv = tmp_path / "venv"
+    done = _setup(venv, sys.executable)
+    assert done.returncode == 0, done.stderr
+    assert "no pip, no network" in done.stdout
+    assert not (venv / "bin" / "pip").exists()  # nothing could have been downloaded
+    helptext = _bench_help(venv, tmp_path)  # outside the repository: the .pth finds it
+    assert helptext.returncode == 0 and "--model" in helptext.stdout
+    # Dev tools already importable (this interpreter has them): --dev installs nothing.
+    dev = _setup(venv, sys.executable, "--dev")
+    assert dev.returncode == 0, dev.stderr
+    assert "installing dev tools" not in dev.stdout
+
+
+@pytest.mark.timeout(200)
+def test_without_a_venv_module_a_wrapper_runs_the_interpreter(tmp_path):
+    fake = tmp_path / "python3"
+    fake.write_text(f'#!/usr/bin/env bash\n[ "$1 $2" = "-m venv" ] && exit 1\n'
+                    f'exec "{sys.executable}" "$@"\n')
+    fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    done = _setup(venv, str(fake))
+    assert done.returncode == 0, done.stderr
+    assert "wraps" in done.stdout
+    helptext = _bench_help(venv, tmp_path)
+    assert helptext.returncode == 0 and "--data-backend" in helptext.stdout
