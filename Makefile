@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 PRESET ?= default
 ARGS ?=
 
-.PHONY: setup test test-fast bench gate microbench lint clean
+.PHONY: setup test test-fast bench gate compare microbench lint clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,9 @@ gate: setup  ## quick CI preset, its micro-benchmarks, then the perf gate vs res
 	$(PY) -m bench run --preset ci $(ARGS)
 	$(PY) -m bench microbench results/latest
 	$(PY) -m bench gate results/latest --baseline results/baseline
+
+compare: setup  ## two runs side by side: make compare A=results/<before> B=results/<after>
+	$(PY) -m bench compare $(A) $(B) $(ARGS)
 
 microbench: setup  ## pytest-benchmark micro-benchmarks saved into results/latest
 	$(PY) -m bench microbench results/latest

@@ -260,17 +260,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_a", type=Path, help="the run before (a results/<run> directory)")
     parser.add_argument("run_b", type=Path, help="the run after")
-    parser.add_argument("--metric", action="append",
+    parser.add_argument("--metric", action="append", metavar="NAME",
                         help=f"timing metrics to compare (repeat or comma-separate; default: "
                              f"all present): {', '.join(METRIC_NAMES)}. Counts are always "
                              "compared")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="T",
                         help="a timing ratio is worse/better only when its whole 95%% CI lies "
                              f"beyond 1 +- threshold (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--out", type=Path,
+    parser.add_argument("--out", type=Path, metavar="DIR",
                         help="output directory (default results/compare_<A>_vs_<B>)")
-    parser.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--n-boot", type=int, default=2000, metavar="N",
+                        help="bootstrap resamples (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="bootstrap seed (default 0)")
     args = parser.parse_args(argv)
     if not (math.isfinite(args.threshold) and args.threshold >= 0):
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
