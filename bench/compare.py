@@ -47,8 +47,8 @@ RUN_LEVEL = ("preset", "world_size", "device", "backend", "seed")  # checked, wa
 EXTRA_KEYS = [c for c in [*CONFIG_COLUMNS, "model"] if c not in GROUP_KEYS + list(RUN_LEVEL)]
 REQUEST_REQUIRED = GROUP_KEYS + ["repeat", "ttft_ms"] + COUNT_COLUMNS
 STEP_REQUIRED = GROUP_KEYS + ["repeat"] + STEP_SITES
-REQUEST_NUMERIC = ["tp", "pp", "repeat", "ttft_ms", "itl_p50_ms", "itl_p99_ms", *COUNT_COLUMNS]
-STEP_NUMERIC = ["tp", "pp", "repeat", "step_ms", "forward_ms", "sync_ms", *STEP_SITES]
+REQUEST_NUMERIC = ["tp", "pp", "repeat", "ttft_ms", *COUNT_COLUMNS]
+STEP_NUMERIC = ["tp", "pp", "repeat", "step_ms", *STEP_SITES]
 ENV_FACTS = {"host": ("host",), "CPU": ("cpu_model",), "CPU count": ("cpu_count",),
              "torch": ("versions", "torch"), "NCCL": ("versions", "nccl"),
              "device": ("world", "device"), "backend": ("backend",)}

@@ -70,12 +70,15 @@ def _judge_steps(a: Counts, b: Counts) -> tuple[str, str]:
     if a.step_per_step is None or b.step_per_step is None:
         side = "A" if a.step_per_step is None else "B"
         return "not comparable", f"no steps.csv rows in {side}"
-    kinds = sorted(set(a.step_per_step_by_kind) & set(b.step_per_step_by_kind))
-    if not kinds or a.step_per_step == b.step_per_step:
-        return _direction(a.step_per_step, b.step_per_step), ""
     ka, kb = a.step_per_step_by_kind, b.step_per_step_by_kind
-    return (_worst([_direction(ka[k], kb[k]) for k in kinds]), "judged per step kind: " +
-            ", ".join(f"{k} {_q(ka[k])} -> {_q(kb[k])}" for k in kinds))
+    kinds = sorted(set(ka) & set(kb))
+    if not kinds:
+        return _direction(a.step_per_step, b.step_per_step), ""
+    verdict = _worst([_direction(ka[k], kb[k]) for k in kinds])
+    if verdict == "same" and a.step_per_step == b.step_per_step:
+        return verdict, ""
+    return verdict, "judged per step kind: " + ", ".join(f"{k} {_q(ka[k])} -> {_q(kb[k])}"
+                                                         for k in kinds)
 
 
 def _count_row(metric: str, a: Fraction | None, b: Fraction | None, n: tuple[int, int],

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from bench.compare import main_compare
-from bench.compare_rules import timing_verdict
+from bench.compare_rules import count_rows, timing_verdict
 from bench.metrics import counts, itl_gaps
 from bench.schema import SCHEMA_VERSION
 
@@ -324,3 +324,37 @@ def test_itl_gaps_are_clustered_by_request():
     sample = itl_gaps(frame)
     assert list(sample.values[0]) == [1.0, 2.0] and list(sample.units[0]) == [0, 0]
     assert list(sample.values[1]) == [5.0]
+
+
+def hand_counts(polls, decision, completion, step_kinds):
+    """Counts of two requests and steps given as (kind, collectives) pairs."""
+    requests = pd.DataFrame({"polls": polls, "decision_collectives": decision,
+                             "completion_collectives": completion, "pp_hops": [0, 0],
+                             "hit_query_collectives": [1, 1], "ack_collectives": [1, 1]})
+    steps = pd.DataFrame({"kind": [k for k, _ in step_kinds],
+                          "request_broadcast": [c for _, c in step_kinds],
+                          "per_step_min": 0, "model_allreduce": 0})
+    return counts(requests, steps)
+
+
+def judged(a, b):
+    return {r["metric"]: (r["verdict"], r["note"]) for r in count_rows(a, b, (1, 1))}
+
+
+def test_count_rules_by_hand():
+    a = hand_counts([2, 2], [2, 2], [1, 0], [("decode", 4), ("decode", 4), ("idle", 1)])
+    # Fewer polls at one collective per poll, a different mix of step kinds: all same.
+    b = hand_counts([1, 1], [1, 1], [1, 0], [("decode", 4), ("idle", 1), ("idle", 1)])
+    got = judged(a, b)
+    assert got["decision_collectives_per_req"][0] == "same"
+    assert got["critical_collectives_per_req"][0] == "same"
+    assert got["step_collectives_per_step"] == ("same", "judged per step kind: decode 4 -> 4, "
+                                                        "idle 1 -> 1")
+    assert got["polls_per_req"][0] == "info"
+    # A completion collective added while polls differ: critical is worse, decision is not.
+    c = hand_counts([1, 1], [1, 1], [1, 1], [("decode", 5), ("idle", 1)])
+    got = judged(a, c)
+    assert got["decision_collectives_per_req"][0] == "same"
+    assert got["critical_collectives_per_req"][0] == "worse"
+    assert got["step_collectives_per_step"][0] == "worse"
+    assert judged(c, a)["critical_collectives_per_req"][0] == "better"
