@@ -7,7 +7,7 @@ PRESET ?= default
 ARGS ?=
 RUN ?= results/latest
 
-.PHONY: setup dev test test-fast bench gate microbench project lint gpu-check clean
+.PHONY: setup dev test test-fast bench gate compare microbench project lint gpu-check clean
 
 setup: $(STAMP)  ## runtime only: no network where python3 already imports the runtime deps
 
@@ -34,6 +34,9 @@ gate: dev  ## quick CI preset, its micro-benchmarks, then the perf gate vs resul
 	$(PY) -m bench run --preset ci $(ARGS)
 	$(PY) -m bench microbench results/latest
 	$(PY) -m bench gate results/latest --baseline results/baseline
+
+compare: setup  ## two runs side by side: make compare A=results/<before> B=results/<after>
+	$(PY) -m bench compare $(A) $(B) $(ARGS)
 
 microbench: dev  ## pytest-benchmark micro-benchmarks saved into results/latest
 	$(PY) -m bench microbench results/latest

@@ -2,6 +2,7 @@
     python -m bench run [options]      the main job (see `python -m bench run --help`)
     python -m bench report RUN_DIR     rebuild plots and report.md from a run's CSVs
     python -m bench gate RUN_DIR       CI perf gate against results/baseline
+    python -m bench compare RUN_A RUN_B  two runs side by side: counts and timing ratios B/A
     python -m bench microbench RUN_DIR micro-benchmarks (pytest-benchmark) saved with a run
     python -m bench project RUN_DIR    predicted step overhead and ITL inflation at TP 2-64,
                                        PP 1-4, 10-1000 polled requests, from the run's c
@@ -30,6 +31,10 @@ def main(argv: list[str]) -> int:
         from bench.gate import main_gate
 
         return main_gate(rest)
+    if cmd == "compare":
+        from bench.compare import main_compare
+
+        return main_compare(rest)
     if cmd == "microbench":
         from bench.microbench import main_microbench
 
@@ -42,8 +47,8 @@ def main(argv: list[str]) -> int:
         from bench.devcheck import main_devcheck
 
         return main_devcheck(rest)
-    print(f"bench: unknown command {cmd!r}; use run, report, gate, microbench, project "
-          f"or devcheck",
+    print(f"bench: unknown command {cmd!r}; use run, report, gate, compare, microbench, "
+          "project or devcheck",
           file=sys.stderr)
     return 2
 

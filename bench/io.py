@@ -88,3 +88,18 @@ def read_csv_checked(path: Path | str, required: list[str]) -> pd.DataFrame:
     if missing:
         raise ResultFileError(f"{path}: missing columns {', '.join(missing)}")
     return frame
+
+
+def numeric_columns(frame: pd.DataFrame, columns: list[str], where: Path | str,
+                    not_empty: list[str] = ()) -> pd.DataFrame:
+    """A copy with `columns` (those present) as numbers; a non-numeric cell, or an empty one
+    in a `not_empty` column, is a ResultFileError naming the file and column."""
+    frame = frame.copy()
+    for col in (c for c in columns if c in frame.columns):
+        values = pd.to_numeric(frame[col], errors="coerce")
+        if (values.isna() & frame[col].notna()).any():
+            raise ResultFileError(f"{where}: non-numeric values in column {col}")
+        if col in not_empty and values.isna().any():
+            raise ResultFileError(f"{where}: empty cells in column {col}")
+        frame[col] = values
+    return frame

@@ -1,5 +1,10 @@
 """Column sets of the result files. The human table, CSV and JSON are built from these rows."""
 
+# Version of the result files' columns, recorded in env.json as "schema_version". Bump it
+# when a column changes meaning or units; `bench compare` refuses runs of different versions.
+# Runs whose env.json has no schema_version are version 2.
+SCHEMA_VERSION = 3
+
 # Configuration echoed in every result row.
 CONFIG_COLUMNS = [
     "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model",

@@ -15,7 +15,7 @@ from bench import calibrate
 from bench.envinfo import collect_env
 from bench.io import write_csv_atomic, write_json_atomic
 from bench.plan import Cell, RunPlan
-from bench.schema import RANK_COLUMNS, REQUEST_COLUMNS, STEP_COLUMNS
+from bench.schema import RANK_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 from bench.stats import percentile
 from hicache.comm import SITES
 from hicache.consensus import compare_decisions, describe_disagreements
@@ -35,6 +35,7 @@ class ResultSink:
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
                                                   **data_plane(plan), **(h2d or {}),
+                                                  "schema_version": SCHEMA_VERSION,
                                                   "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
 

@@ -1,7 +1,8 @@
-"""Metric math for the summary and the gate: percentiles and ratios of medians with CIs.
+"""Metric math for the summary, the gate and compare: percentiles and ratios with CIs.
 
-Pure functions over plain sequences; no pandas, no I/O. Ratios are always "x over y", where
-y is the reference protocol (pr27010) of the same configuration in the same run.
+Pure functions over plain sequences; no pandas, no I/O. Ratios are always "x over y": in a
+run's summary y is the reference protocol (pr27010) of the same configuration in the same
+run; in `bench compare` x is run B and y run A.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -175,3 +177,106 @@ def per_repeat_stat_ratios(
         if ratio is not None:
             out[r] = ratio
     return out
+MAX_CELLS = 2_000_000  # bootstrap weights held at once (resamples x values), ~16 MB
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Values in strata (repeats) and resampling units within them.
+
+    `units[r][i]` is the unit (0..k-1) that value i of repeat r belongs to: a bootstrap
+    resample draws whole units with replacement, within each repeat. Unit = the value itself
+    for TTFT or step times; unit = the request for pooled ITL gaps, which are correlated
+    within a request. Empty units and repeats are dropped.
+    """
+
+    values: dict[int, np.ndarray]
+    units: dict[int, np.ndarray]
+
+    @classmethod
+    def flat(cls, by_repeat: Mapping[int, Sequence[float]]) -> Sample:
+        """Every value its own unit."""
+        values = _nonempty(by_repeat)
+        return cls(values, {r: np.arange(a.size) for r, a in values.items()})
+
+    @classmethod
+    def clustered(cls, by_repeat: Mapping[int, Sequence[Sequence[float]]]) -> Sample:
+        """Repeat -> units (e.g. one list of ITL gaps per request)."""
+        values, units = {}, {}
+        for r in sorted(by_repeat):
+            parts = [np.asarray(u, dtype=float) for u in by_repeat[r]]
+            parts = [p for p in parts if p.size]
+            if parts:
+                values[r] = np.concatenate(parts)
+                units[r] = np.repeat(np.arange(len(parts)), [p.size for p in parts])
+        return cls(values, units)
+
+    def pooled(self) -> np.ndarray:
+        return np.concatenate(list(self.values.values())) if self.values else np.array([])
+
+    @property
+    def size(self) -> int:
+        return sum(a.size for a in self.values.values())
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> np.ndarray:
+    """Per row of `weights` (counts per value of the sorted `values`): the q-th percentile,
+    by linear interpolation, of the sample holding value i weights[row, i] times. Equals
+    np.percentile(np.repeat(values, weights[row]), q)."""
+    cum = np.cumsum(weights, axis=1)
+    h = q / 100 * (cum[:, -1] - 1)
+    lo = np.floor(h)
+    hi = np.minimum(lo + 1, cum[:, -1] - 1)
+
+    def at(k: np.ndarray) -> np.ndarray:  # the k-th (0-based) value of the expanded sample
+        return values[(cum <= k[:, None]).sum(axis=1)]
+    v_lo = at(lo)
+    return v_lo + (h - lo) * (at(hi) - v_lo)
+
+
+def _bootstrap_percentiles(sample: Sample, q: float, n_boot: int,
+                           rng: np.random.Generator) -> np.ndarray:
+    """q-th percentiles of n_boot resamples; each repeat's units drawn with replacement."""
+    draws = []  # per repeat: how often each unit is drawn, (n_boot, units); small
+    for units in sample.units.values():
+        k = int(units.max()) + 1
+        draws.append(rng.multinomial(k, np.full(k, 1 / k), size=n_boot))
+    pooled = sample.pooled()
+    order = np.argsort(pooled, kind="stable")
+    chunk = max(1, MAX_CELLS // pooled.size)  # bounds the (resamples x values) weights
+    out = []
+    for start in range(0, n_boot, chunk):
+        weights = np.hstack([d[start:start + chunk][:, units]
+                             for d, units in zip(draws, sample.units.values(), strict=True)])
+        out.append(weighted_percentile(pooled[order], weights[:, order], q))
+    return np.concatenate(out)
+
+
+def ratio_of_percentiles_ci(
+    x: Sample, y: Sample, q: float, n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> RatioCI:
+    """(point, low, high): q-th percentile of all x over that of all y (linear
+    interpolation), with a percentile-bootstrap CI from resampling x and y independently,
+    stratified by repeat (see Sample). Deterministic for a given seed. All None when either
+    side is empty or the point ratio is undefined; low/high None when no resample defines it.
+    """
+    if n_boot < 1 or not 0 < level < 1:
+        raise ValueError(f"need n_boot >= 1 and 0 < level < 1, got {n_boot}, {level}")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be within [0, 100], got {q!r}")
+    if not x.size or not y.size:
+        return None, None, None
+    point = _ratio(float(np.percentile(x.pooled(), q)), float(np.percentile(y.pooled(), q)))
+    if point is None:
+        return None, None, None
+    rng = np.random.default_rng(seed)
+    bx = _bootstrap_percentiles(x, q, n_boot, rng)
+    by = _bootstrap_percentiles(y, q, n_boot, rng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = bx / by
+    ratios = ratios[np.isfinite(ratios)]
+    if not ratios.size:
+        return point, None, None
+    alpha = (1 - level) / 2
+    low, high = np.quantile(ratios, [alpha, 1 - alpha])
+    return point, float(low), float(high)

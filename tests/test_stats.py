@@ -5,7 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from bench.stats import per_repeat_ratios, percentile, ratio_of_medians_ci
+from bench.stats import (
+    Sample,
+    per_repeat_ratios,
+    percentile,
+    ratio_of_medians_ci,
+    ratio_of_percentiles_ci,
+    weighted_percentile,
+)
 
 ONE_TO_TEN = list(range(1, 11))
 
@@ -115,3 +122,73 @@ def test_per_repeat_ratios_only_shared_nonempty_repeats():
     got = per_repeat_ratios({0: [2.0], 1: [4.0], 2: []}, {0: [1.0], 2: [1.0], 3: [1.0]})
     assert got == {0: 2.0}
     assert all(not math.isnan(v) for v in got.values())
+
+
+# Percentile ratios with a (cluster) bootstrap: bench compare's B/A intervals.
+
+def test_weighted_percentile_equals_percentile_of_the_expanded_sample():
+    values = np.array([1.0, 2.0, 3.0, 7.0])
+    weights = np.array([[1, 2, 0, 3], [0, 0, 1, 0], [4, 1, 1, 1]])
+    for q in (0, 37, 50, 90, 99, 100):
+        expected = [np.percentile(np.repeat(values, w), q) for w in weights]
+        assert weighted_percentile(values, weights, q) == pytest.approx(expected)
+    # By hand: [1, 2, 2, 7, 7, 7], p50 at position 2.5 -> 2 + 0.5 * (7 - 2) = 4.5
+    assert weighted_percentile(values, weights[:1], 50)[0] == pytest.approx(4.5)
+
+
+def test_percentile_ratio_point_by_hand():
+    a = Sample.flat({0: [10, 20, 30], 1: [40, 50, 60]})  # p50 35, p99 59.5
+    b = Sample.flat({0: [20, 40], 1: [60, 80, 100]})  # p50 60, p99 99.2
+    point, low, high = ratio_of_percentiles_ci(b, a, 50, n_boot=300)
+    assert point == pytest.approx(60 / 35) and low <= point <= high
+    assert ratio_of_percentiles_ci(b, a, 99, n_boot=300)[0] == pytest.approx(99.2 / 59.5)
+
+
+def test_percentile_ratio_constant_and_stratified_samples_are_degenerate():
+    ten, twenty = Sample.flat({0: [10.0] * 5}), Sample.flat({0: [20.0] * 3, 1: [20.0]})
+    assert ratio_of_percentiles_ci(twenty, ten, 99, n_boot=100) == (2.0, 2.0, 2.0)
+    # Equal-size strata of 1s and 3s: every stratified resample's median is 2.
+    x = Sample.flat({0: [1.0, 1.0, 1.0], 1: [3.0, 3.0, 3.0]})
+    assert ratio_of_percentiles_ci(x, Sample.flat({0: [1.0]}), 50, n_boot=200) == (2.0, 2.0, 2.0)
+
+
+def test_percentile_ratio_resamples_whole_clusters():
+    # One unit per repeat: every resample draws that unit again, so the CI is the point.
+    x = Sample.clustered({0: [[1.0, 2.0, 3.0, 4.0]], 1: [[5.0, 6.0]]})
+    y = Sample.clustered({0: [[2.0, 2.0]]})
+    assert ratio_of_percentiles_ci(x, y, 50, n_boot=100) == (1.75, 1.75, 1.75)
+    # The same values as single units do vary.
+    flat = Sample.flat({0: [1.0, 2.0, 3.0, 4.0], 1: [5.0, 6.0]})
+    _, low, high = ratio_of_percentiles_ci(flat, y, 50, n_boot=200)
+    assert low < 1.75 < high
+
+
+def test_percentile_ratio_deterministic_and_covers_a_known_factor():
+    rng = np.random.default_rng(5)
+    a = Sample.flat({r: rng.lognormal(4, 0.2, 60) for r in range(3)})
+    b = Sample.flat({r: 2 * rng.lognormal(4, 0.2, 60) for r in range(3)})
+    got = ratio_of_percentiles_ci(b, a, 50, n_boot=1000, seed=3)
+    assert got == ratio_of_percentiles_ci(b, a, 50, n_boot=1000, seed=3)
+    assert got != ratio_of_percentiles_ci(b, a, 50, n_boot=1000, seed=4)
+    assert 1.8 < got[1] < 2.0 < got[2] < 2.2
+
+
+def test_percentile_ratio_chunks_like_one_pass(monkeypatch):
+    import bench.stats
+
+    a = Sample.flat({0: [1.0, 4.0, 9.0, 16.0], 1: [2.0, 3.0]})
+    b = Sample.flat({0: [5.0, 1.0, 7.0]})
+    whole = ratio_of_percentiles_ci(b, a, 90, n_boot=50, seed=1)
+    monkeypatch.setattr(bench.stats, "MAX_CELLS", 7)  # one resample per chunk
+    assert ratio_of_percentiles_ci(b, a, 90, n_boot=50, seed=1) == pytest.approx(whole)
+
+
+def test_percentile_ratio_empty_or_undefined_is_none():
+    a = Sample.flat({0: [1.0, 2.0]})
+    assert ratio_of_percentiles_ci(Sample.flat({}), a, 50) == (None, None, None)
+    assert ratio_of_percentiles_ci(a, Sample.clustered({0: [[], []]}), 50) == (None, None, None)
+    assert ratio_of_percentiles_ci(a, Sample.flat({0: [0.0]}), 50) == (None, None, None)
+    with pytest.raises(ValueError):
+        ratio_of_percentiles_ci(a, a, 101)
+    with pytest.raises(ValueError):
+        ratio_of_percentiles_ci(a, a, 50, n_boot=0)

@@ -1,0 +1,300 @@
+"""Two runs side by side: what a code change did to collective counts and timings.
+
+Usage: python -m bench compare RUN_A RUN_B [--metric NAME ...] [--threshold 0.05]
+                                          [--out DIR] [--n-boot 2000] [--seed 0]
+
+Rows are matched by configuration (protocol, policy, tp, pp, storage, rate, extra_pool,
+race_guard, and page_size / model where both runs carry them). Per matched row:
+- counts (rank 0, exact): polls, decision, critical and background collectives per request,
+  step collectives per step; A, B and B - A. Any change is flagged whatever the threshold:
+  worse when B issues more, better when fewer. Polls follow timing, so when polls/req differ
+  the collectives issued inside polls are judged per poll (decision/poll; critical = in-poll
+  collectives per poll and completions per request), and step collectives per step kind
+  when steps carry `kind`. polls/req itself is shown, never judged.
+- timings: ratio B/A of each metric's percentile with a 95% percentile-bootstrap CI; A and
+  B are resampled independently, stratified by repeat (requests, steps, or a request's ITL
+  gaps as one unit). worse: CI entirely above 1 + threshold; better: entirely below
+  1 - threshold; else same. The CI holds within-run noise only; the threshold absorbs
+  run-to-run drift.
+Refused (exit 2, one line): different presets, layouts (tp, pp) or schema versions; bad
+input. env.json differences that make timings incomparable are warned about at the top.
+Writes compare.csv, compare.md and compare_ratios.png into --out (default
+results/compare_<A>_vs_<B>). Exit 1 when anything is worse, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bench.cliutil import CliParser, UsageError
+from bench.compare_rules import TimingOptions, count_rows, timing_rows
+from bench.io import ResultFileError, numeric_columns, read_csv_checked
+from bench.metrics import COUNT_COLUMNS, METRIC_NAMES, TIMING_METRICS, TimingMetric, counts
+from bench.schema import CONFIG_COLUMNS
+from bench.summarize import GROUP_KEYS, STEP_SITES, clean_key
+from hicache.cost_model import POLICIES, PROTOCOLS
+
+DEFAULT_THRESHOLD = 0.05
+LEGACY_SCHEMA_VERSION = 2  # runs written before env.json recorded a schema_version
+RUN_LEVEL = ("preset", "world_size", "device", "backend", "seed")  # checked, warned or noted
+EXTRA_KEYS = [c for c in [*CONFIG_COLUMNS, "model"] if c not in GROUP_KEYS + list(RUN_LEVEL)]
+REQUEST_REQUIRED = GROUP_KEYS + ["repeat", "ttft_ms"] + COUNT_COLUMNS
+STEP_REQUIRED = GROUP_KEYS + ["repeat"] + STEP_SITES
+REQUEST_NUMERIC = ["tp", "pp", "repeat", "ttft_ms", *COUNT_COLUMNS]
+STEP_NUMERIC = ["tp", "pp", "repeat", "step_ms", *STEP_SITES]
+ENV_FACTS = {"host": ("host",), "CPU": ("cpu_model",), "CPU count": ("cpu_count",),
+             "torch": ("versions", "torch"), "NCCL": ("versions", "nccl"),
+             "device": ("world", "device"), "backend": ("backend",)}
+VERDICTS = ("better", "worse", "same")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory's env.json, requests.csv and steps.csv (None when absent)."""
+
+    path: Path
+    env: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame | None
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+    @property
+    def schema_version(self) -> object:
+        return self.env.get("schema_version", LEGACY_SCHEMA_VERSION)
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        return self.requests if name == "requests" else self.steps
+
+    def fact(self, *path: str) -> object:
+        """env.json value at `path`, None when absent."""
+        node: object = self.env
+        for k in path:
+            node = node.get(k) if isinstance(node, dict) else None
+        return node
+
+    def setting(self, name: str) -> object:
+        """A run-level setting (preset, tp, pp): env.json's plan, else the requests' column."""
+        value = self.fact("plan", name)
+        if value is None and name in self.requests and len(self.requests):
+            value = self.requests[name].iloc[0]
+        return clean_key((value,))[0]
+
+
+def _read_env(path: Path) -> dict:
+    try:
+        env = json.loads((path / "env.json").read_text())
+    except FileNotFoundError:
+        raise ResultFileError(f"{path / 'env.json'}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ResultFileError(f"{path / 'env.json'}: unreadable JSON ({e})") from e
+    if not isinstance(env, dict):
+        raise ResultFileError(f"{path / 'env.json'}: expected a JSON object")
+    return env
+
+
+def load_run(path: Path) -> Run:
+    """A run directory, checked: env.json, requests.csv (required), steps.csv (optional)."""
+    if not path.is_dir():
+        raise ResultFileError(f"{path}: no such directory")
+    env = _read_env(path)
+    where = path / "requests.csv"
+    requests = numeric_columns(read_csv_checked(where, REQUEST_REQUIRED), REQUEST_NUMERIC,
+                               where, ["tp", "pp", "repeat", *COUNT_COLUMNS])
+    if requests.empty:
+        raise ResultFileError(f"{where}: no rows")
+    where, steps = path / "steps.csv", None
+    if where.exists():
+        steps = numeric_columns(read_csv_checked(where, STEP_REQUIRED), STEP_NUMERIC, where,
+                                ["tp", "pp", "repeat", *STEP_SITES])
+    return Run(path, env, requests, steps)
+
+
+def check_comparable(a: Run, b: Run) -> None:
+    """Raise ResultFileError (one line) when A and B cannot be compared row by row."""
+    if a.schema_version != b.schema_version:
+        raise ResultFileError(f"refused: result schema versions differ (A {a.schema_version}, "
+                              f"B {b.schema_version}); rerun the older one")
+    for name, what in (("preset", "presets"), ("tp", "layouts (tp)"), ("pp", "layouts (pp)")):
+        va, vb = a.setting(name), b.setting(name)
+        if va != vb:
+            raise ResultFileError(f"refused: the runs have different {what}: A {va}, B {vb}")
+
+
+def env_warnings(a: Run, b: Run) -> list[str]:
+    """env.json facts that differ and make timings incomparable."""
+    diffs = [f"{label} {a.fact(*p)} -> {b.fact(*p)}" for label, p in ENV_FACTS.items()
+             if a.fact(*p) != b.fact(*p)]
+    gpus = [[g.get("name") for g in (r.fact("gpu", "gpus") or [])] for r in (a, b)]
+    if gpus[0] != gpus[1]:
+        diffs.append(f"GPUs {gpus[0] or 'none'} -> {gpus[1] or 'none'}")
+    return [f"warning: timings may not be comparable: {'; '.join(diffs)}"] if diffs else []
+
+
+def _flat(d: object, prefix: str = "") -> dict[str, object]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def plan_notes(a: Run, b: Run) -> list[str]:
+    """Plan settings that differ (what was changed on purpose, or explains one-sided rows)."""
+    pa, pb = _flat(a.fact("plan") or {}), _flat(b.fact("plan") or {})
+    diffs = [f"{k} {pa.get(k, '(unset)')} -> {pb.get(k, '(unset)')}"
+             for k in sorted(set(pa) | set(pb))
+             if k != "out_dir" and pa.get(k, "(unset)") != pb.get(k, "(unset)")]
+    return [f"note: plans differ: {'; '.join(diffs)}"] if diffs else []
+
+
+def match_keys(a: Run, b: Run) -> list[str]:
+    """GROUP_KEYS plus the other configuration columns both runs carry."""
+    return GROUP_KEYS + [c for c in EXTRA_KEYS if c in a.requests and c in b.requests]
+
+
+def _groups(frame: pd.DataFrame | None, keys: list[str], where: str) -> dict[tuple, pd.DataFrame]:
+    if frame is None:
+        return {}
+    missing = [k for k in keys if k not in frame]
+    if missing:
+        raise ResultFileError(f"{where}: missing columns {', '.join(missing)}")
+    return {clean_key(k): g for k, g in frame.groupby(keys, dropna=False, sort=False)}
+
+
+@dataclass
+class Comparison:
+    """Everything compare prints and writes; `rows` feed the table, the CSV and compare.md."""
+
+    a: Run
+    b: Run
+    keys: list[str]
+    threshold: float
+    rows: list[dict] = field(default_factory=list)
+    header: list[str] = field(default_factory=list)
+
+    def tally(self) -> dict[str, int]:
+        return {v: sum(r["verdict"] == v for r in self.rows) for v in VERDICTS}
+
+    def final_line(self) -> str:
+        t = self.tally()
+        return f"compare: {t['better']} better, {t['worse']} worse, {t['same']} same"
+
+
+def reported_metrics(a: Run, b: Run, names: list[str] | None) -> tuple[list, dict]:
+    """Timing metrics to report (present in at least one run) and where each is present."""
+    cols = {(s, t): None if run.table(t) is None else run.table(t).columns
+            for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
+    present = {(s, m): m.present(cols[(s, m.table)]) for m in TIMING_METRICS for s in "ab"}
+    shown = [m for m in TIMING_METRICS
+             if (names is None or m.name in names) and (present[("a", m)] or present[("b", m)])
+             and (not m.shown_if or any(m.shown_if in cols[(s, m.table)] for s in "ab"))]
+    return shown, present
+
+
+def _order(key: tuple) -> tuple:
+    """Protocols and policies in cost_model order, then the other keys (numbers as numbers)."""
+    def index(seq: tuple, v: object) -> int:
+        return seq.index(v) if v in seq else len(seq)
+
+    def cell(v: object) -> tuple:
+        return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+    return (index(PROTOCOLS, key[0]), str(key[0]), index(POLICIES, key[1]), str(key[1]),
+            *(cell(v) for v in key[2:]))
+
+
+def _config_rows(key: tuple, groups: dict, metrics: list[TimingMetric], present: dict,
+                 timing: TimingOptions) -> list[dict]:
+    """Count and timing rows of one configuration, or one row saying which side has it."""
+    if key not in groups[("a", "requests")] or key not in groups[("b", "requests")]:
+        side = "B" if key in groups[("b", "requests")] else "A"
+        return [{"kind": "configuration", "verdict": f"only in {side}"}]
+    frames = {where: g.get(key) for where, g in groups.items()}  # None: no rows there
+    ca, cb = (counts(frames[(s, "requests")], frames[(s, "steps")]) for s in "ab")
+    n_steps = tuple(0 if frames[(s, "steps")] is None else len(frames[(s, "steps")])
+                    for s in "ab")
+    return count_rows(ca, cb, n_steps) + timing_rows(metrics, frames, present, timing)
+
+
+def compare(a: Run, b: Run, opts: argparse.Namespace) -> Comparison:
+    """Refuse incomparable runs, match A's and B's configurations, build every row."""
+    check_comparable(a, b)
+    keys = match_keys(a, b)
+    groups = {(s, t): _groups(run.table(t), keys, f"{run.path}/{t}.csv")
+              for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
+    metrics, present = reported_metrics(a, b, opts.metric)
+    timing = TimingOptions(opts.threshold, opts.n_boot, opts.seed)
+    comp = Comparison(a, b, keys, opts.threshold, header=env_warnings(a, b) + plan_notes(a, b))
+    for key in sorted(set(groups[("a", "requests")]) | set(groups[("b", "requests")]),
+                      key=_order):
+        cells = dict(zip(keys, key, strict=True))
+        comp.rows += [cells | row for row in _config_rows(key, groups, metrics, present, timing)]
+    return comp
+
+
+def _metric_list(values: list[str] | None) -> list[str] | None:
+    """--metric values (repeatable, comma-separated), checked against the registry."""
+    if not values:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METRIC_NAMES]
+    if unknown or not names:
+        raise UsageError(f"unknown --metric {', '.join(unknown) or '(empty)'}; choose from "
+                         f"{', '.join(METRIC_NAMES)}")
+    return names
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = CliParser(prog="bench compare", description=__doc__.splitlines()[0],
+                       epilog="\n".join(__doc__.splitlines()[4:]),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_a", type=Path, help="the run before (a results/<run> directory)")
+    parser.add_argument("run_b", type=Path, help="the run after")
+    parser.add_argument("--metric", action="append", metavar="NAME",
+                        help=f"timing metrics to compare (repeat or comma-separate; default: "
+                             f"all present): {', '.join(METRIC_NAMES)}. Counts are always "
+                             "compared")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="T",
+                        help="a timing ratio is worse/better only when its whole 95%% CI lies "
+                             f"beyond 1 +- threshold (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="output directory (default results/compare_<A>_vs_<B>)")
+    parser.add_argument("--n-boot", type=int, default=2000, metavar="N",
+                        help="bootstrap resamples (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="bootstrap seed (default 0)")
+    args = parser.parse_args(argv)
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):
+        raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    if args.n_boot < 1:
+        raise UsageError(f"--n-boot must be >= 1, got {args.n_boot}")
+    args.metric = _metric_list(args.metric)
+    return args
+
+
+def main_compare(argv: list[str]) -> int:
+    """`python -m bench compare A B`: 0 when nothing is worse, 1 when something is, 2 on bad
+    input or runs that cannot be compared."""
+    # matplotlib (in compare_report) is imported only when there is something to write
+    from bench.compare_report import default_out, print_comparison, write_outputs
+
+    try:
+        args = _parse(argv)
+        comp = compare(load_run(args.run_a), load_run(args.run_b), args)
+        out = args.out or default_out(comp)
+        written = write_outputs(comp, out)
+    except (UsageError, ValueError, OSError) as e:  # ResultFileError is a ValueError
+        print(f"bench compare: {e}".splitlines()[0], file=sys.stderr)
+        return 2
+    print_comparison(comp, written)
+    return 1 if comp.tally()["worse"] else 0

@@ -1,0 +1,360 @@
+"""`bench compare` on two real small runs and on doctored copies of them."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.compare import main_compare
+from bench.compare_rules import count_rows, timing_verdict
+from bench.metrics import counts, itl_gaps
+from bench.schema import SCHEMA_VERSION
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = ["--preset", "ci", "--requests", "4", "--repeats", "2", "--protocols", "before,after",
+       "--policies", "wait_complete"]
+FINAL = re.compile(r"^compare: (\d+) better, (\d+) worse, (\d+) same$")
+JUDGED_COUNTS = ["decision_collectives_per_req", "critical_collectives_per_req",
+                 "background_collectives_per_req", "step_collectives_per_step"]
+
+
+def real_run(out: Path) -> Path:
+    done = subprocess.run([sys.executable, "-m", "bench", "run", *RUN, "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two real runs of the same code: A and B."""
+    root = tmp_path_factory.mktemp("compare")
+    return real_run(root / "a"), real_run(root / "b")
+
+
+def doctor(src: Path, dst: Path, requests=None, steps=None, env=None) -> Path:
+    """A copy of run `src` with its CSVs / env.json edited by frame -> frame (dict -> dict)."""
+    shutil.copytree(src, dst)
+    for name, edit in (("requests.csv", requests), ("steps.csv", steps)):
+        if edit is not None:
+            edit(pd.read_csv(dst / name)).to_csv(dst / name, index=False)
+    if env is not None:
+        (dst / "env.json").write_text(json.dumps(env(json.loads((dst / "env.json").read_text()))))
+    return dst
+
+
+def compare(capsys, a, b, *extra, out=None):
+    """(exit code, stdout lines, stderr, compare.csv frame or None)."""
+    out = out or Path(b).parent / f"cmp_{Path(a).name}_{Path(b).name}"
+    code = main_compare([str(a), str(b), "--out", str(out), "--n-boot", "500", *extra])
+    captured = capsys.readouterr()
+    csv = pd.read_csv(out / "compare.csv") if (out / "compare.csv").exists() else None
+    return code, captured.out.splitlines(), captured.err, csv
+
+
+def verdicts(csv, metric, protocol=None):
+    rows = csv[csv.metric == metric]
+    if protocol:
+        rows = rows[rows.protocol == protocol]
+    return set(rows.verdict)
+
+
+def test_real_runs_compare_counts_exactly(runs, capsys):
+    code, out, err, csv = compare(capsys, *runs)
+    assert code in (0, 1) and not err  # two runs of one commit: timings may drift
+    assert FINAL.match(out[-1])
+    for metric in JUDGED_COUNTS:  # the same code issues the same collectives, polls or not
+        assert verdicts(csv, metric) == {"same"}, csv[csv.metric == metric].to_string()
+    assert verdicts(csv, "polls_per_req") == {"info"}
+    assert set(csv.metric) == {"polls_per_req", *JUDGED_COUNTS, "ttft_p50_ms", "ttft_p99_ms"}
+    assert len(csv) == 2 * 7  # two configurations x (5 counts + 2 timings)
+    assert json.loads((runs[0] / "env.json").read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_identical_runs_are_all_same(runs, capsys, tmp_path):
+    code, out, _, csv = compare(capsys, runs[0], runs[0], out=tmp_path / "out")
+    assert code == 0
+    assert out[-1] == "compare: 0 better, 0 worse, 12 same"
+    assert set(csv.verdict) == {"same", "info"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "compare.csv", "compare.md", "compare_ratios.png"]
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "**compare: 0 better, 0 worse, 12 same** (exit status 0)" in md
+    assert "![timing ratios B/A](compare_ratios.png)" in md
+
+
+def add_decision(frame):
+    frame["decision_collectives"] += 1
+    return frame
+
+
+def test_extra_decision_collective_is_worse(runs, capsys, tmp_path):
+    b = doctor(runs[0], tmp_path / "b", requests=add_decision)
+    code, out, _, csv = compare(capsys, runs[0], b)
+    assert code == 1
+    assert verdicts(csv, "decision_collectives_per_req") == {"worse"}
+    assert verdicts(csv, "critical_collectives_per_req") == {"worse"}
+    assert set(csv[csv.metric == "decision_collectives_per_req"].b_minus_a) == {1.0}
+    assert out[-1] == "compare: 0 better, 4 worse, 8 same"  # 2 configurations x 2 counts
+
+
+def test_fewer_collectives_are_better_whatever_the_threshold(runs, capsys, tmp_path):
+    def drop_acks(frame):
+        frame["ack_collectives"] -= 1
+        return frame
+    b = doctor(runs[0], tmp_path / "b", requests=drop_acks)
+    code, out, _, csv = compare(capsys, runs[0], b, "--threshold", "10")
+    assert code == 0
+    assert verdicts(csv, "background_collectives_per_req") == {"better"}
+
+
+def test_more_polls_at_the_same_cost_per_poll_are_same(runs, capsys, tmp_path):
+    def one_more_poll(frame):  # pr27010 at TP2: one decision all-reduce per poll
+        frame["polls"] += 1
+        frame.loc[frame.protocol == "pr27010", "decision_collectives"] += 1
+        return frame
+    b = doctor(runs[0], tmp_path / "b", requests=one_more_poll)
+    code, out, _, csv = compare(capsys, runs[0], b)
+    assert code == 0
+    rows = csv[csv.metric == "decision_collectives_per_req"].set_index("protocol")
+    assert rows.loc["pr27010", "b_minus_a"] == 1.0 and rows.loc["pr27010", "verdict"] == "same"
+    assert "judged per poll" in rows.loc["pr27010", "note"]
+    assert rows.loc["pr36425", "verdict"] == "same"
+    # ... but one more decision collective than polls is a change per poll: worse.
+    b2 = doctor(b, tmp_path / "b2", requests=add_decision)
+    assert compare(capsys, runs[0], b2)[0] == 1
+
+
+def scale_ttft(factor):
+    def edit(frame):
+        frame["ttft_ms"] *= factor
+        return frame
+    return edit
+
+
+def test_doubled_ttft_is_worse_with_ci_excluding_1(runs, capsys, tmp_path):
+    b = doctor(runs[0], tmp_path / "b", requests=scale_ttft(2.0))
+    code, out, _, csv = compare(capsys, runs[0], b)
+    assert code == 1
+    ttft = csv[csv.metric.str.startswith("ttft_")]
+    assert set(ttft.verdict) == {"worse"} and (ttft.ratio_ci_low > 1.05).all()
+    assert np.allclose(ttft.ratio_b_over_a, 2.0)
+    assert out[-1] == "compare: 0 better, 4 worse, 8 same"
+
+
+def test_halved_ttft_is_better(runs, capsys, tmp_path):
+    b = doctor(runs[0], tmp_path / "b", requests=scale_ttft(0.5))
+    code, _, _, csv = compare(capsys, runs[0], b)
+    assert code == 0
+    assert verdicts(csv, "ttft_p50_ms") == {"better"}
+
+
+def test_timing_verdict_rule():
+    assert timing_verdict(1.06, 1.5, 0.05) == "worse"
+    assert timing_verdict(1.04, 1.5, 0.05) == "same"  # excludes 1, but not 1 + threshold
+    assert timing_verdict(0.5, 0.94, 0.05) == "better"
+    assert timing_verdict(0.5, 0.96, 0.05) == "same"
+    assert timing_verdict(0.9, 1.1, 0.0) == "same"
+
+
+def set_env(**changes):
+    def edit(env):
+        for path, value in changes.items():
+            node = env
+            *parents, leaf = path.split("__")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        return env
+    return edit
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    (set_env(plan__tp=4, world__tp=4), "different layouts (tp): A 2, B 4"),
+    (set_env(plan__pp=2), "different layouts (pp): A 1, B 2"),
+    (set_env(plan__preset="default"), "different presets: A ci, B default"),
+    (set_env(schema_version=SCHEMA_VERSION + 1), "schema versions differ"),
+    (lambda env: {k: v for k, v in env.items() if k != "schema_version"},
+     f"schema versions differ (A {SCHEMA_VERSION}, B 2)"),
+])
+def test_mismatched_runs_exit_2(runs, capsys, tmp_path, env, message):
+    b = doctor(runs[0], tmp_path / "b", env=env)
+    code, out, err, csv = compare(capsys, runs[0], b)
+    assert code == 2 and not out and csv is None
+    assert err.count("\n") == 1 and err.startswith("bench compare: refused: ")
+    assert message in err
+
+
+def test_row_on_one_side_is_listed(runs, capsys, tmp_path):
+    def drop_after(frame):
+        return frame[frame.protocol != "pr36425"]
+    b = doctor(runs[0], tmp_path / "b", requests=drop_after, steps=drop_after)
+    code, out, _, csv = compare(capsys, runs[0], b, out=tmp_path / "out")
+    assert code == 0
+    assert any(line.startswith("only in A: pr36425/wait_complete") for line in out)
+    assert "- only in A: pr36425/wait_complete" in (tmp_path / "out" / "compare.md").read_text()
+    assert list(csv[csv.kind == "configuration"].verdict) == ["only in A"]
+    assert out[-1] == "compare: 0 better, 0 worse, 6 same"
+
+
+def test_env_differences_warned_at_the_top(runs, capsys, tmp_path):
+    b = doctor(runs[0], tmp_path / "b", env=set_env(host="elsewhere", cpu_count=64))
+    code, out, _, _ = compare(capsys, runs[0], b)
+    assert code == 0
+    assert out[0].startswith("warning: timings may not be comparable: host ")
+    assert "-> elsewhere" in out[0] and "CPU count" in out[0]
+
+
+def serving_columns(step_factor=1.0):
+    """Add the serving regime's columns: classes, ITL gaps, step kinds and step times."""
+    def requests(frame):
+        frame["request_class"] = np.where(frame.index % 2, "bystander", "prefetch")
+        frame["itl_ms"] = [";".join(f"{20 + (i * 7 + j) % 5:.1f}" for j in range(6))
+                           for i in range(len(frame))]
+        frame.loc[0, "itl_ms"] = None  # a request with one token: no gaps
+        return frame
+
+    def steps(frame):
+        frame["kind"] = np.where(frame.index % 3, "decode", "prefill")
+        frame["step_ms"] = (10.0 + frame.index % 4) * step_factor
+        return frame
+    return requests, steps
+
+
+def test_serving_columns_are_compared_when_present(runs, capsys, tmp_path):
+    ra, sa = serving_columns()
+    rb, sb = serving_columns(step_factor=1.5)
+    a = doctor(runs[0], tmp_path / "a", requests=ra, steps=sa)
+    b = doctor(runs[0], tmp_path / "b", requests=rb, steps=sb)
+    code, out, _, csv = compare(capsys, a, b)
+    assert code == 1
+    assert verdicts(csv, "decode_step_p50_ms") == {"worse"}
+    assert verdicts(csv, "decode_step_p99_ms") == {"worse"}
+    for metric in ("itl_p50_ms", "itl_p99_ms", "prefetch_ttft_p50_ms", "bystander_ttft_p99_ms"):
+        assert verdicts(csv, metric) == {"same"}, metric
+    itl = csv[csv.metric == "itl_p50_ms"].iloc[0]
+    assert itl.n_a == (len(pd.read_csv(a / "requests.csv")) // 2 - 1) * 6  # gaps, one config
+
+
+def test_metric_on_one_side_only_is_not_comparable(runs, capsys, tmp_path):
+    rb, sb = serving_columns()
+    b = doctor(runs[0], tmp_path / "b", requests=rb, steps=sb)
+    code, out, _, csv = compare(capsys, runs[0], b)
+    assert code == 0
+    for metric in ("itl_p50_ms", "bystander_ttft_p50_ms", "decode_step_p99_ms"):
+        assert verdicts(csv, metric) == {"not comparable"}, metric
+    assert verdicts(csv, "prefetch_ttft_p50_ms") == {"same"}  # A without classes: all prefetch
+    assert "only B carries ('itl_ms',)" in set(csv.note.dropna())
+
+
+def test_metric_selection(runs, capsys, tmp_path):
+    code, out, _, csv = compare(capsys, runs[0], runs[0], "--metric", "ttft_p99_ms")
+    assert code == 0 and set(csv[csv.kind == "timing"].metric) == {"ttft_p99_ms"}
+    code, _, err, _ = compare(capsys, runs[0], runs[0], "--metric", "ttft_p42_ms",
+                              out=tmp_path / "x")
+    assert code == 2 and "unknown --metric ttft_p42_ms" in err
+
+
+def break_columns(run):
+    pd.read_csv(run / "requests.csv").drop(columns=["polls"]).to_csv(run / "requests.csv",
+                                                                     index=False)
+
+
+def break_numbers(run):
+    frame = pd.read_csv(run / "requests.csv")
+    frame["decision_collectives"] = frame["decision_collectives"].astype(object)
+    frame.loc[1, "decision_collectives"] = "many"
+    frame.to_csv(run / "requests.csv", index=False)
+
+
+def break_itl(run):
+    frame = pd.read_csv(run / "requests.csv")
+    frame["itl_ms"] = "1.0;x"
+    frame.to_csv(run / "requests.csv", index=False)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda run: shutil.rmtree(run), "no such directory"),
+    (lambda run: (run / "requests.csv").write_text(""), "unreadable CSV"),
+    (lambda run: (run / "env.json").unlink(), "env.json: no such file"),
+    (lambda run: (run / "env.json").write_text("{"), "unreadable JSON"),
+    (break_columns, "missing columns polls"),
+    (break_numbers, "non-numeric values in column decision_collectives"),
+    (break_itl, "bad itl_ms cell"),
+])
+def test_bad_input_exits_2_with_one_line(runs, capsys, tmp_path, damage, message):
+    b = doctor(runs[0], tmp_path / "b")
+    damage(b)
+    code, out, err, _ = compare(capsys, runs[0], b, out=tmp_path / "out")
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and err.startswith("bench compare: ") and message in err
+
+
+@pytest.mark.parametrize("argv", [[], ["only_one"], ["a", "b", "--threshold", "-1"],
+                                  ["a", "b", "--threshold", "nan"], ["a", "b", "--n-boot", "0"]])
+def test_bad_arguments_exit_2(capsys, argv):
+    assert main_compare(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench compare: ")
+
+
+def test_counts_are_exact_fractions():
+    requests = pd.DataFrame({"polls": [3, 0, 4], "decision_collectives": [3, 0, 4],
+                             "completion_collectives": [1, 0, 0], "pp_hops": [3, 0, 4],
+                             "hit_query_collectives": [1, 1, 1], "ack_collectives": [2, 0, 3]})
+    steps = pd.DataFrame({"request_broadcast": [1, 1, 1], "per_step_min": [1, 1, 0],
+                          "model_allreduce": [2, 2, 0], "kind": ["decode", "decode", "idle"]})
+    c = counts(requests, steps)
+    assert c.decision_per_req == Fraction(7, 3) and c.critical_per_req == Fraction(15, 3)
+    assert c.background_per_req == Fraction(8, 3) and c.decision_per_poll == 1
+    assert c.poll_sites_per_poll == 2 and c.completion_per_req == Fraction(1, 3)
+    assert c.step_per_step == Fraction(9, 3)
+    assert c.step_per_step_by_kind == {"decode": 4, "idle": 1}
+
+
+def test_itl_gaps_are_clustered_by_request():
+    frame = pd.DataFrame({"repeat": [0, 0, 1], "itl_ms": ["1.0;2.0", None, "5"]})
+    sample = itl_gaps(frame)
+    assert list(sample.values[0]) == [1.0, 2.0] and list(sample.units[0]) == [0, 0]
+    assert list(sample.values[1]) == [5.0]
+
+
+def hand_counts(polls, decision, completion, step_kinds):
+    """Counts of two requests and steps given as (kind, collectives) pairs."""
+    requests = pd.DataFrame({"polls": polls, "decision_collectives": decision,
+                             "completion_collectives": completion, "pp_hops": [0, 0],
+                             "hit_query_collectives": [1, 1], "ack_collectives": [1, 1]})
+    steps = pd.DataFrame({"kind": [k for k, _ in step_kinds],
+                          "request_broadcast": [c for _, c in step_kinds],
+                          "per_step_min": 0, "model_allreduce": 0})
+    return counts(requests, steps)
+
+
+def judged(a, b):
+    return {r["metric"]: (r["verdict"], r["note"]) for r in count_rows(a, b, (1, 1))}
+
+
+def test_count_rules_by_hand():
+    a = hand_counts([2, 2], [2, 2], [1, 0], [("decode", 4), ("decode", 4), ("idle", 1)])
+    # Fewer polls at one collective per poll, a different mix of step kinds: all same.
+    b = hand_counts([1, 1], [1, 1], [1, 0], [("decode", 4), ("idle", 1), ("idle", 1)])
+    got = judged(a, b)
+    assert got["decision_collectives_per_req"][0] == "same"
+    assert got["critical_collectives_per_req"][0] == "same"
+    assert got["step_collectives_per_step"] == ("same", "judged per step kind: decode 4 -> 4, "
+                                                        "idle 1 -> 1")
+    assert got["polls_per_req"][0] == "info"
+    # A completion collective added while polls differ: critical is worse, decision is not.
+    c = hand_counts([1, 1], [1, 1], [1, 1], [("decode", 5), ("idle", 1)])
+    got = judged(a, c)
+    assert got["decision_collectives_per_req"][0] == "same"
+    assert got["critical_collectives_per_req"][0] == "worse"
+    assert got["step_collectives_per_step"][0] == "worse"
+    assert judged(c, a)["critical_collectives_per_req"][0] == "better"
