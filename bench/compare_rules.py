@@ -151,5 +151,7 @@ def timing_rows(metrics: list[TimingMetric], frames: dict, present: dict,
     rows = []
     for m in metrics:
         sa, sb = (_side_sample(m, frames[(s, m.table)], present[(s, m)]) for s in "ab")
+        if sa is not None and sb is not None and not sa.size and not sb.size:
+            continue  # e.g. bystander TTFT in runs without bystanders: nothing to compare
         rows.append(_timing_row(m, sa, sb, opts))
     return rows

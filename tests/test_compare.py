@@ -14,12 +14,12 @@ import pytest
 
 from bench.compare import main_compare
 from bench.compare_rules import count_rows, timing_verdict
-from bench.metrics import counts, itl_gaps
+from bench.metrics import METRIC_NAMES, counts, itl_gaps
 from bench.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
-RUN = ["--preset", "ci", "--requests", "4", "--repeats", "2", "--protocols", "before,after",
-       "--policies", "wait_complete"]
+RUN = ["--preset", "ci", "--requests", "4", "--bystanders", "0", "--repeats", "2",
+       "--protocols", "before,after", "--policies", "wait_complete"]
 FINAL = re.compile(r"^compare: (\d+) better, (\d+) worse, (\d+) same$")
 JUDGED_COUNTS = ["decision_collectives_per_req", "critical_collectives_per_req",
                  "background_collectives_per_req", "step_collectives_per_step"]
@@ -73,20 +73,22 @@ def test_real_runs_compare_counts_exactly(runs, capsys):
     for metric in JUDGED_COUNTS:  # the same code issues the same collectives, polls or not
         assert verdicts(csv, metric) == {"same"}, csv[csv.metric == metric].to_string()
     assert verdicts(csv, "polls_per_req") == {"info"}
-    assert set(csv.metric) == {"polls_per_req", *JUDGED_COUNTS, "ttft_p50_ms", "ttft_p99_ms"}
-    assert len(csv) == 2 * 7  # two configurations x (5 counts + 2 timings)
+    # no bystanders in these runs: their TTFT has no samples on either side and is left out
+    timings = {m for m in METRIC_NAMES if not m.startswith("bystander_")}
+    assert set(csv.metric) == {"polls_per_req", *JUDGED_COUNTS, *timings}
+    assert len(csv) == 2 * (5 + len(timings))  # two configurations x (counts + timings)
     assert json.loads((runs[0] / "env.json").read_text())["schema_version"] == SCHEMA_VERSION
 
 
 def test_identical_runs_are_all_same(runs, capsys, tmp_path):
     code, out, _, csv = compare(capsys, runs[0], runs[0], out=tmp_path / "out")
     assert code == 0
-    assert out[-1] == "compare: 0 better, 0 worse, 12 same"
+    assert out[-1] == "compare: 0 better, 0 worse, 24 same"
     assert set(csv.verdict) == {"same", "info"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "compare.csv", "compare.md", "compare_ratios.png"]
     md = (tmp_path / "out" / "compare.md").read_text()
-    assert "**compare: 0 better, 0 worse, 12 same** (exit status 0)" in md
+    assert "**compare: 0 better, 0 worse, 24 same** (exit status 0)" in md
     assert "![timing ratios B/A](compare_ratios.png)" in md
 
 
@@ -102,7 +104,7 @@ def test_extra_decision_collective_is_worse(runs, capsys, tmp_path):
     assert verdicts(csv, "decision_collectives_per_req") == {"worse"}
     assert verdicts(csv, "critical_collectives_per_req") == {"worse"}
     assert set(csv[csv.metric == "decision_collectives_per_req"].b_minus_a) == {1.0}
-    assert out[-1] == "compare: 0 better, 4 worse, 8 same"  # 2 configurations x 2 counts
+    assert out[-1] == "compare: 0 better, 4 worse, 20 same"  # 2 configurations x 2 counts
 
 
 def test_fewer_collectives_are_better_whatever_the_threshold(runs, capsys, tmp_path):
@@ -146,7 +148,8 @@ def test_doubled_ttft_is_worse_with_ci_excluding_1(runs, capsys, tmp_path):
     ttft = csv[csv.metric.str.startswith("ttft_")]
     assert set(ttft.verdict) == {"worse"} and (ttft.ratio_ci_low > 1.05).all()
     assert np.allclose(ttft.ratio_b_over_a, 2.0)
-    assert out[-1] == "compare: 0 better, 4 worse, 8 same"
+    # overall and prefetch-class TTFT p50/p99 (this run has no bystanders), 2 configurations
+    assert out[-1] == "compare: 0 better, 8 worse, 16 same"
 
 
 def test_halved_ttft_is_better(runs, capsys, tmp_path):
@@ -201,7 +204,7 @@ def test_row_on_one_side_is_listed(runs, capsys, tmp_path):
     assert any(line.startswith("only in A: pr36425/wait_complete") for line in out)
     assert "- only in A: pr36425/wait_complete" in (tmp_path / "out" / "compare.md").read_text()
     assert list(csv[csv.kind == "configuration"].verdict) == ["only in A"]
-    assert out[-1] == "compare: 0 better, 0 worse, 6 same"
+    assert out[-1] == "compare: 0 better, 0 worse, 12 same"
 
 
 def test_env_differences_warned_at_the_top(runs, capsys, tmp_path):
@@ -244,13 +247,19 @@ def test_serving_columns_are_compared_when_present(runs, capsys, tmp_path):
 
 
 def test_metric_on_one_side_only_is_not_comparable(runs, capsys, tmp_path):
-    rb, sb = serving_columns()
-    b = doctor(runs[0], tmp_path / "b", requests=rb, steps=sb)
-    code, out, _, csv = compare(capsys, runs[0], b)
+    """A from before the serving regime (no classes, ITL or step times) against B."""
+    def old_requests(frame):
+        return frame.drop(columns=["itl_ms", "request_class"])
+
+    def old_steps(frame):
+        return frame.drop(columns=["step_ms", "kind"])
+    a = doctor(runs[0], tmp_path / "a", requests=old_requests, steps=old_steps)
+    code, out, _, csv = compare(capsys, a, runs[0])
     assert code == 0
-    for metric in ("itl_p50_ms", "bystander_ttft_p50_ms", "decode_step_p99_ms"):
+    for metric in ("itl_p50_ms", "decode_step_p99_ms"):
         assert verdicts(csv, metric) == {"not comparable"}, metric
     assert verdicts(csv, "prefetch_ttft_p50_ms") == {"same"}  # A without classes: all prefetch
+    assert verdicts(csv, "bystander_ttft_p50_ms") == {"not comparable"}  # A has no classes
     assert "only B carries ('itl_ms',)" in set(csv.note.dropna())
 
 
