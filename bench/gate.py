@@ -42,7 +42,9 @@ from bench.summarize import (
     clean_key,
     config_groups,
     expected_counts,
+    row_disagrees,
     summarize,
+    unexplained_disagreements,
 )
 
 DEFAULT_TOLERANCE = 0.25  # used when the baseline has no gate.json; see gate.json's note
@@ -111,8 +113,8 @@ def _exact_check(row: dict, g: pd.DataFrame, site: str) -> Check:
 
 def _agree_check(row: dict, g: pd.DataFrame) -> Check:
     """Every request's ranks agreed, in requests.csv and in the summary row."""
-    bad = as_bool(g["ranks_agree"]) != True  # noqa: E712 - None (unknown) is not agreement
-    if bad.any() or row["ranks_agree"] not in (True, "True"):
+    bad = unexplained_disagreements(g)
+    if bad.any() or row_disagrees(row):
         where = f" (first rid {g[bad].iloc[0]['rid']})" if bad.any() else ""
         return make_check(row, "ranks_agree", False, expected="True",
                       observed=f"False in {int(bad.sum())} of {len(g)} requests{where}",

@@ -27,13 +27,16 @@ from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.stats import PERCENTILE_METHODS
 from bench.summarize import (
     GROUP_KEYS,
+    KNOWN_HAZARD,
     REFERENCE_PROTOCOL,
     as_bool,
     clean_key,
     config_groups,
+    row_disagrees,
     summarize,
     table_headers,
     table_rows,
+    unexplained_disagreements,
 )
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
@@ -113,7 +116,7 @@ def _label(row: dict) -> str:
 
 def _bad_request_lines(g: pd.DataFrame, limit: int = 5) -> list[str]:
     """The first requests of a group whose ranks disagreed or whose data was wrong."""
-    bad = g[(as_bool(g["ranks_agree"]) != True)  # noqa: E712 - unknown is not agreement
+    bad = g[unexplained_disagreements(g)
             | (as_bool(g["data_ok"]) == False)]  # noqa: E712
     lines = [f"  - request {r['rid']} (repeat {r['repeat']}): ranks_agree {r['ranks_agree']}, "
              f"data_ok {r['data_ok']}" for r in bad.head(limit).to_dict("records")]
@@ -127,7 +130,7 @@ def divergence_lines(summary: pd.DataFrame, requests: pd.DataFrame,
     """Rows whose ranks disagreed or whose data was wrong, rank cross-check misses, failures."""
     lines, groups = [], config_groups(requests)
     for row in summary.to_dict("records"):
-        if not row["ranks_agree"] or row["data_errors"] > 0:
+        if row_disagrees(row) or row["data_errors"] > 0:
             lines.append(f"- {_label(row)}: ranks_agree {row['ranks_agree']}, "
                          f"data_errors {row['data_errors']}")
             lines += _bad_request_lines(groups[clean_key(tuple(row[k] for k in GROUP_KEYS))])
@@ -137,6 +140,12 @@ def divergence_lines(summary: pd.DataFrame, requests: pd.DataFrame,
             lines.append(f"- rank {row.get('rank')} ({row.get('protocol')} / "
                          f"{row.get('policy')}, repeat {row.get('repeat')}): its collective "
                          "counter disagrees with the independent cross-check")
+    known = summary[summary["known_disagreements"] > 0] if "known_disagreements" in summary \
+        else summary.iloc[:0]
+    for row in known.to_dict("records"):
+        lines.append(f"- known hazard, not a failure: {_label(row)}: "
+                     f"{row['known_disagreements']} request(s) ended differently on different "
+                     f"PP stages; {KNOWN_HAZARD}")
     if not lines:
         lines = ["None: every row has ranks_agree True and data_errors 0."]
     if failures is not None and not failures.empty:
@@ -203,7 +212,8 @@ def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
 def render_report(run_dir: Path, summary: pd.DataFrame, method: str, plots: list[str],
                   divergence: list[str], env: dict | None, calib: dict | None = None) -> str:
     """report.md's text."""
-    ok = bool(summary["ranks_agree"].all()) and int(summary["data_errors"].sum()) == 0
+    ok = not any(row_disagrees(r) for r in summary.to_dict("records")) and \
+        int(summary["data_errors"].sum()) == 0
     return "\n".join([
         f"# hicache-bench report: {run_dir.name}", "", "## Provenance", "",
         *provenance_lines(env), "", *cpu_lines(env, summary),

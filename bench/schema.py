@@ -19,7 +19,7 @@ REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "completion_collectives", "hit_query_collectives", "ack_collectives", "pp_hops",
     "terminated_by", "op_issued", "io_issued", "prefetch_requested_tokens", "hit_tokens",
     "prefetched_tokens", "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
-    "itl_p99_ms", "itl_ms", "ranks_agree", "data_ok",
+    "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok",
 ]
 
 STEP_COLUMNS = CONFIG_COLUMNS + [
@@ -69,5 +69,6 @@ SUMMARY_COLUMNS = [
     "sched_lag_p50_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
     "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_ci_low", "ttft_p50_ratio_ci_high",
     "ttft_p50_ratio_per_repeat", *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "ranks_agree",
+    "known_disagreements", "unexplained_disagreements",
     "data_errors", "percentile_method",
 ]

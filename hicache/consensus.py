@@ -131,6 +131,21 @@ def disagreements(logs: list[dict[str, tuple]]) -> dict[str, list[tuple[tuple | 
     return out
 
 
+def disagreement_scope(logs: list[dict[str, tuple]], tp: int) -> dict[str, str]:
+    """For each disagreeing request: "pp_stages" when the TP ranks of every PP stage agree
+    among themselves and only the stages differ (pre27010's known hazard, SGLang #22607),
+    else "ranks"."""
+    out = {}
+    for rid, groups in disagreements(logs).items():
+        per_stage: dict[int, set] = {}
+        for decision, ranks in groups:
+            for r in ranks:
+                per_stage.setdefault(r // tp, set()).add(decision)
+        stages_only = len(per_stage) > 1 and all(len(d) == 1 for d in per_stage.values())
+        out[rid] = "pp_stages" if stages_only else "ranks"
+    return out
+
+
 def describe_disagreements(logs: list[dict[str, tuple]], tp: int | None = None) -> list[str]:
     """One line per disagreeing request, naming the ranks and PP stages behind each decision
     (global rank r is TP rank r % tp of PP stage r // tp; tp None: one stage, no PP)."""

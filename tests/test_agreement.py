@@ -165,3 +165,17 @@ def test_tp2pp2_failing_reads_scenario_is_contested(tp2pp2_failing):
         assert any(failed) and len({frozenset(f) for f in failed}) > 1, failed
         short = [r for r in per_rank[0]["rows"] if r["prefetched_tokens"] < r["hit_tokens"]]
         assert short, proto
+
+
+def test_disagreement_scope_names_pp_stage_splits():
+    """TP2 x PP2 (ranks 0,1 stage 0; 2,3 stage 1): a split along stages only is pre27010's
+    known hazard; a split inside a stage's TP group is a failure for every protocol."""
+    from bench.summarize import known_hazard
+    from hicache.consensus import disagreement_scope
+
+    a, b = ("poll", 1280, 1280), ("poll", 128, 1280)
+    logs = [{"r1": a, "r2": a, "r3": a}, {"r1": a, "r2": b, "r3": a},
+            {"r1": b, "r2": b, "r3": a}, {"r1": b, "r2": b, "r3": a}]
+    assert disagreement_scope(logs, tp=2) == {"r1": "pp_stages", "r2": "ranks"}
+    assert known_hazard("pre27010", "pp_stages")
+    assert not known_hazard("pr27010", "pp_stages") and not known_hazard("pre27010", "ranks")
