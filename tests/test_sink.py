@@ -3,21 +3,21 @@ with host slots neither in the tree nor free fails the run, named (like data err
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from bench.plan import RunPlan
 from bench.schema import RANK_COLUMNS
 from bench.sink import ResultSink
-from hicache.stats import RequestStats
+from hicache.stats import RequestStats, Stats
 
 
 def _payload(rank: int, unaccounted: int) -> dict:
-    row = asdict(RequestStats("r000", 0.0, enqueued=0.0, ready=0.001, scheduled=0.002,
-                              first_token=0.01))
-    row["sync_s"] = 0.0
-    return {"rank": rank, "tp_rank": rank, "pp_rank": 0, "requests": [row], "steps": [],
-            "decisions": {"r000": ("none", 0, None)}, "by_site": {}, "crosscheck": {},
-            "host_slots_unaccounted": unaccounted}
+    stats = Stats()  # the rows a rank really sends (Stats.request_rows)
+    stats.requests["r000"] = RequestStats("r000", 0.0, enqueued=0.0, ready=0.001,
+                                          scheduled=0.002, first_token=0.01,
+                                          token_times=[0.01], finished=0.01)
+    return {"rank": rank, "tp_rank": rank, "pp_rank": 0, "requests": stats.request_rows(),
+            "steps": [], "decisions": {"r000": ("none", 0, None)}, "by_site": {},
+            "crosscheck": {}, "host_slots_unaccounted": unaccounted, "cpu_s": 0.0,
+            "wall_s": 1.0}
 
 
 def _sink(tmp_path, unaccounted: list[int]) -> ResultSink:
