@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from bench.overhead import extra_step_ms, hop_ms, intervals_overlap
-from bench.schema import QUIET_METRICS, RATIO_METRICS
+from bench.schema import GATED_METRICS, RATIO_METRICS
 from bench.stats import diff_of_means_ci, per_repeat_stat_ratios, ratio_of_stat_ci, stat_value
 from hicache.cost_model import decision_per_poll
 
@@ -137,7 +137,7 @@ def ratio_cells(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | Non
             point, low, high = ratio_of_stat_ci(x, y, stat)
         out |= {f"{name}_ratio": _nan(point), f"{name}_ratio_ci_low": _nan(low),
                 f"{name}_ratio_ci_high": _nan(high)}
-        if name in QUIET_METRICS:
+        if name in GATED_METRICS:
             ratios = per_repeat_stat_ratios(x, y, stat) if x and y else {}
             out[f"{name}_ratio_per_repeat"] = ";".join(f"{v:.4f}" for v in ratios.values()) \
                 or math.nan

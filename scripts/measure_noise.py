@@ -3,7 +3,8 @@
 
 Measures the run-to-run noise of the CI preset's ratios vs pr27010 on this machine and derives
 the perf gate's tolerances from it: `tolerance` from the TTFT p50 ratios, `quiet_tolerance`
-from the mean step time and ITL p50 ratios (the quiet metrics).
+from the mean step time and ITL p50 ratios (the quiet metrics). TTFT is taken per request
+class (prefetching, bystander) where the runs have classes.
 
 Runs `python -m bench run --preset ci` K times (default 4) back to back (or reads the runs
 given with --from), and for every protocol other than pr27010 x policy collects each run's
@@ -43,7 +44,8 @@ FACTOR = 2.0  # tolerance = FACTOR x the largest run-to-run deviation
 METHOD = (f"K back-to-back `bench run --preset ci` runs; per protocol != {REFERENCE_PROTOCOL} "
           "x policy, run_to_run = max over runs of |pooled ratio / median over runs - 1|, "
           "per_repeat = max over runs and repeats of |repeat ratio / pooled ratio - 1|; "
-          f"tolerance = {FACTOR:g} x max run_to_run of the TTFT p50 ratios, quiet_tolerance "
+          f"tolerance = {FACTOR:g} x max run_to_run of the TTFT p50 ratios (per request class "
+          "where the runs have classes), quiet_tolerance "
           f"= {FACTOR:g} x max run_to_run of the mean step time and ITL p50 ratios, each "
           f"rounded up to {STEP:g}")
 
@@ -64,8 +66,12 @@ def run_ci(index: int) -> Path:
 # metric -> (pooled ratio column, per-repeat ratios column) in summary.csv
 METRICS = {"ttft_p50": ("ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_per_repeat"),
            "step_mean": ("step_mean_ratio", "step_mean_ratio_per_repeat"),
-           "itl_p50": ("itl_p50_ratio", "itl_p50_ratio_per_repeat")}
+           "itl_p50": ("itl_p50_ratio", "itl_p50_ratio_per_repeat"),
+           "prefetch_ttft_p50": ("prefetch_ttft_p50_ratio", "prefetch_ttft_p50_ratio_per_repeat"),
+           "bystander_ttft_p50": ("bystander_ttft_p50_ratio",
+                                  "bystander_ttft_p50_ratio_per_repeat")}
 QUIET = ("step_mean", "itl_p50")
+TTFT = ("prefetch_ttft_p50", "bystander_ttft_p50")  # per class; pooled TTFT in older runs
 
 
 def ratios(run_dir: Path, metric: str = "ttft_p50") -> dict[str, tuple[float, list[float]]]:
@@ -118,7 +124,11 @@ def main(argv: list[str]) -> int:
     for i in range(0 if args.runs_from else args.runs):
         dirs.append(run_ci(i))
         load[dirs[-1].name] = round(os.getloadavg()[0], 2)  # how shared the machine was
-    figures = noise([ratios(d) for d in dirs])
+    per_class = [m for m in TTFT if ratios(dirs[0], m)]
+    ttft = {m: noise([ratios(d, m) for d in dirs]) for m in per_class or ["ttft_p50"]}
+    figures = {"per_metric": ttft,
+               "max_run_to_run": max(f["max_run_to_run"] for f in ttft.values()),
+               "max_per_repeat": max(f["max_per_repeat"] for f in ttft.values())}
     quiet = {m: noise([ratios(d, m) for d in dirs]) for m in QUIET}
     worst_quiet = max(q["max_run_to_run"] for q in quiet.values())
     settings = {"tolerance": tolerance(figures["max_run_to_run"]),
