@@ -1,11 +1,11 @@
 """The gate's timing checks: ratios to pr27010 measured inside one run, against the committed
 baseline's ratio x (1 + tolerance).
 
-TTFT p50 (per request class where the run has classes) is noisy here; step time and ITL
-p50 in the queue scenario are quiet (their own, smaller tolerance, `quiet_tolerance` in
-gate.json, derived by scripts/measure_noise.py from their run-to-run noise), so a change that slows every poll
-without adding a collective shows there first. A check fails only when the pooled ratio and
-every repeat's ratio exceed the bound, so noise alone does not fail CI.
+TTFT p50 (per request class where the run has bystanders) is noisy here; mean step time and
+ITL p50 in the queue scenario are quiet and get their own, smaller `quiet_tolerance` in
+gate.json (scripts/measure_noise.py derives both from run-to-run noise), so a change that
+slows every poll without adding a collective shows there first. A check fails only when the
+pooled ratio and every repeat's ratio exceed the bound, so noise alone does not fail CI.
 """
 
 from __future__ import annotations
