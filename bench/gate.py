@@ -8,9 +8,10 @@ collectives equal the analytic model (hicache.cost_model) for every request, eve
 agreed, no data errors, and no protocol spends more decision collectives per poll than the
 committed baseline. The timing checks (bench.gate_timing) compare ratios vs pr27010 measured
 inside one run (interleaved repeats) against the baseline's ratio x (1 + tolerance): TTFT
-p50 with the noisy-metric tolerance, mean step time and ITL p50 with their own smaller
-`quiet_tolerance`; each fails only when every repeat exceeds the bound too. When the run directory
-holds microbench.json, the per-poll cost ratios are printed as information, never checked.
+p50 per request class and mean step time and ITL p50, each with its own tolerance from
+gate.json (derived from measured run-to-run noise); each fails only when every repeat
+exceeds the bound too. When the run directory holds microbench.json, the per-poll cost
+ratios are printed as information, never checked.
 Exit 0: all checks hold; 1: a check failed (table on stdout); 2: bad input (one line).
 """
 
@@ -233,6 +234,11 @@ def read_settings(baseline_dir: Path) -> dict:
     for key in ("tolerance", "quiet_tolerance"):
         if key in settings:
             _tolerance(settings[key], f"{gate_json} ({key})")
+    per_metric = settings.get("tolerances", {})
+    if not isinstance(per_metric, dict):
+        raise ResultFileError(f"{gate_json}: tolerances must be an object")
+    for key, value in per_metric.items():
+        _tolerance(value, f"{gate_json} (tolerances.{key})")
     return settings
 
 
@@ -305,11 +311,15 @@ def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
     tolerance = args.tolerance if args.tolerance is not None else settings.get(
         "tolerance", DEFAULT_TOLERANCE)
     quiet = settings.get("quiet_tolerance", DEFAULT_QUIET_TOLERANCE)
-    checks += (per_poll_checks(summary, baseline) + ratio_checks(summary, baseline, tolerance)
-               + quiet_checks(summary, baseline, quiet))
+    # --tolerance overrides every timing tolerance; else each metric's own from gate.json.
+    per_metric = {} if args.tolerance is not None else settings.get("tolerances", {})
+    checks += (per_poll_checks(summary, baseline)
+               + ratio_checks(summary, baseline, tolerance, per_metric)
+               + quiet_checks(summary, baseline, quiet, per_metric))
     # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
     note = gate_note(args.run_dir)
-    return checks, f"tolerance {tolerance:g} (TTFT), {quiet:g} (step time, ITL) vs " \
+    own = "".join(f", {m} {t:g}" for m, t in per_metric.items())
+    return checks, f"tolerance {tolerance:g} (TTFT), {quiet:g} (step time, ITL){own} vs " \
         f"baseline {args.baseline}" + \
         (f"\n{note}" if note else "")
 

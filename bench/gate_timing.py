@@ -57,7 +57,8 @@ def _one(row: dict, baseline: pd.DataFrame, metric: str, point_col: str, repeat_
         if noise else "")
 
 
-def ratio_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float) -> list[Check]:
+def ratio_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float,
+                 per_metric: dict | None = None) -> list[Check]:
     """TTFT p50 ratios vs pr27010 within baseline x (1 + tolerance) unless a repeat is not:
     per request class where the run has bystanders (the pooled median of a prefetching and a
     bystander mode jumps between them), else pooled."""
@@ -68,14 +69,16 @@ def ratio_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float
         if not classes:
             checks.append(_one(r, baseline, "ttft", "ttft_p50_ratio_vs_pr27010",
                                "ttft_p50_ratio_per_repeat", tolerance))
-        checks += [_one(r, baseline, m, f"{m}_ratio", f"{m}_ratio_per_repeat", tolerance)
-                   for m in classes]
+        checks += [_one(r, baseline, m, f"{m}_ratio", f"{m}_ratio_per_repeat",
+                        (per_metric or {}).get(m, tolerance)) for m in classes]
     return [c for c in checks if c is not None]
 
 
-def quiet_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
-                 tolerance: float) -> list[Check]:
-    """Step time and ITL p50 ratios vs pr27010 within baseline x (1 + quiet tolerance)."""
-    checks = [_one(r, baseline, m, f"{m}_ratio", f"{m}_ratio_per_repeat", tolerance)
+def quiet_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float,
+                 per_metric: dict | None = None) -> list[Check]:
+    """Step time and ITL p50 ratios vs pr27010 within baseline x (1 + its tolerance): the
+    metric's own from gate.json `tolerances` when measured, else the quiet tolerance."""
+    checks = [_one(r, baseline, m, f"{m}_ratio", f"{m}_ratio_per_repeat",
+                   (per_metric or {}).get(m, tolerance))
               for r in summary.to_dict("records") for m in QUIET_METRICS]
     return [c for c in checks if c is not None]

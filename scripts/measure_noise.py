@@ -13,9 +13,9 @@ configuration and overall:
   run_to_run: max over runs of |ratio_run / median over runs - 1|
   per_repeat: max over runs and repeats of |ratio_repeat / ratio_run - 1|
 Each tolerance is 2 x the largest run-to-run deviation of its metrics, rounded up to a
-multiple of 0.05: the baseline run and a gated run may each sit that far from the median, on
-opposite sides. Writes tolerance, quiet_tolerance, noise, method and runs into
-BASELINE/gate.json, keeping its other keys
+multiple of 0.05: the baseline run and a gated run may each sit that far from the median,
+on opposite sides. Writes tolerance, quiet_tolerance, per-metric `tolerances` (which the
+gate prefers), noise, method and runs into BASELINE/gate.json, keeping its other keys
 (`bench gate --update-baseline` keeps them in turn). --dry-run prints instead of writing.
 """
 
@@ -131,8 +131,10 @@ def main(argv: list[str]) -> int:
                "max_per_repeat": max(f["max_per_repeat"] for f in ttft.values())}
     quiet = {m: noise([ratios(d, m) for d in dirs]) for m in QUIET}
     worst_quiet = max(q["max_run_to_run"] for q in quiet.values())
+    per_metric = {m: tolerance(f["max_run_to_run"]) for m, f in {**ttft, **quiet}.items()}
     settings = {"tolerance": tolerance(figures["max_run_to_run"]),
-                "quiet_tolerance": tolerance(worst_quiet), "noise": figures,
+                "quiet_tolerance": tolerance(worst_quiet), "tolerances": per_metric,
+                "noise": figures,
                 "quiet_noise": quiet,
                 "method": METHOD, "runs": [d.name for d in dirs],
                 "load_avg_1m_after_run": load or None, "cpu_count": os.cpu_count(),
@@ -147,7 +149,8 @@ def main(argv: list[str]) -> int:
     print(f"TTFT: max run-to-run deviation {figures['max_run_to_run']:.3f}, max per-repeat "
           f"{figures['max_per_repeat']:.3f} over {len(dirs)} runs -> tolerance "
           f"{settings['tolerance']:g}; step time and ITL: max run-to-run {worst_quiet:.3f} -> "
-          f"quiet_tolerance {settings['quiet_tolerance']:g} ({gate_json})")
+          f"quiet_tolerance {settings['quiet_tolerance']:g}; per metric "
+          f"{', '.join(f'{m} {t:g}' for m, t in per_metric.items())} ({gate_json})")
     return 0
 
 

@@ -48,7 +48,7 @@ def baseline(tmp_path_factory):
     # The committed baseline's tolerances, measured from this machine's noise.
     committed = json.loads((REPO / "results" / "baseline" / "gate.json").read_text())
     settings = json.loads((base / "gate.json").read_text())
-    settings.update({k: committed[k] for k in ("tolerance", "quiet_tolerance")
+    settings.update({k: committed[k] for k in ("tolerance", "quiet_tolerance", "tolerances")
                      if k in committed})
     (base / "gate.json").write_text(json.dumps(settings))
     return root, run, base
@@ -68,8 +68,8 @@ def test_clean_runs_pass(baseline, capsys):
     bench_run(REPO, again)
     assert main_gate([str(again), "--baseline", str(base)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    for check in ("ttft_ratio_vs_baseline", "step_mean_ratio_vs_baseline",
-                  "itl_p50_ratio_vs_baseline"):
+    for check in ("prefetch_ttft_p50_ratio_vs_baseline", "bystander_ttft_p50_ratio_vs_baseline",
+                  "step_mean_ratio_vs_baseline", "itl_p50_ratio_vs_baseline"):
         assert check in out
     assert out.strip().endswith("OK")
 
