@@ -151,6 +151,20 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
+def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
+    """The terminal's lead after the table: expectation, headline ratios, verdict, model."""
+    rows = headline_rows(summary)
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in [HEADLINE_HEADERS, *rows])
+              for i in range(len(HEADLINE_HEADERS))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in [HEADLINE_HEADERS, *rows]]
+    return ["", "Expected (overhead model):", *expectation_lines(summary, calib), "",
+            "Headline, ratios to pr27010 [95% CI]:", *table, *verdict_lines(summary),
+            agreement_sentence(summary)]
+
+
 def agreement_sentence(summary: pd.DataFrame) -> str:
     """One sentence: for how many rows prediction and measurement agree, and why not."""
     rows = [r for r in summary.to_dict("records")

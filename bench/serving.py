@@ -204,6 +204,10 @@ def overhead_cells(row: dict, s: pd.DataFrame | None, ref: dict | None,
 
 def _why(out: dict, c: dict) -> str:
     """Which assumption of the model broke, in one sentence."""
+    if out["predicted_extra_step_high_ms"] == 0:
+        return (f"its polls issue no collective, yet its host time per step differs from the "
+                f"reference's by {out['measured_extra_step_ms']:+.2f} ms: scheduler work other "
+                "than collectives (the walk's own cost per poll, per-step flags) or drift")
     insitu, calibrated = out["c_insitu_ms"], c["mean_ms"]
     if not math.isnan(insitu) and calibrated > 0 and not (
             1 / C_MISMATCH <= insitu / calibrated <= C_MISMATCH):

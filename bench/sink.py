@@ -139,6 +139,7 @@ class ResultSink:
         """Report, table and the closing verdict."""
         import pandas as pd
 
+        from bench.headline import lead_text
         from bench.report import write_report  # matplotlib: imported once, at the end
         from bench.summarize import format_table, summarize
 
@@ -148,6 +149,8 @@ class ResultSink:
                             calibration=getattr(self, "calib", None),
                             ranks=pd.DataFrame(self.ranks))
         print(format_table(summary))
+        for line in lead_text(summary, getattr(self, "calib", None)):
+            print(line)
         if self.h2d.get("h2d_peak_gbps"):
             print(self._load_back_line())
         why = self._verdict()
