@@ -30,6 +30,7 @@ from bench.cliutil import CliParser, UsageError
 from bench.gate_timing import DEFAULT_QUIET_TOLERANCE, quiet_checks, ratio_checks
 from bench.io import (
     ResultFileError,
+    numeric_columns,
     read_csv_checked,
     write_csv_atomic,
     write_json_atomic,
@@ -174,31 +175,17 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     if not run_dir.is_dir():
         raise ResultFileError(f"{run_dir}: no such directory")
     path = run_dir / "requests.csv"
-    requests = _numeric(read_csv_checked(path, REQUIRED_REQUEST_COLUMNS), REQUEST_NUMERIC,
+    requests = numeric_columns(read_csv_checked(path, REQUIRED_REQUEST_COLUMNS), REQUEST_NUMERIC,
                         path, REQUEST_NUMERIC[:-1])
     path = run_dir / "summary.csv"
     if path.exists():
         summary = read_csv_checked(path, REQUIRED_SUMMARY_COLUMNS)
-        return requests, _numeric(summary, SUMMARY_NUMERIC, path, ["tp", "pp", "data_errors"])
+        return requests, numeric_columns(summary, SUMMARY_NUMERIC, path,
+                                         ["tp", "pp", "data_errors"])
     steps_path = run_dir / "steps.csv"
     steps = (read_csv_checked(steps_path, STEP_COLUMNS) if steps_path.exists()
              else pd.DataFrame(columns=STEP_COLUMNS))
     return requests, summarize(requests, steps)
-
-
-def _numeric(frame: pd.DataFrame, columns: list[str], where: Path,
-             not_empty: list[str]) -> pd.DataFrame:
-    """Columns converted to numbers; a non-numeric cell, or an empty one in `not_empty`
-    columns, is a ResultFileError."""
-    frame = frame.copy()
-    for col in columns:
-        values = pd.to_numeric(frame[col], errors="coerce")
-        if (values.isna() & frame[col].notna()).any():
-            raise ResultFileError(f"{where}: non-numeric values in column {col}")
-        if col in not_empty and values.isna().any():
-            raise ResultFileError(f"{where}: empty cells in column {col}")
-        frame[col] = values
-    return frame
 
 
 def _tolerance(value: object, where: str) -> float:
@@ -217,7 +204,8 @@ def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
     summary = read_csv_checked(path, BASELINE_KEY + BASELINE_NUMERIC[2:])
     if summary.empty:
         raise ResultFileError(f"{path}: baseline has no rows")
-    return _numeric(summary, BASELINE_NUMERIC, path, ["tp", "pp"]), read_settings(baseline_dir)
+    summary = numeric_columns(summary, BASELINE_NUMERIC, path, ["tp", "pp"])
+    return summary, read_settings(baseline_dir)
 
 
 def read_settings(baseline_dir: Path) -> dict:
