@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -54,4 +55,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except BrokenPipeError:  # e.g. `| head`: the reader left; no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
