@@ -38,17 +38,15 @@ def _last_line(path: Path) -> str:
 
 
 def _run_facts(run: Path) -> dict:
-    """Idle-step and prefill medians and load-back GB/s of one bench run's CSVs."""
+    """Decode-step and prefill medians and load-back GB/s of one bench run's CSVs."""
     if not (run / "requests.csv").exists():
         return {}
     req = pd.read_csv(run / "requests.csv")
     steps = pd.read_csv(run / "steps.csv")
-    steps = steps.sort_values(["protocol", "policy", "repeat", "step"])
-    dur = steps.groupby(["protocol", "policy", "repeat"])["t_s"].diff().shift(-1) * 1e3
-    idle = dur[steps["scheduled"] == 0].dropna()
+    decode = steps.loc[steps["kind"] == "decode", "forward_ms"].dropna()
     gbps = req["load_back_gbps"].dropna() if "load_back_gbps" in req else pd.Series([])
     loaded = req["load_back_bytes"] if "load_back_bytes" in req else pd.Series([])
-    return {"idle_step_ms": idle.median() if len(idle) else None,
+    return {"decode_forward_ms": decode.median() if len(decode) else None,
             "prefill_ms": req["prefill_ms"].median() if len(req) else None,
             "load_back_gbps": gbps.median() if len(gbps) else None,
             "load_back_bytes": loaded.median() if len(loaded) else None}
@@ -89,7 +87,7 @@ def _run_line(work: Path, step: str, peak) -> str:
             f"{env.get('data_backend', '?')}]: {_status(work, step)}")
     if not f:
         return head
-    return (f"{head}; idle (1-row decode) step p50 {_fmt(f['idle_step_ms'], ' ms', 2)}; "
+    return (f"{head}; decode forward p50 {_fmt(f['decode_forward_ms'], ' ms', 2)}; "
             f"prefill p50 {_fmt(f['prefill_ms'], ' ms', 2)}; load-back p50 "
             f"{_fmt(f['load_back_gbps'], ' GB/s', 2)}{_pct(f['load_back_gbps'], peak)} per "
             f"load-back of {_size(f['load_back_bytes'])} (median)")

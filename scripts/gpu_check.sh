@@ -32,7 +32,8 @@ PY=${PYTHON:-python3}
 WORK=${GPU_CHECK_DIR:-results/gpu_check_$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$WORK/status"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-RUN=(--preset ci --repeats 1 --protocols before,after --policies wait_complete)
+RUN=(--preset ci --repeats 1 --protocols before,after --policies wait_complete --bystanders 8
+     --output-tokens 32)
 TESTS=(tests/test_gpu_model.py tests/test_loadback.py tests/test_pools.py)
 if ((DRY)); then
   SCALE=3 DEV=cpu FWD_MODEL=toy
