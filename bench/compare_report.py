@@ -11,7 +11,8 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from bench.compare import Comparison, Run
 from bench.envinfo import REPO_DIR
-from bench.io import atomic_open, write_csv_atomic, write_text_atomic
+from bench.io import write_csv_atomic, write_text_atomic
+from bench.plots import save_figure
 from bench.report import markdown_table
 
 ROW_COLUMNS = ["metric", "kind", "a", "b", "b_minus_a", "ratio_b_over_a", "ratio_ci_low",
@@ -183,9 +184,7 @@ def plot_ratios(comp: Comparison, path: Path) -> bool:
     axes[0].invert_yaxis()
     fig.suptitle(f"B/A with 95% CI; shaded: 1 +- {comp.threshold:g}; red worse, green better, "
                  "grey same", fontsize=9)
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
+    save_figure(fig, path)
     return True
 
 

@@ -39,7 +39,7 @@ def _color(protocol: str) -> str:
     return f"C{i % 10}"
 
 
-def _save(fig: Figure, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
     """Write a figure as PNG atomically."""
     fig.tight_layout()
     with atomic_open(path, "wb") as f:
@@ -78,7 +78,7 @@ def plot_collectives(requests: pd.DataFrame, path: Path) -> None:
     _stacked_bars(ax, _means(requests, list(SITES)), SITES)
     ax.set_ylabel("collectives per request (rank 0)")
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_breakdown(requests: pd.DataFrame, path: Path) -> None:
@@ -96,7 +96,7 @@ def plot_breakdown(requests: pd.DataFrame, path: Path) -> None:
                zorder=3)
     ax.set_ylabel("mean time per request (ms)")
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _policy_axes(fig: Figure, policies: list, **kw: object) -> list[Axes]:
@@ -131,7 +131,7 @@ def plot_ttft_cdf(requests: pd.DataFrame, path: Path) -> None:
         ax.set_xlabel("TTFT (ms)")
     fig.axes[0].set_ylabel("fraction of requests")
     fig.axes[0].legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_ttft_vs_rate(summary: pd.DataFrame, path: Path) -> None:
@@ -150,7 +150,7 @@ def plot_ttft_vs_rate(summary: pd.DataFrame, path: Path) -> None:
         ax.set_xlabel("arrival rate (requests/s)")
     fig.axes[0].set_ylabel("TTFT (ms)")
     fig.axes[0].legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_over_time(steps: pd.DataFrame, path: Path) -> None:
@@ -173,7 +173,7 @@ def plot_over_time(steps: pd.DataFrame, path: Path) -> None:
     axes[0][0].set_ylabel("waiting requests")
     axes[1][0].set_ylabel("step time (ms, rolling median)")
     axes[0][0].legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def write_plots(run_dir: Path, requests: pd.DataFrame, summary: pd.DataFrame,

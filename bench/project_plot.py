@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # the OO API renders with Agg; no pyplot global state
 from matplotlib.lines import Line2D
 
-from bench.io import atomic_open
+from bench.plots import save_figure
 from bench.projection import Assumptions, CostClass, finite
 
 STYLES = ("-", "--", ":", "-.")
@@ -81,7 +81,5 @@ def plot_projection(rows: list[dict], classes: list[CostClass], a: Assumptions,
     _legend(axes[-1], classes, tps)
     fig.suptitle(f"c = {a.c_ms:.3g} ms at TP{a.tp0}, {a.scaling} scaling; markers: this "
                  "run's measurements (95% CI)", fontsize=9)
-    fig.tight_layout()
-    with atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110)
+    save_figure(fig, path)
     return shown
