@@ -53,58 +53,6 @@ def _ratio(num: float, den: float) -> float | None:
     return float(num / den)
 
 
-def _bootstrap_medians(
-    strata: dict[int, np.ndarray], n_boot: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Medians of n_boot stratified resamples: each repeat resampled with replacement."""
-    parts = [a[rng.integers(0, a.size, size=(n_boot, a.size))] for a in strata.values()]
-    return np.median(np.concatenate(parts, axis=1), axis=1)
-
-
-def ratio_of_medians_ci(
-    x_by_repeat: Mapping[int, Sequence[float]],
-    y_by_repeat: Mapping[int, Sequence[float]],
-    n_boot: int = 2000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> RatioCI:
-    """(point, low, high): median(all x) / median(all y) with a percentile-bootstrap CI.
-
-    The bootstrap is stratified by repeat: within each repeat, requests are resampled with
-    replacement, for x and y independently, so every resample keeps the interleaved design.
-    Deterministic for a given seed. All None when either side has no values.
-    """
-    if n_boot < 1 or not 0 < level < 1:
-        raise ValueError(f"need n_boot >= 1 and 0 < level < 1, got {n_boot}, {level}")
-    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
-    if not xs or not ys:
-        return None, None, None
-    point = _ratio(np.median(np.concatenate(list(xs.values()))),
-                   np.median(np.concatenate(list(ys.values()))))
-    if point is None:
-        return None, None, None
-    rng = np.random.default_rng(seed)
-    bx, by = _bootstrap_medians(xs, n_boot, rng), _bootstrap_medians(ys, n_boot, rng)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = bx / by
-    alpha = (1 - level) / 2
-    low, high = np.nanquantile(ratios, [alpha, 1 - alpha])
-    return point, float(low), float(high)
-
-
-def per_repeat_ratios(
-    x_by_repeat: Mapping[int, Sequence[float]], y_by_repeat: Mapping[int, Sequence[float]]
-) -> dict[int, float]:
-    """Repeat -> median(x) / median(y) of that repeat, for repeats where both have values."""
-    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
-    out = {}
-    for r in sorted(set(xs) & set(ys)):
-        ratio = _ratio(np.median(xs[r]), np.median(ys[r]))
-        if ratio is not None:
-            out[r] = ratio
-    return out
-
-
 Stat = str  # "mean" or a percentile "p50", "p99", ...
 
 
@@ -130,9 +78,16 @@ def ratio_of_stat_ci(
     stat: Stat = "p50",
     n_boot: int = 2000,
     seed: int = 0,
+    level: float = 0.95,
 ) -> RatioCI:
-    """(point, low, high): stat(all x) / stat(all y) with a 95% percentile-bootstrap CI,
-    stratified by repeat like ratio_of_medians_ci. All None when a side has no values."""
+    """(point, low, high): stat(all x) / stat(all y) with a percentile-bootstrap CI.
+
+    The bootstrap is stratified by repeat: within each repeat, requests are resampled with
+    replacement, for x and y independently, so every resample keeps the interleaved design.
+    Deterministic for a given seed. All None when either side has no values.
+    """
+    if n_boot < 1 or not 0 < level < 1:
+        raise ValueError(f"need n_boot >= 1 and 0 < level < 1, got {n_boot}, {level}")
     xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
     if not xs or not ys:
         return None, None, None
@@ -143,8 +98,28 @@ def ratio_of_stat_ci(
     rng = np.random.default_rng(seed)
     bx, by = _bootstrap_stat(xs, stat, n_boot, rng), _bootstrap_stat(ys, stat, n_boot, rng)
     with np.errstate(divide="ignore", invalid="ignore"):
-        low, high = np.nanquantile(bx / by, [0.025, 0.975])
+        ratios = bx / by
+    alpha = (1 - level) / 2
+    low, high = np.nanquantile(ratios, [alpha, 1 - alpha])
     return point, float(low), float(high)
+
+
+def ratio_of_medians_ci(
+    x_by_repeat: Mapping[int, Sequence[float]],
+    y_by_repeat: Mapping[int, Sequence[float]],
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> RatioCI:
+    """median(all x) / median(all y) with its stratified bootstrap CI (ratio_of_stat_ci)."""
+    return ratio_of_stat_ci(x_by_repeat, y_by_repeat, "p50", n_boot, seed, level)
+
+
+def per_repeat_ratios(
+    x_by_repeat: Mapping[int, Sequence[float]], y_by_repeat: Mapping[int, Sequence[float]]
+) -> dict[int, float]:
+    """Repeat -> median(x) / median(y) of that repeat, for repeats where both have values."""
+    return per_repeat_stat_ratios(x_by_repeat, y_by_repeat, "p50")
 
 
 def diff_of_means_ci(
