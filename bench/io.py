@@ -103,3 +103,13 @@ def numeric_columns(frame: pd.DataFrame, columns: list[str], where: Path | str,
             raise ResultFileError(f"{where}: empty cells in column {col}")
         frame[col] = values
     return frame
+
+
+def parse_gaps(cell: object) -> list[float]:
+    """'1.5;2.0;...' -> floats; empty (fewer than two tokens) -> []."""
+    if pd.isna(cell) or not str(cell).strip():
+        return []
+    try:
+        return [float(v) for v in str(cell).split(";")]
+    except ValueError as e:
+        raise ResultFileError(f"requests.csv: bad itl_ms cell {str(cell)[:40]!r}") from e

@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from bench.io import ResultFileError
+from bench.io import parse_gaps
 from bench.stats import Sample
 from bench.summarize import STEP_SITES
 
@@ -55,19 +55,9 @@ def ttft(request_class: str | None = None) -> Callable[[pd.DataFrame], Sample]:
     return sample
 
 
-def _gaps(cell: object) -> list[float]:
-    """'1.5;2.0;...' -> floats; empty (fewer than two tokens) -> []."""
-    if pd.isna(cell) or not str(cell).strip():
-        return []
-    try:
-        return [float(v) for v in str(cell).split(";")]
-    except ValueError as e:
-        raise ResultFileError(f"requests.csv: bad itl_ms cell {str(cell)[:40]!r}") from e
-
-
 def itl_gaps(frame: pd.DataFrame) -> Sample:
     """Pooled inter-token gaps of all requests; a request's gaps are one resampling unit."""
-    return Sample.clustered({int(r): [_gaps(c) for c in g["itl_ms"]]
+    return Sample.clustered({int(r): [parse_gaps(c) for c in g["itl_ms"]]
                              for r, g in frame.groupby("repeat")})
 
 

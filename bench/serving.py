@@ -16,6 +16,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.io import parse_gaps
 from bench.overhead import extra_step_ms, hop_ms, intervals_overlap
 from bench.schema import GATED_METRICS, RATIO_METRICS
 from bench.stats import diff_of_means_ci, per_repeat_stat_ratios, ratio_of_stat_ci, stat_value
@@ -50,8 +51,7 @@ def _classes(g: pd.DataFrame) -> pd.Series:
 
 def itl_gaps(cells: pd.Series) -> np.ndarray:
     """All gaps (ms) of requests.csv `itl_ms` cells ('1.2;3.4', empty when < 2 tokens)."""
-    parts = [str(c) for c in cells if isinstance(c, str) and c.strip()]
-    return np.array([float(v) for p in parts for v in p.split(";")], dtype=float)
+    return np.array([g for c in cells for g in parse_gaps(c)], dtype=float)
 
 
 def by_repeat(g: pd.DataFrame, s: pd.DataFrame | None, source: str,
