@@ -31,6 +31,7 @@ class ResultSink:
         self.steps: list[dict] = []
         self.ranks: list[dict] = []
         self.problems: list[str] = []
+        self.calib: dict | None = None  # calibration.json, once measured
         world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
                  "device": plan.device, "backend": plan.backend}
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
@@ -141,15 +142,13 @@ class ResultSink:
 
         from bench.headline import lead_text
         from bench.report import write_report  # matplotlib: imported once, at the end
-        from bench.summarize import format_table, summarize
+        from bench.summarize import format_table
 
         (self.dir / "progress.json").unlink(missing_ok=True)
         write_report(self.dir)
-        summary = summarize(pd.DataFrame(self.requests), pd.DataFrame(self.steps),
-                            calibration=getattr(self, "calib", None),
-                            ranks=pd.DataFrame(self.ranks))
+        summary = pd.read_csv(self.dir / "summary.csv")  # what the report just summarized
         print(format_table(summary))
-        for line in lead_text(summary, getattr(self, "calib", None)):
+        for line in lead_text(summary, self.calib):
             print(line)
         if self.h2d.get("h2d_peak_gbps"):
             print(self._load_back_line())
