@@ -83,11 +83,11 @@ def _ttft_class_cells(g: pd.DataFrame) -> dict:
     return out
 
 
-def _step_cells(s: pd.DataFrame | None, n_requests: int) -> dict:
+def _step_cells(s: pd.DataFrame | None) -> dict:
     keys = ("step_mean_ms", "step_p50_ms", "step_p99_ms", "decode_step_p50_ms",
             "decode_step_p99_ms", "host_ms_per_step", "polls_per_step",
             "critical_collectives_per_step", "decision_sync_ms_per_step", "waiting_p50",
-            "waiting_max", "prefetching_p50", "prefetching_max", "output_tok_per_s")
+            "waiting_max", "prefetching_p50", "prefetching_max")
     if s is None or s.empty or "step_ms" not in s:
         return dict.fromkeys(keys, math.nan)
     step = s["step_ms"].to_numpy(float)
@@ -101,7 +101,7 @@ def _step_cells(s: pd.DataFrame | None, n_requests: int) -> dict:
             critical.mean(), "decision_sync_ms_per_step": s["decision_sync_ms"].mean(),
             "waiting_p50": s["waiting"].median(), "waiting_max": s["waiting"].max(),
             "prefetching_p50": s["prefetching"].median(),
-            "prefetching_max": s["prefetching"].max(), "output_tok_per_s": math.nan}
+            "prefetching_max": s["prefetching"].max()}
 
 
 def _throughput(g: pd.DataFrame, s: pd.DataFrame | None) -> float:
@@ -115,7 +115,7 @@ def _throughput(g: pd.DataFrame, s: pd.DataFrame | None) -> float:
 def serving_cells(g: pd.DataFrame, s: pd.DataFrame | None, cores_busy: float) -> dict:
     """Absolute serving metrics of a group: TTFT per class, ITL, steps, queue, throughput."""
     gaps = itl_gaps(g["itl_ms"]) if "itl_ms" in g else np.array([])
-    out = _ttft_class_cells(g) | _step_cells(s, len(g))
+    out = _ttft_class_cells(g) | _step_cells(s)
     out["output_tok_per_s"] = _throughput(g, s)
     for stat in ("p50", "p90", "p99"):
         out[f"itl_{stat}_ms"] = _pct(gaps, stat)
