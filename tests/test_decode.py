@@ -66,14 +66,18 @@ def test_prefill_runs_first_and_running_requests_wait():
 def test_running_bound_gates_the_walk():
     """max_running_requests = 2: never more than 2 running, and a step whose batch is full
     walks no queue, so it polls no waiting prefetch (SGLang's batch_is_full gate)."""
+    # Decode steps of 5 ms x 30 tokens keep two requests running for ~150 ms, while six
+    # serial 20 ms reads keep later prefetches pending: the batch is full while they wait,
+    # whatever the machine's speed.
     ps = prompts(6, 512, 64)
-    reqs = [Request(f"r{i}", p, 0.0, 8) for i, p in enumerate(ps)]
-    stats = serve(reqs, [p[:512] for p in ps], max_running_requests=2, latency_ms=2.0)
+    reqs = [Request(f"r{i}", p, 0.0, 30) for i, p in enumerate(ps)]
+    stats = serve(reqs, [p[:512] for p in ps], max_running_requests=2, latency_ms=20.0,
+                  step_time=StepTimeModel(decode_base_ms=5.0))
     assert max(s.running for s in stats.steps) == 2
     full = [s for s in stats.steps if s.running == 2]
     assert full and all(s.polled == 0 and s.scheduled == 0 for s in full)
     assert any(s.prefetching > 0 for s in full), "prefetches waited while the batch was full"
-    assert all(len(r.token_times) == 8 for r in stats.requests.values())
+    assert all(len(r.token_times) == 30 for r in stats.requests.values())
     # the walk also stops at the free slots: no prefill ever schedules more than 2
     assert max(s.scheduled for s in stats.steps) <= 2
 
