@@ -24,7 +24,7 @@ from hicache.loadback import LoadBack
 from hicache.pools import PagePool, verify_pages
 from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
-from hicache.stats import Stats
+from hicache.records import Stats
 from hicache.storage import Storage
 
 

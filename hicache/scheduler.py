@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from hicache.cache import HiCache
 from hicache.comm import REQUEST_BROADCAST, Comm, Layout
 from hicache.config import HiCacheConfig
-from hicache.model import Model
-from hicache.stats import RequestStats, Stats, StepStats
+from hicache.records import RequestStats, Stats, StepStats
+from hicache.toy_model import Model
 
 
 @dataclass(frozen=True)

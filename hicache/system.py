@@ -19,11 +19,11 @@ from hicache.consensus import ConsensusChecker
 from hicache.controller import KV, SIDECAR
 from hicache.gpu_model import GpuModel
 from hicache.hashing import page_hashes
-from hicache.model import Model
+from hicache.records import Stats
 from hicache.scheduler import Request, Scheduler
 from hicache.shapes import get_shape
-from hicache.stats import Stats
 from hicache.storage import make_storage
+from hicache.toy_model import Model
 
 
 def setup_distributed(layout: Layout, device: torch.device, timeout_s: float,

@@ -11,7 +11,7 @@ from hicache.cache import HiCache
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from hicache.hashing import page_hashes
-from hicache.stats import RequestStats, Stats
+from hicache.records import RequestStats, Stats
 from hicache.storage import SimStorage, StorageSpec
 
 

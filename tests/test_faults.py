@@ -22,7 +22,7 @@ from hicache.cache import HiCache
 from hicache.comm import CollectiveCounter, CollectiveError, Comm, Groups, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import compare_decisions
-from hicache.stats import Stats
+from hicache.records import Stats
 from hicache.storage import StorageSpec, make_storage
 from tests.fault_helpers import (
     launch_timed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from bench.plan import RunPlan
 from bench.schema import RANK_COLUMNS
 from bench.sink import ResultSink
-from hicache.stats import RequestStats, Stats
+from hicache.records import RequestStats, Stats
 
 
 def _payload(rank: int, unaccounted: int) -> dict:

@@ -26,7 +26,7 @@ from hicache.comm import COMPLETION, DECISION, Groups, Layout
 from hicache.config import HiCacheConfig
 from hicache.controller import PrefetchOp
 from hicache.hashing import page_hashes
-from hicache.stats import RequestStats
+from hicache.records import RequestStats
 from hicache.system import System, setup_distributed
 
 TP = 2
