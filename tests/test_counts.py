@@ -39,16 +39,18 @@ VARIANTS = [(p, q, "") for p, q in itertools.product(PROTOCOLS, POLICIES)]
 VARIANTS += [(p, "timeout", "fast") for p in PROTOCOLS]
 
 
-def _cases(tp: int, pp: int) -> list[dict]:
+def _cases(tp: int, pp: int, **cfg_kw) -> list[dict]:
     return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
-                  **(FAST_TIMEOUT if v else {})}, STORAGE, n=N_REQUESTS,
+                  **(FAST_TIMEOUT if v else {}), **cfg_kw}, STORAGE, n=N_REQUESTS,
                  prefix_tokens=PREFIX, new_tokens=64)
             for p, q, v in VARIANTS]
 
 
-def _launch(tp: int, pp: int, timeout_s: float) -> dict:
-    results = run_cases(tp * pp, _cases(tp, pp), timeout_s=timeout_s, flight_recorder=True)
-    return dict(zip(VARIANTS, results, strict=True))
+def _launch(tp: int, pp: int, timeout_s: float, variants: list = VARIANTS, **cfg_kw) -> dict:
+    by_variant = dict(zip(VARIANTS, _cases(tp, pp, **cfg_kw), strict=True))
+    cases = [by_variant[v] for v in variants]
+    results = run_cases(tp * pp, cases, timeout_s=timeout_s, flight_recorder=True)
+    return dict(zip(variants, results, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +61,20 @@ def tp2():
 @pytest.fixture(scope="module")
 def tp2pp2():
     return _launch(2, 2, timeout_s=150)
+
+
+# PP > 1 in the fast tier: two ranks, one per stage (TP1, so T = 0 and every count left is
+# the PP hop or a PP-group reduction). One variant per way a decision crosses the stages:
+# every poll hops (pr27010), only timeout polls hop (pr36425), no PP agreement (pre27010),
+# the step-level flag (step-batched); the per-step reductions hop in all of them. A short
+# collective timeout: a hop one stage drops fails the launch in seconds, not a hang.
+PP_VARIANTS = [("pr27010", "timeout", ""), ("pr36425", "timeout", "fast"),
+               ("pre27010", "wait_complete", ""), ("step-batched", "timeout", "fast")]
+
+
+@pytest.fixture(scope="module")
+def tp1pp2():
+    return _launch(1, 2, timeout_s=60, variants=PP_VARIANTS, collective_timeout_s=10.0)
 
 
 def _id(v):
@@ -105,10 +121,10 @@ def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
         assert all(r["polls"] == 1 for r in rows0)  # the first poll always ends it
     elif not fast:  # a 10 ms timeout may end every prefetch at its first poll on a busy box
         assert polls > N_REQUESTS, "the scenario must poll pending prefetches repeatedly"
-    # Per poll, measured on rank 0, equals the hand-written SPEC table (T, P).
-    per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
-    assert sum(r.get("coll_decision", 0) for r in rows0) == per_poll[0] * polls
-    assert sum(r.get("coll_pp_hop", 0) for r in rows0) == per_poll[1] * polls
+    # Per poll, measured on rank 0, equals the hand-written SPEC table (T, P); T = 0 at TP1.
+    t, p = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
+    assert sum(r.get("coll_decision", 0) for r in rows0) == (t if tp > 1 else 0) * polls
+    assert sum(r.get("coll_pp_hop", 0) for r in rows0) == p * polls
 
 
 @pytest.mark.timeout(150)
@@ -122,6 +138,39 @@ def test_counts_tp2(tp2, variant):
 @pytest.mark.parametrize("variant", VARIANTS, ids=_id)
 def test_counts_tp2pp2(tp2pp2, variant):
     _check_layout(tp2pp2, variant, 2, 2)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("variant", PP_VARIANTS, ids=_id)
+def test_counts_tp1pp2(tp1pp2, variant):
+    _check_layout(tp1pp2, variant, 1, 2)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("variant", PP_VARIANTS, ids=_id)
+def test_per_step_reductions_hop_tp1pp2(tp1pp2, variant):
+    """Each step's two `_all_reduce` calls hop once each (TP1: no TP all-reduce), plus one
+    hop per poll for a decision that crosses the stages: on both stages, step by step (the
+    send on stage 0, the recv on stage 1)."""
+    proto, policy, _ = variant
+    hop = SPEC_PER_POLL[(proto, policy)][1][1]
+    for res in tp1pp2[variant]:
+        assert res["steps"]
+        for s in res["steps"]:
+            assert s.get("coll_per_step_min", 0) == 0, s
+            assert s.get("coll_pp_hop", 0) == 2 + hop * s["polled"], s
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("variant", PP_VARIANTS, ids=_id)
+def test_background_reductions_span_pp_tp1pp2(tp1pp2, variant):
+    """TP1 x PP2: an ack protocol's hit query and per-batch ack are one PP-group MIN each;
+    pre27010's are TP only, so none at TP1."""
+    per = int(variant[0] in ACK_PROTOCOLS)
+    for res in tp1pp2[variant]:
+        for row in res["rows"]:
+            assert row.get("coll_hit_query", 0) == per * row["op_issued"], row["rid"]
+            assert row.get("coll_ack", 0) == per * row["io_issued"], row["rid"]
 
 
 @pytest.mark.timeout(150)
