@@ -76,7 +76,8 @@ def one_rank_cache(cfg: HiCacheConfig, comm: RecordingComm,
     return HiCache(cfg, comm.layout, comm, storage, torch.device("cpu"), Stats())
 
 
-def admit(cache: HiCache, rid: str, prompt: list[int]) -> None:
-    """What the scheduler does for an arriving request: its stats row, then admit."""
+def admit(cache: HiCache, rid: str, prompt: list[int], stamp: float = 0.0) -> None:
+    """What the scheduler does for an arriving request: its stats row, then admit (with
+    rank 0's step stamp `stamp`)."""
     cache.stats.requests[rid] = RequestStats(rid, 0.0, enqueued=0.0)
-    cache.admit(rid, prompt, 0.0)
+    cache.admit(rid, prompt, stamp)

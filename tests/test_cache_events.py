@@ -11,6 +11,10 @@ None, `_sync_and_clamp_prefetch_result` otherwise) and mem_cache/unified_radix_c
 
 from __future__ import annotations
 
+import time
+
+import torch
+
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
@@ -110,3 +114,71 @@ def test_host_slot_self_check_counts_slots_neither_in_tree_nor_free():
     assert cache.host_slots_unaccounted() == 3
     cache.host_kv.free(held)
     assert cache.host_slots_unaccounted() == 0
+
+
+# ---- step-clock's clock: rank 0's broadcast step stamp, never this rank's own clock ------
+#
+# A rank whose own clock disagrees with rank 0's stamps (a late or early start, a slow
+# scheduler) must still decide as rank 0 does: the step-clock protocol has no collective to
+# repair a rank that used its own clock. Each case puts the two clocks on opposite sides of
+# the 1 s timeout.
+
+CLOCKS = {"policy": "timeout", "tp": 2, "timeout_base_s": 1.0, "timeout_per_ki_token_s": 0.0}
+ENQUEUED = 100.0  # rank 0's step stamp when the request arrived
+
+
+def _held(protocol: str, local_age_s: float):
+    """A pending prefetch holding host slots, enqueued at stamp ENQUEUED, whose start on
+    this rank's own clock lies `local_age_s` in the past."""
+    comm = RecordingComm(Layout(0, 2, 1))
+    cache = one_rank_cache(HiCacheConfig(protocol=protocol, **CLOCKS), comm)
+    admit(cache, "r0", PROMPT, stamp=ENQUEUED)
+    cache.ongoing["r0"].start_time = time.monotonic() - local_age_s
+    _hit(cache, "r0", 8)
+    cache.check_hicache_events(ENQUEUED, busy=True)  # drains the hit: host slots, IO queued
+    assert cache.ongoing["r0"].host_slots is not None
+    return cache, comm
+
+
+def test_step_clock_times_out_on_the_stamp_while_the_local_clock_says_fresh():
+    cache, comm = _held("step-clock", local_age_s=0.0)
+    cache.check_hicache_events(ENQUEUED + 5.0, busy=True)
+    decided = cache.ongoing["r0"].decided
+    assert decided, "5 s after enqueue on the stamps: step-clock must time out"
+    assert cache.check_prefetch_progress("r0")
+    assert "decision" not in comm.sites()  # the stamp is the agreement: no collective
+
+
+def test_step_clock_waits_on_the_stamp_while_the_local_clock_says_timed_out():
+    cache, comm = _held("step-clock", local_age_s=1000.0)
+    cache.check_hicache_events(ENQUEUED + 0.5, busy=True)
+    decided = cache.ongoing["r0"].decided
+    assert not decided, "0.5 s after enqueue on the stamps: step-clock must not time out"
+    assert not cache.check_prefetch_progress("r0")
+
+
+def test_other_protocols_time_out_on_this_ranks_clock():
+    """The contrast (SGLang's `_can_terminate_prefetch`: each rank's own time.monotonic()):
+    the same op and stamps, decided by the local clock, then agreed by a collective."""
+    cache, comm = _held("pr36425", local_age_s=1000.0)
+    cache.check_hicache_events(ENQUEUED + 0.5, busy=True)
+    assert cache.check_prefetch_progress("r0")
+    assert comm.sites().count("decision") == 1
+
+
+def test_scheduler_hands_the_cache_rank_zeros_stamp():
+    """The stamp the cache decides on is the broadcast one (msg["now"]), at enqueue and at
+    every step, not the receiving rank's clock at that moment."""
+    from hicache.comm import Groups
+    from hicache.system import System
+
+    cfg = HiCacheConfig(protocol="step-clock", **{**CLOCKS, "tp": 1})
+    layout = Layout(0, 1, 1)
+    system = System(cfg, layout, Groups(layout, "gloo", 1.0), torch.device("cpu"))
+    stamp = time.monotonic() + 1000.0  # rank 0's clock, far from this one
+    msg = {"now": stamp, "reqs": [("r0", PROMPT, stamp, 1, "prefetch")], "all_arrived": False}
+    system.scheduler._step(0, msg)
+    start_stamp = system.cache.ongoing["r0"].start_stamp
+    assert start_stamp == stamp
+    assert system.cache.step_stamp == stamp
+    system.close()
