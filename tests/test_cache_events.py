@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
+from hicache.controller import KV
+from hicache.storage import SimStorage, StorageSpec
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
 
 PAGE = 64
@@ -182,3 +185,54 @@ def test_scheduler_hands_the_cache_rank_zeros_stamp():
     assert start_stamp == stamp
     assert system.cache.step_stamp == stamp
     system.close()
+
+
+# ---- shared prefixes in flight: the duplicate host slots go back -------------------------
+#
+# Two requests with the same stored prefix, admitted before either prefetch ends, each get
+# host slots for it. The first to end inserts its pages into the tree; the second finds
+# them there (`RadixTree.insert` returns the overlap) and must free its own copies
+# (`HiCache._finalize`'s `dup`), or those slots leak. Real controller threads, no latency.
+
+SHARED = 8  # stored pages both prompts share; each then has one new page of its own
+
+
+def _shared_prompt(i: int) -> list[int]:
+    return tokens(SHARED, PAGE) + tokens(1, PAGE, base=10_000 * (i + 1))
+
+
+def _serve_together(protocol: str, n: int = 2):
+    """n requests sharing one stored prefix, served to the end of their prefetches."""
+    storage = SimStorage(StorageSpec(latency_ms=0.0, exists_latency_ms=0.0), 0, 0)
+    cfg = HiCacheConfig(protocol=protocol, policy="wait_complete", tp=2)
+    storage.put(hashes_of(SHARED, PAGE), KV, cfg.kv_page_elems)
+    cache = one_rank_cache(cfg, RecordingComm(Layout(0, 2, 1)), storage)
+    rids = [f"r{i}" for i in range(n)]
+    for i, rid in enumerate(rids):
+        admit(cache, rid, _shared_prompt(i))
+    assert len(cache.ongoing) == n  # all in flight together: none found it in the tree
+    cache.controller.start()
+    deadline = time.monotonic() + 10.0
+    while cache.ongoing:
+        assert time.monotonic() < deadline, f"prefetches still ongoing: {list(cache.ongoing)}"
+        cache.check_hicache_events(0.0, busy=True)
+        for rid in rids:
+            cache.check_prefetch_progress(rid)  # pre27010 ends by a poll, the others by acks
+        time.sleep(0.001)
+    cache.controller.stop()
+    assert cache.controller.error is None, cache.controller.error
+    cache.free_stopped_tails()
+    return cache, rids
+
+
+@pytest.mark.parametrize("protocol", ["pre27010", "pr36425"])
+def test_shared_prefix_in_flight_frees_the_duplicate_host_slots(protocol):
+    cache, rids = _serve_together(protocol)
+    for rid in rids:  # both fetched the whole prefix
+        assert cache.stats.decisions[rid][1] == SHARED * PAGE, cache.stats.decisions
+    assert cache.host_slots_unaccounted() == 0
+    assert cache.tree.total_pages == SHARED  # one copy in the tree
+    assert cache.host_kv.available == cache.host_kv.num_pages - SHARED
+    for rid in rids:  # each loads the tree's copy back, with the right bytes
+        dev, _ = cache.load_back(rid)
+        assert len(dev) == SHARED and cache.stats.requests[rid].data_errors == 0
