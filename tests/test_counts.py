@@ -184,11 +184,11 @@ def test_fast_timeout_really_times_out(tp2):
         assert all(r["hit_tokens"] == r["prefetched_tokens"] == PREFIX for r in rows), proto
 
 
-def count_table(results: dict, tp: int, pp: int) -> str:
-    """Markdown: measured decision counts on rank 0 per protocol x policy."""
-    lines = ["| protocol | policy | layout | requests | polls/req | decision/poll | "
-             "pp_hop/poll | decision/req | expected decision/req |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def count_table(results: dict, tp: int, pp: int) -> list[list[str]]:
+    """Measured decision counts on rank 0 per protocol x policy, as the cells of a markdown
+    table (header first); `pytest -s` prints it."""
+    cells = [["protocol", "policy", "layout", "requests", "polls/req", "decision/poll",
+              "pp_hop/poll", "decision/req", "expected decision/req"]]
     for variant, per_rank in results.items():
         proto, policy, v = variant
         rows = per_rank[0]["rows"]
@@ -196,21 +196,37 @@ def count_table(results: dict, tp: int, pp: int) -> str:
         dec = sum(r.get("coll_decision", 0) for r in rows)
         hop = sum(r.get("coll_pp_hop", 0) for r in rows)
         exp = sum(_expected(proto, policy, tp, pp, r, 0).decision for r in rows)
-        lines.append(f"| {proto} | {policy}{' (fast)' if v else ''} | TP{tp}"
-                     f"{f'xPP{pp}' if pp > 1 else ''} | {n} | {polls / n:.2f} | "
-                     f"{dec / polls:.2f} | {hop / polls:.2f} | {dec / n:.2f} | {exp / n:.2f} |")
-    return "\n".join(lines)
+        cells.append([proto, policy + (" (fast)" if v else ""),
+                      f"TP{tp}" + (f"xPP{pp}" if pp > 1 else ""), str(n), f"{polls / n:.2f}",
+                      f"{dec / polls:.2f}", f"{hop / polls:.2f}", f"{dec / n:.2f}",
+                      f"{exp / n:.2f}"])
+    return cells
+
+
+def _check_count_table(results: dict, tp: int, pp: int) -> None:
+    """The printed table says what SPEC section 4 says: per poll (T, P) from the hand-written
+    table, and measured decisions per request equal to the model's, on every row."""
+    cells = count_table(results, tp, pp)
+    print("\n" + "\n".join("| " + " | ".join(c) + " |" for c in cells[:1] + [["---"] * 9]
+                           + cells[1:]))
+    assert len(cells) == 1 + len(results)
+    for (proto, policy, _), row in zip(results, cells[1:], strict=True):
+        t, p = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
+        assert row[:3] == [proto, row[1], f"TP{tp}" + (f"xPP{pp}" if pp > 1 else "")]
+        assert row[3] == str(N_REQUESTS), row
+        assert (row[5], row[6]) == (f"{t:.2f}", f"{p:.2f}"), row
+        assert row[7] == row[8], row
 
 
 @pytest.mark.timeout(150)
-def test_print_count_table_tp2(tp2):
-    print("\n" + count_table(tp2, 2, 1))
+def test_count_table_tp2(tp2):
+    _check_count_table(tp2, 2, 1)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_print_count_table_tp2pp2(tp2pp2):
-    print("\n" + count_table(tp2pp2, 2, 2))
+def test_count_table_tp2pp2(tp2pp2):
+    _check_count_table(tp2pp2, 2, 2)
 
 
 # ---- the corrections of SPEC section 4, in hand-written numbers ----------------------------
