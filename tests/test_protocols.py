@@ -311,6 +311,15 @@ def test_pre27010_completion_only_when_a_poll_ended_the_prefetch():
     assert (ended.decision, ended.completion) == (2, 1)
 
 
+@pytest.mark.parametrize(("ended_by_poll", "completion"), [(True, 1), (False, 0), (None, 1)])
+def test_pre27010_completion_follows_ended_by_poll(ended_by_poll, completion):
+    """Polled twice, holding host slots: only `ended_by_poll` differs, and it alone decides
+    whether the completion MIN ran (unknown: any poll is taken to have ended it)."""
+    e = expected_per_request("pre27010", "wait_complete", 2, 1, 2, 8, True, True,
+                             ended_by_poll=ended_by_poll)
+    assert (e.decision, e.completion) == (2, completion)
+
+
 def test_pre27010_poll_before_host_slots_pays_no_completion_min():
     """A poll that ends a prefetch whose host slots were never allocated revokes it: the
     completion MIN runs only for ops holding host slots (SGLang hiradix_cache.py)."""
