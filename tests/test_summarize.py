@@ -102,6 +102,7 @@ def test_ttft_percentiles_linear(summary):
     r = row(summary, "pr27010", "wait_complete")  # TTFTs 50, 80, 100, 120
     assert r.ttft_p50_ms == 90.0
     assert r.ttft_p90_ms == pytest.approx(114.0)  # 100 + 0.7 * 20
+    assert r.ttft_p99_ms == pytest.approx(119.4)  # 100 + 0.97 * 20
     assert r.ttft_mean_ms == 87.5
     assert r.sched_lag_p50_ms == 1.5  # lags 0, 1, 2, 3
     assert r.percentile_method == "linear"
