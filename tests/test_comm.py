@@ -1,0 +1,206 @@
+"""The real `hicache.comm.Comm` and `Groups` at TP x PP layouts up to TP2 x PP3, one thread
+per rank over `tests.doubles.ThreadWorld` (torch.distributed's calls, in one process).
+
+What runs where (docs/design.md section 3): `reduce_tp_then_pp` is SGLang's `_all_reduce`
+(PP stage 0 reduces over its TP group, later stages take stage 0's result point to point,
+stage i from i-1, then on to i+1); a background reduction (`all_reduce_groups`) is one
+all-reduce per group in turn; a one-rank group issues nothing. Each op is counted at its
+call site, and the counter equals the groups' own sequence numbers. The two-process gloo
+test of the same paths is tests/test_comm_pp.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hicache.comm
+from hicache.comm import (
+    DECISION,
+    HIT_GROUPS,
+    HIT_QUERY,
+    REQUEST_BROADCAST,
+    CollectiveCounter,
+    CollectiveError,
+    Comm,
+    Groups,
+    Layout,
+)
+from tests.doubles import ThreadWorld
+
+
+def _comms(monkeypatch, tp: int, pp: int, timeout_s: float = 2.0):
+    world = ThreadWorld(tp * pp, timeout_s)
+    monkeypatch.setattr(hicache.comm, "dist", world)
+
+    def run(fn):
+        """fn(comm) on every rank; returns [(comm, result)] by rank, exceptions raised."""
+        def on_rank(rank):
+            layout = Layout(rank, tp, pp)
+            comm = Comm(layout, Groups(layout, "gloo", timeout_s), CollectiveCounter())
+            return comm, fn(comm)
+        out = world.run(on_rank)
+        for r in out:
+            if isinstance(r, Exception):
+                raise r
+        return out
+    return world, run
+
+
+def _hop_value(comm: Comm) -> list[int]:
+    # Rank r contributes [r + 10, 30 - r]: MIN over a stage differs from any one rank's.
+    t = torch.tensor([comm.layout.rank + 10, 30 - comm.layout.rank])
+    comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, DECISION, "r0")
+    comm.drain_sends()
+    return t.tolist()
+
+
+def test_groups_partition_the_grid(monkeypatch):
+    """TP groups are the stages' contiguous ranks, PP groups the TP columns (rank 5 of TP2 x
+    PP3 is TP rank 1 of stage 2)."""
+    ranks = {}
+    for rank in range(6):
+        monkeypatch.setattr(hicache.comm, "dist", ThreadWorld(6))
+        ranks[rank] = Groups(Layout(rank, 2, 3), "gloo", 1.0).ranks
+    assert ranks[5]["tp_cpu"] == ranks[5]["data"] == ranks[5]["ack"] == [4, 5]
+    assert ranks[5]["pp_cpu"] == ranks[5]["prefetch_pp"] == ranks[5]["ack_pp"] == [1, 3, 5]
+    assert ranks[0]["sched"] == ranks[0]["consensus"] == list(range(6))
+    assert ranks[2]["prefetch"] == [2, 3] and ranks[2]["prefetch_pp"] == [0, 2, 4]
+
+
+def test_tp2pp2_stage_zero_reduces_and_the_later_stage_adopts(monkeypatch):
+    world, run = _comms(monkeypatch, 2, 2)
+    out = run(_hop_value)
+    assert [v for _, v in out] == [[10, 29]] * 4  # stage 0's TP MIN, everywhere
+    assert world.ops == {
+        0: [("all_reduce", (0, 1), None), ("isend", (0, 2), 2)],
+        1: [("all_reduce", (0, 1), None), ("isend", (1, 3), 3)],
+        2: [("recv", (0, 2), 0)],  # no TP all-reduce on a later stage
+        3: [("recv", (1, 3), 1)],
+    }
+    by_site = [dict(c.counter.by_site) for c, _ in out]
+    assert by_site == [{DECISION: 1, "pp_hop": 1}] * 2 + [{"pp_hop": 1}] * 2
+    assert [dict(c.counter.by_rid["r0"]) for c, _ in out] == by_site
+
+
+def test_middle_stage_receives_then_sends(monkeypatch):
+    world, run = _comms(monkeypatch, 1, 3)
+    out = run(_hop_value)
+    assert [v for _, v in out] == [[10, 30]] * 3  # rank 0's value (TP1: nothing to reduce)
+    assert world.ops == {0: [("isend", (0, 1, 2), 1)],
+                         1: [("recv", (0, 1, 2), 0), ("isend", (0, 1, 2), 2)],
+                         2: [("recv", (0, 1, 2), 1)]}
+    assert [c.counter.by_site["pp_hop"] for c, _ in out] == [1, 2, 1]
+
+
+def test_pp1_is_a_tp_all_reduce_only(monkeypatch):
+    world, run = _comms(monkeypatch, 2, 1)
+    out = run(_hop_value)
+    assert [v for _, v in out] == [[10, 29]] * 2
+    assert world.ops == {0: [("all_reduce", (0, 1), None)], 1: [("all_reduce", (0, 1), None)]}
+
+
+def test_sends_are_drained_once(monkeypatch):
+    """A send is waited for at the next drain (backpressure on a lagging stage), then
+    forgotten."""
+    _, run = _comms(monkeypatch, 1, 2)
+
+    def hop(comm):
+        comm.reduce_tp_then_pp(torch.tensor([1]), dist.ReduceOp.MIN, DECISION)
+        pending = list(comm._sends)
+        comm.drain_sends()
+        return pending, list(comm._sends)
+    (_, (pending, left)), (_, (nothing, _)) = run(hop)
+    assert len(pending) == 1 and pending[0].waited and left == []
+    assert nothing == []  # the last stage sends nothing
+
+
+def test_the_later_stage_gets_the_value_at_send_time(monkeypatch):
+    """The caller may reuse its tensor as soon as the hop returns: the send is a copy."""
+    _, run = _comms(monkeypatch, 1, 2)
+    reused = threading.Event()
+
+    def hop(comm):
+        t = torch.tensor([comm.layout.rank + 5])
+        if comm.layout.rank == 1:
+            assert reused.wait(2.0)  # receive only after stage 0 overwrote its tensor
+        comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, DECISION)
+        if comm.layout.rank == 0:
+            t.fill_(99)
+            reused.set()
+        comm.drain_sends()
+        return t.tolist()
+    assert [v for _, v in run(hop)] == [[99], [5]]
+
+
+def test_background_reduction_spans_tp_then_pp(monkeypatch):
+    world, run = _comms(monkeypatch, 2, 2)
+
+    def hit(comm):
+        t = torch.tensor([[8, 3, 6, 5][comm.layout.rank]])
+        comm.all_reduce_groups(t, dist.ReduceOp.MIN, HIT_GROUPS, HIT_QUERY, "r0")
+        return t.tolist()
+    out = run(hit)
+    assert [v for _, v in out] == [[3]] * 4  # the global MIN on every rank of the grid
+    assert world.ops[3] == [("all_reduce", (2, 3), None), ("all_reduce", (1, 3), None)]
+    assert all(c.counter.by_site == {HIT_QUERY: 2} for c, _ in out)
+    assert all(c.counter.raw_by_group == {"prefetch": 1, "prefetch_pp": 1} for c, _ in out)
+
+
+def test_one_rank_groups_issue_nothing(monkeypatch):
+    """TP1: no TP all-reduce (SGLang skips TP = 1), only the PP group's."""
+    world, run = _comms(monkeypatch, 1, 2)
+
+    def hit(comm):
+        t = torch.tensor([comm.layout.rank])
+        comm.all_reduce(t, dist.ReduceOp.MAX, "tp_cpu", DECISION)
+        comm.all_reduce_groups(t, dist.ReduceOp.MAX, HIT_GROUPS, HIT_QUERY)
+        return t.tolist()
+    out = run(hit)
+    assert [v for _, v in out] == [[1], [1]]
+    assert world.ops == {r: [("all_reduce", (0, 1), None)] for r in range(2)}
+    assert all(c.counter.by_site == {HIT_QUERY: 1} for c, _ in out)
+
+
+def test_broadcast_object_is_one_counted_collective_of_two_ops(monkeypatch):
+    _, run = _comms(monkeypatch, 2, 1)
+    msg = {"now": 12.5, "reqs": [("r0", [1, 2, 3])]}
+
+    def bcast(comm):
+        return comm.broadcast_object(msg if comm.layout.rank == 0 else None, REQUEST_BROADCAST)
+    out = run(bcast)
+    assert [v for _, v in out] == [msg, msg]
+    assert all(c.counter.by_site == {REQUEST_BROADCAST: 1} for c, _ in out)
+    assert all(c.counter.raw_by_group == {"sched": 2} for c, _ in out)
+
+
+def test_counter_equals_the_groups_sequence_numbers(monkeypatch):
+    _, run = _comms(monkeypatch, 2, 2)
+
+    def mixed(comm):
+        _hop_value(comm)
+        comm.all_reduce_groups(torch.tensor([1]), dist.ReduceOp.MIN, HIT_GROUPS, HIT_QUERY)
+        comm.broadcast_object("x", REQUEST_BROADCAST)
+        return comm.groups.sequence_numbers()
+    for comm, seq in run(mixed):
+        counted = comm.counter.raw_by_group
+        assert {g: n for g, n in seq.items() if n} == dict(counted), comm.layout
+
+
+def test_a_peer_that_never_joins_is_a_collective_error_naming_the_call(monkeypatch):
+    _, run = _comms(monkeypatch, 2, 1, timeout_s=0.3)
+
+    def one_sided(comm):
+        comm.counter.step = 7
+        if comm.layout.rank == 0:
+            with pytest.raises(CollectiveError) as e:
+                comm.all_reduce(torch.tensor([1]), dist.ReduceOp.MAX, "tp_cpu", DECISION, "r3")
+            return str(e.value)
+        return None
+    (c0, msg), _ = run(one_sided)
+    assert msg.startswith("collective at call site 'decision' on group 'tp_cpu' (ranks "
+                          "[0, 1]) failed on rank 0 at step 7 for request r3: Timed out"), msg
+    assert c0.counter.by_site == {}  # a failed collective is not counted
