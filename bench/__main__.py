@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "run":
-        from bench.cli import main_run
+        from bench.commands.run import main_run
 
         return main_run(rest)
     if cmd == "report":

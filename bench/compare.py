@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.cliutil import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError
+from bench.compare_metrics import COUNT_COLUMNS, METRIC_NAMES, TIMING_METRICS, TimingMetric, counts
 from bench.compare_rules import TimingOptions, count_rows, timing_rows
-from bench.io import ResultFileError, numeric_columns, read_csv_checked
-from bench.metrics import COUNT_COLUMNS, METRIC_NAMES, TIMING_METRICS, TimingMetric, counts
+from bench.result_files import ResultFileError, numeric_columns, read_csv_checked
 from bench.schema import CONFIG_COLUMNS
 from bench.summarize import GROUP_KEYS, STEP_SITES, clean_key
 from hicache.cost_model import POLICIES, PROTOCOLS

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.cliutil import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError
 
 DECODE_BATCHES = (1, 32)
 PREFILL_TOKENS = (512, 2048)

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.checks import BASELINE_KEY, EPS, Check, baseline_value, make_check
-from bench.cliutil import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError
+from bench.gate_checks import BASELINE_KEY, EPS, Check, baseline_value, make_check
 from bench.gate_timing import DEFAULT_QUIET_TOLERANCE, quiet_checks, ratio_checks
-from bench.io import (
+from bench.microbench import gate_note
+from bench.result_files import (
     ResultFileError,
     numeric_columns,
     read_csv_checked,
@@ -36,7 +37,6 @@ from bench.io import (
     write_json_atomic,
     write_text_atomic,
 )
-from bench.microbench import gate_note
 from bench.schema import STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.summarize import (
     GROUP_KEYS,

@@ -14,8 +14,8 @@ import math
 
 import pandas as pd
 
-from bench.checks import Check, baseline_value, make_check
-from bench.io import ResultFileError
+from bench.gate_checks import Check, baseline_value, make_check
+from bench.result_files import ResultFileError
 from bench.schema import CLASS_TTFT_METRICS, QUIET_METRICS
 from bench.summarize import REFERENCE_PROTOCOL
 

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.cliutil import CliParser, UsageError
-from bench.io import ResultFileError, write_text_atomic
+from bench.commands.common import CliParser, UsageError
+from bench.result_files import ResultFileError, write_text_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 JSON_NAME, MD_NAME = "microbench.json", "microbench.md"

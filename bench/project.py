@@ -27,12 +27,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.cliutil import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError
 from bench.envinfo import git_info
-from bench.io import ResultFileError, read_csv_checked, write_csv_atomic, write_text_atomic
 from bench.overhead import SCALINGS, hop_ms, scaled_allreduce_ms
-from bench.project_plot import plot_projection
-from bench.projection import (
+from bench.project_grid import (
     COLUMNS,
     MEASURED,
     PPS,
@@ -45,7 +43,14 @@ from bench.projection import (
     measured_rows,
     members_text,
 )
+from bench.project_plot import plot_projection
 from bench.report import markdown_table, provenance_lines
+from bench.result_files import (
+    ResultFileError,
+    read_csv_checked,
+    write_csv_atomic,
+    write_text_atomic,
+)
 from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll
 
 SUMMARY_NUMERIC = ["tp", "pp", "polls_per_step", "decode_step_p50_ms", *MEASURED]

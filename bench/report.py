@@ -13,16 +13,16 @@ from pathlib import Path
 import pandas as pd
 
 from bench import headline
-from bench.cliutil import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError
 from bench.dataplane import data_plane_lines
-from bench.io import (
+from bench.plan import THREADS_PER_RANK
+from bench.plots import write_plots
+from bench.result_files import (
     ResultFileError,
     read_csv_checked,
     write_csv_atomic,
     write_text_atomic,
 )
-from bench.plan import THREADS_PER_RANK
-from bench.plots import write_plots
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.stats import PERCENTILE_METHODS
 from bench.summarize import (

@@ -36,7 +36,7 @@ RANK_COLUMNS = CONFIG_COLUMNS + [
     "crosscheck_ok", "host_slots_unaccounted", "cpu_s", "wall_s",
 ]
 
-# Serving-regime metrics reported as a ratio to pr27010 with a 95% CI (bench.serving).
+# Serving-regime metrics reported as a ratio to pr27010 with a 95% CI (bench.serving_metrics).
 RATIO_METRICS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "prefetch_ttft_p99",
                  "bystander_ttft_p50", "bystander_ttft_p99"]
 QUIET_METRICS = ["step_mean", "itl_p50"]  # gated with the quiet tolerance

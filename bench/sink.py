@@ -13,8 +13,8 @@ from pathlib import Path
 
 from bench import calibrate
 from bench.envinfo import collect_env
-from bench.io import write_csv_atomic, write_json_atomic
 from bench.plan import Cell, RunPlan
+from bench.result_files import write_csv_atomic, write_json_atomic
 from bench.schema import RANK_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
 from bench.stats import percentile
 from bench.summarize import KNOWN_HAZARD, known_hazard

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from bench.schema import SUMMARY_COLUMNS
-from bench.serving import overhead_cells, ratio_cells, reference_protocol, serving_cells
+from bench.serving_metrics import overhead_cells, ratio_cells, reference_protocol, serving_cells
 from bench.stats import PERCENTILE_METHODS, per_repeat_ratios, percentile, ratio_of_medians_ci
 from hicache.cost_model import POLICIES, PROTOCOLS, expected_per_request
 

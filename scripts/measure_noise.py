@@ -36,7 +36,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.io import write_json_atomic  # noqa: E402
+from bench.result_files import write_json_atomic  # noqa: E402
 from bench.summarize import REFERENCE_PROTOCOL  # noqa: E402
 
 STEP = 0.05  # tolerance granularity

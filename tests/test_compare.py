@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from bench.compare import main_compare
+from bench.compare_metrics import METRIC_NAMES, counts, itl_gaps
 from bench.compare_rules import count_rows, timing_verdict
-from bench.metrics import METRIC_NAMES, counts, itl_gaps
 from bench.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent

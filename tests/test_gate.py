@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from bench.gate import main_gate
-from bench.io import write_csv_atomic, write_json_atomic
+from bench.result_files import write_csv_atomic, write_json_atomic
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.summarize import summarize
 from hicache.cost_model import POLICIES, expected_per_request

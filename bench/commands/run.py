@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.cliutil import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError
 from bench.plan import ALIASES, PRESET_HELP, PRESETS, THREADS_PER_RANK, RunPlan
 from bench.workload import WorkloadSpec
 from hicache.cost_model import POLICIES, PROTOCOLS
@@ -23,7 +23,7 @@ from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def parser() -> CliParser:
@@ -331,7 +331,7 @@ def _record_failure(run_dir: Path, error: str) -> None:
     the configurations that finished (their rows were written atomically)."""
     import json
 
-    from bench.io import write_csv_atomic
+    from bench.result_files import write_csv_atomic
 
     progress = run_dir / "progress.json"
     cell = json.loads(progress.read_text()) if progress.exists() else {}

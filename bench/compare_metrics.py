@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from bench.io import parse_gaps
+from bench.result_files import parse_gaps
 from bench.stats import Sample
 from bench.summarize import STEP_SITES
 
