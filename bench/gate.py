@@ -1,7 +1,5 @@
-"""CI perf gate: exact collective counts, correctness, and same-run TTFT ratios vs a baseline.
-
-Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--update-baseline]
-                                    [--tolerance FLOAT]
+"""CI perf gate: exact collective counts, correctness, and same-run TTFT ratios vs a baseline
+(the engine of `python -m bench gate`, bench.commands.gate).
 
 Hard checks are exact (counts never depend on timing): measured decision and background
 collectives equal the analytic model (hicache.cost_model) for every request, every rank
@@ -12,7 +10,6 @@ p50 per request class and mean step time and ITL p50, each with its own toleranc
 gate.json (derived from measured run-to-run noise); each fails only when every repeat
 exceeds the bound too. When the run directory holds microbench.json, the per-poll cost
 ratios are printed as information, never checked.
-Exit 0: all checks hold; 1: a check failed (table on stdout); 2: bad input (one line).
 """
 
 from __future__ import annotations
@@ -20,12 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-from bench.commands.common import CliParser, UsageError
 from bench.gate_checks import BASELINE_KEY, EPS, Check, baseline_value, make_check
 from bench.gate_timing import DEFAULT_QUIET_TOLERANCE, quiet_checks, ratio_checks
 from bench.microbench import gate_note
@@ -188,7 +183,7 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return requests, summarize(requests, steps)
 
 
-def _tolerance(value: object, where: str) -> float:
+def check_tolerance(value: object, where: str) -> float:
     """A finite tolerance >= 0, else ResultFileError naming where it came from."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
             math.isfinite(value) and value >= 0):
@@ -221,12 +216,12 @@ def read_settings(baseline_dir: Path) -> dict:
         raise ResultFileError(f"{gate_json}: expected a JSON object")
     for key in ("tolerance", "quiet_tolerance"):
         if key in settings:
-            _tolerance(settings[key], f"{gate_json} ({key})")
+            check_tolerance(settings[key], f"{gate_json} ({key})")
     per_metric = settings.get("tolerances", {})
     if not isinstance(per_metric, dict):
         raise ResultFileError(f"{gate_json}: tolerances must be an object")
     for key, value in per_metric.items():
-        _tolerance(value, f"{gate_json} (tolerances.{key})")
+        check_tolerance(value, f"{gate_json} (tolerances.{key})")
     return settings
 
 
@@ -271,19 +266,7 @@ def format_checks(checks: list[Check]) -> str:
     return "\n".join(lines + notes)
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = CliParser(prog="bench gate", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
-    parser.add_argument("--baseline", type=Path, default=Path("results/baseline"))
-    parser.add_argument("--update-baseline", action="store_true",
-                        help="after the run's own checks pass, make it the new baseline")
-    parser.add_argument("--tolerance", type=float, default=None,
-                        help="allowed growth of the TTFT ratio over the baseline's "
-                             f"(default: the baseline's gate.json, else {DEFAULT_TOLERANCE})")
-    return parser.parse_args(argv)
-
-
-def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
+def evaluate(args: argparse.Namespace) -> tuple[list[Check], str]:
     """Evaluate every check (and update the baseline when asked); returns checks and a line."""
     requests, summary = load_run(args.run_dir)
     checks = run_checks(requests, summary)
@@ -310,20 +293,3 @@ def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
     return checks, f"tolerance {tolerance:g} (TTFT), {quiet:g} (step time, ITL){own} vs " \
         f"baseline {args.baseline}" + \
         (f"\n{note}" if note else "")
-
-
-def main_gate(argv: list[str]) -> int:
-    """`python -m bench gate`: 0 when every check holds, 1 when one fails, 2 on bad input."""
-    try:
-        args = _parse(argv)
-        if args.tolerance is not None:
-            _tolerance(args.tolerance, "--tolerance")
-        checks, context = _gate(args)
-    except (UsageError, ValueError) as e:  # ResultFileError is a ValueError
-        print(f"bench gate: {e}", file=sys.stderr)
-        return 2
-    failed = [c for c in checks if not c.passed]
-    print(format_checks(checks))
-    print(context)
-    print("OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks")
-    return 1 if failed else 0

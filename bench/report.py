@@ -1,22 +1,18 @@
-"""Rebuild a run directory's summary.csv, plots and report.md from its CSVs and env.json alone.
-
-Usage: python -m bench report RESULTS_DIR [--percentile-method linear|nearest-rank]
-"""
+"""A run directory's summary.csv, plots and report.md, built from its CSVs and env.json alone
+(`python -m bench report` and the end of `bench run`)."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from bench import headline
-from bench.commands.common import CliParser, UsageError
-from bench.dataplane import data_plane_lines
 from bench.plan import THREADS_PER_RANK
 from bench.plots import write_plots
+from bench.provenance import provenance_lines
 from bench.result_files import (
     ResultFileError,
     read_csv_checked,
@@ -24,7 +20,6 @@ from bench.result_files import (
     write_text_atomic,
 )
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from bench.stats import PERCENTILE_METHODS
 from bench.summarize import (
     GROUP_KEYS,
     KNOWN_HAZARD,
@@ -38,67 +33,11 @@ from bench.summarize import (
     table_rows,
     unexplained_disagreements,
 )
+from bench.tables import markdown_table
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
 FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
-
-
-def _yes_no(value: object) -> str:
-    return "unknown" if value is None else ("yes" if value else "no")
-
-
-def _git_line(git: dict) -> str:
-    """'<sha> (dirty)' or 'unknown: <reason>'."""
-    if not git.get("commit"):
-        return f"unknown ({git.get('reason') or git.get('error') or 'no reason recorded'})"
-    return f"`{git['commit']}`" + (" (dirty working tree)" if git.get("dirty") else " (clean)")
-
-
-def _gpu_lines(gpu: dict) -> list[str]:
-    """The GPUs NVML saw, their links and topology, or the reason there are none."""
-    if not gpu.get("available"):
-        return [f"- GPUs: none ({gpu.get('reason') or gpu.get('error') or 'no reason recorded'})"]
-    lines = [f"- GPU driver: {gpu.get('driver_version')}"]
-    for g in gpu.get("gpus", []):
-        lines.append(f"- GPU {g.get('index')}: {g.get('name')}, {g.get('memory_total_mib')} MiB, "
-                     f"PCI {g.get('pci_bus_id')}, NVLinks active {g.get('nvlink_active')}")
-    for pair in gpu.get("topology", []):
-        lines.append(f"- GPUs {pair['gpus'][0]}-{pair['gpus'][1]}: PCIe {pair.get('pcie')}, "
-                     f"NVLink P2P {_yes_no(pair.get('nvlink_p2p'))}")
-    return lines
-
-
-def provenance_lines(env: dict | None) -> list[str]:
-    """Markdown bullet lines describing where the run came from (env.json)."""
-    if env is None:
-        return ["env.json is missing: the provenance of this run is unknown."]
-    v = env.get("versions", {})
-    world = ", ".join(f"{k}={val}" for k, val in (env.get("world") or {}).items())
-    return [
-        f"- git commit: {_git_line(env.get('git', {}))}",
-        f"- time (UTC): {env.get('utc_time')}",
-        f"- host: {env.get('host')} ({env.get('platform')}); CPU: {env.get('cpu_model')}, "
-        f"{env.get('cpu_count')} cores",
-        f"- versions: Python {v.get('python')}, torch {v.get('torch')}, numpy {v.get('numpy')}, "
-        f"gloo available {_yes_no(v.get('gloo_available'))}, NCCL {v.get('nccl') or 'none'}, "
-        f"CUDA available {_yes_no(v.get('cuda_available'))}",
-        f"- backend: {env.get('backend')}; world layout: {world or 'unknown'}",
-        *data_plane_lines(env),
-        *_gpu_lines(env.get("gpu") or {}),
-    ]
-
-
-def _md_escape(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured markdown table."""
-    lines = ["| " + " | ".join(map(_md_escape, headers)) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(map(_md_escape, r)) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _n_text(summary: pd.DataFrame) -> str:
@@ -266,25 +205,3 @@ def write_report(run_dir: Path, percentile_method: str = "linear") -> Path:
                          _read_json(run_dir / "env.json"), calibration)
     write_text_atomic(run_dir / "report.md", text)
     return run_dir / "report.md"
-
-
-def main_report(argv: list[str]) -> int:
-    """`python -m bench report DIR`: rebuild plots and report.md; 2 on bad input."""
-    parser = CliParser(prog="bench report", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
-    parser.add_argument("--percentile-method", choices=PERCENTILE_METHODS, default="linear")
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        print(f"bench report: {e}", file=sys.stderr)
-        return 2
-    if not args.run_dir.is_dir():
-        print(f"bench report: {args.run_dir}: no such directory", file=sys.stderr)
-        return 2
-    try:
-        path = write_report(args.run_dir, args.percentile_method)
-    except ValueError as e:  # ResultFileError, or a cell the cost model cannot read
-        print(f"bench report: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from bench.commands.run import main_run
+from bench.commands.run import main as main_run
 
 BAD = [
     (["--protocols", "pr99999"], "unknown protocol pr99999"),
@@ -120,8 +120,8 @@ def test_budget_skew_with_a_real_forward_is_refused(capsys, tmp_path, monkeypatc
 
 
 def test_data_plane_facts_for_env_and_report():
-    from bench.dataplane import data_plane_lines
     from bench.plan import RunPlan
+    from bench.provenance import data_plane_lines
     from bench.sink import data_plane
 
     shared = data_plane(RunPlan(device="cuda", data_backend="gloo"))

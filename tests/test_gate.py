@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.gate import main_gate
+from bench.commands.gate import main as main_gate
 from bench.result_files import write_csv_atomic, write_json_atomic
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.summarize import summarize

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.devsummary import summary_lines
+from bench.devcheck import summary_lines
 
 REPO = Path(__file__).resolve().parent.parent
 DEVCHECK = {"device": "cuda", "model": "llama3-8b", "gpu": "NVIDIA H200",

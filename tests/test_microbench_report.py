@@ -5,12 +5,12 @@ import json
 
 import pytest
 
+from bench.commands.microbench import main as main_microbench
 from bench.microbench import (
     build_markdown,
     gate_note,
     headline,
     load,
-    main_microbench,
     poll_ratios,
 )
 from bench.result_files import ResultFileError

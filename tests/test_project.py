@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from bench.commands.project import main as main_project
 from bench.envinfo import collect_env
-from bench.project import main_project
 from bench.project_grid import (
     PPS,
     QS,

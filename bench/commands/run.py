@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError, run_verb
 from bench.plan import ALIASES, PRESET_HELP, PRESETS, THREADS_PER_RANK, RunPlan
 from bench.workload import WorkloadSpec
 from hicache.cost_model import POLICIES, PROTOCOLS
@@ -24,10 +24,11 @@ from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
 
 REPO = Path(__file__).resolve().parents[2]
+PROG = "bench run"
 
 
 def parser() -> CliParser:
-    p = CliParser(prog="python -m bench run", description=__doc__.splitlines()[0])
+    p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     a = p.add_argument
     a("--preset", default="default", choices=sorted(PRESETS),
       help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
@@ -244,36 +245,50 @@ def _short_sha() -> str:
         return "nogit"
 
 
-def main_run(argv: list[str]) -> int:
+def resolve_plan(argv: list[str]) -> RunPlan:
+    """The validated plan of a command line, resolved for this machine (UsageError if not)."""
     from bench.launch import under_torchrun
 
-    try:
-        args = parser().parse_args(argv)
-        plan = build_plan(args)
-        torchrun = under_torchrun()
-        if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
-            raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
-                             f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
-        device = resolve_device(args.device, local, args.data_backend)
-        plan = replace(plan, device=device,
-                       data_backend=resolve_data_backend(device, args.data_backend))
-        _check_model_on_device(plan)
-        if plan.device == "cuda" and plan.step_ms is not None:
-            raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
-                             "forward is real")
-        if torchrun and int(os.environ["RANK"]) != 0:
-            plan = replace(plan, out_dir="")  # only rank 0 writes
-        else:
-            plan = replace(plan, out_dir=str(out_dir(args, plan.preset)))
-    except UsageError as e:
-        print(f"bench run: {e}", file=sys.stderr)
-        return 2
-    if torchrun:
-        from bench.worker import main_torchrun
+    args = parser().parse_args(argv)
+    plan = build_plan(args)
+    torchrun = under_torchrun()
+    if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
+        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
+                         f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
+    device = resolve_device(args.device, local, args.data_backend)
+    plan = replace(plan, device=device,
+                   data_backend=resolve_data_backend(device, args.data_backend))
+    _check_model_on_device(plan)
+    if plan.device == "cuda" and plan.step_ms is not None:
+        raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
+                         "forward is real")
+    if torchrun and int(os.environ["RANK"]) != 0:
+        return replace(plan, out_dir="")  # only rank 0 writes
+    return replace(plan, out_dir=str(out_dir(args, plan.preset)))
 
-        return main_torchrun(plan)
-    return _run_local(plan)
+
+def _main(argv: list[str]) -> int:
+    from bench.launch import under_torchrun
+
+    plan = resolve_plan(argv)
+    return _run_torchrun(plan) if under_torchrun() else _run_local(plan)
+
+
+def _run_torchrun(plan: RunPlan) -> int:
+    """Under torchrun: this process is one rank; rank 0 reports."""
+    import torch.distributed as dist
+
+    from bench.worker import run_rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    t0 = time.monotonic()
+    status = run_rank(rank, world, plan)
+    if rank == 0:
+        print(status["line"], f"({time.monotonic() - t0:.0f}s)", file=sys.stdout)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if rank != 0 or status["ok"] else 1
 
 
 def _run_local(plan: RunPlan) -> int:
@@ -346,3 +361,7 @@ def _record_failure(run_dir: Path, error: str) -> None:
             write_report(run_dir)
         except ValueError as e:
             print(f"bench run: could not rebuild the report: {e}", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    return run_verb(PROG, _main, argv)
