@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench import verdict
 from bench.compare_metrics import COUNT_COLUMNS, TIMING_METRICS, TimingMetric, counts
 from bench.compare_rules import TimingOptions, count_rows, timing_rows
-from bench.result_files import ResultFileError, numeric_columns, read_csv_checked
-from bench.schema import CONFIG_COLUMNS
-from bench.summarize import GROUP_KEYS, STEP_SITES, clean_key
+from bench.plan import plan_differences
+from bench.result_files import ResultFileError, clean_key, numeric_columns, read_csv_checked
+from bench.schema import CONFIG_COLUMNS, GROUP_KEYS, STEP_SITES
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 DEFAULT_THRESHOLD = 0.05
@@ -117,21 +118,19 @@ def env_warnings(a: Run, b: Run) -> list[str]:
     return [f"warning: timings may not be comparable: {'; '.join(diffs)}"] if diffs else []
 
 
-def _flat(d: object, prefix: str = "") -> dict[str, object]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}."))
-    return {k.rstrip("."): v for k, v in out.items()}
+def verdict_warnings(a: Run, b: Run) -> list[str]:
+    """A run whose own verdict (verdict.json) is FAILED: its counts and timings are suspect."""
+    out = []
+    for side, run in (("A", a), ("B", b)):
+        v = verdict.read(run.path)
+        if v is not None and not v.ok:
+            out.append(f"warning: run {side} did not pass its own checks: {v.line}")
+    return out
 
 
 def plan_notes(a: Run, b: Run) -> list[str]:
     """Plan settings that differ (what was changed on purpose, or explains one-sided rows)."""
-    pa, pb = _flat(a.fact("plan") or {}), _flat(b.fact("plan") or {})
-    diffs = [f"{k} {pa.get(k, '(unset)')} -> {pb.get(k, '(unset)')}"
-             for k in sorted(set(pa) | set(pb))
-             if k != "out_dir" and pa.get(k, "(unset)") != pb.get(k, "(unset)")]
+    diffs = plan_differences(a.fact("plan"), b.fact("plan"), "->")
     return [f"note: plans differ: {'; '.join(diffs)}"] if diffs else []
 
 
@@ -211,7 +210,8 @@ def compare(a: Run, b: Run, opts: argparse.Namespace) -> Comparison:
               for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
     metrics, present = reported_metrics(a, b, opts.metric)
     timing = TimingOptions(opts.threshold, opts.n_boot, opts.seed)
-    comp = Comparison(a, b, keys, opts.threshold, header=env_warnings(a, b) + plan_notes(a, b))
+    comp = Comparison(a, b, keys, opts.threshold,
+                      header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b))
     for key in sorted(set(groups[("a", "requests")]) | set(groups[("b", "requests")]),
                       key=_order):
         cells = dict(zip(keys, key, strict=True))

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.result_files import write_json_atomic  # noqa: E402
-from bench.summarize import REFERENCE_PROTOCOL  # noqa: E402
+from bench.schema import REFERENCE_PROTOCOL  # noqa: E402
 
 STEP = 0.05  # tolerance granularity
 FACTOR = 2.0  # tolerance = FACTOR x the largest run-to-run deviation

@@ -88,13 +88,14 @@ def test_divergence_and_failures_listed(sweep):
     section = text.split("## Divergence / failures", 1)[1]
     assert "pr36425 / timeout" in section and "ranks_agree False" in section
     assert "rank 3 died \\| exit 9" in section  # failures.csv, pipe escaped for markdown
-    assert "FAILED: see Divergence" in text
+    assert "FAILED: the run stopped: rank 3 died | exit 9" in text
+    assert "(see Divergence / failures below)" in text
 
 
 def test_single_rate_run_has_no_rate_plot(tmp_path):
     run = make_run(tmp_path / "one", rates=(4.0,))
     report = write_report(run, "nearest-rank")
-    text = report.read_text()
+    text = report.path.read_text()
     assert not (run / "ttft_vs_rate.png").exists()
     assert "env.json is missing" in text and "nearest rank" in text
     assert (run / "ttft_cdf.png").exists()

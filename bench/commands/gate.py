@@ -17,7 +17,8 @@ PROG = "bench gate"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from bench.gate import DEFAULT_TOLERANCE, check_tolerance
+    from bench.gate import DEFAULT_TOLERANCE
+    from bench.gate_baseline import check_tolerance
 
     parser = CliParser(prog=PROG, description=__doc__.splitlines()[3])
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")

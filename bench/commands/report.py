@@ -23,8 +23,8 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         raise UsageError(f"{args.run_dir}: no such directory")
-    path = write_report(args.run_dir, args.percentile_method)
-    print(f"wrote {path}")
+    report = write_report(args.run_dir, args.percentile_method)
+    print(f"wrote {report.path}; the run: {report.verdict.line}")
     return 0
 
 

@@ -283,12 +283,10 @@ def _run_torchrun(plan: RunPlan) -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     t0 = time.monotonic()
-    status = run_rank(rank, world, plan)
-    if rank == 0:
-        print(status["line"], f"({time.monotonic() - t0:.0f}s)", file=sys.stdout)
+    run_rank(rank, world, plan)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0 if rank != 0 or status["ok"] else 1
+    return _finish(Path(plan.out_dir), t0) if rank == 0 else 0
 
 
 def _run_local(plan: RunPlan) -> int:
@@ -312,15 +310,35 @@ def _run_local(plan: RunPlan) -> int:
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     try:
-        status = launch(plan.world_size, run_rank, (plan,),
-                        timeout_s=_budget_s(plan) + 2 * timeout)[0]
+        launch(plan.world_size, run_rank, (plan,), timeout_s=_budget_s(plan) + 2 * timeout)
     except LaunchError as e:
         _record_failure(Path(plan.out_dir), str(e))
-        print(f"FAILED: {e} ({time.monotonic() - t0:.0f}s); finished configurations are "
-              f"kept in {plan.out_dir}")
+        return _finish(Path(plan.out_dir), t0, str(e))
+    return _finish(Path(plan.out_dir), t0)
+
+
+def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
+    """The end of every run, in this one process: summary, plots, verdict and report built
+    once from the rows the ranks wrote, printed from the same objects."""
+    from bench.report import write_report  # matplotlib: imported once, at the end
+    from bench.summarize import format_table
+
+    took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
+    if not (run_dir / "requests.csv").exists():  # not even one configuration finished
+        print(f"FAILED: {error or 'the ranks wrote no rows'} {took}")
         return 1
-    print(f"{status['line']} ({time.monotonic() - t0:.0f}s, {plan.out_dir})")
-    return 0 if status["ok"] else 1
+    try:
+        report = write_report(run_dir)
+    except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
+        print(f"FAILED: could not build the report: {e} {took}")
+        return 1
+    print(format_table(report.summary))
+    print("\n".join(report.lead))
+    for note in report.verdict.notes:
+        print(f"note: {note}", file=sys.stderr)
+    kept = "; finished configurations are kept" if error else ""
+    print(f"{report.verdict.line} {took}{kept}")
+    return 0 if report.verdict.ok else 1
 
 
 def _budget_s(plan: RunPlan) -> float:
@@ -342,8 +360,8 @@ def _link_latest(path: Path) -> None:
 
 
 def _record_failure(run_dir: Path, error: str) -> None:
-    """failures.csv names the configuration that was running; the report is rebuilt from
-    the configurations that finished (their rows were written atomically)."""
+    """failures.csv names the configuration that was running; the report is built from the
+    configurations that finished (their rows were written atomically)."""
     import json
 
     from bench.result_files import write_csv_atomic
@@ -354,13 +372,6 @@ def _record_failure(run_dir: Path, error: str) -> None:
                      [{"protocol": cell.get("protocol"), "policy": cell.get("policy"),
                        "repeat": cell.get("repeat"), "error": error}],
                      ["protocol", "policy", "repeat", "error"])
-    if (run_dir / "requests.csv").exists():
-        from bench.report import write_report
-
-        try:
-            write_report(run_dir)
-        except ValueError as e:
-            print(f"bench run: could not rebuild the report: {e}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
