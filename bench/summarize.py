@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.result_files import as_bool, clean_key, is_true
+from bench.result_files import as_bool, clean_key, is_true, list_cell
 from bench.schema import GROUP_KEYS, REFERENCE_PROTOCOL, STEP_SITES, SUMMARY_COLUMNS
 from bench.serving_metrics import overhead_cells, ratio_cells, reference_protocol, serving_cells
 from bench.stats import PERCENTILE_METHODS, per_repeat_ratios, percentile, ratio_of_medians_ci
@@ -109,7 +109,7 @@ def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> dict:
     per_repeat = per_repeat_ratios(x, y)
     return {"ttft_p50_ratio_vs_pr27010": point, "ttft_p50_ratio_ci_low": low,
             "ttft_p50_ratio_ci_high": high,
-            "ttft_p50_ratio_per_repeat": ";".join(f"{v:.4f}" for v in per_repeat.values())}
+            "ttft_p50_ratio_per_repeat": list_cell(per_repeat.values())}
 
 
 def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
