@@ -367,3 +367,83 @@ def test_count_rules_by_hand():
     assert got["critical_collectives_per_req"][0] == "worse"
     assert got["step_collectives_per_step"][0] == "worse"
     assert judged(c, a)["critical_collectives_per_req"][0] == "better"
+
+
+# ---- a mix of worse and better; a change far below one collective per request -------------
+
+def test_a_mix_of_worse_and_better_components_is_worse():
+    """When polls differ, critical collectives are judged as in-poll per poll and completion
+    per request, and steps per step kind: one part worse and another better is worse, in
+    either direction (an improvement elsewhere does not hide a regression)."""
+    a = hand_counts([2, 2], [2, 2], [0, 0], [("decode", 4), ("idle", 1)])
+    # In-poll 1 -> 0.5 per poll (better), completion 0 -> 0.5 per request (worse);
+    # decode steps 4 -> 5 (worse), idle 1 -> 0 (better).
+    b = hand_counts([1, 1], [0, 1], [1, 0], [("decode", 5), ("idle", 0)])
+    for x, y in ((a, b), (b, a)):
+        got = judged(x, y)
+        assert got["critical_collectives_per_req"][0] == "worse", got
+        assert got["step_collectives_per_step"][0] == "worse", got
+    assert "judged per step kind: decode 4 -> 5, idle 1 -> 0" in judged(a, b)[
+        "step_collectives_per_step"][1]
+
+
+def large_counts(n: int, polls: int, extra: dict) -> tuple:
+    """n requests of `polls` polls at one decision collective each, and n decode steps of 3
+    collectives; `extra` adds to one request's (or step's) column."""
+    requests = pd.DataFrame({"polls": [polls] * n, "decision_collectives": [polls] * n,
+                             "completion_collectives": 0, "pp_hops": 0,
+                             "hit_query_collectives": 1, "ack_collectives": 1})
+    steps = pd.DataFrame({"kind": ["decode"] * n, "request_broadcast": 1, "per_step_min": 1,
+                          "model_allreduce": [1] * n})
+    for column, add in extra.items():
+        frame = steps if column in steps else requests
+        frame.loc[0, column] += add
+    return counts(requests, steps)
+
+
+N_LARGE = 10_000
+
+
+@pytest.mark.parametrize(("column", "metric"), [
+    ("decision_collectives", "decision_collectives_per_req"),
+    ("completion_collectives", "critical_collectives_per_req"),
+    ("ack_collectives", "background_collectives_per_req"),
+    ("model_allreduce", "step_collectives_per_step"),
+])
+def test_one_collective_in_one_request_of_a_large_run_is_not_same(column, metric):
+    a = large_counts(N_LARGE, 2, {})
+    b = large_counts(N_LARGE, 2, {column: 1})
+    rows = {r["metric"]: r for r in count_rows(a, b, (N_LARGE, N_LARGE))}
+    assert rows[metric]["verdict"] == "worse"
+    assert rows[metric]["b_minus_a"] == pytest.approx(1 / N_LARGE, rel=1e-9)
+    rows = {r["metric"]: r for r in count_rows(b, a, (N_LARGE, N_LARGE))}
+    assert rows[metric]["verdict"] == "better"
+
+
+def test_one_collective_more_per_poll_path_is_not_same():
+    """Polls differ, so decisions are judged per poll: one extra collective in 30,000
+    polls still makes it worse."""
+    a = large_counts(N_LARGE, 2, {})
+    b = large_counts(N_LARGE, 3, {"decision_collectives": 1})
+    got = judged(a, b)
+    assert got["decision_collectives_per_req"][0] == "worse", got
+    assert "per poll, 1 -> 1" in got["decision_collectives_per_req"][1]  # 4 digits hide it
+
+
+def test_mixed_worse_and_better_run_exits_1(runs, capsys, tmp_path):
+    """One collective more in one request of one configuration, one ack fewer in every
+    request: background better everywhere, decision and critical worse in one
+    configuration, and the run is worse (exit 1)."""
+    def mixed(frame):
+        frame.loc[frame.index[0], "decision_collectives"] += 1
+        frame["ack_collectives"] -= 1
+        return frame
+    b = doctor(runs[0], tmp_path / "b", requests=mixed)
+    code, out, _, csv = compare(capsys, runs[0], b)
+    assert code == 1
+    assert out[-1] == "compare: 2 better, 2 worse, 20 same"
+    decision = csv[csv.metric == "decision_collectives_per_req"]
+    assert sorted(decision.verdict) == ["same", "worse"]
+    n = int(decision[decision.verdict == "worse"].n_b.iloc[0])
+    assert decision.b_minus_a.max() == pytest.approx(1 / n)
+    assert verdicts(csv, "background_collectives_per_req") == {"better"}
