@@ -146,7 +146,9 @@ class ThreadWorld:
 
     def new_group(self, ranks, backend=None, timeout=None) -> _Group:
         self._me.groups = getattr(self._me, "groups", 0) + 1
-        return _Group(tuple(ranks), self._me.groups)
+        group = _Group(tuple(ranks), self._me.groups)
+        group.backend, group.timeout = backend, timeout
+        return group
 
     def all_reduce(self, t: torch.Tensor, op, group: _Group) -> None:
         slots = self._rendezvous(group, "all_reduce", None, t)

@@ -18,7 +18,7 @@ import torch
 
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
-from hicache.controller import KV
+from hicache.controller import KV, SIDECAR
 from hicache.storage import SimStorage, StorageSpec
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
 
@@ -201,11 +201,13 @@ def _shared_prompt(i: int) -> list[int]:
     return tokens(SHARED, PAGE) + tokens(1, PAGE, base=10_000 * (i + 1))
 
 
-def _serve_together(protocol: str, n: int = 2):
+def _serve_together(protocol: str, n: int = 2, extra_pool: bool = False):
     """n requests sharing one stored prefix, served to the end of their prefetches."""
     storage = SimStorage(StorageSpec(latency_ms=0.0, exists_latency_ms=0.0), 0, 0)
-    cfg = HiCacheConfig(protocol=protocol, policy="wait_complete", tp=2)
+    cfg = HiCacheConfig(protocol=protocol, policy="wait_complete", tp=2, extra_pool=extra_pool)
     storage.put(hashes_of(SHARED, PAGE), KV, cfg.kv_page_elems)
+    if extra_pool:
+        storage.put(hashes_of(SHARED, PAGE), SIDECAR, cfg.sidecar_page_elems)
     cache = one_rank_cache(cfg, RecordingComm(Layout(0, 2, 1)), storage)
     rids = [f"r{i}" for i in range(n)]
     for i, rid in enumerate(rids):
@@ -236,3 +238,62 @@ def test_shared_prefix_in_flight_frees_the_duplicate_host_slots(protocol):
     for rid in rids:  # each loads the tree's copy back, with the right bytes
         dev, _ = cache.load_back(rid)
         assert len(dev) == SHARED and cache.stats.requests[rid].data_errors == 0
+
+
+@pytest.mark.parametrize("protocol", ["pre27010", "pr36425"])
+def test_shared_prefix_with_sidecar_pages(protocol):
+    """The same, with side-car pages riding along: both pools' duplicates go back, and each
+    request loads both pools' pages back intact."""
+    cache, rids = _serve_together(protocol, extra_pool=True)
+    assert cache.host_slots_unaccounted() == 0
+    assert cache.host_side is not None and cache.dev_side is not None
+    for rid in rids:
+        dev, _ = cache.load_back(rid)
+        assert len(dev) == SHARED and cache.stats.requests[rid].data_errors == 0
+        assert cache.stats.requests[rid].load_back_bytes == SHARED * 4 * (
+            cache.cfg.kv_page_elems + cache.cfg.sidecar_page_elems)
+
+
+# ---- pre27010's completion MIN over two real ranks (threads) ------------------------------
+#
+# Each rank's rank-local progress differs; the MIN of [KV tokens, side-car tokens] over the
+# TP group is the usable length on both ranks. Side-car pages count once their read was
+# issued until pool_transfers_done (the PR #27550 race), and not at all before it began.
+
+SIDE_CASES = {  # rank 1's (KV pages, side-car pages, side-car read over, read begun) -> usable
+    "sidecar_fewest": ((8, 3, True, True), 3),
+    "kv_fewest": ((6, 8, True, True), 6),
+    "sidecar_in_flight_counts_issued": ((8, 2, False, True), 8),
+    "sidecar_not_begun": ((8, 0, False, False), 0),
+}
+
+
+@pytest.mark.parametrize("case", list(SIDE_CASES))
+def test_pre27010_completion_min_over_two_ranks(monkeypatch, case):
+    import hicache.comm
+    from hicache.comm import CollectiveCounter, Comm, Groups
+    from tests.doubles import ThreadWorld
+
+    (kv, side, done, begun), usable = SIDE_CASES[case]
+    world = ThreadWorld(2)
+    monkeypatch.setattr(hicache.comm, "dist", world)
+    cfg = HiCacheConfig(protocol="pre27010", policy="timeout", tp=2, extra_pool=True,
+                        race_guard=False, timeout_base_s=0.0, timeout_per_ki_token_s=0.0)
+
+    def rank(r):
+        layout = Layout(r, 2, 1)
+        comm = Comm(layout, Groups(layout, "gloo", 2.0), CollectiveCounter())
+        cache = one_rank_cache(cfg, comm)
+        admit(cache, "r0", PROMPT)
+        _hit(cache, "r0", 8)
+        cache.check_hicache_events(0.0, busy=True)
+        op = cache.ongoing["r0"]
+        mine = (8, 8, True, True) if r == 0 else (kv, side, done, begun)
+        op.completed_tokens, op.sidecar_pages = mine[0] * PAGE, mine[1]
+        op.pool_transfers_done, op.sidecar_started = mine[2], mine[3]
+        assert cache.check_prefetch_progress("r0")
+        return cache.stats.decisions["r0"], dict(comm.counter.by_rid["r0"])
+    out = world.run(rank)
+    assert out[0] == out[1], out
+    assert out[0][0] == ("poll", usable * PAGE, 8 * PAGE)
+    assert out[0][1] == {"decision": 1, "completion": 1}

@@ -12,6 +12,8 @@ test of the same paths is tests/test_comm_pp.py.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 import torch
@@ -29,7 +31,12 @@ from hicache.comm import (
     Groups,
     Layout,
 )
-from tests.doubles import ThreadWorld
+from hicache.controller import KV, Ack, CacheController, PrefetchOp
+from hicache.pools import PagePool
+from hicache.protocols import make_protocol
+from hicache.storage import SimStorage, StorageSpec
+from tests.doubles import ThreadWorld, hashes_of, tokens
+from tests.test_protocols import CASES, TWO_RANKS
 
 
 def _comms(monkeypatch, tp: int, pp: int, timeout_s: float = 2.0):
@@ -69,6 +76,59 @@ def test_groups_partition_the_grid(monkeypatch):
     assert ranks[5]["pp_cpu"] == ranks[5]["prefetch_pp"] == ranks[5]["ack_pp"] == [1, 3, 5]
     assert ranks[0]["sched"] == ranks[0]["consensus"] == list(range(6))
     assert ranks[2]["prefetch"] == [2, 3] and ranks[2]["prefetch_pp"] == [0, 2, 4]
+
+
+@pytest.mark.parametrize("data_backend", ["gloo", "nccl"])
+def test_every_group_is_gloo_but_the_data_plane_with_the_run_timeout(monkeypatch,
+                                                                     data_backend):
+    monkeypatch.setattr(hicache.comm, "dist", ThreadWorld(4))
+    groups = Groups(Layout(3, 2, 2), data_backend, 7.5)
+    assert set(groups.pg) == set(hicache.comm.GROUP_NAMES)
+    for name, pg in groups.pg.items():
+        want = data_backend if name == "data" else "gloo"
+        assert (pg.backend, groups.backend(name)) == (want, want), name
+        assert pg.timeout == timedelta(seconds=7.5), name
+
+
+def test_one_rank_has_no_groups(monkeypatch):
+    monkeypatch.setattr(hicache.comm, "dist", None)  # world size 1 never touches dist
+    groups = Groups(Layout(0, 1, 1), "gloo", 1.0)
+    assert set(groups.pg.values()) == {None} and groups.sequence_numbers() == {}
+    assert groups.size("tp_cpu") == 1
+
+
+def test_sequence_numbers_leave_out_a_data_plane_that_is_not_gloo(monkeypatch):
+    monkeypatch.setattr(hicache.comm, "dist", ThreadWorld(2))
+    assert "data" not in Groups(Layout(0, 2, 1), "nccl", 1.0).sequence_numbers()
+    monkeypatch.setattr(hicache.comm, "dist", ThreadWorld(2))
+    seq = Groups(Layout(0, 2, 1), "gloo", 1.0).sequence_numbers()
+    assert seq == dict.fromkeys(hicache.comm.GROUP_NAMES, 0)
+
+
+def test_counter_accumulates_every_view():
+    """Several ops per key: each view adds up (scheduler sites per step and per rid, with
+    their seconds; model all-reduces per step but not in seconds; background sites by rid
+    only)."""
+    c = CollectiveCounter()
+    c.step = 3
+    c.record(DECISION, "tp_cpu", 1, "r0", 0.25)
+    c.record(DECISION, "tp_cpu", 1, "r0", 0.5)
+    c.record("pp_hop", "pp_cpu", 1, "r0", 1.0)
+    c.record(REQUEST_BROADCAST, "sched", 2, None, 0.125)
+    c.record("model_allreduce", "data", 1, None, 4.0)
+    c.record(HIT_QUERY, "prefetch", 1, "r0", 8.0)
+    c.record(HIT_QUERY, "prefetch_pp", 1, "r1", 8.0)
+    assert c.by_site == {DECISION: 2, "pp_hop": 1, REQUEST_BROADCAST: 1,
+                         "model_allreduce": 1, HIT_QUERY: 2}
+    assert c.raw_by_group == {"tp_cpu": 2, "pp_cpu": 1, "sched": 2, "data": 1,
+                              "prefetch": 1, "prefetch_pp": 1}
+    assert c.by_rid == {"r0": {DECISION: 2, "pp_hop": 1, HIT_QUERY: 1}, "r1": {HIT_QUERY: 1}}
+    assert c.by_step == {3: {DECISION: 2, "pp_hop": 1, REQUEST_BROADCAST: 1,
+                             "model_allreduce": 1}}
+    assert c.sched_seconds_by_step == {3: 1.875}
+    assert c.sched_seconds_by_step_site == {3: {DECISION: 0.75, "pp_hop": 1.0,
+                                                REQUEST_BROADCAST: 0.125}}
+    assert c.sched_seconds_by_rid == {"r0": 1.75}
 
 
 def test_tp2pp2_stage_zero_reduces_and_the_later_stage_adopts(monkeypatch):
@@ -204,3 +264,67 @@ def test_a_peer_that_never_joins_is_a_collective_error_naming_the_call(monkeypat
     assert msg.startswith("collective at call site 'decision' on group 'tp_cpu' (ranks "
                           "[0, 1]) failed on rank 0 at step 7 for request r3: Timed out"), msg
     assert c0.counter.by_site == {}  # a failed collective is not counted
+
+
+# ---- the system's reductions over the real Comm: each rank's input differs ---------------
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize(("proto", "policy", "guard", "f0", "f1", "want"), TWO_RANKS,
+                         ids=[f"{r[0]}-{r[1]}-{r[3]}+{r[4]}{'' if r[2] else '-noguard'}"
+                              for r in TWO_RANKS])
+def test_poll_decides_over_the_real_comm(monkeypatch, proto, policy, guard, f0, f1, want,
+                                         pp):
+    """The decision table's two-rank cases on every rank of TP2 (x PP2, where stage 1
+    knows what stage 0 knows): the same answer everywhere, one counted decision
+    collective per poll that votes a list, attributed to the request."""
+    _, run = _comms(monkeypatch, 2, pp)
+    p = make_protocol(proto, policy, guard)
+
+    def poll(comm):
+        f = replace((CASES[f0], CASES[f1])[comm.layout.tp_rank], pp_rank=comm.layout.pp_rank)
+        return p.poll(f, comm, "r7")
+    out = run(poll)
+    assert [d for _, d in out] == [want] * (2 * pp)
+    reduces = isinstance(p.vote(CASES[f0]), list)
+    hop = int(reduces and pp > 1 and p.scope == "tp_pp")
+    want_sites = {k: v for k, v in {DECISION: int(reduces), "pp_hop": hop}.items() if v}
+    assert dict(out[0][0].counter.by_site) == want_sites
+    assert dict(out[0][0].counter.by_rid.get("r7", {})) == want_sites
+
+
+def _background(comm, uses_acks: bool, leading: int, terminated: bool = False):
+    """Runs one op through this rank's prefetch-thread loop (on the calling thread), with
+    `leading` of its 8 pages in this rank's storage; then reduces a per-batch ack of
+    `leading` pages and an extra-pool ack."""
+    storage = SimStorage(StorageSpec(latency_ms=0.0, exists_latency_ms=0.0), 0, 0)
+    storage.put(hashes_of(8, 16)[:leading], KV, 4)
+    ctrl = CacheController(comm, storage, PagePool(KV, 16, 4), None, 16, uses_acks)
+    op = PrefetchOp("r5", tokens(8, 16), None, 0.0, 0.0, page_size=16)
+    if terminated:
+        op.terminated.set()
+    ctrl.prefetch_queue.put(op)
+    ctrl.prefetch_queue.put(None)
+    ctrl._prefetch_loop()
+    acks = ctrl._reduce(Ack(op, tokens=leading * 16)), ctrl._reduce(Ack(op, pool_pages=leading))
+    return len(ctrl.hit_queue.get_nowait().hash_value), acks[0].tokens, acks[1].pool_pages
+
+
+def test_hit_query_and_acks_reduce_to_the_grids_min(monkeypatch):
+    _, run = _comms(monkeypatch, 2, 2)
+    out = run(lambda comm: _background(comm, True, [8, 6, 7, 5][comm.layout.rank]))
+    assert [v for _, v in out] == [(5, 5 * 16, 5)] * 4
+    for comm, _ in out:  # T + P each: TP group, then PP group
+        assert comm.counter.by_rid["r5"] == {HIT_QUERY: 2, "ack": 4}
+
+
+def test_pre27010_hit_query_reduces_over_its_tp_group_only(monkeypatch):
+    _, run = _comms(monkeypatch, 2, 2)
+    out = run(lambda comm: _background(comm, False, [8, 6, 7, 5][comm.layout.rank])[0])
+    assert [v for _, v in out] == [6, 6, 5, 5]  # no PP agreement before PR #27010
+    assert all(c.counter.by_site[HIT_QUERY] == 1 for c, _ in out)
+
+
+def test_a_terminated_op_joins_the_hit_min_with_zero_pages(monkeypatch):
+    _, run = _comms(monkeypatch, 2, 1)
+    out = run(lambda comm: _background(comm, True, 8, terminated=comm.layout.rank == 1)[0])
+    assert [v for _, v in out] == [0, 0]
