@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from bench.commands.compare import main as main_compare
-from bench.compare_metrics import METRIC_NAMES, counts, itl_gaps
-from bench.compare_rules import count_rows, timing_verdict
+from bench.compare_metrics import METRIC_NAMES, TimingMetric, counts, itl_gaps, ttft
+from bench.compare_rules import TimingOptions, count_rows, timing_rows, timing_verdict
 from bench.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
@@ -447,3 +447,50 @@ def test_mixed_worse_and_better_run_exits_1(runs, capsys, tmp_path):
     n = int(decision[decision.verdict == "worse"].n_b.iloc[0])
     assert decision.b_minus_a.max() == pytest.approx(1 / n)
     assert verdicts(csv, "background_collectives_per_req") == {"better"}
+
+
+# ---- timing rows by hand (constant samples: the bootstrap CI is the point) ----------------
+
+TTFT_P50 = TimingMetric("ttft_p50_ms", "requests", 50, ("ttft_ms",), ttft())
+
+
+def _ttft_frame(values_by_repeat: dict) -> pd.DataFrame:
+    return pd.DataFrame([{"repeat": r, "ttft_ms": v} for r, vs in values_by_repeat.items()
+                         for v in vs], columns=["repeat", "ttft_ms"])
+
+
+def _timing(a: pd.DataFrame | None, b: pd.DataFrame | None, present=(True, True)) -> list:
+    frames = {("a", "requests"): a, ("b", "requests"): b}
+    shown = {("a", TTFT_P50): present[0], ("b", TTFT_P50): present[1]}
+    return timing_rows([TTFT_P50], frames, shown, TimingOptions(threshold=0.25, n_boot=200))
+
+
+@pytest.mark.parametrize(("b_value", "verdict"), [(20.0, "worse"), (4.0, "better"),
+                                                  (11.0, "same"), (7.6, "same")])
+def test_timing_rows_by_hand(b_value, verdict):
+    a = _ttft_frame({0: [10.0] * 3, 1: [10.0] * 2})
+    b = _ttft_frame({0: [b_value] * 2, 1: [b_value] * 2})
+    (row,) = _timing(a, b)
+    assert row["verdict"] == verdict and row["note"] == ""
+    assert (row["metric"], row["kind"], row["n_a"], row["n_b"]) == ("ttft_p50_ms", "timing",
+                                                                    5, 4)
+    assert (row["a"], row["b"]) == (10.0, b_value)
+    assert row["b_minus_a"] == pytest.approx(b_value - 10.0)
+    ratio = b_value / 10.0
+    assert (row["ratio_b_over_a"], row["ratio_ci_low"], row["ratio_ci_high"]) == \
+        pytest.approx((ratio, ratio, ratio))
+
+
+def test_timing_rows_that_cannot_be_compared():
+    a = _ttft_frame({0: [10.0, 12.0]})
+    (row,) = _timing(a, None, present=(True, False))
+    assert (row["verdict"], row["note"]) == ("not comparable", "only A carries ('ttft_ms',)")
+    (row,) = _timing(None, a, present=(False, True))
+    assert row["note"] == "only B carries ('ttft_ms',)"
+    (row,) = _timing(None, a)  # the configuration has no rows in A
+    assert (row["verdict"], row["note"], row["n_a"]) == ("not comparable", "no samples in A", 0)
+    (row,) = _timing(a, _ttft_frame({0: []}))
+    assert row["note"] == "no samples in B"
+    assert _timing(None, None) == []  # no samples on either side: left out
+    (row,) = _timing(_ttft_frame({0: [0.0, 0.0]}), a)
+    assert (row["verdict"], row["note"]) == ("not comparable", "ratio undefined (A's value is 0)")
