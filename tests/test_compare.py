@@ -465,8 +465,9 @@ def _timing(a: pd.DataFrame | None, b: pd.DataFrame | None, present=(True, True)
     return timing_rows([TTFT_P50], frames, shown, TimingOptions(threshold=0.25, n_boot=200))
 
 
-@pytest.mark.parametrize(("b_value", "verdict"), [(20.0, "worse"), (4.0, "better"),
-                                                  (11.0, "same"), (7.6, "same")])
+@pytest.mark.parametrize(("b_value", "verdict"), [
+    (20.0, "worse"), (12.6, "worse"), (12.4, "same"), (10.0, "same"), (7.6, "same"),
+    (7.4, "better"), (4.0, "better")])  # threshold 0.25: worse above 12.5, better below 7.5
 def test_timing_rows_by_hand(b_value, verdict):
     a = _ttft_frame({0: [10.0] * 3, 1: [10.0] * 2})
     b = _ttft_frame({0: [b_value] * 2, 1: [b_value] * 2})
