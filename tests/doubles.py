@@ -116,7 +116,7 @@ class ThreadWorld:
 
     ReduceOp = torch.distributed.ReduceOp
 
-    def __init__(self, world_size: int, timeout_s: float = 2.0):
+    def __init__(self, world_size: int, timeout_s: float = 10.0):
         self.world_size, self.timeout_s = world_size, timeout_s
         self.ops: dict[int, list[tuple]] = {r: [] for r in range(world_size)}
         self._me = threading.local()

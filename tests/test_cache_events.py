@@ -275,14 +275,14 @@ def test_pre27010_completion_min_over_two_ranks(monkeypatch, case):
     from tests.doubles import ThreadWorld
 
     (kv, side, done, begun), usable = SIDE_CASES[case]
-    world = ThreadWorld(2)
+    world = ThreadWorld(2)  # a peer that never joins fails after 10 s, not a hang
     monkeypatch.setattr(hicache.comm, "dist", world)
     cfg = HiCacheConfig(protocol="pre27010", policy="timeout", tp=2, extra_pool=True,
                         race_guard=False, timeout_base_s=0.0, timeout_per_ki_token_s=0.0)
 
     def rank(r):
         layout = Layout(r, 2, 1)
-        comm = Comm(layout, Groups(layout, "gloo", 2.0), CollectiveCounter())
+        comm = Comm(layout, Groups(layout, "gloo", 10.0), CollectiveCounter())
         cache = one_rank_cache(cfg, comm)
         admit(cache, "r0", PROMPT)
         _hit(cache, "r0", 8)

@@ -39,7 +39,7 @@ from tests.doubles import ThreadWorld, hashes_of, tokens
 from tests.test_protocols import CASES, TWO_RANKS
 
 
-def _comms(monkeypatch, tp: int, pp: int, timeout_s: float = 2.0):
+def _comms(monkeypatch, tp: int, pp: int, timeout_s: float = 10.0):
     world = ThreadWorld(tp * pp, timeout_s)
     monkeypatch.setattr(hicache.comm, "dist", world)
 
@@ -186,7 +186,7 @@ def test_the_later_stage_gets_the_value_at_send_time(monkeypatch):
     def hop(comm):
         t = torch.tensor([comm.layout.rank + 5])
         if comm.layout.rank == 1:
-            assert reused.wait(2.0)  # receive only after stage 0 overwrote its tensor
+            assert reused.wait(10.0)  # receive only after stage 0 overwrote its tensor
         comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, DECISION)
         if comm.layout.rank == 0:
             t.fill_(99)
