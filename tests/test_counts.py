@@ -255,9 +255,9 @@ def test_pre27010_per_step_is_5_on_stage_0_and_3_on_stage_1(tp2pp2, policy):
 
 # TP1 x PP2 on 2 ranks (fast): the stage-local drain is a no-op without TP, so pre27010's
 # per step stays two relays; 0.5.23 relays once, and on its ticket path not at all.
-TP1PP2 = [("pre27010", "wait_complete", ""), ("pr36425", "wait_complete", ""),
-          ("sglang-0.5.23", "wait_complete", ""), ("sglang-0.5.23", "wait_complete", "buffer")]
-TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 2), TP1PP2[2]: (0, 1), TP1PP2[3]: (0, 0)}
+TP1PP2 = [("pre27010", "wait_complete", ""), ("sglang-0.5.23", "wait_complete", ""),
+          ("sglang-0.5.23", "wait_complete", "buffer")]
+TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 1), TP1PP2[2]: (0, 0)}
 
 
 @pytest.fixture(scope="module")
