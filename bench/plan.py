@@ -11,12 +11,17 @@ from dataclasses import dataclass, field, replace
 
 from bench.workload import WorkloadSpec
 from hicache.config import HiCacheConfig
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import POLICIES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel, roofline
 from hicache.storage import StorageSpec
 
-ALIASES = {"before": "pr27010", "after": "pr36425"}
+# The five protocols the project compares: what "every protocol" means for a preset (the
+# default, ci and pp presets), so a protocol added for a release finding does not grow them.
+PROJECT_PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")
+# Release names for --protocols (docs/releases.md); sglang-0.5.23 is a protocol of its own.
+ALIASES = {"before": "pr27010", "after": "pr36425",
+           "sglang-0.5.18": "pre27010", "sglang-0.5.19": "pr36425"}
 THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
 
 
@@ -32,7 +37,7 @@ class Cell:
 @dataclass(frozen=True)
 class RunPlan:
     preset: str = "default"
-    protocols: tuple[str, ...] = PROTOCOLS
+    protocols: tuple[str, ...] = PROJECT_PROTOCOLS
     policies: tuple[str, ...] = POLICIES
     rates: tuple[float, ...] = (16.0,)
     repeats: int = 3
@@ -106,7 +111,7 @@ def _tp(gpus: int) -> int:
 
 
 def _queue(gpus: int) -> dict:
-    """SPEC section 8's regime: a burst of prefetching requests whose storage reads queue
+    """docs/design.md section 8's regime: a burst of prefetching requests whose storage reads queue
     up behind one IO thread, polled every step while bystanders decode beside them."""
     return {"tp": _tp(gpus), "repeats": 3, "requests": 48, "rates": (math.inf,),
             "bystanders": 48, "bystander_rate": 24.0,
@@ -115,12 +120,13 @@ def _queue(gpus: int) -> dict:
 
 
 def _default(gpus: int) -> dict:
-    return {**_queue(gpus), "repeats": 2, "protocols": PROTOCOLS, "policies": POLICIES}
+    return {**_queue(gpus), "repeats": 2, "protocols": PROJECT_PROTOCOLS,
+            "policies": POLICIES}
 
 
 def _ci(gpus: int) -> dict:
     return {**_queue(gpus), "tp": 2, "repeats": 2, "requests": 24, "bystanders": 24,
-            "protocols": PROTOCOLS, "policies": POLICIES}
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
 
 
 def _sweep(gpus: int) -> dict:
@@ -133,6 +139,15 @@ def _pp(gpus: int) -> dict:
     return {"tp": 2, "pp": 2, "repeats": 2, "requests": 16}
 
 
+def _releases(gpus: int) -> dict:
+    """Issue 16's finding: at TP2 x PP2 with buffer_only host memory 0.5.23 takes the
+    PP-ticket path, whose polls all-reduce under wait_complete, where 0.5.19 (pr36425)
+    polls for free; pr27010 is the reference every ratio is taken against."""
+    return {**_queue(gpus), "tp": 2, "pp": 2, "repeats": 5, "requests": 24,
+            "bystanders": 24, "host_memory": "buffer_only", "policies": ("wait_complete",),
+            "protocols": ("pr27010", "pr36425", "sglang-0.5.23")}
+
+
 def _race(gpus: int) -> dict:
     return {"tp": 2, "repeats": 1, "requests": 12, "protocols": ("pre27010", "pr36425"),
             "policies": ("wait_complete",), "extra_pool": True,
@@ -140,7 +155,7 @@ def _race(gpus: int) -> dict:
 
 
 PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
-           "race": _race}
+           "race": _race, "releases": _releases}
 PRESET_HELP = {
     "default": "make bench: the queue scenario for all protocols x policies, 2 repeats, "
                "TP = local GPUs (2 on CPU)",
@@ -151,6 +166,9 @@ PRESET_HELP = {
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
+    "releases": "TP2 x PP2, buffer_only host memory, wait_complete: sglang-0.5.23 (the "
+                "PP-ticket path) vs sglang-0.5.19 (pr36425), pr27010 the reference, a burst "
+                "of 24 + 24 bystanders, 5 repeats",
 }
 
 
