@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -495,3 +496,62 @@ def test_timing_rows_that_cannot_be_compared():
     assert _timing(None, None) == []  # no samples on either side: left out
     (row,) = _timing(_ttft_frame({0: [0.0, 0.0]}), a)
     assert (row["verdict"], row["note"]) == ("not comparable", "ratio undefined (A's value is 0)")
+
+
+# ---- count rows whole: every cell, the notes, and what cannot be judged -------------------
+
+def _steps_counts(step_kinds, polls=(2, 2), decision=(2, 2)):
+    return hand_counts(list(polls), list(decision), [0, 0], step_kinds)
+
+
+def test_count_rows_are_whole_rows():
+    a = _steps_counts([("decode", 4), ("idle", 1)])
+    b = _steps_counts([("decode", 4), ("idle", 1)], polls=(3, 3), decision=(3, 3))
+    rows = count_rows(a, b, (5, 7))
+    assert [r["metric"] for r in rows] == ["polls_per_req", *JUDGED_COUNTS]
+    assert rows[0] == {"metric": "polls_per_req", "kind": "count", "a": 2.0, "b": 3.0,
+                       "b_minus_a": 1.0, "n_a": 2, "n_b": 2, "verdict": "info",
+                       "note": "follows timing; not judged"}
+    assert rows[1] == {"metric": "decision_collectives_per_req", "kind": "count", "a": 2.0,
+                       "b": 3.0, "b_minus_a": 1.0, "n_a": 2, "n_b": 2, "verdict": "same",
+                       "note": "polls/req differ: judged per poll, 1 -> 1"}
+    assert rows[2]["verdict"] == "same" and rows[2]["note"] == (
+        "polls/req differ: judged as in-poll per poll 1 -> 1 and completion per request "
+        "0 -> 0")
+    assert (rows[3]["verdict"], rows[3]["note"]) == ("same", "")
+    assert rows[4] == {"metric": "step_collectives_per_step", "kind": "count", "a": 2.5,
+                       "b": 2.5, "b_minus_a": 0.0, "n_a": 5, "n_b": 7, "verdict": "same",
+                       "note": ""}
+
+
+def test_steps_without_kinds_are_judged_per_step():
+    a, b = (replace(_steps_counts([("decode", n), ("decode", 1)]), step_per_step_by_kind={})
+            for n in (4, 5))  # steps.csv without `kind`
+    row = count_rows(a, b, (2, 2))[4]
+    assert (row["verdict"], row["note"]) == ("worse", "")
+    assert count_rows(b, a, (2, 2))[4]["verdict"] == "better"
+
+
+@pytest.mark.parametrize("side", ["A", "B"])
+def test_a_run_without_steps_is_not_comparable_per_step(side):
+    with_steps = _steps_counts([("decode", 4)])
+    without = _steps_counts([])
+    assert without.step_per_step is None
+    a, b = (without, with_steps) if side == "A" else (with_steps, without)
+    row = count_rows(a, b, (1, 0))[4]
+    assert (row["verdict"], row["note"]) == ("not comparable", f"no steps.csv rows in {side}")
+    assert row["b_minus_a"] is None and (row["a"] is None) == (side == "A")
+
+
+def test_a_configuration_without_requests_is_not_comparable():
+    empty = counts(pd.DataFrame(columns=["polls", "decision_collectives",
+                                         "completion_collectives", "pp_hops",
+                                         "hit_query_collectives", "ack_collectives"]), None)
+    full = _steps_counts([("decode", 4)])
+    for a, b in ((empty, full), (full, empty)):
+        rows = {r["metric"]: r for r in count_rows(a, b, (1, 1))}
+        for metric in JUDGED_COUNTS[:3]:
+            assert rows[metric]["verdict"] == "not comparable", (metric, rows[metric])
+            assert rows[metric]["b_minus_a"] is None
+    rows = {r["metric"]: r for r in count_rows(empty, empty, (0, 0))}
+    assert rows["decision_collectives_per_req"]["verdict"] == "same"  # nothing vs nothing

@@ -365,3 +365,15 @@ def test_extra_pool_adds_one_reduced_pool_ack(tp, pp, per):
     e = expected_per_request("pre27010", "wait_complete", tp, pp, 2, 300, True, True,
                              extra_pool=True)
     assert e.ack == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(("ready", "want"), [(True, [1]), (False, [0])])
+def test_sglang_0523_ticket_vote_is_stage_zeros_readiness(policy, ready, want):
+    """The ticket path (buffer_only, PP > 1): stage 0 votes its readiness, whatever the
+    policy; a later stage contributes 0 and follows, even when it is ready itself."""
+    p = make_protocol("sglang-0.5.23", policy)
+    f = Facts(ticketed=True, ticket_ready=ready)
+    assert p.vote(f) == want
+    assert p.vote(_at_stage(f, 1)) == [0]
+    assert simulate(p, [f, f, _at_stage(Facts(ticketed=True, ticket_ready=True), 1)]) is ready
