@@ -164,7 +164,8 @@ class ThreadWorld:
         group.backend, group.timeout = backend, timeout
         return group
 
-    def all_reduce(self, t: torch.Tensor, op, group: _Group) -> None:
+    def all_reduce(self, t: torch.Tensor, op, group: _Group | None = None) -> None:
+        group = group or self._world_group()  # None: the default (harness) group
         slots = self._rendezvous(group, "all_reduce", None, t)
         stacked = torch.stack([slots[r] for r in group.ranks])
         reduce = {self.ReduceOp.MIN: torch.amin, self.ReduceOp.MAX: torch.amax}
@@ -190,6 +191,12 @@ class ThreadWorld:
             raise RuntimeError(f"Timed out waiting {self.timeout_s}s for recv") from None
 
     # ---- plumbing ---------------------------------------------------------------------------
+
+    def _world_group(self) -> _Group:
+        with self._lock:
+            if not hasattr(self, "_world"):
+                self._world = _Group(tuple(range(self.world_size)), 0)  # index 0: default
+            return self._world
 
     def _record(self, group: _Group, kind: str, peer) -> None:
         group.ops += 1

@@ -309,3 +309,63 @@ def test_pre27010_completion_min_over_two_ranks(monkeypatch, case):
     assert out[0] == out[1], out
     assert out[0][0] == ("poll", usable * PAGE, 8 * PAGE)
     assert out[0][1] == {"decision": 1, "completion": 1}
+
+
+# ---- 0.5.23's clock: from the first blocked poll, over the requested pages ---------------
+#
+# unified_radix_cache.py: the timeout budget counts the requested pages (not the agreed
+# hit), runs from the first poll that found the prefetch pending, and a prefetch whose KV
+# pages all landed never times out.
+
+FIRST_BLOCKED = {"policy": "timeout", "tp": 2, "timeout_base_s": 1.0,
+                 "timeout_per_ki_token_s": 1.0}
+
+
+def _blocked_once(hit_pages: int = 8):
+    cache = one_rank_cache(HiCacheConfig(protocol="sglang-0.5.23", **FIRST_BLOCKED),
+                           RecordingComm(Layout(0, 2, 1)))
+    admit(cache, "r0", PROMPT)
+    _hit(cache, "r0", hit_pages)
+    cache.check_hicache_events(0.0, busy=True)
+    op = cache.ongoing["r0"]
+    assert op.wait_start is None  # no poll yet: no clock
+    assert not cache.check_prefetch_progress("r0")
+    assert op.wait_start is not None  # the first blocked poll started it
+    return cache, op
+
+
+def test_sglang_0523_clock_starts_at_the_first_blocked_poll_and_only_then():
+    cache, op = _blocked_once()
+    first = op.wait_start
+    assert not cache.check_prefetch_progress("r0")
+    assert op.wait_start == first  # a later blocked poll does not restart it
+    assert not cache._timed_out(op)
+
+
+def test_sglang_0523_budget_counts_the_requested_pages():
+    """9 requested pages (576 tokens): 1 s + 576/1024 s = 1.5625 s, whatever the hit."""
+    cache, op = _blocked_once(hit_pages=5)
+    assert len(op.tokens) == 9 * PAGE
+    op.wait_start = time.monotonic() - 1.5
+    assert not cache._timed_out(op)  # the hit's budget (1.3125 s) would have passed
+    op.wait_start = time.monotonic() - 1.6
+    assert cache._timed_out(op)
+
+
+def test_sglang_0523_never_times_out_once_every_kv_page_landed():
+    cache, op = _blocked_once()
+    op.wait_start = time.monotonic() - 100.0
+    op.completed_tokens = op.hit_tokens - PAGE
+    assert cache._timed_out(op)
+    op.completed_tokens = op.hit_tokens
+    assert not cache._timed_out(op)
+
+
+def test_sglang_0523_clock_runs_only_under_the_timeout_policy():
+    cfg = HiCacheConfig(protocol="sglang-0.5.23", **{**FIRST_BLOCKED, "policy": "wait_complete"})
+    cache = one_rank_cache(cfg, RecordingComm(Layout(0, 2, 1)))
+    admit(cache, "r0", PROMPT)
+    _hit(cache, "r0", 8)
+    cache.check_hicache_events(0.0, busy=True)
+    assert not cache.check_prefetch_progress("r0")
+    assert cache.ongoing["r0"].wait_start is None

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import hicache.comm
 from hicache.comm import (
     DECISION,
+    HARNESS_STOP,
     HIT_GROUPS,
     HIT_QUERY,
     REQUEST_BROADCAST,
@@ -328,3 +329,22 @@ def test_a_terminated_op_joins_the_hit_min_with_zero_pages(monkeypatch):
     _, run = _comms(monkeypatch, 2, 1)
     out = run(lambda comm: _background(comm, True, 8, terminated=comm.layout.rank == 1)[0])
     assert [v for _, v in out] == [0, 0]
+
+
+@pytest.mark.parametrize(("busy", "idle"), [((False, False), True), ((False, True), False),
+                                            ((True, True), False)])
+def test_all_idle_only_when_no_rank_is_busy(monkeypatch, busy, idle):
+    """The harness's end-of-serve agreement: a MAX of "busy" on the default group, counted
+    at its own site, never on a system group."""
+    world, run = _comms(monkeypatch, 2, 1)
+    out = run(lambda comm: comm.all_idle(busy[comm.layout.rank]))
+    assert [v for _, v in out] == [idle, idle]
+    assert all(c.counter.by_site == {HARNESS_STOP: 1} for c, _ in out)
+    assert all(c.counter.raw_by_group == {"default": 1} for c, _ in out)
+    assert world.ops[0] == [("all_reduce", (0, 1), None)]
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_all_idle_at_one_rank_is_local(busy):
+    comm = Comm(Layout(0, 1, 1), Groups(Layout(0, 1, 1), "gloo", 1.0), CollectiveCounter())
+    assert comm.all_idle(busy) is (not busy) and comm.counter.by_site == {}
