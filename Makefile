@@ -8,6 +8,7 @@ ARGS ?=
 RUN ?= results/latest
 JOBS ?= 2
 MUTMUT ?= mutmut>=3.8,<4
+MUTANTS ?=
 
 .PHONY: setup dev test test-fast bench gate compare microbench project lint mutate gpu-check clean
 
@@ -46,10 +47,10 @@ microbench: dev  ## pytest-benchmark micro-benchmarks saved into results/latest
 project: setup  ## overhead projection to TP 2-64, PP 1-4 of a run: make project RUN=results/latest
 	$(PY) -m bench project $(RUN) $(ARGS)
 
-mutate: dev  ## mutation testing of the contract modules, not in CI (docs/testing.md): make mutate JOBS=2
+mutate: dev  ## mutation testing of the contract modules, not in CI (docs/testing.md): make mutate JOBS=2 [MUTANTS='hicache.*']
 	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q "$(MUTMUT)"
 	rm -rf mutants
-	$(VENV)/bin/mutmut run --max-children $(JOBS)
+	$(VENV)/bin/mutmut run --max-children $(JOBS) $(MUTANTS)
 	$(VENV)/bin/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
 	$(VENV)/bin/mutmut results
 
