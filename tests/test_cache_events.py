@@ -369,3 +369,26 @@ def test_sglang_0523_clock_runs_only_under_the_timeout_policy():
     cache.check_hicache_events(0.0, busy=True)
     assert not cache.check_prefetch_progress("r0")
     assert cache.ongoing["r0"].wait_start is None
+
+
+# ---- step-batched: the per-step flags decide, op by op -----------------------------------
+
+def test_step_batched_flags_decide_exactly_the_timed_out_ops():
+    """Three pending ops; only the middle one timed out: its flag (negated into the
+    per-step MIN) decides it, and no other, at the step; the poll then just reads it."""
+    cfg = HiCacheConfig(protocol="step-batched", policy="timeout", tp=2,
+                        timeout_base_s=1.0, timeout_per_ki_token_s=0.0)
+    comm = RecordingComm(Layout(0, 2, 1))
+    cache = one_rank_cache(cfg, comm)
+    for i in range(3):
+        admit(cache, f"r{i}", tokens(9, PAGE, base=1000 * i))
+        op = cache.ongoing[f"r{i}"]
+        op.hash_value = hashes_of(9, PAGE, base=1000 * i)[:8]
+        cache.controller.hit_queue.put(op)
+    cache.check_hicache_events(0.0, busy=True)  # drains the hits: all three hold slots
+    cache.ongoing["r1"].start_time -= 5.0  # only r1 is past its 1 s on this rank's clock
+    cache.check_hicache_events(0.0, busy=True)
+    assert [cache.ongoing[f"r{i}"].decided for i in range(3)] == [False, True, False]
+    assert cache.check_prefetch_progress("r1") and not cache.check_prefetch_progress("r0")
+    assert "decision" not in comm.sites()
+    assert comm.sites().count("per_step_min") == 2  # one packed MIN per step

@@ -348,3 +348,19 @@ def test_all_idle_only_when_no_rank_is_busy(monkeypatch, busy, idle):
 def test_all_idle_at_one_rank_is_local(busy):
     comm = Comm(Layout(0, 1, 1), Groups(Layout(0, 1, 1), "gloo", 1.0), CollectiveCounter())
     assert comm.all_idle(busy) is (not busy) and comm.counter.by_site == {}
+
+
+def test_broadcast_of_nothing_is_the_length_alone(monkeypatch):
+    """obj None: only the length (0) travels, one op; a column's broadcast comes from PP
+    stage 0 and is attributed to its request."""
+    world, run = _comms(monkeypatch, 1, 2)
+    out = run(lambda comm: comm.broadcast_object(None, REQUEST_BROADCAST))
+    assert [v for _, v in out] == [None, None]
+    assert all(c.counter.raw_by_group == {"sched": 1} for c, _ in out)
+    msg = {"rid": "r4", "pages": 8}
+    world, run = _comms(monkeypatch, 1, 2)
+    out = run(lambda comm: comm.broadcast_object(msg if comm.layout.pp_rank == 0 else "x",
+                                                 "ticket", group="pp_cpu", rid="r4"))
+    assert [v for _, v in out] == [msg, msg]
+    assert all(dict(c.counter.by_rid["r4"]) == {"ticket": 1} for c, _ in out)
+    assert all(c.counter.raw_by_group == {"pp_cpu": 2} for c, _ in out)
