@@ -26,6 +26,7 @@ from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
 from hicache.storage import Storage
+from hicache.tiers import Tiers
 
 
 class HiCache:
@@ -47,6 +48,10 @@ class HiCache:
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks)
+        self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
+                            self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
+                      if cfg.tiers else None)
+        self._placed: dict[str, tuple[list[str], int]] = {}  # rid -> (page hashes, device hit)
         self.ongoing: dict[str, PrefetchOp] = {}
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
         self.prompts: dict[str, list[int]] = {}
@@ -66,7 +71,8 @@ class HiCache:
         st.requested_tokens = len(key)
         if len(key) < self.cfg.prefetch_threshold:
             return
-        if self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
+        if not self.cfg.unbounded_pools and \
+                self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
             return  # rate-limited: half the host pool already in flight
         op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page)
         self.ongoing[rid] = op
@@ -93,23 +99,46 @@ class HiCache:
     # ---- load-back host->device ---------------------------------------------------------------
 
     def load_back(self, rid: str) -> tuple[list[int], float]:
-        """Copies the host-resident prefix to fresh device pages; returns them and the time."""
+        """Device pages for the prompt before its prefill: the host-resident prefix is
+        copied to fresh device pages (with the device tier: after the device hit, and the
+        pages to compute get theirs too). Returns the device pages and the copy's time."""
         tokens = self.prompts[rid]
         m = self._match_and_lock(rid, tokens)
-        pages = min(m.pages, (len(tokens) - 1) // self.page)
+        if self.tiers is not None:
+            dev, hit, src = self.tiers.place(tokens, m)
+        else:
+            hit, src = 0, m.slots[: min(m.pages, (len(tokens) - 1) // self.page)]
+            dev = self._alloc_device(rid, len(src))
+        usable = hit + len(src)
+        pairs = [(self.host_kv, self.dev_kv)]
+        if self.host_side is not None:
+            pairs.append((self.host_side, self.dev_side))
+        st = self.stats.requests[rid]
+        seconds, st.load_back_bytes = self.loader.copy(pairs, src, dev[hit:usable])
+        st.loaded_tokens = len(src) * self.page
+        self._account(rid, len(tokens), hit, usable)
+        st.data_errors += self._verify(tokens, m, usable, dev[:usable], pairs)
+        if self.tiers is not None:
+            self._placed[rid] = (self.tiers.computed(tokens, m, dev, usable), hit)
+        return dev, seconds
+
+    def _alloc_device(self, rid: str, pages: int) -> list[int]:
         dev = self.dev_kv.alloc(pages)
         if dev is None:
             raise RuntimeError(f"device pool exhausted loading {pages} pages for {rid} "
                                f"({self.dev_kv.num_pages} pages of {self.kv.page_bytes} bytes; "
                                f"a larger kv_budget_gib holds more)")
-        pairs = [(self.host_kv, self.dev_kv)]
-        if self.host_side is not None:
-            pairs.append((self.host_side, self.dev_side))
-        st = self.stats.requests[rid]
-        seconds, st.load_back_bytes = self.loader.copy(pairs, m.slots[:pages], dev)
-        st.loaded_tokens = pages * self.page
-        st.data_errors += self._verify(tokens, m, pages, dev, pairs)
-        return dev, seconds
+        return dev
+
+    def _account(self, rid: str, prompt: int, hit: int, usable: int) -> None:
+        """Where the prompt's tokens come from, at scheduling: the device, the host, this
+        request's own prefetch from storage (pages base.. base+prefetched of the prompt,
+        base = the prefix matched at arrival), or the prefill."""
+        st, base = self.stats.requests[rid], self.matches[rid][0].pages
+        fetched = max(0, min(base + st.prefetched_tokens // self.page, usable) - max(hit, base))
+        st.prompt_tokens, st.computed_tokens = prompt, prompt - usable * self.page
+        st.device_hit_tokens, st.storage_hit_tokens = hit * self.page, fetched * self.page
+        st.host_hit_tokens = (usable - hit - fetched) * self.page
 
     def _verify(self, tokens, m: MatchResult, pages: int, dev: list[int], pairs) -> int:
         """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
@@ -119,8 +148,18 @@ class HiCache:
             bad += verify_pages(devp, dev, want, self.layout.rank)
         return bad
 
-    def free_device(self, dev: list[int]) -> None:
-        self.dev_kv.free(dev)
+    def cache_prefill(self, rid: str, dev: list[int]) -> None:
+        """After the prefill: with the device tier its pages stay cached on the device
+        (and start toward the host and storage); without, the device pages go back."""
+        if self.tiers is None:
+            self.dev_kv.free(dev)
+            return
+        hashes, hit = self._placed.pop(rid)
+        self.tiers.cache_prefill(self.prompts[rid], hashes, dev, hit)
+
+    def writes_pending(self) -> bool:
+        """Host copies or storage writes not yet acked (the run goes on until they are)."""
+        return self.tiers is not None and self.tiers.busy
 
     def close(self) -> None:
         """Frees the pools' memory (gigabytes of pinned host memory with real KV pages)."""
@@ -203,7 +242,8 @@ class HiCache:
         fits if it reaches the threshold (unified_radix_cache `_try_alloc_storage_hit`)."""
         slots = self.host_kv.alloc(pages)
         if slots is None:
-            self.host_kv.free(self.tree.evict(pages - self.host_kv.available))
+            pinned = self.tiers.pinned if self.tiers is not None else None
+            self.host_kv.free(self.tree.evict(pages - self.host_kv.available, pinned))
             slots = self.host_kv.alloc(pages)
         fit = min(pages, self.host_kv.available)
         if slots is None and fit * self.page >= self.cfg.prefetch_threshold:
@@ -283,7 +323,9 @@ class HiCache:
         base = self.matches[op.rid][0]
         if pages:
             tokens = self.prompts[op.rid][: (base.pages + pages) * self.page]
-            overlap = self.tree.insert(tokens, base.slots + slots[:pages],
+            # Pages already in the tree keep their own slots: the base's are placeholders
+            # (with the device tier part of the base may be on the device only).
+            overlap = self.tree.insert(tokens, [-1] * base.pages + slots[:pages],
                                        base.hashes + op.hash_value[:pages])
             dup = max(0, overlap - base.pages)  # pages another request inserted meanwhile
             self.host_kv.free(slots[:dup])

@@ -9,6 +9,8 @@ from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
 
+WRITE_POLICIES = ("none", "write_through", "write_back")
+
 
 @dataclass(frozen=True)
 class HiCacheConfig:
@@ -37,6 +39,13 @@ class HiCacheConfig:
     hidden: int = 64
     allreduce_tokens: int = 16  # rows of the per-layer all-reduce (fixed: a padded decode batch)
     max_running_requests: int = 256  # the running (decode) batch's bound; full: no walk
+    # The device tier and the write path (hicache.tiers): "none" = computed pages are not
+    # kept (the synthetic presets); write_through (SGLang's default) / write_back = a
+    # device prefix cache whose pages reach the host and then storage.
+    write_policy: str = "none"
+    # Pools never evict (checks): page counts are the *_pool_pages fields as given, the
+    # budget and the prefetch rate limit do not apply.
+    unbounded_pools: bool = False
     consensus_check: bool = False  # SGLang's @rank_consensus, off by default
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
@@ -60,6 +69,12 @@ class HiCacheConfig:
         get_shape(self.model)  # ValueError naming the known models
         if self.kv_bytes not in ("auto", "real", "synthetic"):
             raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, "
+                             f"got {self.write_policy!r}")
+        if self.write_policy != "none" and self.extra_pool:
+            raise ValueError("the device tier does not model side-car pools: write_policy "
+                             "needs extra_pool off")
         if not self.kv_budget_gib > 0:
             raise ValueError(f"kv_budget_gib must be > 0, got {self.kv_budget_gib}")
         if self.prefetch_threshold < 0:
@@ -70,6 +85,11 @@ class HiCacheConfig:
             raise ValueError("prefetch timeouts must be >= 0")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
+
+    @property
+    def tiers(self) -> bool:
+        """The device tier and the write path are on."""
+        return self.write_policy != "none"
 
     @property
     def world_size(self) -> int:

@@ -10,8 +10,8 @@ Reads are per page, as SGLang's storage backends report them (`batch_get_v1` ret
 result per page, and the controller counts pages up to the first failure): `batch_get`
 delivers the leading pages it can and says how many (`ReadResult`).
 
-Threads: the prefetch thread calls `batch_exists`, the IO thread `batch_get`; the RNG they
-share is guarded by a lock.
+Threads: the prefetch thread calls `batch_exists`, the IO thread `batch_get`, the backup
+thread `batch_set`; the RNG they share is guarded by a lock.
 """
 
 from __future__ import annotations
@@ -126,6 +126,17 @@ class Storage(ABC):
         why = (f"injected read failure at page {got} of {n}" if got == fail_at
                else f"page {got} of {n} is not in storage")
         return ReadResult(got, f"rank {self.rank} ({pool}): {why}")
+
+    def batch_set(self, hashes: list[str], pool: str, rows: torch.Tensor) -> int:
+        """Writes rows[i] (CPU float32) as page hashes[i] of `pool`, the backup thread's
+        write (SGLang `batch_set`); it takes a read's time for the same bytes (latency +
+        bytes / bandwidth). Returns the pages written; storage keeps them for good."""
+        if not hashes:
+            return 0
+        head_s, row_s = self._read_times(len(hashes), rows.shape[1], pool, 1.0)
+        _sleep(head_s + row_s * len(hashes))
+        self._store(hashes, pool, rows.to(torch.float32).cpu())
+        return len(hashes)
 
     def put(self, hashes: list[str], pool: str, page_elems: int) -> None:
         """Store pages with content page_content(hash, self.rank, pool); costs no model time."""
