@@ -46,6 +46,7 @@ class HiCache:
             self.dev_side = PagePool(SIDECAR, kv.device_pages, cfg.sidecar_page_elems, device)
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
+        self.agreement = self.protocol.step_agreement
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks)
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
@@ -179,10 +180,9 @@ class HiCache:
                    if op.host_slots is not None and not op.decided]
         facts = [self._facts(op) for op in pending]
         votes = [self.protocol.step_vote(f) for f in facts]
-        # Who is busy, and step-batched's timeout flags: a MAX rides in the MIN by negation.
-        head = [-int(busy)] + [-v for v in votes if v is not None]
-        queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
-        head, queues = self._agree_step(head, queues)
+        agreed = self.agreement.agree(self._step_values(busy, votes), self.layout.pp,
+                                      self._reduce_step)
+        head, queues = agreed["head"], agreed["queues"]
         for op, f in zip(pending, head[1:], strict=False):
             if f == -1:
                 self._decide(op)
@@ -193,18 +193,23 @@ class HiCache:
         self._drain_acks(queues[1])
         return head[0] == -1
 
-    def _agree_step(self, head: list[int], queues: list[int]) -> tuple[list[int], list[int]]:
-        """The step's counters, agreed. SGLang (unified_radix_cache check_hicache_events):
-        with PP = 1 one packed MIN; with PP > 1 two `_all_reduce` calls, finished-op counts
-        and then the storage queue sizes, each a TP MIN on stage 0 and the PP hop."""
-        if self.layout.pp == 1:
-            agreed = self._reduce_step(queues + head)
-            return agreed[len(queues):], agreed[: len(queues)]
-        return self._reduce_step(head), self._reduce_step(queues)
+    def _step_values(self, busy: bool, votes: list[int | None]) -> dict[str, list[int]]:
+        """This rank's per-step counts, by list (hicache.step_agreement), all MIN-reduced."""
+        # Who is busy, and step-batched's timeout flags: a MAX rides in the MIN by negation.
+        head = [-int(busy)] + [-v for v in votes if v is not None]
+        loads = [0]  # load-back copies inside the step (hicache.loadback): none pending
+        queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
+        return {"head": head, "loads": loads, "queues": queues}
 
-    def _reduce_step(self, values: list[int]) -> list[int]:
+    def _reduce_step(self, values: list[int], relay: bool) -> list[int]:
+        """One reduction of the step's agreement: relayed (TP MIN on stage 0, then the PP
+        hop) or stage-local (this stage's TP group only)."""
         t = torch.tensor(values, dtype=torch.int64)
-        self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
+        # Blocks until every rank of the group (and, relayed, stage 0) reaches this step.
+        if relay:
+            self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
+        else:
+            self.comm.all_reduce(t, dist.ReduceOp.MIN, "tp_cpu", PER_STEP_MIN)
         return t.tolist()
 
     def _decide(self, op: PrefetchOp) -> None:

@@ -8,8 +8,9 @@ TP rank 0): a PP hop costs rank 0 one point-to-point send.
 Background reductions (hit-query MIN, per-batch ack MINs) run on the background threads'
 own groups: for the ack protocols over TP and then PP, T + (1 if PP > 1) each; for
 pre27010 over TP only. The final "request complete" ack carries nothing and costs nothing.
-Per step (not per request): one packed MIN with PP = 1, two `_all_reduce` calls (TP MIN on
-stage 0 and the PP hop each) with PP > 1.
+Per step (not per request, `per_step`): one packed MIN with PP = 1; with PP > 1 the
+release's shape (hicache.step_agreement): relayed reductions (a TP MIN on stage 0, then the
+PP hop) and stage-local ones (a TP MIN on every stage, no hop).
 """
 
 from __future__ import annotations
@@ -46,6 +47,25 @@ def background_cost(protocol: str, tp: int, pp: int) -> int:
     """Collectives one background reduction (hit query, per-batch ack) costs rank 0."""
     t = tp_cost(tp)
     return t + pp_cost(pp) if protocol in ACK_PROTOCOLS else t
+
+
+# (relayed, stage-local) reductions per step with PP > 1: 0.5.19's two relayed ones (the
+# project's default), 0.5.18's writing_check + loading_check relayed and the queue drain
+# stage-local (pre27010).
+STEP_REDUCTIONS_PP = {"pre27010": (2, 1), "pr27010": (2, 0), "pr36425": (2, 0),
+                      "step-batched": (2, 0), "step-clock": (2, 0)}
+
+
+def per_step(protocol: str, tp: int, pp: int, pp_rank: int = 0) -> tuple[int, int]:
+    """(TP all-reduces, PP hop ops) check_hicache_events' agreement costs a rank of PP stage
+    `pp_rank` in one step. A relay costs stage 0 one send, the last stage one receive, a
+    stage between them both; only stage 0 all-reduces a relayed value."""
+    t = tp_cost(tp)
+    if pp == 1:
+        return t, 0
+    relayed, local = STEP_REDUCTIONS_PP[protocol]
+    hops = int(pp_rank > 0) + int(pp_rank < pp - 1)
+    return (relayed if pp_rank == 0 else 0) * t + local * t, relayed * hops
 
 
 def decision_per_poll(protocol: str, policy: str, tp: int, pp: int) -> tuple[int, int]:

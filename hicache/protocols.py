@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hicache.comm import DECISION, Comm
+from hicache.step_agreement import SGLANG_0_5_18, SGLANG_0_5_19, StepAgreement
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Protocol:
     uses_acks = True  # completion is published through agreed acks
     reduce_op = dist.ReduceOp.MAX
     scope = "tp_pp"
+    step_agreement: StepAgreement = SGLANG_0_5_19  # check_hicache_events' reductions
 
     def __init__(self, policy: str, race_guard: bool = True):
         self.policy, self.race_guard = policy, race_guard
@@ -77,6 +79,7 @@ class Pre27010(Protocol):
     """Before PR #27010: rank-local completion, one TP MAX per poll, no PP agreement."""
 
     name, uses_acks, scope = "pre27010", False, "tp"
+    step_agreement = SGLANG_0_5_18  # the last release that ships it
 
     def vote(self, f: Facts) -> Vote:
         if self.policy == "best_effort":

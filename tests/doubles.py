@@ -43,6 +43,16 @@ class RecordingComm:
         return [site for _, site in self.calls]
 
 
+class RelayComm(RecordingComm):
+    """A RecordingComm on a PP stage > 0 whose stage 0 has counted nothing yet: every
+    relayed value arrives as 0 (a later stage takes stage 0's result in place), while a
+    stage-local reduction keeps this rank's own values (its TP peers hold the same)."""
+
+    def reduce_tp_then_pp(self, t, op, site, rid=None):
+        super().reduce_tp_then_pp(t, op, site, rid)
+        t.zero_()
+
+
 class RecordingStorage(SimStorage):
     """Sim storage with no latency that records (pool, index of the batch's first page in
     `order`) for every batch_get, and runs `on_read(pool, index)` before each read."""

@@ -20,7 +20,14 @@ from dataclasses import replace
 
 import pytest
 
-from hicache.cost_model import POLICIES, PROTOCOLS, Expected, expected_per_request
+from hicache.cost_model import (
+    POLICIES,
+    PROTOCOLS,
+    Expected,
+    decision_per_poll,
+    expected_per_request,
+    per_step,
+)
 from hicache.protocols import make_protocol
 from tests.helpers import case, run_cases
 from tests.test_protocols import SPEC_PER_POLL
@@ -199,14 +206,30 @@ def test_one_packed_per_step_min_without_pp(tp2, variant):
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("variant", VARIANTS, ids=_id)
-def test_two_per_step_reductions_with_pp(tp2pp2, variant):
-    """check_hicache_events with PP > 1: two `_all_reduce` calls per step, each a TP
-    all-reduce on stage 0 and the PP hop (stage 1 receives twice)."""
+def test_per_step_agreement_with_pp(tp2pp2, variant):
+    """check_hicache_events with PP > 1 as the release that ships the protocol issues it
+    (cost_model.per_step): 0.5.19's two relayed reductions, each a TP MIN on stage 0 and
+    the PP hop; pre27010 0.5.18's two relayed ones and a stage-local queue MIN. A step's
+    other hops are its polls' decisions."""
+    proto, policy, _ = variant
+    hop_per_poll = decision_per_poll(proto, policy, 2, 2)[1]
     for res in tp2pp2[variant]:
-        stage = res["layout"][1]
+        tp_ars, hops = per_step(proto, 2, 2, res["layout"][1])
         for s in res["steps"]:
-            assert s.get("coll_per_step_min", 0) == (2 if stage == 0 else 0), s
-            assert s.get("coll_pp_hop", 0) >= 2, s
+            assert s.get("coll_per_step_min", 0) == tp_ars, s
+            assert s.get("coll_pp_hop", 0) == hops + s["polled"] * hop_per_poll, s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_pre27010_per_step_is_5_on_stage_0_and_3_on_stage_1(tp2pp2, policy):
+    """By hand, 0.5.18 at TP2 x PP2: stage 0 two relayed TP MINs (2 + 2 sends) and its
+    queue MIN; stage 1 two receives and its own queue MIN. pre27010's polls never hop."""
+    for res in tp2pp2[("pre27010", policy, "")]:
+        want = 5 if res["layout"][1] == 0 else 3
+        for s in res["steps"]:
+            assert s.get("coll_per_step_min", 0) + s.get("coll_pp_hop", 0) == want, s
 
 
 @pytest.mark.slow
