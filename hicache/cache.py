@@ -183,14 +183,19 @@ class HiCache:
         agreed = self.agreement.agree(self._step_values(busy, votes), self.layout.pp,
                                       self._reduce_step)
         head, queues = agreed["head"], agreed["queues"]
-        for op, f in zip(pending, head[1:], strict=False):
+        flags = head[1: 1 + sum(v is not None for v in votes)]
+        for op, f in zip(pending, flags, strict=False):
             if f == -1:
                 self._decide(op)
         for op, f in zip(pending, facts, strict=True):
             if not op.decided and self.protocol.step_decide(f):
                 self._decide(op)
+        if self.tiers is not None:  # writing_check comes before the queue drains
+            self.tiers.drain_copies(head[-1])
         self._drain_hits(queues[0])
         self._drain_acks(queues[1])
+        if self.tiers is not None:
+            self.tiers.drain_backups(queues[2], self._get)
         return head[0] == -1
 
     def _step_values(self, busy: bool, votes: list[int | None]) -> dict[str, list[int]]:
@@ -199,6 +204,11 @@ class HiCache:
         head = [-int(busy)] + [-v for v in votes if v is not None]
         loads = [0]  # load-back copies inside the step (hicache.loadback): none pending
         queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
+        if self.tiers is not None:
+            # The write path's counts ride here, no collective of their own (docs/design.md
+            # section 12): finished host copies with the head, backup acks with the queues.
+            head.append(self.tiers.finished_copies())
+            queues.append(self.tiers.backup_queue_size())
         return {"head": head, "loads": loads, "queues": queues}
 
     def _reduce_step(self, values: list[int], relay: bool) -> list[int]:
