@@ -75,6 +75,9 @@ class Stats:
     # Self-check after the run: host slots neither in the radix tree nor free (0 = every
     # slot accounted for; more = leaked). None until the run has shut down.
     host_slots_unaccounted: int | None = None
+    # The write path (hicache.tiers), after the run: pages copied device -> host, written
+    # to storage; empty when the device tier is off.
+    write_path: dict[str, int] = field(default_factory=dict)
 
     def request_rows(self) -> list[dict]:
         rows = []

@@ -55,8 +55,9 @@ class Tiers:
         self.copies: list[_HostCopy] = []  # finished host copies, not yet acked
         self.backups_in_flight = 0
         self._pinned: Counter[int] = Counter()  # host slots a storage write reads
-        self.host_copied_pages = 0
-        self.dropped_pages = 0  # device pages evicted with no host copy (write_through)
+        self.host_copied_pages = 0  # device -> host
+        self.stored_pages = 0  # host -> storage, acked
+        self.dropped_pages = 0  # host pages that went with a device leaf that had no copy
 
     # ---- load-back and prefill ---------------------------------------------------------------
 
@@ -173,6 +174,7 @@ class Tiers:
         blocks for an ack this rank's backup thread has not put yet (a later PP stage)."""
         for _ in range(n):
             op = get(self.controller.backup_acks)
+            self.stored_pages += op.written_pages
             self._pinned.subtract(op.slots)
             self._pinned += Counter()  # drops the slots at zero
             self.backups_in_flight -= 1
@@ -184,4 +186,10 @@ class Tiers:
 
     def backup_queue_size(self) -> int:
         return self.controller.backup_acks.qsize()
+
+    def summary(self) -> dict[str, int]:
+        """Pages the write path moved, for the run's records."""
+        return {"host_copy_pages": self.host_copied_pages,
+                "storage_write_pages": self.stored_pages,
+                "dropped_host_pages": self.dropped_pages}
 

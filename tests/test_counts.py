@@ -16,7 +16,7 @@ are checked for counts, not for prefetched tokens.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -27,6 +27,7 @@ from hicache.cost_model import (
     decision_per_poll,
     expected_per_request,
     per_step,
+    write_path_cost,
 )
 from hicache.protocols import make_protocol
 from tests.helpers import case, run_cases
@@ -44,11 +45,16 @@ FAST_TIMEOUT = {"timeout_base_s": 0.01, "timeout_per_ki_token_s": 0.0}
 
 VARIANTS = [(p, q, "") for p, q in itertools.product(PROTOCOLS, POLICIES)]
 VARIANTS += [(p, "timeout", "fast") for p in PROTOCOLS]
+# The write path on (SGLang's default write_through): each request's computed page goes
+# device -> host -> storage, its acks agreed in the per-step reduction.
+WRITE_THROUGH = {"write_policy": "write_through"}
+VARIANTS += [(p, q, "wt") for p, q in itertools.product(PROTOCOLS, ("wait_complete", "timeout"))]
+VARIANT_CFG = {"": {}, "fast": FAST_TIMEOUT, "wt": WRITE_THROUGH}
 
 
 def _cases(tp: int, pp: int) -> list[dict]:
-    return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
-                  **(FAST_TIMEOUT if v else {})}, STORAGE, n=N_REQUESTS,
+    return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp, **VARIANT_CFG[v]},
+                 STORAGE, n=N_REQUESTS,
                  prefix_tokens=PREFIX, new_tokens=64)
             for p, q, v in VARIANTS]
 
@@ -72,9 +78,13 @@ def _id(v):
     return f"{v[0]}-{v[1]}{'-' + v[2] if v[2] else ''}"
 
 
-def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int) -> Expected:
+def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int,
+              write_path: bool = False) -> Expected:
     e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
                              row["op_issued"], row["io_issued"], row["terminated_by"] == "poll")
+    if write_path:
+        e = Expected(*(a + b for a, b in zip(astuple(e), astuple(write_path_cost(tp, pp)),
+                                               strict=True)))
     if pp_rank == 0:
         return e
     # A later PP stage mirrors stage 0 (cost_model counts rank 0): for a decision that hops,
@@ -89,14 +99,14 @@ def _measured(row: dict) -> Expected:
 
 
 def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
-    proto, policy, fast = variant
+    proto, policy, kind = variant
     per_rank = results[variant]
     for rank, res in enumerate(per_rank):
         _, pp_rank = res["layout"]
         rows = res["rows"]
         assert len(rows) == N_REQUESTS
         for row in rows:
-            want = _expected(proto, policy, tp, pp, row, pp_rank)
+            want = _expected(proto, policy, tp, pp, row, pp_rank, kind == "wt")
             assert _measured(row) == want, f"rank {rank} {row['rid']}: polls={row['polls']}"
             assert row["data_errors"] == 0
         # Our counter against torch's own sequence numbers, every group, every rank.
@@ -110,7 +120,7 @@ def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
     polls = sum(r["polls"] for r in rows0)
     if policy == "best_effort":
         assert all(r["polls"] == 1 for r in rows0)  # the first poll always ends it
-    elif not fast:  # a 10 ms timeout may end every prefetch at its first poll on a busy box
+    elif kind != "fast":  # a 10 ms timeout may end every prefetch at its first poll
         assert polls > N_REQUESTS, "the scenario must poll pending prefetches repeatedly"
     # Per poll, measured on rank 0, equals the hand-written SPEC table (T, P).
     per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
@@ -154,7 +164,7 @@ def count_table(results: dict, tp: int, pp: int) -> str:
         dec = sum(r.get("coll_decision", 0) for r in rows)
         hop = sum(r.get("coll_pp_hop", 0) for r in rows)
         exp = sum(_expected(proto, policy, tp, pp, r, 0).decision for r in rows)
-        lines.append(f"| {proto} | {policy}{' (fast)' if v else ''} | TP{tp}"
+        lines.append(f"| {proto} | {policy}{f' ({v})' if v else ''} | TP{tp}"
                      f"{f'xPP{pp}' if pp > 1 else ''} | {n} | {polls / n:.2f} | "
                      f"{dec / polls:.2f} | {hop / polls:.2f} | {dec / n:.2f} | {exp / n:.2f} |")
     return "\n".join(lines)
@@ -247,3 +257,32 @@ def test_background_reductions_span_tp_and_pp(tp2pp2, proto):
         if proto in ACK_PROTOCOLS:  # the PP groups are cross-checked like every other
             assert set(pp_groups) == {"prefetch_pp", "ack_pp"}
             assert all(counted == seq > 0 for counted, seq in pp_groups.values()), pp_groups
+
+
+# ---- the write path (docs/design.md section 12) ----------------------------------------------
+
+WT_VARIANTS = [v for v in VARIANTS if v[2] == "wt"]
+
+
+def _check_write_path(results: dict, variant: tuple) -> None:
+    """Every request's computed page went device -> host -> storage on every rank, with no
+    collective of its own (the counts above), and its acks were drained before the end."""
+    for res in results[variant]:
+        wp = res["write_path"]
+        assert wp["host_copy_pages"] == wp["storage_write_pages"] == N_REQUESTS, wp
+        assert res["host_slots_unaccounted"] == 0
+        for row in res["rows"]:
+            assert row["computed_tokens"] == 64 and row["storage_hit_tokens"] == PREFIX
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", WT_VARIANTS, ids=_id)
+def test_write_through_tp2(tp2, variant):
+    _check_write_path(tp2, variant)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("variant", WT_VARIANTS, ids=_id)
+def test_write_through_tp2pp2(tp2pp2, variant):
+    _check_write_path(tp2pp2, variant)
