@@ -58,6 +58,7 @@ class Tiers:
         self.host_copied_pages = 0  # device -> host
         self.stored_pages = 0  # host -> storage, acked
         self.dropped_pages = 0  # host pages that went with a device leaf that had no copy
+        self.device_evicted_pages = 0
 
     # ---- load-back and prefill ---------------------------------------------------------------
 
@@ -147,6 +148,7 @@ class Tiers:
         write_back = (lambda n: self._copy_to_host(n, lock=False)) \
             if self.policy == "write_back" else None
         dev, host = self.tree.evict_device(pages, write_back)
+        self.device_evicted_pages += len(dev)
         self.dev.free(dev)
         self.host.free(host)
         self.dropped_pages += len(host)
@@ -191,5 +193,6 @@ class Tiers:
         """Pages the write path moved, for the run's records."""
         return {"host_copy_pages": self.host_copied_pages,
                 "storage_write_pages": self.stored_pages,
-                "dropped_host_pages": self.dropped_pages}
+                "dropped_host_pages": self.dropped_pages,
+                "device_evicted_pages": self.device_evicted_pages}
 
