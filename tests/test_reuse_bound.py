@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.trace import classes, read_trace, requests
-from bench.trace import Histories as TraceHistories
+from bench.trace import Histories, classes, read_trace, requests
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from hicache.storage import StorageSpec
@@ -61,7 +60,7 @@ def _replay(device_pages: int, host_pages: int, unbounded: bool) -> tuple[list[d
     layout = Layout(0, 1, 1)
     system = System(cfg, layout, setup_distributed(layout, torch.device("cpu"), 30.0),
                     torch.device("cpu"))
-    system.populate(TraceHistories(rows[:SKIP]))
+    system.populate(Histories(rows[:SKIP]))
     stats = system.run(reqs)
     system.close()
     assert stats.host_slots_unaccounted == 0
