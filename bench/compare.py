@@ -1,44 +1,22 @@
-"""Two runs side by side: what a code change did to collective counts and timings.
-
-Usage: python -m bench compare RUN_A RUN_B [--metric NAME ...] [--threshold 0.05]
-                                          [--out DIR] [--n-boot 2000] [--seed 0]
-
-Rows are matched by configuration (protocol, policy, tp, pp, storage, rate, extra_pool,
-race_guard, and page_size / model where both runs carry them). Per matched row:
-- counts (rank 0, exact): polls, decision, critical and background collectives per request,
-  step collectives per step; A, B and B - A. Any change is flagged whatever the threshold:
-  worse when B issues more, better when fewer. Polls follow timing, so when polls/req differ
-  the collectives issued inside polls are judged per poll (decision/poll; critical = in-poll
-  collectives per poll and completions per request), and step collectives per step kind
-  when steps carry `kind`. polls/req itself is shown, never judged.
-- timings: ratio B/A of each metric's percentile with a 95% percentile-bootstrap CI; A and
-  B are resampled independently, stratified by repeat (requests, steps, or a request's ITL
-  gaps as one unit). worse: CI entirely above 1 + threshold; better: entirely below
-  1 - threshold; else same. The CI holds within-run noise only; the threshold absorbs
-  run-to-run drift.
-Refused (exit 2, one line): different presets, layouts (tp, pp) or schema versions; bad
-input. env.json differences that make timings incomparable are warned about at the top.
-Writes compare.csv, compare.md and compare_ratios.png into --out (default
-results/compare_<A>_vs_<B>). Exit 1 when anything is worse, else 0.
-"""
+"""Two runs side by side: what a code change did to collective counts and timings (the
+engine of `python -m bench compare`, whose usage text, bench.commands.compare, says how
+rows are matched and judged)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from bench.cliutil import CliParser, UsageError
+from bench import verdict
+from bench.compare_metrics import COUNT_COLUMNS, TIMING_METRICS, TimingMetric, counts
 from bench.compare_rules import TimingOptions, count_rows, timing_rows
-from bench.io import ResultFileError, numeric_columns, read_csv_checked
-from bench.metrics import COUNT_COLUMNS, METRIC_NAMES, TIMING_METRICS, TimingMetric, counts
-from bench.schema import CONFIG_COLUMNS
-from bench.summarize import GROUP_KEYS, STEP_SITES, clean_key
+from bench.plan import plan_differences
+from bench.result_files import ResultFileError, clean_key, numeric_columns, read_csv_checked
+from bench.schema import CONFIG_COLUMNS, GROUP_KEYS, STEP_SITES
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 DEFAULT_THRESHOLD = 0.05
@@ -140,21 +118,19 @@ def env_warnings(a: Run, b: Run) -> list[str]:
     return [f"warning: timings may not be comparable: {'; '.join(diffs)}"] if diffs else []
 
 
-def _flat(d: object, prefix: str = "") -> dict[str, object]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}."))
-    return {k.rstrip("."): v for k, v in out.items()}
+def verdict_warnings(a: Run, b: Run) -> list[str]:
+    """A run whose own verdict (verdict.json) is FAILED: its counts and timings are suspect."""
+    out = []
+    for side, run in (("A", a), ("B", b)):
+        v = verdict.read(run.path)
+        if v is not None and not v.ok:
+            out.append(f"warning: run {side} did not pass its own checks: {v.line}")
+    return out
 
 
 def plan_notes(a: Run, b: Run) -> list[str]:
     """Plan settings that differ (what was changed on purpose, or explains one-sided rows)."""
-    pa, pb = _flat(a.fact("plan") or {}), _flat(b.fact("plan") or {})
-    diffs = [f"{k} {pa.get(k, '(unset)')} -> {pb.get(k, '(unset)')}"
-             for k in sorted(set(pa) | set(pb))
-             if k != "out_dir" and pa.get(k, "(unset)") != pb.get(k, "(unset)")]
+    diffs = plan_differences(a.fact("plan"), b.fact("plan"), "->")
     return [f"note: plans differ: {'; '.join(diffs)}"] if diffs else []
 
 
@@ -234,67 +210,10 @@ def compare(a: Run, b: Run, opts: argparse.Namespace) -> Comparison:
               for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
     metrics, present = reported_metrics(a, b, opts.metric)
     timing = TimingOptions(opts.threshold, opts.n_boot, opts.seed)
-    comp = Comparison(a, b, keys, opts.threshold, header=env_warnings(a, b) + plan_notes(a, b))
+    comp = Comparison(a, b, keys, opts.threshold,
+                      header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b))
     for key in sorted(set(groups[("a", "requests")]) | set(groups[("b", "requests")]),
                       key=_order):
         cells = dict(zip(keys, key, strict=True))
         comp.rows += [cells | row for row in _config_rows(key, groups, metrics, present, timing)]
     return comp
-
-
-def _metric_list(values: list[str] | None) -> list[str] | None:
-    """--metric values (repeatable, comma-separated), checked against the registry."""
-    if not values:
-        return None
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    unknown = [n for n in names if n not in METRIC_NAMES]
-    if unknown or not names:
-        raise UsageError(f"unknown --metric {', '.join(unknown) or '(empty)'}; choose from "
-                         f"{', '.join(METRIC_NAMES)}")
-    return names
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = CliParser(prog="bench compare", description=__doc__.splitlines()[0],
-                       epilog="\n".join(__doc__.splitlines()[4:]),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_a", type=Path, help="the run before (a results/<run> directory)")
-    parser.add_argument("run_b", type=Path, help="the run after")
-    parser.add_argument("--metric", action="append", metavar="NAME",
-                        help=f"timing metrics to compare (repeat or comma-separate; default: "
-                             f"all present): {', '.join(METRIC_NAMES)}. Counts are always "
-                             "compared")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="T",
-                        help="a timing ratio is worse/better only when its whole 95%% CI lies "
-                             f"beyond 1 +- threshold (default {DEFAULT_THRESHOLD})")
-    parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="output directory (default results/compare_<A>_vs_<B>)")
-    parser.add_argument("--n-boot", type=int, default=2000, metavar="N",
-                        help="bootstrap resamples (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, metavar="N",
-                        help="bootstrap seed (default 0)")
-    args = parser.parse_args(argv)
-    if not (math.isfinite(args.threshold) and args.threshold >= 0):
-        raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
-    if args.n_boot < 1:
-        raise UsageError(f"--n-boot must be >= 1, got {args.n_boot}")
-    args.metric = _metric_list(args.metric)
-    return args
-
-
-def main_compare(argv: list[str]) -> int:
-    """`python -m bench compare A B`: 0 when nothing is worse, 1 when something is, 2 on bad
-    input or runs that cannot be compared."""
-    # matplotlib (in compare_report) is imported only when there is something to write
-    from bench.compare_report import default_out, print_comparison, write_outputs
-
-    try:
-        args = _parse(argv)
-        comp = compare(load_run(args.run_a), load_run(args.run_b), args)
-        out = args.out or default_out(comp)
-        written = write_outputs(comp, out)
-    except (UsageError, ValueError, OSError) as e:  # ResultFileError is a ValueError
-        print(f"bench compare: {e}".splitlines()[0], file=sys.stderr)
-        return 2
-    print_comparison(comp, written)
-    return 1 if comp.tally()["worse"] else 0

@@ -11,9 +11,9 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from bench.compare import Comparison, Run
 from bench.envinfo import REPO_DIR
-from bench.io import write_csv_atomic, write_text_atomic
 from bench.plots import save_figure
-from bench.report import markdown_table
+from bench.result_files import write_csv_atomic, write_text_atomic
+from bench.tables import markdown_table
 
 ROW_COLUMNS = ["metric", "kind", "a", "b", "b_minus_a", "ratio_b_over_a", "ratio_ci_low",
                "ratio_ci_high", "n_a", "n_b", "verdict", "note"]

@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from bench.metrics import Counts, TimingMetric
+from bench.compare_metrics import Counts, TimingMetric
 from bench.stats import Sample, ratio_of_percentiles_ci
 
 

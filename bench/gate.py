@@ -1,7 +1,5 @@
-"""CI perf gate: exact collective counts, correctness, and same-run TTFT ratios vs a baseline.
-
-Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--update-baseline]
-                                    [--tolerance FLOAT]
+"""CI perf gate: exact collective counts, correctness, and same-run TTFT ratios vs a baseline
+(the engine of `python -m bench gate`, bench.commands.gate).
 
 Hard checks are exact (counts never depend on timing): measured decision and background
 collectives equal the analytic model (hicache.cost_model) for every request, every rank
@@ -12,40 +10,41 @@ p50 per request class and mean step time and ITL p50, each with its own toleranc
 gate.json (derived from measured run-to-run noise); each fails only when every repeat
 exceeds the bound too. When the run directory holds microbench.json, the per-poll cost
 ratios are printed as information, never checked.
-Exit 0: all checks hold; 1: a check failed (table on stdout); 2: bad input (one line).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from bench.checks import BASELINE_KEY, EPS, Check, baseline_value, make_check
-from bench.cliutil import CliParser, UsageError
+from bench.gate_baseline import (
+    check_comparable,
+    load_baseline,
+    read_settings,
+    update_baseline,
+)
+from bench.gate_checks import EPS, Check, baseline_value, make_check
 from bench.gate_timing import DEFAULT_QUIET_TOLERANCE, quiet_checks, ratio_checks
-from bench.io import (
+from bench.microbench import gate_note
+from bench.result_files import (
     ResultFileError,
+    clean_key,
     numeric_columns,
     read_csv_checked,
-    write_csv_atomic,
-    write_json_atomic,
-    write_text_atomic,
+    read_json_object,
 )
-from bench.microbench import gate_note
-from bench.schema import STEP_COLUMNS, SUMMARY_COLUMNS
-from bench.summarize import (
-    GROUP_KEYS,
-    as_bool,
-    clean_key,
-    config_groups,
-    expected_counts,
+from bench.schema import GROUP_KEYS, STEP_COLUMNS
+from bench.summarize import config_groups, expected_counts, summarize
+from bench.verdict import (
+    crosscheck_misses,
+    data_errors,
+    host_slot_leaks,
+    missing_cells,
     row_disagrees,
-    summarize,
     unexplained_disagreements,
 )
 
@@ -67,7 +66,6 @@ SUMMARY_NUMERIC = ["tp", "pp", "decision_collectives_per_req",
                    "expected_decision_collectives_per_req", "background_collectives_per_req",
                    "expected_background_collectives_per_req", "decision_collectives_per_poll",
                    "ttft_p50_ratio_vs_pr27010", "data_errors"]
-BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010"]
 
 
 def _close(a: float, b: float) -> bool:
@@ -127,7 +125,7 @@ def _agree_check(row: dict, g: pd.DataFrame) -> Check:
 
 def _data_check(row: dict, g: pd.DataFrame) -> Check:
     """No request read wrong prefix data (checksum mismatch)."""
-    bad = int((as_bool(g["data_ok"]) == False).sum())  # noqa: E712
+    bad = int(data_errors(g).sum())
     errors = max(bad, int(row["data_errors"]))
     if errors:
         return make_check(row, "data_errors", False, expected="0", observed=str(errors),
@@ -137,14 +135,47 @@ def _data_check(row: dict, g: pd.DataFrame) -> Check:
     return make_check(row, "data_errors", True)
 
 
-def run_checks(requests: pd.DataFrame, summary: pd.DataFrame) -> list[Check]:
-    """The hard checks that need no baseline, for every summary row."""
+def _self_checks(row: dict, ranks: pd.DataFrame | None) -> list[Check]:
+    """Each rank's own checks (bench.verdict): its counter matched torch's sequence numbers,
+    and every host slot was in its tree or free at the end. Nothing to check without
+    ranks.csv."""
+    if ranks is None:
+        return []
+    miss, leaks = crosscheck_misses(ranks), host_slot_leaks(ranks)
+    out = [make_check(row, "counter_crosscheck", miss.empty, expected="every rank's counter "
+                      "== torch's sequence numbers", observed=f"{len(miss)} rank row(s) differ",
+                      meaning="" if miss.empty else "a collective bypassed the counted call "
+                      "sites (or was counted twice): the counts are not to be trusted")]
+    out.append(make_check(row, "host_slots", leaks.empty, expected="0 unaccounted",
+                          observed=f"{len(leaks)} rank row(s) with leaked slots",
+                          meaning="" if leaks.empty else "host slots ended neither in the "
+                          "radix tree nor free: a free was skipped (a leak)"))
+    return out
+
+
+def run_checks(requests: pd.DataFrame, summary: pd.DataFrame,
+               ranks: pd.DataFrame | None = None, plan: dict | None = None) -> list[Check]:
+    """The hard checks that need no baseline, for every summary row; `ranks` (ranks.csv) and
+    `plan` (env.json's) add the ranks' self-checks and the planned configurations."""
     groups = config_groups(requests)
+    rank_groups = config_groups(ranks) if ranks is not None else {}
     checks = []
     for row in summary.to_dict("records"):
-        g = groups.pop(clean_key(tuple(row[k] for k in GROUP_KEYS)), requests.iloc[:0])
+        key = clean_key(tuple(row[k] for k in GROUP_KEYS))
+        g = groups.pop(key, requests.iloc[:0])
         checks += [_exact_check(row, g, "decision"), _exact_check(row, g, "background"),
                    _agree_check(row, g), _data_check(row, g)]
+        checks += _self_checks(row, None if ranks is None else
+                               rank_groups.get(key, ranks.iloc[:0]))
+    absent = missing_cells(requests, plan)
+    if absent:
+        p, pol, rate, rep = absent[0]
+        row = {"protocol": p, "policy": pol, "tp": "-", "pp": "-", "storage": "-",
+               "rate_rps": rate, "extra_pool": False}
+        checks.append(make_check(row, "configurations_complete", False,
+                                 expected="every planned configuration",
+                                 observed=f"{len(absent)} missing (first: repeat {rep})",
+                                 meaning="the run stopped before it finished (failures.csv)"))
     for key in groups:  # requests the summary does not cover: a stale summary.csv
         row = dict(zip(GROUP_KEYS, key, strict=True))
         checks.append(make_check(row, "summary_covers_requests", False, expected="a summary row",
@@ -170,10 +201,27 @@ def per_poll_checks(summary: pd.DataFrame, baseline: pd.DataFrame) -> list[Check
     return checks
 
 
-def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """requests.csv and summary.csv (rebuilt with summarize when absent) of a run."""
+@dataclass(frozen=True)
+class GatedRun:
+    requests: pd.DataFrame
+    summary: pd.DataFrame
+    ranks: pd.DataFrame | None  # ranks.csv, when the run has one
+    env: dict  # env.json ({} for runs without one)
+
+
+def load_run(run_dir: Path) -> GatedRun:
+    """requests.csv, summary.csv (rebuilt with summarize when absent), ranks.csv and
+    env.json of a run."""
     if not run_dir.is_dir():
         raise ResultFileError(f"{run_dir}: no such directory")
+    ranks = (read_csv_checked(run_dir / "ranks.csv", [])
+             if (run_dir / "ranks.csv").exists() else None)
+    env = read_json_object(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
+    requests, summary = _load_tables(run_dir)
+    return GatedRun(requests, summary, ranks, env)
+
+
+def _load_tables(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     path = run_dir / "requests.csv"
     requests = numeric_columns(read_csv_checked(path, REQUIRED_REQUEST_COLUMNS), REQUEST_NUMERIC,
                         path, REQUEST_NUMERIC[:-1])
@@ -186,69 +234,6 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     steps = (read_csv_checked(steps_path, STEP_COLUMNS) if steps_path.exists()
              else pd.DataFrame(columns=STEP_COLUMNS))
     return requests, summarize(requests, steps)
-
-
-def _tolerance(value: object, where: str) -> float:
-    """A finite tolerance >= 0, else ResultFileError naming where it came from."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= 0):
-        raise ResultFileError(f"{where}: tolerance must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
-    """The baseline's summary (checked) and its gate.json settings ({} when absent)."""
-    path = baseline_dir / "summary.csv"
-    if not path.exists():
-        raise ResultFileError(f"{path}: no baseline (create one with --update-baseline)")
-    summary = read_csv_checked(path, BASELINE_KEY + BASELINE_NUMERIC[2:])
-    if summary.empty:
-        raise ResultFileError(f"{path}: baseline has no rows")
-    summary = numeric_columns(summary, BASELINE_NUMERIC, path, ["tp", "pp"])
-    return summary, read_settings(baseline_dir)
-
-
-def read_settings(baseline_dir: Path) -> dict:
-    """The baseline's gate.json ({} when absent); its tolerance, if any, is checked."""
-    gate_json = baseline_dir / "gate.json"
-    if not gate_json.exists():
-        return {}
-    try:
-        settings = json.loads(gate_json.read_text())
-    except (OSError, ValueError) as e:
-        raise ResultFileError(f"{gate_json}: unreadable JSON ({e})") from e
-    if not isinstance(settings, dict):
-        raise ResultFileError(f"{gate_json}: expected a JSON object")
-    for key in ("tolerance", "quiet_tolerance"):
-        if key in settings:
-            _tolerance(settings[key], f"{gate_json} ({key})")
-    per_metric = settings.get("tolerances", {})
-    if not isinstance(per_metric, dict):
-        raise ResultFileError(f"{gate_json}: tolerances must be an object")
-    for key, value in per_metric.items():
-        _tolerance(value, f"{gate_json} (tolerances.{key})")
-    return settings
-
-
-def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
-                    tolerance: float, settings: dict) -> None:
-    """Write the run's summary and env.json, and gate.json, into the baseline directory."""
-    env_path = run_dir / "env.json"
-    try:
-        env_text = env_path.read_text()
-        json.loads(env_text)
-    except (OSError, ValueError) as e:
-        raise ResultFileError(f"{env_path}: a baseline needs the run's env.json ({e})") from e
-    baseline_dir.mkdir(parents=True, exist_ok=True)
-    # Each file is replaced atomically; all inputs were read and checked before the first.
-    if (run_dir / "summary.csv").exists():  # a byte-for-byte copy of what was gated
-        write_text_atomic(baseline_dir / "summary.csv", (run_dir / "summary.csv").read_text())
-    else:
-        write_csv_atomic(baseline_dir / "summary.csv", summary.to_dict("records"),
-                         [c for c in SUMMARY_COLUMNS if c in summary.columns])
-    write_text_atomic(baseline_dir / "env.json", env_text)
-    write_json_atomic(baseline_dir / "gate.json",
-                      {**settings, "tolerance": tolerance, "source_run": run_dir.resolve().name})
 
 
 def format_checks(checks: list[Check]) -> str:
@@ -271,22 +256,11 @@ def format_checks(checks: list[Check]) -> str:
     return "\n".join(lines + notes)
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = CliParser(prog="bench gate", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
-    parser.add_argument("--baseline", type=Path, default=Path("results/baseline"))
-    parser.add_argument("--update-baseline", action="store_true",
-                        help="after the run's own checks pass, make it the new baseline")
-    parser.add_argument("--tolerance", type=float, default=None,
-                        help="allowed growth of the TTFT ratio over the baseline's "
-                             f"(default: the baseline's gate.json, else {DEFAULT_TOLERANCE})")
-    return parser.parse_args(argv)
-
-
-def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
+def evaluate(args: argparse.Namespace) -> tuple[list[Check], str]:
     """Evaluate every check (and update the baseline when asked); returns checks and a line."""
-    requests, summary = load_run(args.run_dir)
-    checks = run_checks(requests, summary)
+    run = load_run(args.run_dir)
+    summary = run.summary
+    checks = run_checks(run.requests, summary, run.ranks, run.env.get("plan"))
     if args.update_baseline:
         old = read_settings(args.baseline)
         tolerance = args.tolerance if args.tolerance is not None else old.get(
@@ -295,6 +269,7 @@ def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
             update_baseline(args.run_dir, args.baseline, summary, tolerance, old)
             return checks, f"baseline updated: {args.baseline}"
         return checks, "baseline NOT updated"
+    check_comparable(run.env, args.baseline)
     baseline, settings = load_baseline(args.baseline)
     tolerance = args.tolerance if args.tolerance is not None else settings.get(
         "tolerance", DEFAULT_TOLERANCE)
@@ -310,20 +285,3 @@ def _gate(args: argparse.Namespace) -> tuple[list[Check], str]:
     return checks, f"tolerance {tolerance:g} (TTFT), {quiet:g} (step time, ITL){own} vs " \
         f"baseline {args.baseline}" + \
         (f"\n{note}" if note else "")
-
-
-def main_gate(argv: list[str]) -> int:
-    """`python -m bench gate`: 0 when every check holds, 1 when one fails, 2 on bad input."""
-    try:
-        args = _parse(argv)
-        if args.tolerance is not None:
-            _tolerance(args.tolerance, "--tolerance")
-        checks, context = _gate(args)
-    except (UsageError, ValueError) as e:  # ResultFileError is a ValueError
-        print(f"bench gate: {e}", file=sys.stderr)
-        return 2
-    failed = [c for c in checks if not c.passed]
-    print(format_checks(checks))
-    print(context)
-    print("OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks")
-    return 1 if failed else 0

@@ -14,10 +14,9 @@ import math
 
 import pandas as pd
 
-from bench.checks import Check, baseline_value, make_check
-from bench.io import ResultFileError
-from bench.schema import CLASS_TTFT_METRICS, QUIET_METRICS
-from bench.summarize import REFERENCE_PROTOCOL
+from bench.gate_checks import Check, baseline_value, make_check
+from bench.result_files import ResultFileError
+from bench.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
 
 DEFAULT_QUIET_TOLERANCE = 0.10  # used when the baseline's gate.json has none
 LABELS = {"ttft": "TTFT p50", "prefetch_ttft_p50": "prefetching requests' TTFT p50",

@@ -11,7 +11,7 @@ import math
 
 import pandas as pd
 
-from bench.summarize import REFERENCE_PROTOCOL
+from bench.schema import REFERENCE_PROTOCOL
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock")

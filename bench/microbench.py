@@ -17,8 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.cliutil import CliParser, UsageError
-from bench.io import ResultFileError, write_text_atomic
+from bench.result_files import ResultFileError
 
 REPO = Path(__file__).resolve().parent.parent
 JSON_NAME, MD_NAME = "microbench.json", "microbench.md"
@@ -165,31 +164,3 @@ def run_pytest(run_dir: Path) -> int:
     if tmp.exists():
         os.replace(tmp, run_dir / JSON_NAME)
     return code
-
-
-def main_microbench(argv: list[str]) -> int:
-    parser = CliParser(prog="bench microbench", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
-    parser.add_argument("--no-run", action="store_true",
-                        help=f"only rebuild {MD_NAME} from the run's {JSON_NAME}")
-    try:
-        args = parser.parse_args(argv)
-        if not args.run_dir.is_dir():
-            raise UsageError(f"{args.run_dir}: no such directory")
-        code = 0
-        if not args.no_run:
-            (args.run_dir / JSON_NAME).unlink(missing_ok=True)  # never render a stale one
-            code = run_pytest(args.run_dir.resolve())
-            if code and not (args.run_dir / JSON_NAME).exists():
-                print(f"FAILED: the micro-benchmarks wrote no {JSON_NAME} (pytest exit {code})")
-                return 1
-        data = load(args.run_dir / JSON_NAME)
-    except (UsageError, ResultFileError) as e:
-        print(f"bench microbench: {e}", file=sys.stderr)
-        return 2
-    md = build_markdown(data)
-    write_text_atomic(args.run_dir / MD_NAME, md)
-    print(f"{md.splitlines()[-1]}; per-poll {HEADLINE}/{REFERENCE}: {headline(data)} "
-          f"({args.run_dir / MD_NAME})")
-    ok = code == 0 and md.rstrip().splitlines()[-1].startswith("OK")
-    return 0 if ok else 1

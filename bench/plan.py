@@ -152,3 +152,22 @@ PRESET_HELP = {
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
 }
+
+
+def _flat(d: object, prefix: str = "") -> dict[str, object]:
+    """Nested dicts as one dict of dotted keys."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def plan_differences(a: dict | None, b: dict | None, sep: str) -> list[str]:
+    """'field a-value SEP b-value' for every setting two recorded plans (env.json's `plan`)
+    differ in, the output directory aside."""
+    fa, fb = _flat(a or {}), _flat(b or {})
+    return [f"{k} {fa.get(k, '(unset)')} {sep} {fb.get(k, '(unset)')}"
+            for k in sorted(set(fa) | set(fb))
+            if k != "out_dir" and fa.get(k, "(unset)") != fb.get(k, "(unset)")]

@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from bench.io import atomic_open
+from bench.result_files import atomic_open
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 SITES = {"decision_collectives": "decision", "completion_collectives": "completion",

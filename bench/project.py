@@ -1,38 +1,18 @@
-"""Project the overhead model (SPEC section 8) to scales this machine cannot run.
-
-Usage: python -m bench project RUN_DIR [--latency-us C] [--scaling ring|log2]
-                                       [--base-step-ms MS] [--out DIR]
-
-For TP in 2..64, PP in 1..4 and Q (waiting requests polled per step) in 10..1000, per protocol
-and policy: the extra scheduler time per step the decision collectives cost, and the ITL
-inflation it implies, with the run's own measured points beside them. c, one small
-all-reduce, is the mean of the run's calibration.json (a step pays the tail too, so the mean,
-not the median), or --latency-us: the latency of one small all-reduce over the run's TP ranks
-(over 2 ranks when the run has TP 1), e.g. one measured across nodes. Either is scaled to
-other TP sizes by --scaling (bench.overhead). The base decode step is --base-step-ms, else the
-median decode step of the run's rows that issue no decision collective.
-Writes projection.csv, projection.md and projection.png into --out (default
-RUN_DIR/projection). Exit 0: written; 2: bad input (one line on stderr).
-"""
+"""Project the overhead model (docs/design.md section 8) to scales this machine cannot run:
+the engine of `python -m bench project` (usage and method: bench.commands.project)."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from bench.cliutil import CliParser, UsageError
 from bench.envinfo import git_info
-from bench.io import ResultFileError, read_csv_checked, write_csv_atomic, write_text_atomic
-from bench.overhead import SCALINGS, hop_ms, scaled_allreduce_ms
-from bench.project_plot import plot_projection
-from bench.projection import (
+from bench.overhead import hop_ms, scaled_allreduce_ms
+from bench.project_grid import (
     COLUMNS,
     MEASURED,
     PPS,
@@ -45,7 +25,15 @@ from bench.projection import (
     measured_rows,
     members_text,
 )
-from bench.report import markdown_table, provenance_lines
+from bench.project_plot import plot_projection
+from bench.provenance import provenance_lines
+from bench.result_files import (
+    ResultFileError,
+    read_csv_checked,
+    write_csv_atomic,
+    write_text_atomic,
+)
+from bench.tables import markdown_table
 from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll
 
 SUMMARY_NUMERIC = ["tp", "pp", "polls_per_step", "decode_step_p50_ms", *MEASURED]
@@ -308,40 +296,3 @@ def project(run_dir: Path, latency_us: float | None, scaling: str,
     text = render(run_dir, env, a, rows, measured_lines(summary, rows, shown))
     write_text_atomic(paths[2], text)
     return text, paths
-
-
-def _positive(value: float | None, flag: str) -> None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{flag} must be a finite number > 0, got {value:g}")
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = CliParser(prog="bench project", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
-    parser.add_argument("--latency-us", type=float, default=None,
-                        help="one small all-reduce over the run's TP ranks (2 when the run "
-                             "has TP 1), in us; default: the run's calibration mean")
-    parser.add_argument("--scaling", choices=SCALINGS, default="ring",
-                        help="how c grows with TP (default ring)")
-    parser.add_argument("--base-step-ms", type=float, default=None,
-                        help="decode step without decision collectives (default: the run's)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output directory (default RUN_DIR/projection)")
-    args = parser.parse_args(argv)
-    _positive(args.latency_us, "--latency-us")
-    _positive(args.base_step_ms, "--base-step-ms")
-    return args
-
-
-def main_project(argv: list[str]) -> int:
-    """`python -m bench project RUN_DIR`: 0 when written, 2 on bad input (one line)."""
-    try:
-        args = _parse(argv)
-        text, paths = project(args.run_dir, args.latency_us, args.scaling,
-                              args.base_step_ms, args.out)
-    except (UsageError, ValueError, OSError) as e:  # ResultFileError is a ValueError
-        print(f"bench project: {e}", file=sys.stderr)
-        return 2
-    print(text[text.index("## Assumptions"):].split("## Files")[0].rstrip())
-    print("\n".join(f"wrote {p}" for p in paths))
-    return 0

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure  # the OO API renders with Agg; no pyplot g
 from matplotlib.lines import Line2D
 
 from bench.plots import save_figure
-from bench.projection import Assumptions, CostClass, finite
+from bench.project_grid import Assumptions, CostClass, finite
 
 STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D")

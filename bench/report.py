@@ -1,104 +1,48 @@
-"""Rebuild a run directory's summary.csv, plots and report.md from its CSVs and env.json alone.
-
-Usage: python -m bench report RESULTS_DIR [--percentile-method linear|nearest-rank]
-"""
+"""A run directory's summary.csv, plots and report.md, built from its CSVs and env.json alone
+(`python -m bench report` and the end of `bench run`)."""
 
 from __future__ import annotations
 
-import json
 import math
-import sys
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from bench import headline
-from bench.cliutil import CliParser, UsageError
-from bench.dataplane import data_plane_lines
-from bench.io import (
-    ResultFileError,
+from bench.plots import write_plots
+from bench.provenance import provenance_lines
+from bench.result_files import (
+    clean_key,
     read_csv_checked,
+    read_json_object,
     write_csv_atomic,
     write_text_atomic,
 )
-from bench.plan import THREADS_PER_RANK
-from bench.plots import write_plots
-from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from bench.stats import PERCENTILE_METHODS
-from bench.summarize import (
+from bench.schema import (
+    DIVERGENCE_COLUMNS,
     GROUP_KEYS,
-    KNOWN_HAZARD,
     REFERENCE_PROTOCOL,
-    as_bool,
-    clean_key,
-    config_groups,
+    REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    SUMMARY_COLUMNS,
+)
+from bench.summarize import config_groups, summarize, table_headers, table_rows
+from bench.tables import markdown_table
+from bench.verdict import (
+    KNOWN_HAZARD,
+    Verdict,
+    data_errors,
+    host_slot_leaks,
+    judge,
     row_disagrees,
-    summarize,
-    table_headers,
-    table_rows,
     unexplained_disagreements,
 )
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
 FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
-
-
-def _yes_no(value: object) -> str:
-    return "unknown" if value is None else ("yes" if value else "no")
-
-
-def _git_line(git: dict) -> str:
-    """'<sha> (dirty)' or 'unknown: <reason>'."""
-    if not git.get("commit"):
-        return f"unknown ({git.get('reason') or git.get('error') or 'no reason recorded'})"
-    return f"`{git['commit']}`" + (" (dirty working tree)" if git.get("dirty") else " (clean)")
-
-
-def _gpu_lines(gpu: dict) -> list[str]:
-    """The GPUs NVML saw, their links and topology, or the reason there are none."""
-    if not gpu.get("available"):
-        return [f"- GPUs: none ({gpu.get('reason') or gpu.get('error') or 'no reason recorded'})"]
-    lines = [f"- GPU driver: {gpu.get('driver_version')}"]
-    for g in gpu.get("gpus", []):
-        lines.append(f"- GPU {g.get('index')}: {g.get('name')}, {g.get('memory_total_mib')} MiB, "
-                     f"PCI {g.get('pci_bus_id')}, NVLinks active {g.get('nvlink_active')}")
-    for pair in gpu.get("topology", []):
-        lines.append(f"- GPUs {pair['gpus'][0]}-{pair['gpus'][1]}: PCIe {pair.get('pcie')}, "
-                     f"NVLink P2P {_yes_no(pair.get('nvlink_p2p'))}")
-    return lines
-
-
-def provenance_lines(env: dict | None) -> list[str]:
-    """Markdown bullet lines describing where the run came from (env.json)."""
-    if env is None:
-        return ["env.json is missing: the provenance of this run is unknown."]
-    v = env.get("versions", {})
-    world = ", ".join(f"{k}={val}" for k, val in (env.get("world") or {}).items())
-    return [
-        f"- git commit: {_git_line(env.get('git', {}))}",
-        f"- time (UTC): {env.get('utc_time')}",
-        f"- host: {env.get('host')} ({env.get('platform')}); CPU: {env.get('cpu_model')}, "
-        f"{env.get('cpu_count')} cores",
-        f"- versions: Python {v.get('python')}, torch {v.get('torch')}, numpy {v.get('numpy')}, "
-        f"gloo available {_yes_no(v.get('gloo_available'))}, NCCL {v.get('nccl') or 'none'}, "
-        f"CUDA available {_yes_no(v.get('cuda_available'))}",
-        f"- backend: {env.get('backend')}; world layout: {world or 'unknown'}",
-        *data_plane_lines(env),
-        *_gpu_lines(env.get("gpu") or {}),
-    ]
-
-
-def _md_escape(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured markdown table."""
-    lines = ["| " + " | ".join(map(_md_escape, headers)) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(map(_md_escape, r)) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _n_text(summary: pd.DataFrame) -> str:
@@ -116,8 +60,7 @@ def _label(row: dict) -> str:
 
 def _bad_request_lines(g: pd.DataFrame, limit: int = 5) -> list[str]:
     """The first requests of a group whose ranks disagreed or whose data was wrong."""
-    bad = g[unexplained_disagreements(g)
-            | (as_bool(g["data_ok"]) == False)]  # noqa: E712
+    bad = g[unexplained_disagreements(g) | data_errors(g)]
     lines = [f"  - request {r['rid']} (repeat {r['repeat']}): ranks_agree {r['ranks_agree']}, "
              f"data_ok {r['data_ok']}" for r in bad.head(limit).to_dict("records")]
     if len(bad) > limit:
@@ -126,20 +69,23 @@ def _bad_request_lines(g: pd.DataFrame, limit: int = 5) -> list[str]:
 
 
 def divergence_lines(summary: pd.DataFrame, requests: pd.DataFrame,
-                     failures: pd.DataFrame | None, ranks: pd.DataFrame | None) -> list[str]:
-    """Rows whose ranks disagreed or whose data was wrong, rank cross-check misses, failures."""
+                     failures: pd.DataFrame | None, ranks: pd.DataFrame | None,
+                     details: pd.DataFrame | None) -> list[str]:
+    """Rows whose ranks disagreed or whose data was wrong (with the sink's description of
+    each disagreement), rank self-check misses, known hazards, failed cells."""
     lines, groups = [], config_groups(requests)
     for row in summary.to_dict("records"):
         if row_disagrees(row) or row["data_errors"] > 0:
             lines.append(f"- {_label(row)}: ranks_agree {row['ranks_agree']}, "
                          f"data_errors {row['data_errors']}")
             lines += _bad_request_lines(groups[clean_key(tuple(row[k] for k in GROUP_KEYS))])
-    if ranks is not None and "crosscheck_ok" in ranks:
-        miss = ranks[as_bool(ranks["crosscheck_ok"]) == False]  # noqa: E712
-        for row in miss.head(20).to_dict("records"):
-            lines.append(f"- rank {row.get('rank')} ({row.get('protocol')} / "
-                         f"{row.get('policy')}, repeat {row.get('repeat')}): its collective "
-                         "counter disagrees with the independent cross-check")
+    if details is not None:
+        lines += [f"- {r['protocol']} / {r['policy']}, repeat {r['repeat']}: {r['what']}"
+                  for r in details.head(20).to_dict("records")]
+    for row in host_slot_leaks(ranks).head(20).to_dict("records"):
+        lines.append(f"- rank {row.get('rank')} ({row.get('protocol')} / {row.get('policy')}, "
+                     f"repeat {row.get('repeat')}): {row['host_slots_unaccounted']} host "
+                     "slot(s) neither in the tree nor free at the end")
     known = summary[summary["known_disagreements"] > 0] if "known_disagreements" in summary \
         else summary.iloc[:0]
     for row in known.to_dict("records"):
@@ -170,15 +116,16 @@ def cpu_lines(env: dict | None, summary: pd.DataFrame) -> list[str]:
     """Says so when the run's threads outnumber the cores: timings are then CPU-bound."""
     cores = (env or {}).get("cpu_count")
     world = ((env or {}).get("world") or {}).get("world_size")
+    per_rank = (env or {}).get("threads_per_rank")  # recorded by the run (schema 3 and later)
     busy = summary["cores_busy"].max() if "cores_busy" in summary else math.nan
-    if not cores or not world:
+    if not cores or not world or not per_rank:
         return []
-    threads = world * THREADS_PER_RANK
+    threads = world * per_rank
     busy_text = "" if pd.isna(busy) else f"; the ranks kept up to {busy:.1f} cores busy"
     if threads <= cores:
-        return [f"CPU: {world} ranks x {THREADS_PER_RANK} threads fit in {cores} cores"
+        return [f"CPU: {world} ranks x {per_rank} threads fit in {cores} cores"
                 f"{busy_text}.", ""]
-    return [f"**Warning: CPU-bound.** {world} ranks x {THREADS_PER_RANK} threads (scheduler, "
+    return [f"**Warning: CPU-bound.** {world} ranks x {per_rank} threads (scheduler, "
             f"prefetch, IO, ack sync) exceed this machine's {cores} cores{busy_text}: "
             "timings here are partly CPU-bound, not only collective-bound; compare ratios "
             "within the run, not absolute times across machines.", ""]
@@ -209,16 +156,21 @@ def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     return out
 
 
+def verdict_lines(verdict: Verdict) -> list[str]:
+    """report.md's verdict: the run's one OK/FAILED line (bench.verdict) and its notes."""
+    head = ("OK: every rank agreed, no data errors, every counter matched torch's and every "
+            "host slot was accounted for." if verdict.ok
+            else f"{verdict.line} (see Divergence / failures below).")
+    return [head, *(f"Note: {n}" for n in verdict.notes), ""]
+
+
 def render_report(run_dir: Path, summary: pd.DataFrame, method: str, plots: list[str],
-                  divergence: list[str], env: dict | None, calib: dict | None = None) -> str:
+                  divergence: list[str], env: dict | None, calib: dict | None,
+                  verdict: Verdict) -> str:
     """report.md's text."""
-    ok = not any(row_disagrees(r) for r in summary.to_dict("records")) and \
-        int(summary["data_errors"].sum()) == 0
     return "\n".join([
         f"# hicache-bench report: {run_dir.name}", "", "## Provenance", "",
-        *provenance_lines(env), "", *cpu_lines(env, summary),
-        "OK: every rank agreed and no data errors." if ok
-        else "FAILED: see Divergence / failures below.", "",
+        *provenance_lines(env), "", *cpu_lines(env, summary), *verdict_lines(verdict),
         *lead_lines(summary, calib), "## All configurations", "",
         markdown_table(table_headers(summary), table_rows(summary)), "",
         f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[method]}; "
@@ -237,16 +189,35 @@ def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
 
 
 def _read_json(path: Path) -> dict | None:
-    if not path.exists():
+    return read_json_object(path) if path.exists() else None
+
+
+def load_back_line(requests: pd.DataFrame, env: dict | None) -> str | None:
+    """Achieved load-back GB/s against the host->device peak (GPU runs; None elsewhere)."""
+    peak = (env or {}).get("h2d_peak_gbps")
+    if not peak:
         return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ResultFileError(f"{path}: unreadable JSON ({e})") from e
+    gbps = sorted(v for v in requests.get("load_back_gbps", pd.Series(dtype=float)).dropna() if v)
+    if not gbps:
+        return f"load-back: none with bytes; host->device peak {peak} GB/s"
+    p50 = statistics.median(gbps)
+    return (f"load-back: p50 {p50:.1f} GB/s over {len(gbps)} load-backs "
+            f"({100 * p50 / peak:.0f}% of the host->device peak {peak} GB/s)")
 
 
-def write_report(run_dir: Path, percentile_method: str = "linear") -> Path:
-    """Rebuild summary.csv, the plots and report.md of `run_dir`; returns report.md's path.
+@dataclass(frozen=True)
+class RunReport:
+    """What one build of a run's report produced, for the caller to print."""
+
+    path: Path  # report.md
+    summary: pd.DataFrame
+    verdict: Verdict
+    lead: list[str]  # the terminal's lead after the table
+
+
+def write_report(run_dir: Path, percentile_method: str = "linear") -> RunReport:
+    """Build summary.csv, the plots, verdict.json and report.md of `run_dir` from its result
+    files, once; returns what was built.
 
     Raises ResultFileError when requests.csv (or another present result file) is unusable.
     """
@@ -255,36 +226,21 @@ def write_report(run_dir: Path, percentile_method: str = "linear") -> Path:
     steps = _read_optional(run_dir / "steps.csv", STEP_COLUMNS)
     steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
     ranks = _read_optional(run_dir / "ranks.csv", [])
+    failures = _read_optional(run_dir / "failures.csv", FAILURE_COLUMNS)
+    details = _read_optional(run_dir / "divergence.csv", DIVERGENCE_COLUMNS)
     calibration = _read_json(run_dir / "calibration.json")
+    env = _read_json(run_dir / "env.json")
     summary = summarize(requests, steps, percentile_method, calibration, ranks)
     write_csv_atomic(run_dir / "summary.csv", summary.to_dict("records"), SUMMARY_COLUMNS)
+    disagreements = [] if details is None else \
+        details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
+    verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements)
+    verdict.write(run_dir)
     plots = write_plots(run_dir, requests, summary, steps)
-    divergence = divergence_lines(summary, requests,
-                                  _read_optional(run_dir / "failures.csv", FAILURE_COLUMNS),
-                                  ranks)
-    text = render_report(run_dir, summary, percentile_method, plots, divergence,
-                         _read_json(run_dir / "env.json"), calibration)
+    divergence = divergence_lines(summary, requests, failures, ranks, details)
+    text = render_report(run_dir, summary, percentile_method, plots, divergence, env,
+                         calibration, verdict)
     write_text_atomic(run_dir / "report.md", text)
-    return run_dir / "report.md"
-
-
-def main_report(argv: list[str]) -> int:
-    """`python -m bench report DIR`: rebuild plots and report.md; 2 on bad input."""
-    parser = CliParser(prog="bench report", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
-    parser.add_argument("--percentile-method", choices=PERCENTILE_METHODS, default="linear")
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as e:
-        print(f"bench report: {e}", file=sys.stderr)
-        return 2
-    if not args.run_dir.is_dir():
-        print(f"bench report: {args.run_dir}: no such directory", file=sys.stderr)
-        return 2
-    try:
-        path = write_report(args.run_dir, args.percentile_method)
-    except ValueError as e:  # ResultFileError, or a cell the cost model cannot read
-        print(f"bench report: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
+    lead = headline.lead_text(summary, calibration)
+    loaded = load_back_line(requests, env)
+    return RunReport(run_dir / "report.md", summary, verdict, lead + ([loaded] if loaded else []))

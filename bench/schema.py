@@ -5,6 +5,12 @@
 # Runs whose env.json has no schema_version are version 2.
 SCHEMA_VERSION = 3
 
+REFERENCE_PROTOCOL = "pr27010"  # "before": every ratio is taken against it
+# One summary row per configuration group: a protocol x policy cell of one layout, storage,
+# rate and extra-pool setting, pooled over repeats.
+GROUP_KEYS = ["protocol", "policy", "tp", "pp", "storage", "rate_rps", "extra_pool", "race_guard"]
+STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]  # per-step collectives
+
 # Configuration echoed in every result row.
 CONFIG_COLUMNS = [
     "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model",
@@ -36,7 +42,10 @@ RANK_COLUMNS = CONFIG_COLUMNS + [
     "crosscheck_ok", "host_slots_unaccounted", "cpu_s", "wall_s",
 ]
 
-# Serving-regime metrics reported as a ratio to pr27010 with a 95% CI (bench.serving).
+# What the rows cannot say: how ranks disagreed, which group's count differed from torch's.
+DIVERGENCE_COLUMNS = ["protocol", "policy", "repeat", "kind", "what"]
+
+# Serving-regime metrics reported as a ratio to pr27010 with a 95% CI (bench.serving_metrics).
 RATIO_METRICS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "prefetch_ttft_p99",
                  "bystander_ttft_p50", "bystander_ttft_p99"]
 QUIET_METRICS = ["step_mean", "itl_p50"]  # gated with the quiet tolerance

@@ -1,7 +1,8 @@
-"""Rank 0's result sink: turns each cell's gathered per-rank stats into rows, checks that
-ranks agreed, data matched storage and every host slot was in the tree or free at the end
-(each rank's self-check), and rewrites the CSVs atomically after every cell
-(a failure later in the run keeps every finished cell on disk).
+"""Rank 0's result sink: turns each cell's gathered per-rank stats into rows (whether ranks
+agreed, data matched storage, the counter matched torch's, every host slot was in the tree or
+free at the end) and rewrites the CSVs atomically after every cell (a failure later in the
+run keeps every finished cell on disk). What the rows cannot say (how ranks disagreed, which
+group's count differed) goes to divergence.csv. The verdict is bench.verdict's.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from pathlib import Path
 
 from bench import calibrate
 from bench.envinfo import collect_env
-from bench.io import write_csv_atomic, write_json_atomic
-from bench.plan import Cell, RunPlan
-from bench.schema import RANK_COLUMNS, REQUEST_COLUMNS, SCHEMA_VERSION, STEP_COLUMNS
+from bench.plan import THREADS_PER_RANK, Cell, RunPlan
+from bench.result_files import write_csv_atomic, write_json_atomic
+from bench.schema import (
+    DIVERGENCE_COLUMNS,
+    RANK_COLUMNS,
+    REQUEST_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+)
 from bench.stats import percentile
-from bench.summarize import KNOWN_HAZARD, known_hazard
 from hicache.comm import SITES
 from hicache.consensus import compare_decisions, describe_disagreements, disagreement_scope
 
@@ -30,7 +36,7 @@ class ResultSink:
         self.requests: list[dict] = []
         self.steps: list[dict] = []
         self.ranks: list[dict] = []
-        self.problems: list[str] = []
+        self.problems: list[dict] = []  # divergence.csv: what the CSVs cannot say
         self.calib: dict | None = None  # calibration.json, once measured
         world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
                  "device": plan.device, "backend": plan.backend}
@@ -38,6 +44,7 @@ class ResultSink:
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
                                                   **data_plane(plan), **(h2d or {}),
                                                   "schema_version": SCHEMA_VERSION,
+                                                  "threads_per_rank": THREADS_PER_RANK,
                                                   "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
 
@@ -100,7 +107,7 @@ class ResultSink:
                          "disagreement": scope.get(rid, "" if finished else "ranks"),
                          "data_ok": errors == 0})
         for line in describe_disagreements(logs, self.plan.tp)[:3]:
-            self.problems.append(f"{cell.protocol}/{cell.policy} repeat {cell.repeat}: {line}")
+            self._problem(cell, "disagreement", line)
         return rows
 
     def _step_row(self, config: dict, cell: Cell, s: dict) -> dict:
@@ -118,74 +125,31 @@ class ResultSink:
 
     def _rank_row(self, config: dict, cell: Cell, p: dict) -> dict:
         ok = all(a == b for a, b in p["crosscheck"].values())
-        if not ok:
-            self.problems.append(f"rank {p['rank']} counter != torch sequence numbers in "
-                                 f"{cell.protocol}/{cell.policy}: {p['crosscheck']}")
+        if not ok:  # per group: (ops our counter saw, ops torch's sequence numbers saw)
+            self._problem(cell, "crosscheck", f"rank {p['rank']}'s counter != torch's sequence "
+                                              f"numbers: {p['crosscheck']}")
         leaked = p.get("host_slots_unaccounted")
-        if leaked:
-            self.problems.append(f"rank {p['rank']}: {leaked} host slot(s) neither in the tree "
-                                 f"nor free after {cell.protocol}/{cell.policy} repeat "
-                                 f"{cell.repeat}")
         return {**config, "repeat": cell.repeat, "rank": p["rank"], "tp_rank": p["tp_rank"],
                 "pp_rank": p["pp_rank"], **{s: p["by_site"].get(s, 0) for s in SITES},
                 "crosscheck_ok": ok, "host_slots_unaccounted": leaked, "cpu_s": p["cpu_s"],
                 "wall_s": p["wall_s"]}
 
+    def _problem(self, cell: Cell, kind: str, what: str) -> None:
+        self.problems.append({"protocol": cell.protocol, "policy": cell.policy,
+                              "repeat": cell.repeat, "kind": kind, "what": what})
+
     def _write(self) -> None:
+        if self.problems:
+            write_csv_atomic(self.dir / "divergence.csv", self.problems, DIVERGENCE_COLUMNS)
         write_csv_atomic(self.dir / "requests.csv", self.requests, REQUEST_COLUMNS)
         write_csv_atomic(self.dir / "steps.csv", self.steps, STEP_COLUMNS)
         write_csv_atomic(self.dir / "ranks.csv", self.ranks, RANK_COLUMNS)
 
     def finish(self) -> dict:
-        """Report, table and the closing verdict."""
-        import pandas as pd
-
-        from bench.headline import lead_text
-        from bench.report import write_report  # matplotlib: imported once, at the end
-        from bench.summarize import format_table
-
+        """The ranks' part of the run is over: its rows are on disk. The command builds the
+        summary, plots, verdict and report from them (bench.report.write_report)."""
         (self.dir / "progress.json").unlink(missing_ok=True)
-        write_report(self.dir)
-        summary = pd.read_csv(self.dir / "summary.csv")  # what the report just summarized
-        print(format_table(summary))
-        for line in lead_text(summary, self.calib):
-            print(line)
-        if self.h2d.get("h2d_peak_gbps"):
-            print(self._load_back_line())
-        why = self._verdict()
-        line = "OK" if not why else f"FAILED: {why}"
-        return {"ok": not why, "line": line, "dir": str(self.dir)}
-
-    def _load_back_line(self) -> str:
-        """Achieved load-back GB/s against the host->device peak (GPU runs)."""
-        gbps = sorted(r["load_back_gbps"] for r in self.requests if r["load_back_gbps"])
-        peak = self.h2d["h2d_peak_gbps"]
-        if not gbps:
-            return f"load-back: none with bytes; host->device peak {peak} GB/s"
-        p50 = statistics.median(gbps)
-        return (f"load-back: p50 {p50:.1f} GB/s over {len(gbps)} load-backs "
-                f"({100 * p50 / peak:.0f}% of the host->device peak {peak} GB/s)")
-
-    def _verdict(self) -> str:
-        known = sum(not r["ranks_agree"] and known_hazard(r["protocol"], r["disagreement"])
-                    for r in self.requests)
-        bad_agree = sum(not r["ranks_agree"] for r in self.requests) - known
-        bad_data = sum(not r["data_ok"] for r in self.requests)
-        if known:
-            print(f"note: {known} request(s) of pre27010 ended differently on different PP "
-                  f"stages: {KNOWN_HAZARD} (reported, not a failure)", file=sys.stderr)
-        reasons = []
-        if bad_agree:
-            reasons.append(f"ranks disagreed on {bad_agree} request(s) ({self.problems[0]})"
-                           if self.problems else f"ranks disagreed on {bad_agree} request(s)")
-        if bad_data:
-            reasons.append(f"{bad_data} request(s) loaded data that differs from storage")
-        reasons += [p for p in self.problems if "sequence numbers" in p][:1]
-        leaks = [p for p in self.problems if "host slot(s)" in p]
-        if leaks:  # a self-check like data errors: slots leaked on some rank
-            more = f" (and {len(leaks) - 1} more)" if len(leaks) > 1 else ""
-            reasons.append(leaks[0] + more)
-        return "; ".join(reasons)
+        return {"dir": str(self.dir)}
 
 
 def _timing(r: dict, t0: float) -> dict:

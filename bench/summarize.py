@@ -9,43 +9,16 @@ row whose measured and expected columns differ has a protocol or counting bug.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
 
 import numpy as np
 import pandas as pd
 
-from bench.schema import SUMMARY_COLUMNS
-from bench.serving import overhead_cells, ratio_cells, reference_protocol, serving_cells
+from bench.result_files import as_bool, clean_key, is_true
+from bench.schema import GROUP_KEYS, REFERENCE_PROTOCOL, STEP_SITES, SUMMARY_COLUMNS
+from bench.serving_metrics import overhead_cells, ratio_cells, reference_protocol, serving_cells
 from bench.stats import PERCENTILE_METHODS, per_repeat_ratios, percentile, ratio_of_medians_ci
+from bench.verdict import data_errors, unexplained_disagreements
 from hicache.cost_model import POLICIES, PROTOCOLS, expected_per_request
-
-REFERENCE_PROTOCOL = "pr27010"  # "before": every ratio is taken against it
-GROUP_KEYS = ["protocol", "policy", "tp", "pp", "storage", "rate_rps", "extra_pool", "race_guard"]
-STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]
-_TRUE = {True, "True", "true", "TRUE", "1"}  # 1 and 1.0 hash as True
-_FALSE = {False, "False", "false", "FALSE", "0"}
-
-
-def as_bool(series: pd.Series) -> pd.Series:
-    """True/False from bools or their CSV spellings; anything else (empty, NaN) -> None."""
-    def cell(v: object) -> bool | None:
-        if isinstance(v, Hashable) and v in _TRUE:
-            return True
-        if isinstance(v, Hashable) and v in _FALSE:
-            return False
-        return None
-    return series.map(cell).astype(object)
-
-
-def clean_key(key: tuple) -> tuple:
-    """Group key with NaN -> None and numpy scalars -> Python, so keys compare across frames."""
-    out = []
-    for v in key:
-        if isinstance(v, float) and math.isnan(v):
-            out.append(None)
-        else:
-            out.append(v.item() if isinstance(v, np.generic) else v)
-    return tuple(out)
 
 
 def config_groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
@@ -150,35 +123,6 @@ def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
     return cells
 
 
-KNOWN_HAZARD = ("pre27010 has no PP agreement (SGLang #22607): its PP stages may end a "
-                "prefetch differently")
-
-
-def known_hazard(protocol: object, disagreement: object) -> bool:
-    """A disagreement the protocol permits by design: pre27010's PP stages (each stage's TP
-    ranks agreeing among themselves). Every other disagreement is a failure."""
-    return protocol == "pre27010" and disagreement == "pp_stages"
-
-
-def unexplained_disagreements(g: pd.DataFrame) -> pd.Series:
-    """Rows whose ranks disagreed (or whose agreement is unknown), known hazards aside."""
-    bad = as_bool(g["ranks_agree"]) != True  # noqa: E712 - unknown is not agreement
-    if "disagreement" not in g:
-        return bad
-    known = [known_hazard(p, d) for p, d in zip(g["protocol"], g["disagreement"], strict=True)]
-    return bad & ~pd.Series(known, index=g.index, dtype=bool)
-
-
-def row_disagrees(row: dict) -> bool:
-    """A summary row whose ranks disagreed beyond the known hazard: unexplained ones
-    counted, or ranks_agree False with no known disagreement to account for it."""
-    agree = row["ranks_agree"] in _TRUE
-    known, unexplained = row.get("known_disagreements"), row.get("unexplained_disagreements")
-    if unexplained is not None and not pd.isna(unexplained) and unexplained > 0:
-        return True
-    return not agree and not (known is not None and not pd.isna(known) and known > 0)
-
-
 def _check_cells(g: pd.DataFrame, method: str) -> dict:
     """Correctness columns: every row's ranks agreed, how many disagreements were a known
     hazard, and how many rows had bad data."""
@@ -186,7 +130,7 @@ def _check_cells(g: pd.DataFrame, method: str) -> dict:
     return {"ranks_agree": bool((as_bool(g["ranks_agree"]) == True).all()),  # noqa: E712
             "known_disagreements": int((bad & ~unexplained_disagreements(g)).sum()),
             "unexplained_disagreements": int(unexplained_disagreements(g).sum()),
-            "data_errors": int((as_bool(g["data_ok"]) == False).sum()),  # noqa: E712
+            "data_errors": int(data_errors(g).sum()),
             "percentile_method": method}
 
 
@@ -277,7 +221,7 @@ def _ratio_cell(r: dict) -> str:
 
 def _agree_cell(r: dict) -> str:
     """yes; "stages" when only pre27010's known PP-stage hazard disagreed; else NO."""
-    if r["ranks_agree"] in _TRUE:
+    if is_true(r["ranks_agree"]):
         return "yes"
     return "stages" if r.get("unexplained_disagreements") == 0 else "NO"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from dataclasses import replace
 
@@ -95,15 +94,3 @@ def _gather(payload: dict, world: int) -> list[dict]:
     out = [None] * world if payload["rank"] == 0 else None
     dist.gather_object(payload, out, dst=0)  # harness group, outside the timed region
     return out
-
-
-def main_torchrun(plan: RunPlan) -> int:
-    """Under torchrun: this process is one rank; rank 0 reports."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    t0 = time.monotonic()
-    status = run_rank(rank, world, plan)
-    if rank == 0:
-        print(status["line"], f"({time.monotonic() - t0:.0f}s)", file=sys.stdout)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    return 0 if rank != 0 or status["ok"] else 1

@@ -36,8 +36,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.io import write_json_atomic  # noqa: E402
-from bench.summarize import REFERENCE_PROTOCOL  # noqa: E402
+from bench.result_files import write_json_atomic  # noqa: E402
+from bench.schema import REFERENCE_PROTOCOL  # noqa: E402
 
 STEP = 0.05  # tolerance granularity
 FACTOR = 2.0  # tolerance = FACTOR x the largest run-to-run deviation

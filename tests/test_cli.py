@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from bench.cli import main_run
+from bench.commands.run import main as main_run
 
 BAD = [
     (["--protocols", "pr99999"], "unknown protocol pr99999"),
@@ -97,7 +97,7 @@ def test_nccl_on_fewer_gpus_than_ranks_is_refused_naming_gloo(capsys, tmp_path, 
 
 
 def test_shared_gpus_with_gloo_data_plane(monkeypatch):
-    from bench.cli import build_plan, parser, resolve_data_backend, resolve_device
+    from bench.commands.run import build_plan, parser, resolve_data_backend, resolve_device
 
     _one_gpu(monkeypatch)
     assert resolve_device("cuda", 2, "gloo") == "cuda"
@@ -120,8 +120,8 @@ def test_budget_skew_with_a_real_forward_is_refused(capsys, tmp_path, monkeypatc
 
 
 def test_data_plane_facts_for_env_and_report():
-    from bench.dataplane import data_plane_lines
     from bench.plan import RunPlan
+    from bench.provenance import data_plane_lines
     from bench.sink import data_plane
 
     shared = data_plane(RunPlan(device="cuda", data_backend="gloo"))

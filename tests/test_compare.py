@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.compare import main_compare
+from bench.commands.compare import main as main_compare
+from bench.compare_metrics import METRIC_NAMES, counts, itl_gaps
 from bench.compare_rules import count_rows, timing_verdict
-from bench.metrics import METRIC_NAMES, counts, itl_gaps
 from bench.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.gate import main_gate
-from bench.io import write_csv_atomic, write_json_atomic
+from bench.commands.gate import main as main_gate
+from bench.result_files import write_csv_atomic, write_json_atomic
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.summarize import summarize
 from hicache.cost_model import POLICIES, expected_per_request
@@ -289,3 +289,45 @@ def test_update_copies_summary_and_env(clean):
     assert (baseline / "summary.csv").read_text() == (run / "summary.csv").read_text()
     assert (baseline / "env.json").read_text() == (run / "env.json").read_text()
     assert json.loads((baseline / "gate.json").read_text())["source_run"] == run.name
+
+
+def _with_plan(run, **plan):
+    env = json.loads((run / "env.json").read_text())
+    write_json_atomic(run / "env.json", {**env, "plan": {"preset": "ci", "repeats": 3,
+                                                         "workload": {"requests": 24},
+                                                         **plan}})
+
+
+def test_a_run_of_another_plan_is_refused(clean, tmp_path, capsys):
+    """A run gated against a baseline made for another plan (preset, repeats, workload) is
+    refused with one line naming what differs, exit 2; the same plan is gated."""
+    run, baseline = tmp_path / "run", tmp_path / "baseline"
+    shutil.copytree(clean[0], run)
+    shutil.copytree(clean[1], baseline)
+    _with_plan(baseline)
+    _with_plan(run, preset="default", repeats=1, workload={"requests": 40})
+    capsys.readouterr()
+    assert gate(run, baseline) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("bench gate: refused: ")
+    assert "preset default vs ci" in err and "repeats 1 vs 3" in err
+    assert "workload.requests 40 vs 24" in err
+    _with_plan(run)
+    assert gate(run, baseline) == 0
+
+
+def test_self_checks_of_the_ranks_are_gated(clean, tmp_path, capsys):
+    """ranks.csv's counter cross-check and host-slot check fail the gate (bench.verdict)."""
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    rows = [dict(CONFIG, protocol="pr36425", policy="timeout", repeat=0, rank=r,
+                 crosscheck_ok=True, host_slots_unaccounted=2 * r) for r in range(2)]
+    write_csv_atomic(run / "ranks.csv", rows, list(rows[0]))
+    capsys.readouterr()
+    assert gate(run, clean[1]) == 1
+    out = capsys.readouterr().out
+    assert "host_slots" in out and "1 rank row(s) with leaked slots" in out
+    rows[1]["host_slots_unaccounted"], rows[0]["crosscheck_ok"] = 0, False
+    write_csv_atomic(run / "ranks.csv", rows, list(rows[0]))
+    assert gate(run, clean[1]) == 1
+    assert "counter_crosscheck" in capsys.readouterr().out

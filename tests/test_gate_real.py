@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gate import main_gate
+from bench.commands.gate import main as main_gate
 
 REPO = Path(__file__).resolve().parent.parent
 # The ci preset's own configuration (whose noise set the committed tolerances), two cells.

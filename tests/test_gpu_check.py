@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.devsummary import summary_lines
+from bench.devcheck import summary_lines
 
 REPO = Path(__file__).resolve().parent.parent
 DEVCHECK = {"device": "cuda", "model": "llama3-8b", "gpu": "NVIDIA H200",
@@ -55,14 +55,14 @@ def test_summary_fails_on_a_failed_step_or_bad_pages(tmp_path):
 
 
 def test_run_prints_load_back_against_the_peak():
-    from bench.sink import ResultSink
+    import pandas as pd
 
-    sink = ResultSink.__new__(ResultSink)  # only the line's inputs: no run directory
-    sink.h2d = {"h2d_peak_gbps": 50.0}
-    sink.requests = [{"load_back_gbps": 40.0}, {"load_back_gbps": None},
-                     {"load_back_gbps": 45.0}]
-    assert sink._load_back_line() == ("load-back: p50 42.5 GB/s over 2 load-backs (85% of "
-                                      "the host->device peak 50.0 GB/s)")
+    from bench.report import load_back_line
+
+    requests = pd.DataFrame({"load_back_gbps": [40.0, None, 45.0]})
+    assert load_back_line(requests, {"h2d_peak_gbps": 50.0}) == (
+        "load-back: p50 42.5 GB/s over 2 load-backs (85% of the host->device peak 50.0 GB/s)")
+    assert load_back_line(requests, {"h2d_peak_gbps": None, "h2d_reason": "no GPU"}) is None
 
 
 @pytest.mark.slow

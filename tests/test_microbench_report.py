@@ -5,15 +5,15 @@ import json
 
 import pytest
 
-from bench.io import ResultFileError
+from bench.commands.microbench import main as main_microbench
 from bench.microbench import (
     build_markdown,
     gate_note,
     headline,
     load,
-    main_microbench,
     poll_ratios,
 )
+from bench.result_files import ResultFileError
 
 # Median seconds per poll: timeout costs a collective in both; wait_complete only in pr27010.
 MEDIANS = {("pr27010", "wait_complete"): 400e-6, ("pr36425", "wait_complete"): 10e-6,

@@ -7,10 +7,9 @@ import sys
 
 import pytest
 
+from bench.commands.project import main as main_project
 from bench.envinfo import collect_env
-from bench.io import write_csv_atomic, write_json_atomic
-from bench.project import main_project
-from bench.projection import (
+from bench.project_grid import (
     PPS,
     QS,
     TPS,
@@ -20,6 +19,7 @@ from bench.projection import (
     measured_rows,
     model_row,
 )
+from bench.result_files import write_csv_atomic, write_json_atomic
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

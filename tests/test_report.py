@@ -4,9 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.commands.report import main as main_report
 from bench.envinfo import collect_env
-from bench.io import write_csv_atomic, write_json_atomic
-from bench.report import main_report, write_report
+from bench.report import write_report
+from bench.result_files import write_csv_atomic, write_json_atomic
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from hicache.cost_model import expected_per_request
 
@@ -87,13 +88,14 @@ def test_divergence_and_failures_listed(sweep):
     section = text.split("## Divergence / failures", 1)[1]
     assert "pr36425 / timeout" in section and "ranks_agree False" in section
     assert "rank 3 died \\| exit 9" in section  # failures.csv, pipe escaped for markdown
-    assert "FAILED: see Divergence" in text
+    assert "FAILED: the run stopped: rank 3 died | exit 9" in text
+    assert "(see Divergence / failures below)" in text
 
 
 def test_single_rate_run_has_no_rate_plot(tmp_path):
     run = make_run(tmp_path / "one", rates=(4.0,))
     report = write_report(run, "nearest-rank")
-    text = report.read_text()
+    text = report.path.read_text()
     assert not (run / "ttft_vs_rate.png").exists()
     assert "env.json is missing" in text and "nearest rank" in text
     assert (run / "ttft_cdf.png").exists()

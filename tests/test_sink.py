@@ -1,8 +1,11 @@
 """Rank 0's result sink: every rank's host-slot self-check lands in ranks.csv, and a rank
-with host slots neither in the tree nor free fails the run, named (like data errors)."""
+with host slots neither in the tree nor free fails the run, named (like data errors), in
+the one verdict that verdict.json, report.md and the console line share."""
 
 from __future__ import annotations
 
+from bench import verdict
+from bench.commands.report import main as main_report
 from bench.plan import RunPlan
 from bench.schema import RANK_COLUMNS
 from bench.sink import ResultSink
@@ -35,8 +38,17 @@ def test_host_slot_self_check_is_a_ranks_column(tmp_path):
     assert "host_slots_unaccounted" in (tmp_path / "ranks.csv").read_text().splitlines()[0]
 
 
-def test_unaccounted_host_slots_fail_the_run_naming_the_rank(tmp_path):
-    why = _sink(tmp_path, [0, 3])._verdict()
-    assert "rank 1" in why and "3 host slot(s)" in why and "pr36425/timeout" in why, why
+def test_unaccounted_host_slots_fail_the_run_naming_the_rank(tmp_path, capsys):
+    _sink(tmp_path, [0, 3]).finish()
+    assert main_report([str(tmp_path)]) == 0  # `bench report` rebuilt it from the CSVs
+    line = verdict.read(tmp_path).line
+    assert line.startswith("FAILED: ") and "rank 1: 3 host slot(s)" in line, line
+    assert "pr36425/timeout repeat 0" in line
+    report = (tmp_path / "report.md").read_text()
+    assert line in report and "OK: every rank agreed" not in report
+    assert line in capsys.readouterr().out
     (tmp_path / "ok").mkdir()
-    assert _sink(tmp_path / "ok", [0, 0])._verdict() == ""
+    _sink(tmp_path / "ok", [0, 0]).finish()
+    assert main_report([str(tmp_path / "ok")]) == 0
+    assert verdict.read(tmp_path / "ok").line == "OK"
+    assert "OK: every rank agreed" in (tmp_path / "ok" / "report.md").read_text()

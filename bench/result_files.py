@@ -13,10 +13,11 @@ import math
 import numbers
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import pandas as pd
 
 
@@ -105,6 +106,23 @@ def numeric_columns(frame: pd.DataFrame, columns: list[str], where: Path | str,
     return frame
 
 
+def read_json_object(path: Path | str, required: list[str] = ()) -> dict:
+    """A JSON object file with `required` keys; ResultFileError (one line) says what is wrong."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ResultFileError(f"{path}: unreadable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ResultFileError(f"{path}: expected a JSON object")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ResultFileError(f"{path}: missing keys {', '.join(missing)}")
+    return data
+
+
 def parse_gaps(cell: object) -> list[float]:
     """'1.5;2.0;...' -> floats; empty (fewer than two tokens) -> []."""
     if pd.isna(cell) or not str(cell).strip():
@@ -113,3 +131,36 @@ def parse_gaps(cell: object) -> list[float]:
         return [float(v) for v in str(cell).split(";")]
     except ValueError as e:
         raise ResultFileError(f"requests.csv: bad itl_ms cell {str(cell)[:40]!r}") from e
+
+
+# ---- reading cells back: the inverse of csv_cell ------------------------------------------
+
+_TRUE = {True, "True", "true", "TRUE", "1"}  # 1 and 1.0 hash as True
+_FALSE = {False, "False", "false", "FALSE", "0"}
+
+
+def is_true(value: object) -> bool:
+    """A cell that says True (a bool or one of its CSV spellings)."""
+    return isinstance(value, Hashable) and value in _TRUE
+
+
+def as_bool(series: pd.Series) -> pd.Series:
+    """True/False from bools or their CSV spellings; anything else (empty, NaN) -> None."""
+    def cell(v: object) -> bool | None:
+        if isinstance(v, Hashable) and v in _TRUE:
+            return True
+        if isinstance(v, Hashable) and v in _FALSE:
+            return False
+        return None
+    return series.map(cell).astype(object)
+
+
+def clean_key(key: tuple) -> tuple:
+    """Group key with NaN -> None and numpy scalars -> Python, so keys compare across frames."""
+    out = []
+    for v in key:
+        if isinstance(v, float) and math.isnan(v):
+            out.append(None)
+        else:
+            out.append(v.item() if isinstance(v, np.generic) else v)
+    return tuple(out)

@@ -16,9 +16,9 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from bench.io import parse_gaps
+from bench.result_files import parse_gaps
+from bench.schema import STEP_SITES
 from bench.stats import Sample
-from bench.summarize import STEP_SITES
 
 CLASS_COLUMN = "request_class"  # absent in runs before the serving regime: all "prefetch"
 DEFAULT_CLASS = "prefetch"

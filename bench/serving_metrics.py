@@ -16,8 +16,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.io import parse_gaps
 from bench.overhead import extra_step_ms, hop_ms, intervals_overlap
+from bench.result_files import parse_gaps
 from bench.schema import GATED_METRICS, RATIO_METRICS
 from bench.stats import diff_of_means_ci, per_repeat_stat_ratios, ratio_of_stat_ci, stat_value
 from hicache.cost_model import decision_per_poll

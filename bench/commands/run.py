@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.cliutil import CliParser, UsageError
+from bench.commands.common import CliParser, UsageError, run_verb
 from bench.plan import ALIASES, PRESET_HELP, PRESETS, THREADS_PER_RANK, RunPlan
 from bench.workload import WorkloadSpec
 from hicache.cost_model import POLICIES, PROTOCOLS
@@ -23,11 +23,12 @@ from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
+PROG = "bench run"
 
 
 def parser() -> CliParser:
-    p = CliParser(prog="python -m bench run", description=__doc__.splitlines()[0])
+    p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     a = p.add_argument
     a("--preset", default="default", choices=sorted(PRESETS),
       help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
@@ -244,36 +245,48 @@ def _short_sha() -> str:
         return "nogit"
 
 
-def main_run(argv: list[str]) -> int:
+def resolve_plan(argv: list[str]) -> RunPlan:
+    """The validated plan of a command line, resolved for this machine (UsageError if not)."""
     from bench.launch import under_torchrun
 
-    try:
-        args = parser().parse_args(argv)
-        plan = build_plan(args)
-        torchrun = under_torchrun()
-        if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
-            raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
-                             f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
-        device = resolve_device(args.device, local, args.data_backend)
-        plan = replace(plan, device=device,
-                       data_backend=resolve_data_backend(device, args.data_backend))
-        _check_model_on_device(plan)
-        if plan.device == "cuda" and plan.step_ms is not None:
-            raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
-                             "forward is real")
-        if torchrun and int(os.environ["RANK"]) != 0:
-            plan = replace(plan, out_dir="")  # only rank 0 writes
-        else:
-            plan = replace(plan, out_dir=str(out_dir(args, plan.preset)))
-    except UsageError as e:
-        print(f"bench run: {e}", file=sys.stderr)
-        return 2
-    if torchrun:
-        from bench.worker import main_torchrun
+    args = parser().parse_args(argv)
+    plan = build_plan(args)
+    torchrun = under_torchrun()
+    if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
+        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
+                         f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
+    device = resolve_device(args.device, local, args.data_backend)
+    plan = replace(plan, device=device,
+                   data_backend=resolve_data_backend(device, args.data_backend))
+    _check_model_on_device(plan)
+    if plan.device == "cuda" and plan.step_ms is not None:
+        raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
+                         "forward is real")
+    if torchrun and int(os.environ["RANK"]) != 0:
+        return replace(plan, out_dir="")  # only rank 0 writes
+    return replace(plan, out_dir=str(out_dir(args, plan.preset)))
 
-        return main_torchrun(plan)
-    return _run_local(plan)
+
+def _main(argv: list[str]) -> int:
+    from bench.launch import under_torchrun
+
+    plan = resolve_plan(argv)
+    return _run_torchrun(plan) if under_torchrun() else _run_local(plan)
+
+
+def _run_torchrun(plan: RunPlan) -> int:
+    """Under torchrun: this process is one rank; rank 0 reports."""
+    import torch.distributed as dist
+
+    from bench.worker import run_rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    t0 = time.monotonic()
+    run_rank(rank, world, plan)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return _finish(Path(plan.out_dir), t0) if rank == 0 else 0
 
 
 def _run_local(plan: RunPlan) -> int:
@@ -297,15 +310,35 @@ def _run_local(plan: RunPlan) -> int:
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     try:
-        status = launch(plan.world_size, run_rank, (plan,),
-                        timeout_s=_budget_s(plan) + 2 * timeout)[0]
+        launch(plan.world_size, run_rank, (plan,), timeout_s=_budget_s(plan) + 2 * timeout)
     except LaunchError as e:
         _record_failure(Path(plan.out_dir), str(e))
-        print(f"FAILED: {e} ({time.monotonic() - t0:.0f}s); finished configurations are "
-              f"kept in {plan.out_dir}")
+        return _finish(Path(plan.out_dir), t0, str(e))
+    return _finish(Path(plan.out_dir), t0)
+
+
+def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
+    """The end of every run, in this one process: summary, plots, verdict and report built
+    once from the rows the ranks wrote, printed from the same objects."""
+    from bench.report import write_report  # matplotlib: imported once, at the end
+    from bench.summarize import format_table
+
+    took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
+    if not (run_dir / "requests.csv").exists():  # not even one configuration finished
+        print(f"FAILED: {error or 'the ranks wrote no rows'} {took}")
         return 1
-    print(f"{status['line']} ({time.monotonic() - t0:.0f}s, {plan.out_dir})")
-    return 0 if status["ok"] else 1
+    try:
+        report = write_report(run_dir)
+    except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
+        print(f"FAILED: could not build the report: {e} {took}")
+        return 1
+    print(format_table(report.summary))
+    print("\n".join(report.lead))
+    for note in report.verdict.notes:
+        print(f"note: {note}", file=sys.stderr)
+    kept = "; finished configurations are kept" if error else ""
+    print(f"{report.verdict.line} {took}{kept}")
+    return 0 if report.verdict.ok else 1
 
 
 def _budget_s(plan: RunPlan) -> float:
@@ -327,11 +360,11 @@ def _link_latest(path: Path) -> None:
 
 
 def _record_failure(run_dir: Path, error: str) -> None:
-    """failures.csv names the configuration that was running; the report is rebuilt from
-    the configurations that finished (their rows were written atomically)."""
+    """failures.csv names the configuration that was running; the report is built from the
+    configurations that finished (their rows were written atomically)."""
     import json
 
-    from bench.io import write_csv_atomic
+    from bench.result_files import write_csv_atomic
 
     progress = run_dir / "progress.json"
     cell = json.loads(progress.read_text()) if progress.exists() else {}
@@ -339,10 +372,7 @@ def _record_failure(run_dir: Path, error: str) -> None:
                      [{"protocol": cell.get("protocol"), "policy": cell.get("policy"),
                        "repeat": cell.get("repeat"), "error": error}],
                      ["protocol", "policy", "repeat", "error"])
-    if (run_dir / "requests.csv").exists():
-        from bench.report import write_report
 
-        try:
-            write_report(run_dir)
-        except ValueError as e:
-            print(f"bench run: could not rebuild the report: {e}", file=sys.stderr)
+
+def main(argv: list[str]) -> int:
+    return run_verb(PROG, _main, argv)

@@ -1,0 +1,25 @@
+"""The verbs of `python -m bench`, one module each: name -> (arguments, one-line help,
+module).
+
+Each module has `main(argv) -> int` (0 OK, 1 a check failed, 2 bad input); the engine it
+drives lives flat in bench/. `python -m bench` builds its usage text, dispatch and the
+unknown-verb message from this one table.
+"""
+
+from __future__ import annotations
+
+VERBS: dict[str, tuple[str, str, str]] = {
+    "run": ("[options]", "the main job (see `python -m bench run --help`)",
+            "bench.commands.run"),
+    "report": ("RUN_DIR", "rebuild summary, plots and report.md from a run's CSVs",
+               "bench.commands.report"),
+    "gate": ("RUN_DIR", "CI perf gate against results/baseline", "bench.commands.gate"),
+    "compare": ("RUN_A RUN_B", "two runs side by side: counts and timing ratios B/A",
+                "bench.commands.compare"),
+    "microbench": ("RUN_DIR", "micro-benchmarks (pytest-benchmark) saved with a run",
+                   "bench.commands.microbench"),
+    "project": ("RUN_DIR", "predicted step overhead and ITL inflation at TP 2-64, PP 1-4",
+                "bench.commands.project"),
+    "devcheck": ("...", "device checks of scripts/gpu_check.sh (H2D, load-back, forward)",
+                 "bench.commands.devcheck"),
+}

@@ -1,0 +1,93 @@
+"""Usage: python -m bench compare RUN_A RUN_B [--metric NAME ...] [--threshold 0.05]
+                                          [--out DIR] [--n-boot 2000] [--seed 0]
+
+Two runs side by side: what a code change did to collective counts and timings.
+
+Rows are matched by configuration (protocol, policy, tp, pp, storage, rate, extra_pool,
+race_guard, and page_size / model where both runs carry them). Per matched row:
+- counts (rank 0, exact): polls, decision, critical and background collectives per request,
+  step collectives per step; A, B and B - A. Any change is flagged whatever the threshold:
+  worse when B issues more, better when fewer. Polls follow timing, so when polls/req differ
+  the collectives issued inside polls are judged per poll (decision/poll; critical = in-poll
+  collectives per poll and completions per request), and step collectives per step kind
+  when steps carry `kind`. polls/req itself is shown, never judged.
+- timings: ratio B/A of each metric's percentile with a 95% percentile-bootstrap CI; A and
+  B are resampled independently, stratified by repeat (requests, steps, or a request's ITL
+  gaps as one unit). worse: CI entirely above 1 + threshold; better: entirely below
+  1 - threshold; else same. The CI holds within-run noise only; the threshold absorbs
+  run-to-run drift.
+Refused (exit 2, one line): different presets, layouts (tp, pp) or schema versions; bad
+input. env.json differences that make timings incomparable are warned about at the top.
+Writes compare.csv, compare.md and compare_ratios.png into --out (default
+results/compare_<A>_vs_<B>). Exit 1 when anything is worse, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from bench.commands.common import CliParser, UsageError, run_verb
+from bench.compare import DEFAULT_THRESHOLD
+from bench.compare_metrics import METRIC_NAMES
+
+PROG = "bench compare"
+
+
+def _metric_list(values: list[str] | None) -> list[str] | None:
+    """--metric values (repeatable, comma-separated), checked against the registry."""
+    if not values:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METRIC_NAMES]
+    if unknown or not names:
+        raise UsageError(f"unknown --metric {', '.join(unknown) or '(empty)'}; choose from "
+                         f"{', '.join(METRIC_NAMES)}")
+    return names
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = CliParser(prog=PROG, description=__doc__.splitlines()[3],
+                       epilog="\n".join(__doc__.splitlines()[5:]),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_a", type=Path, help="the run before (a results/<run> directory)")
+    parser.add_argument("run_b", type=Path, help="the run after")
+    parser.add_argument("--metric", action="append", metavar="NAME",
+                        help=f"timing metrics to compare (repeat or comma-separate; default: "
+                             f"all present): {', '.join(METRIC_NAMES)}. Counts are always "
+                             "compared")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="T",
+                        help="a timing ratio is worse/better only when its whole 95%% CI lies "
+                             f"beyond 1 +- threshold (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="output directory (default results/compare_<A>_vs_<B>)")
+    parser.add_argument("--n-boot", type=int, default=2000, metavar="N",
+                        help="bootstrap resamples (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, metavar="N",
+                        help="bootstrap seed (default 0)")
+    args = parser.parse_args(argv)
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):
+        raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    if args.n_boot < 1:
+        raise UsageError(f"--n-boot must be >= 1, got {args.n_boot}")
+    args.metric = _metric_list(args.metric)
+    return args
+
+
+def _main(argv: list[str]) -> int:
+    # matplotlib (in compare_report) is imported only when there is something to write
+    from bench.compare import compare, load_run
+    from bench.compare_report import default_out, print_comparison, write_outputs
+
+    args = _parse(argv)
+    comp = compare(load_run(args.run_a), load_run(args.run_b), args)
+    written = write_outputs(comp, args.out or default_out(comp))
+    print_comparison(comp, written)
+    return 1 if comp.tally()["worse"] else 0
+
+
+def main(argv: list[str]) -> int:
+    """0 when nothing is worse, 1 when something is, 2 on bad input or runs that cannot be
+    compared (ResultFileError is a ValueError)."""
+    return run_verb(PROG, _main, argv, (ValueError, OSError))

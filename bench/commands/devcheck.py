@@ -1,0 +1,42 @@
+"""Usage:
+    python -m bench devcheck measure --device cuda --model llama3-8b --out devcheck.json
+    python -m bench devcheck summary WORK_DIR
+
+The device measurements of scripts/gpu_check.sh and its short summary (what they measure:
+bench.devcheck). Exit 0: measured / every step passed; 1: a step failed; 2: bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.commands.common import CliParser, run_verb
+
+PROG = "bench devcheck"
+
+
+def _main(argv: list[str]) -> int:
+    p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[4])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    m.add_argument("--model", default="llama3-8b")
+    m.add_argument("--out", type=Path, required=True)
+    s = sub.add_parser("summary")
+    s.add_argument("work_dir", type=Path)
+    args = p.parse_args(argv)
+    from bench.devcheck import measure, summary_lines  # torch only once the arguments are good
+
+    if args.cmd == "measure":
+        result = measure(args.device, args.model)
+        args.out.write_text(json.dumps(result, indent=2))
+        print(json.dumps(result))
+        return 0
+    lines, ok = summary_lines(args.work_dir)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+    return run_verb(PROG, _main, argv)

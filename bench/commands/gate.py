@@ -1,0 +1,50 @@
+"""Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--update-baseline]
+                                   [--tolerance FLOAT]
+
+CI perf gate: exact collective counts, correctness, and same-run timing ratios against a
+baseline (the checks: bench.gate). Exit 0: all checks hold; 1: a check failed (table on
+stdout); 2: bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.commands.common import CliParser, run_verb
+
+PROG = "bench gate"
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    from bench.gate import DEFAULT_TOLERANCE
+    from bench.gate_baseline import check_tolerance
+
+    parser = CliParser(prog=PROG, description=__doc__.splitlines()[3])
+    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
+    parser.add_argument("--baseline", type=Path, default=Path("results/baseline"))
+    parser.add_argument("--update-baseline", action="store_true",
+                        help="after the run's own checks pass, make it the new baseline")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="allowed growth of the TTFT ratio over the baseline's "
+                             f"(default: the baseline's gate.json, else {DEFAULT_TOLERANCE})")
+    args = parser.parse_args(argv)
+    if args.tolerance is not None:
+        check_tolerance(args.tolerance, "--tolerance")
+    return args
+
+
+def _main(argv: list[str]) -> int:
+    from bench.gate import evaluate, format_checks
+
+    checks, context = evaluate(_parse(argv))
+    failed = [c for c in checks if not c.passed]
+    print(format_checks(checks))
+    print(context)
+    print("OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks")
+    return 1 if failed else 0
+
+
+def main(argv: list[str]) -> int:
+    # ValueError: a ResultFileError or a bad tolerance
+    return run_verb(PROG, _main, argv, (ValueError,))

@@ -1,0 +1,33 @@
+"""Usage: python -m bench report RUN_DIR [--percentile-method linear|nearest-rank]
+
+Rebuilds a run directory's summary.csv, plots and report.md from its CSVs and env.json
+alone. Exit 0: written; 2: bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.commands.common import CliParser, UsageError, run_verb
+from bench.stats import PERCENTILE_METHODS
+
+PROG = "bench report"
+
+
+def _main(argv: list[str]) -> int:
+    from bench.report import write_report  # matplotlib: only once the arguments are good
+
+    parser = CliParser(prog=PROG, description=__doc__.splitlines()[2])
+    parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
+    parser.add_argument("--percentile-method", choices=PERCENTILE_METHODS, default="linear")
+    args = parser.parse_args(argv)
+    if not args.run_dir.is_dir():
+        raise UsageError(f"{args.run_dir}: no such directory")
+    report = write_report(args.run_dir, args.percentile_method)
+    print(f"wrote {report.path}; the run: {report.verdict.line}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    # ValueError: a ResultFileError, or a cell the cost model cannot read
+    return run_verb(PROG, _main, argv, (ValueError,))
