@@ -63,9 +63,11 @@ def _clean(v):
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
-def write(run_dir: Path, requests: pd.DataFrame, base_rate_rps: float | None) -> list[str]:
-    """One `bench_serving_<protocol>_<policy>.jsonl` per protocol x policy; returns the
-    file names. `base_rate_rps` (the trace's own mean rate) turns rate into time scale."""
+def write(run_dir: Path, requests: pd.DataFrame) -> list[str]:
+    """One `bench_serving_<protocol>_<policy>.jsonl` per protocol x policy of a trace
+    replay (none for other workloads); returns the file names."""
+    if "workload" not in requests or not (requests["workload"] == "trace").all():
+        return []
     names = []
     keys = ["protocol", "policy", "rate_rps", "repeat"]
     for (proto, policy), g in requests.groupby(["protocol", "policy"], sort=False):
@@ -74,7 +76,8 @@ def write(run_dir: Path, requests: pd.DataFrame, base_rate_rps: float | None) ->
             head = {"backend": "hicache-bench", "dataset_name": "mooncake",
                     "request_rate": "trace", "protocol": proto, "policy": policy,
                     "repeat": int(repeat), "offered_rate_rps": float(rate),
-                    "time_scale": (float(rate) / base_rate_rps if base_rate_rps else None)}
+                    "time_scale": (float(cell["time_scale"].iloc[0])
+                                   if "time_scale" in cell else None)}
             lines.append(json.dumps({**head, **summary(cell)}))
         name = f"bench_serving_{proto}_{policy}.jsonl"
         write_text_atomic(run_dir / name, "\n".join(lines) + "\n")

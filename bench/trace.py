@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +182,48 @@ def requests(rows: list[TraceRow], skip: int, time_scale: float,
     return [Request(f"t{r.line:05d}", prompt_tokens(r), (r.timestamp_ms - t0) / 1e3 / time_scale,
                     r.output_length, kind=k)
             for r, k in zip(replay, kinds[skip:], strict=True)]
+
+
+# ---- a replay the plan names -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """The trace window a run replays (the plan's; every rank reads the same file)."""
+
+    path: str
+    skip: int = 0  # requests served before the run: their pages are in storage
+    requests: int | None = None  # replayed after them; None = the rest of the file
+
+    def rows(self) -> list[TraceRow]:
+        return _rows(self.path, self.skip, self.requests)
+
+    def base_rate_rps(self) -> float:
+        """The replayed window's own arrival rate (requests/s, over its span)."""
+        replay = self.rows()[self.skip:]
+        span = (replay[-1].timestamp_ms - replay[0].timestamp_ms) / 1e3
+        return (len(replay) - 1) / span if span > 0 and len(replay) > 1 else math.inf
+
+    def workload(self, offered_rate_rps: float):
+        """The replay at an offered load (time scale = offered / base rate)."""
+        from bench.workload import Workload  # the synthetic workload's record
+
+        rows = self.rows()
+        scale = offered_rate_rps / self.base_rate_rps() if math.isfinite(offered_rate_rps) \
+            else math.inf
+        reqs = requests(rows, self.skip, scale, classes(rows)) if math.isfinite(scale) else \
+            [replace(q, arrival_offset_s=0.0) for q in requests(rows, self.skip, 1.0,
+                                                                  classes(rows))]
+        return Workload(reqs, Histories(rows[: self.skip]))
+
+
+_CACHE: dict[tuple, list[TraceRow]] = {}
+
+
+def _rows(path: str, skip: int, limit: int | None) -> list[TraceRow]:
+    """Read once per process: every cell of a run replays the same window."""
+    key = (path, skip, limit)
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = read_trace(path, skip, limit)
+    return _CACHE[key]

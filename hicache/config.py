@@ -46,6 +46,9 @@ class HiCacheConfig:
     # Pools never evict (checks): page counts are the *_pool_pages fields as given, the
     # budget and the prefetch rate limit do not apply.
     unbounded_pools: bool = False
+    # With the device tier: the host pool's budget over the device pool's (SGLang's
+    # --hicache-ratio, 2.0 by default in cache mode); 1 without it (kv_budget_gib each).
+    host_ratio: float = 2.0
     consensus_check: bool = False  # SGLang's @rank_consensus, off by default
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
@@ -75,6 +78,8 @@ class HiCacheConfig:
         if self.write_policy != "none" and self.extra_pool:
             raise ValueError("the device tier does not model side-car pools: write_policy "
                              "needs extra_pool off")
+        if not self.host_ratio > 0:
+            raise ValueError(f"host_ratio must be > 0, got {self.host_ratio}")
         if not self.kv_budget_gib > 0:
             raise ValueError(f"kv_budget_gib must be > 0, got {self.kv_budget_gib}")
         if self.prefetch_threshold < 0:

@@ -60,11 +60,13 @@ def kv_layout(cfg: HiCacheConfig, device: torch.device) -> KVLayout:
 
 
 def _budget_pages(cfg: HiCacheConfig, page: int) -> tuple[int, int]:
-    """(host, device) pages: what kv_budget_gib holds of `page`-byte pages, at most the
-    configured page counts."""
+    """(host, device) pages: what kv_budget_gib holds of `page`-byte pages on the device
+    (host_ratio times that on the host with the device tier), at most the configured page
+    counts."""
     budget = int(cfg.kv_budget_gib * 2**30)
-    host, dev = min(cfg.host_pool_pages, budget // page), min(cfg.device_pool_pages,
-                                                             budget // page)
+    host_budget = int(budget * (cfg.host_ratio if cfg.tiers else 1.0))
+    host, dev = min(cfg.host_pool_pages, host_budget // page), min(cfg.device_pool_pages,
+                                                                  budget // page)
     if min(host, dev) < 1:
         raise ValueError(f"kv_budget_gib {cfg.kv_budget_gib} holds no {cfg.model} page of "
                          f"{page / 2**20:.1f} MiB (page_size {cfg.page_size}, TP {cfg.tp})")

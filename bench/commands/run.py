@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.plan import ALIASES, PRESET_HELP, PRESETS, THREADS_PER_RANK, RunPlan
 from bench.workload import WorkloadSpec
@@ -75,6 +76,7 @@ def parser() -> CliParser:
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int)
+    trace_flags.add_flags(a)
     a("--out", type=Path, help="results directory (default results/<UTC>_<preset>_<sha>)")
     return p
 
@@ -149,16 +151,18 @@ def build_plan(args) -> RunPlan:
     if args.rate is not None:
         _positive("rate", args.rate)
         rates = (args.rate,)
+    trace, offered, tiers = trace_flags.trace_settings(args, preset)
     storage = _storage(args, preset)
-    system = _system(args, preset)
+    system = {**tiers, **_system(args, preset)}
     protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
         preset.get("protocols", PROTOCOLS)
     policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
     return RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
-                   rates=tuple(rates), repeats=args.repeats or preset.get("repeats", 3),
+                   rates=tuple(offered or rates),
+                   repeats=args.repeats or preset.get("repeats", 3),
                    tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
                    gpu=args.gpu or "h100", step_ms=args.step_ms,
-                   workload=_workload(args, preset), storage=storage,
+                   workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
 
 
@@ -346,6 +350,11 @@ def _budget_s(plan: RunPlan) -> float:
     wl = plan.workload
     per_cell = (30.0 + 3.0 * wl.requests / min(plan.rates)
                 + 3.0 * wl.bystanders / wl.bystander_rate_rps + 0.05 * wl.output_tokens)
+    if plan.trace is not None:  # its own arrivals, prefills of long prompts, answers
+        rows = plan.trace.rows()[plan.trace.skip:]
+        per_cell = (30.0 + 3.0 * len(rows) / min(plan.rates)
+                    + 1e-4 * sum(r.input_length for r in rows)
+                    + 0.02 * max(r.output_length for r in rows))
     return 60.0 + per_cell * len(plan.cells())
 
 
