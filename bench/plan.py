@@ -21,6 +21,7 @@ from hicache.storage import StorageSpec
 
 ALIASES = {"before": "pr27010", "after": "pr36425"}
 THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
+WRITE_PATH_THREADS = 1  # the backup thread, runnable when a write policy is on
 # The trace shipped with the repository (traces/README.md): what `--preset trace` replays.
 TRACE_EXCERPT = Path(__file__).resolve().parent.parent / "traces" / \
     "mooncake_conversation_400.jsonl"
@@ -105,6 +106,11 @@ class RunPlan:
                                             kv_page_bytes=page_bytes))
 
     @property
+    def threads_per_rank(self) -> int:
+        writes = dict(self.system).get("write_policy", "none") != "none"
+        return THREADS_PER_RANK + (WRITE_PATH_THREADS if writes else 0)
+
+    @property
     def workload_name(self) -> str:
         return "synthetic" if self.trace is None else "trace"
 
@@ -157,12 +163,12 @@ def _pp(gpus: int) -> dict:
 
 
 def _trace(gpus: int) -> dict:
-    """The shipped excerpt, 100 requests served before (in storage), 60 replayed twice as
+    """The shipped excerpt, 300 requests served before (in storage), 40 replayed twice as
     fast as they arrived, every tier on (write-through, SGLang's default): pr27010 /
     pr36425 / step-clock under wait_complete and timeout. The budget holds the longest
     prompt (121k tokens) on the device, and about 14 average ones."""
-    return {"tp": _tp(gpus), "repeats": 2, "trace": str(TRACE_EXCERPT), "trace_skip": 100,
-            "trace_requests": 60, "time_scales": (2.0,), "write_policy": "write_through",
+    return {"tp": _tp(gpus), "repeats": 2, "trace": str(TRACE_EXCERPT), "trace_skip": 300,
+            "trace_requests": 40, "time_scales": (2.0,), "write_policy": "write_through",
             "kv_budget_gib": 12.0, "protocols": ("pr27010", "pr36425", "step-clock"),
             "policies": ("wait_complete", "timeout")}
 
@@ -190,7 +196,7 @@ PRESET_HELP = {
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
-    "trace": "real traffic: the shipped Mooncake excerpt (100 in storage, 60 replayed at 2x), "
+    "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 40 replayed at 2x), "
              "device/host/storage tiers, pr27010 / pr36425 / step-clock, wait_complete and "
              "timeout, 2 repeats",
     "trace-sweep": "the trace preset at 1, 2, 4, 8 x its arrival rate (timeout): TTFT, ITL "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench import calibrate
 from bench.envinfo import collect_env
-from bench.plan import THREADS_PER_RANK, Cell, RunPlan
+from bench.plan import Cell, RunPlan
 from bench.result_files import write_csv_atomic, write_json_atomic
 from bench.schema import (
     DIVERGENCE_COLUMNS,
@@ -47,7 +47,7 @@ class ResultSink:
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
                                                   **data_plane(plan), **(h2d or {}),
                                                   "schema_version": SCHEMA_VERSION,
-                                                  "threads_per_rank": THREADS_PER_RANK,
+                                                  "threads_per_rank": plan.threads_per_rank,
                                                   "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
 

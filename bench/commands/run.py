@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.plan import ALIASES, PRESET_HELP, PRESETS, THREADS_PER_RANK, RunPlan
+from bench.plan import ALIASES, PRESET_HELP, PRESETS, RunPlan
 from bench.workload import WorkloadSpec
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.shapes import SHAPES
@@ -305,9 +305,9 @@ def _run_local(plan: RunPlan) -> int:
           f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
           f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "
           f"{plan.device}/{plan.backend}, results in {plan.out_dir}", file=sys.stderr)
-    threads, cores = plan.world_size * THREADS_PER_RANK, os.cpu_count() or 1
+    threads, cores = plan.world_size * plan.threads_per_rank, os.cpu_count() or 1
     if threads > cores:
-        print(f"bench run: note: {plan.world_size} ranks x {THREADS_PER_RANK} threads exceed "
+        print(f"bench run: note: {plan.world_size} ranks x {plan.threads_per_rank} threads exceed "
               f"{cores} cores: timings are partly CPU-bound, not only collective-bound "
               "(the report says so too); compare ratios within the run", file=sys.stderr)
     _link_latest(Path(plan.out_dir))

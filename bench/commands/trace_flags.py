@@ -22,9 +22,9 @@ def add_flags(a) -> None:
     a("--trace", type=Path, help="trace file for --workload trace (default: the shipped "
       "excerpt, traces/mooncake_conversation_400.jsonl); implies --workload trace")
     a("--trace-skip", type=int, help="first K requests are not replayed: served before the "
-      "run, so their pages are in storage (trace preset: 100)")
+      "run, so their pages are in storage (trace preset: 300)")
     a("--trace-requests", type=int, help="requests replayed after the skipped ones "
-      "(default: the rest of the file; trace preset: 60)")
+      "(default: the rest of the file; trace preset: 40)")
     a("--time-scale", help="arrivals X times faster than the trace's; a comma list sweeps "
       "the offered load, e.g. 1,2,4,8")
     a("--write-policy", choices=WRITE_POLICIES, help="the device tier and write path: "
@@ -92,7 +92,8 @@ def _scales(text: str | None, default: tuple) -> tuple[float, ...]:
 
 
 def _tiers(args, policy: str, preset: dict) -> dict:
-    out = {"write_policy": policy}
+    # Off (the synthetic presets' default) adds nothing, so their plans read as before.
+    out = {} if policy == "none" else {"write_policy": policy}
     if args.page_size is not None:
         if args.page_size < 1:
             raise UsageError(f"--page-size must be >= 1, got {args.page_size}")
@@ -103,7 +104,7 @@ def _tiers(args, policy: str, preset: dict) -> dict:
 
 
 def _unbounded(spec: TraceSpec, system: dict) -> dict:
-    if system["write_policy"] == "none":
+    if system.get("write_policy", "none") == "none":
         raise UsageError("--unbounded-pools needs a write policy (the device tier)")
     rows, page = spec.rows()[spec.skip:], system.get("page_size", HiCacheConfig().page_size)
     pages = sum(r.input_length // page + 1 for r in rows)  # every page the replay can hold
