@@ -10,7 +10,8 @@ import math
 import pandas as pd
 import pytest
 
-from bench.commands.run import build_plan, main as main_run, parser
+from bench.commands.run import build_plan, parser
+from bench.commands.run import main as main_run
 from bench.plan import TRACE_EXCERPT
 from bench.serving_json import STATS
 from bench.trace import TraceSpec
