@@ -23,8 +23,9 @@ def _prompt(tag: int, pages: int = PAGES) -> list[int]:
     return [tag * 100_000 + i for i in range(pages * PAGE + 1)]
 
 
-def _serve(policy: str, requests: list[Request]) -> dict:
+def _serve(policy: str, requests: list[Request], kv_bytes: str = "synthetic") -> dict:
     cfg = HiCacheConfig(protocol="pr36425", policy="wait_complete", write_policy=policy,
+                        model="toy", kv_bytes=kv_bytes,
                         host_pool_pages=HOST, device_pool_pages=DEVICE,
                         storage=StorageSpec(latency_ms=1.0, exists_latency_ms=0.0))
     layout = Layout(0, 1, 1)
@@ -47,8 +48,10 @@ def _workload() -> list[Request]:
 
 
 @pytest.mark.timeout(60)
-def test_write_through_brings_an_evicted_prefix_back_from_storage():
-    rows = _serve("write_through", _workload())
+@pytest.mark.parametrize("kv_bytes", ["synthetic", "real"])
+def test_write_through_brings_an_evicted_prefix_back_from_storage(kv_bytes):
+    # real: pages carry the toy model's KV bytes (32 KiB) too, copied and checked alike.
+    rows = _serve("write_through", _workload(), kv_bytes)
     assert rows["a"]["computed_tokens"] == PAGES * PAGE + 1
     again = rows["a-again"]
     assert (again["device_hit_tokens"], again["host_hit_tokens"]) == (0, 0)
