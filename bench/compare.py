@@ -5,7 +5,6 @@ rows are matched and judged)."""
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +14,13 @@ from bench import verdict
 from bench.compare_metrics import COUNT_COLUMNS, TIMING_METRICS, TimingMetric, counts
 from bench.compare_rules import TimingOptions, count_rows, timing_rows
 from bench.plan import plan_differences
-from bench.result_files import ResultFileError, clean_key, numeric_columns, read_csv_checked
+from bench.result_files import (
+    ResultFileError,
+    clean_key,
+    numeric_columns,
+    read_csv_checked,
+    read_json_object,
+)
 from bench.schema import CONFIG_COLUMNS, GROUP_KEYS, STEP_SITES
 from hicache.cost_model import POLICIES, PROTOCOLS
 
@@ -68,23 +73,11 @@ class Run:
         return clean_key((value,))[0]
 
 
-def _read_env(path: Path) -> dict:
-    try:
-        env = json.loads((path / "env.json").read_text())
-    except FileNotFoundError:
-        raise ResultFileError(f"{path / 'env.json'}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise ResultFileError(f"{path / 'env.json'}: unreadable JSON ({e})") from e
-    if not isinstance(env, dict):
-        raise ResultFileError(f"{path / 'env.json'}: expected a JSON object")
-    return env
-
-
 def load_run(path: Path) -> Run:
     """A run directory, checked: env.json, requests.csv (required), steps.csv (optional)."""
     if not path.is_dir():
         raise ResultFileError(f"{path}: no such directory")
-    env = _read_env(path)
+    env = read_json_object(path / "env.json")
     where = path / "requests.csv"
     requests = numeric_columns(read_csv_checked(where, REQUEST_REQUIRED), REQUEST_NUMERIC,
                                where, ["tp", "pp", "repeat", *COUNT_COLUMNS])

@@ -15,7 +15,7 @@ import math
 import pandas as pd
 
 from bench.gate_checks import Check, baseline_value, make_check
-from bench.result_files import ResultFileError
+from bench.result_files import parse_list_cell
 from bench.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
 
 DEFAULT_QUIET_TOLERANCE = 0.10  # used when the baseline's gate.json has none
@@ -26,12 +26,7 @@ LABELS = {"ttft": "TTFT p50", "prefetch_ttft_p50": "prefetching requests' TTFT p
 
 def _repeat_ratios(cell: object, point: float, column: str) -> list[float]:
     """Parse 'r0;r1;...'; without per-repeat ratios the pooled point stands for them."""
-    if pd.isna(cell) or not str(cell).strip():
-        return [point]
-    try:
-        return [float(v) for v in str(cell).split(";")]
-    except ValueError as e:
-        raise ResultFileError(f"summary.csv: bad {column} {cell!r}") from e
+    return parse_list_cell(cell, "summary.csv", column) or [point]
 
 
 def _one(row: dict, baseline: pd.DataFrame, metric: str, point_col: str, repeat_col: str,

@@ -11,13 +11,12 @@ Exit codes: 0 OK, 1 a benchmark failed (its checks or its run), 2 bad input.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.result_files import ResultFileError
+from bench.result_files import ResultFileError, read_json_object
 
 REPO = Path(__file__).resolve().parent.parent
 JSON_NAME, MD_NAME = "microbench.json", "microbench.md"
@@ -28,11 +27,8 @@ US = 1e6
 
 def load(path: Path) -> dict:
     """A pytest-benchmark JSON file, checked for the fields the tables use."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ResultFileError(f"{path}: unreadable benchmark JSON ({e})") from e
-    benches = data.get("benchmarks") if isinstance(data, dict) else None
+    data = read_json_object(path)
+    benches = data.get("benchmarks")
     if not isinstance(benches, list) or not all(
             isinstance(b, dict) and "median" in b.get("stats", {}) for b in benches):
         raise ResultFileError(f"{path}: not a pytest-benchmark JSON (no benchmarks with stats)")

@@ -3,7 +3,6 @@ the engine of `python -m bench project` (usage and method: bench.commands.projec
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from bench.provenance import provenance_lines
 from bench.result_files import (
     ResultFileError,
     read_csv_checked,
+    read_json_object,
     write_csv_atomic,
     write_text_atomic,
 )
@@ -54,11 +54,8 @@ def read_calibration(run_dir: Path) -> dict:
     path = run_dir / "calibration.json"
     if not path.is_file():
         raise ResultFileError(f"{path}: no such file (the run predates calibration)")
-    try:
-        calib = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ResultFileError(f"{path}: unreadable JSON ({e})") from e
-    tp = calib.get("tp") if isinstance(calib, dict) else None
+    calib = read_json_object(path)
+    tp = calib.get("tp")
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ResultFileError(f"{path}: expected an object with an integer tp >= 1")
     return calib
@@ -268,15 +265,7 @@ def assumption_lines(a: Assumptions) -> list[str]:
 
 def _read_env(run_dir: Path) -> dict | None:
     path = run_dir / "env.json"
-    if not path.exists():
-        return None
-    try:
-        env = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ResultFileError(f"{path}: unreadable JSON ({e})") from e
-    if not isinstance(env, dict):
-        raise ResultFileError(f"{path}: expected a JSON object")
-    return env
+    return read_json_object(path) if path.exists() else None
 
 
 def project(run_dir: Path, latency_us: float | None, scaling: str,

@@ -123,14 +123,27 @@ def read_json_object(path: Path | str, required: list[str] = ()) -> dict:
     return data
 
 
-def parse_gaps(cell: object) -> list[float]:
-    """'1.5;2.0;...' -> floats; empty (fewer than two tokens) -> []."""
+# ---- list cells: several numbers in one CSV cell, 'a;b;c' -----------------------------------
+
+def list_cell(values, fmt: str = ".4f") -> str:
+    """Numbers as one cell 'a;b;c' (empty for none)."""
+    return ";".join(format(v, fmt) for v in values)
+
+
+def parse_list_cell(cell: object, where: str, column: str) -> list[float]:
+    """'a;b;c' -> floats; an empty cell -> []; anything else a ResultFileError naming the
+    file and column."""
     if pd.isna(cell) or not str(cell).strip():
         return []
     try:
         return [float(v) for v in str(cell).split(";")]
     except ValueError as e:
-        raise ResultFileError(f"requests.csv: bad itl_ms cell {str(cell)[:40]!r}") from e
+        raise ResultFileError(f"{where}: bad {column} cell {str(cell)[:40]!r}") from e
+
+
+def parse_gaps(cell: object) -> list[float]:
+    """requests.csv `itl_ms`: a request's inter-token gaps ([] with fewer than two tokens)."""
+    return parse_list_cell(cell, "requests.csv", "itl_ms")
 
 
 # ---- reading cells back: the inverse of csv_cell ------------------------------------------

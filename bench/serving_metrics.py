@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from bench.overhead import extra_step_ms, hop_ms, intervals_overlap
-from bench.result_files import parse_gaps
+from bench.result_files import list_cell, parse_gaps
 from bench.schema import GATED_METRICS, RATIO_METRICS
 from bench.stats import diff_of_means_ci, per_repeat_stat_ratios, ratio_of_stat_ci, stat_value
 from hicache.cost_model import decision_per_poll
@@ -139,7 +139,7 @@ def ratio_cells(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | Non
                 f"{name}_ratio_ci_high": _nan(high)}
         if name in GATED_METRICS:
             ratios = per_repeat_stat_ratios(x, y, stat) if x and y else {}
-            out[f"{name}_ratio_per_repeat"] = ";".join(f"{v:.4f}" for v in ratios.values()) \
+            out[f"{name}_ratio_per_repeat"] = list_cell(ratios.values()) \
                 or math.nan
     return out
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from bench import calibrate
 from bench.envinfo import collect_env
 from bench.plan import Cell, RunPlan
-from bench.result_files import write_csv_atomic, write_json_atomic
+from bench.result_files import list_cell, write_csv_atomic, write_json_atomic
 from bench.schema import (
     DIVERGENCE_COLUMNS,
     RANK_COLUMNS,
@@ -197,7 +197,7 @@ def _decode(r: dict) -> dict:
     gaps = [g * MS for g in r["itl_s"]]
     end = None if r["finished"] is None else (r["finished"] - r["arrival"]) * MS
     out = {"request_class": r["kind"], "output_tokens": len(gaps) + (r["first_token"] is not None),
-           "e2e_ms": end, "itl_ms": ";".join(f"{g:.3f}" for g in gaps)}
+           "e2e_ms": end, "itl_ms": list_cell(gaps, ".3f")}
     for q in (50, 90, 99):
         out[f"itl_p{q}_ms"] = percentile(gaps, q)
     out["itl_mean_ms"] = statistics.fmean(gaps) if gaps else None

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from bench.result_files import as_bool, clean_key, is_true
+from bench.result_files import as_bool, clean_key, is_true, list_cell
 from bench.schema import (
     GROUP_KEYS,
     REFERENCE_PROTOCOL,
@@ -115,7 +115,7 @@ def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> dict:
     per_repeat = per_repeat_ratios(x, y)
     return {"ttft_p50_ratio_vs_pr27010": point, "ttft_p50_ratio_ci_low": low,
             "ttft_p50_ratio_ci_high": high,
-            "ttft_p50_ratio_per_repeat": ";".join(f"{v:.4f}" for v in per_repeat.values())}
+            "ttft_p50_ratio_per_repeat": list_cell(per_repeat.values())}
 
 
 def tier_cells(g: pd.DataFrame) -> dict:

@@ -36,7 +36,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.result_files import write_json_atomic  # noqa: E402
+from bench.result_files import parse_list_cell, write_json_atomic  # noqa: E402
 from bench.schema import REFERENCE_PROTOCOL  # noqa: E402
 
 STEP = 0.05  # tolerance granularity
@@ -83,7 +83,7 @@ def ratios(run_dir: Path, metric: str = "ttft_p50") -> dict[str, tuple[float, li
         if row["protocol"] == REFERENCE_PROTOCOL or pd.isna(row.get(pooled)):
             continue
         cell = row[per_repeat]
-        reps = [float(v) for v in str(cell).split(";")] if not pd.isna(cell) else []
+        reps = parse_list_cell(cell, "summary.csv", per_repeat)
         out[f"{row['protocol']}/{row['policy']}"] = (float(row[pooled]), reps)
     return out
 
