@@ -18,10 +18,12 @@ from hicache.comm import COMPLETION, PER_STEP_MIN, Comm, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import rank_consensus
 from hicache.controller import SIDECAR, CacheController, PrefetchOp
+from hicache.cost_model import ticket_path
 from hicache.hashing import page_hashes
 from hicache.kv_layout import kv_layout
 from hicache.loadback import LoadBack
 from hicache.pools import PagePool, verify_pages
+from hicache.pp_ticket import TicketRelay
 from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
@@ -46,13 +48,19 @@ class HiCache:
             self.dev_side = PagePool(SIDECAR, kv.device_pages, cfg.sidecar_page_elems, device)
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
-        self.agreement = self.protocol.step_agreement
+        self.agreement = self.protocol.agreement(cfg.host_memory)
+        # buffer_only: host pages are staging for one load-back, not a cache tier.
+        self.buffer_only = cfg.host_memory == "buffer_only"
+        self.ticketed = ticket_path(cfg.protocol, cfg.pp, cfg.host_memory)
+        tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
+                               cfg.collective_timeout_s / 2) if self.ticketed else None)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
-                                          cfg.page_size, self.protocol.uses_acks)
+                                          cfg.page_size, self.protocol.uses_acks, tickets)
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
                             self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
                       if cfg.tiers else None)
         self._placed: dict[str, tuple[list[str], int]] = {}  # rid -> (page hashes, device hit)
+        self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
         self.prompts: dict[str, list[int]] = {}
@@ -72,10 +80,12 @@ class HiCache:
         st.requested_tokens = len(key)
         if len(key) < self.cfg.prefetch_threshold:
             return
-        if not self.cfg.unbounded_pools and \
+        if not self.buffer_only and not self.cfg.unbounded_pools and \
                 self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
-            return  # rate-limited: half the host pool already in flight
-        op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page)
+            return  # rate-limited: half the host pool already in flight (buffer mode sizes
+            # host memory at the hit instead: unified_radix_cache.py:2157)
+        op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page,
+                        ticketed=self.ticketed)
         self.ongoing[rid] = op
         self.tokens_in_flight += len(key)
         st.op_issued = True
@@ -89,13 +99,16 @@ class HiCache:
 
     def release(self, rid: str) -> None:
         self.prompts.pop(rid, None)
+        self.host_kv.free(self.staged.pop(rid, ([], []))[0])
         for m in self.matches.pop(rid, []):
             self.tree.unlock(m.node)
 
-    def cached_tokens(self, tokens: list[int]) -> int:
-        """Host-resident prefix usable for this prompt (at least one token left to compute)."""
-        pages = min(self.tree.match(tokens).pages, (len(tokens) - 1) // self.page)
-        return pages * self.page
+    def cached_tokens(self, rid: str) -> int:
+        """Host-resident prefix usable for this request's prompt (tree, then its staged
+        pages; at least one token left to compute)."""
+        tokens = self.prompts[rid]
+        held = self.tree.match(tokens).pages + len(self.staged.get(rid, ([], []))[0])
+        return min(held, (len(tokens) - 1) // self.page) * self.page
 
     # ---- load-back host->device ---------------------------------------------------------------
 
@@ -105,10 +118,12 @@ class HiCache:
         pages to compute get theirs too). Returns the device pages and the copy's time."""
         tokens = self.prompts[rid]
         m = self._match_and_lock(rid, tokens)
+        staged, staged_hashes = self.staged.pop(rid, ([], []))
         if self.tiers is not None:
-            dev, hit, src = self.tiers.place(tokens, m)
+            (dev, hit, src), hashes = self.tiers.place(tokens, m), m.hashes
         else:
-            hit, src = 0, m.slots[: min(m.pages, (len(tokens) - 1) // self.page)]
+            src, hashes = m.slots + staged, m.hashes + staged_hashes
+            hit, src = 0, src[: min(len(src), (len(tokens) - 1) // self.page)]
             dev = self._alloc_device(rid, len(src))
         usable = hit + len(src)
         pairs = [(self.host_kv, self.dev_kv)]
@@ -118,7 +133,8 @@ class HiCache:
         seconds, st.load_back_bytes = self.loader.copy(pairs, src, dev[hit:usable])
         st.loaded_tokens = len(src) * self.page
         self._account(rid, len(tokens), hit, usable)
-        st.data_errors += self._verify(tokens, m, usable, dev[:usable], pairs)
+        st.data_errors += self._verify(tokens, hashes[:usable], dev[:usable], pairs)
+        self.host_kv.free(staged)  # buffer_only: the staging has served its one load-back
         if self.tiers is not None:
             self._placed[rid] = (self.tiers.computed(tokens, m, dev, usable), hit)
         return dev, seconds
@@ -141,10 +157,10 @@ class HiCache:
         st.device_hit_tokens, st.storage_hit_tokens = hit * self.page, fetched * self.page
         st.host_hit_tokens = (usable - hit - fetched) * self.page
 
-    def _verify(self, tokens, m: MatchResult, pages: int, dev: list[int], pairs) -> int:
+    def _verify(self, tokens, hashes: list[str], dev: list[int], pairs) -> int:
         """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
-        want = page_hashes(tokens[: pages * self.page], self.page)
-        bad = sum(a != b for a, b in zip(want, m.hashes[:pages], strict=True))
+        want = page_hashes(tokens[: len(hashes) * self.page], self.page)
+        bad = sum(a != b for a, b in zip(want, hashes, strict=True))
         for _, devp in pairs:
             bad += verify_pages(devp, dev, want, self.layout.rank)
         return bad
@@ -287,7 +303,11 @@ class HiCache:
             return True  # nothing ongoing: not a poll
         self.stats.requests[rid].polls += 1
         if not self.protocol.poll(self._facts(op), self.comm, rid):
+            self._blocked(op)
             return False
+        if op.ticketed:
+            self._take_ticket(op)
+            return True
         op.terminated.set()  # the IO thread stops at its next batch boundary
         if op.host_slots is None:
             # Stopped before its hit was agreed: no host slots, nothing usable, and no
@@ -297,18 +317,46 @@ class HiCache:
             self._finalize(op, self._usable_after_poll(op), "poll")
         return True
 
+    def _blocked(self, op: PrefetchOp) -> None:
+        # 0.5.23 starts the timeout clock at the first poll that finds it pending
+        # (unified_radix_cache.py `_start_storage_prefetch_wait`); a ticket has no clock.
+        if self.protocol.clock == "first_blocked_poll" and self.cfg.policy == "timeout" \
+                and op.wait_start is None and not op.ticketed:
+            op.wait_start = time.monotonic()
+
+    def _take_ticket(self, op: PrefetchOp) -> None:
+        """Stage 0 found the ticket ready: wait for this rank's own final ack (a TP peer or a
+        later stage may be a moment behind: `take_ready_pp_prefetch`), then end it with
+        what the acks agreed; a miss ends with nothing usable."""
+        if not op.ready.wait(self.cfg.collective_timeout_s):
+            raise RuntimeError(f"rank {self.layout.rank}: ticket of {op.rid} not ready "
+                               f"within {self.cfg.collective_timeout_s}s of stage 0's")
+        st = self.stats.requests[op.rid]
+        st.hit_tokens, st.io_issued = op.hit_tokens, True  # every ticket went to the IO thread
+        self._finalize(op, op.completed_tokens, "poll")
+
     def _facts(self, op: PrefetchOp) -> Facts:
-        if self.protocol.name == "step-clock":
+        return Facts(
+            completed=bool(op.hash_value) and op.completed_tokens == op.hit_tokens,
+            timed_out=self._timed_out(op), terminated=op.terminated.is_set(),
+            has_sidecar=self.host_side is not None, sidecar_done=op.pool_transfers_done,
+            decided=op.decided, ticketed=op.ticketed, ticket_ready=op.ready.is_set(),
+            pp_rank=self.layout.pp_rank)
+
+    def _timed_out(self, op: PrefetchOp) -> bool:
+        cfg = self.cfg
+        if self.protocol.clock == "first_blocked_poll":
+            # 0.5.23 (unified_radix_cache.py:2259-2283): once every KV page landed it never
+            # times out; the budget counts the requested pages, from the first blocked poll.
+            landed = op.host_slots is not None and op.completed_tokens >= op.hit_tokens
+            budget = cfg.timeout_base_s + len(op.tokens) / 1024 * cfg.timeout_per_ki_token_s
+            return not landed and op.wait_start is not None and \
+                time.monotonic() - op.wait_start > budget
+        if self.protocol.clock == "step":
             elapsed = self.step_stamp - op.start_stamp  # rank 0's clock, identical on all
         else:
             elapsed = time.monotonic() - op.start_time  # this rank's wall clock
-        limit = (self.cfg.timeout_base_s
-                 + op.hit_tokens / 1024 * self.cfg.timeout_per_ki_token_s)
-        return Facts(
-            completed=bool(op.hash_value) and op.completed_tokens == op.hit_tokens,
-            timed_out=elapsed > limit, terminated=op.terminated.is_set(),
-            has_sidecar=self.host_side is not None, sidecar_done=op.pool_transfers_done,
-            decided=op.decided, pp_rank=self.layout.pp_rank)
+        return elapsed > cfg.timeout_base_s + op.hit_tokens / 1024 * cfg.timeout_per_ki_token_s
 
     def _usable_after_poll(self, op: PrefetchOp) -> int:
         if self.protocol.uses_acks:
@@ -336,7 +384,9 @@ class HiCache:
         pages = usable // self.page
         slots = op.host_slots
         base = self.matches[op.rid][0]
-        if pages:
+        if self.buffer_only:  # held for this request's load-back only
+            self.staged[op.rid] = (slots[:pages], op.hash_value[:pages])
+        elif pages:
             tokens = self.prompts[op.rid][: (base.pages + pages) * self.page]
             # Pages already in the tree keep their own slots: the base's are placeholders
             # (with the device tier part of the base may be on the device only).
@@ -372,4 +422,5 @@ class HiCache:
 
     def host_slots_unaccounted(self) -> int:
         """Host slots neither in the tree nor free: 0 after a run, or slots leaked."""
-        return self.host_kv.num_pages - self.host_kv.available - self.tree.total_pages
+        staged = sum(len(slots) for slots, _ in self.staged.values())
+        return self.host_kv.num_pages - self.host_kv.available - self.tree.total_pages - staged

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import BUFFER_ONLY_PROTOCOLS, HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
@@ -24,6 +24,10 @@ class HiCacheConfig:
     timeout_per_ki_token_s: float = 0.25
     race_guard: bool = True  # PR #27550's pool_transfers_done check (pre27010 only)
     extra_pool: bool = False  # side-car INDEXER pool read after the KV pages
+    # "cache": host memory is an L2 tier (prefetched pages stay in the host tree);
+    # "buffer_only": staging only (freed after load-back), and with PP > 1 0.5.23's
+    # PP-ticket path (docs/releases.md).
+    host_memory: str = "cache"
     kv_page_elems: int = 128  # floats per KV page (content is synthetic)
     sidecar_page_elems: int = 16
     host_pool_pages: int = 8192
@@ -62,6 +66,12 @@ class HiCacheConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r}; "
                              f"choose from {', '.join(PROTOCOLS)}")
+        if self.host_memory not in HOST_MEMORY:
+            raise ValueError(f"host_memory must be {' or '.join(HOST_MEMORY)}, "
+                             f"got {self.host_memory!r}")
+        if self.host_memory == "buffer_only" and self.protocol not in BUFFER_ONLY_PROTOCOLS:
+            raise ValueError(f"host_memory buffer_only is modelled for "
+                             f"{', '.join(BUFFER_ONLY_PROTOCOLS)} only, not {self.protocol}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         for name in ("tp", "pp", "page_size", "host_pool_pages", "device_pool_pages",
@@ -75,6 +85,9 @@ class HiCacheConfig:
         if self.write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, "
                              f"got {self.write_policy!r}")
+        if self.write_policy != "none" and self.host_memory == "buffer_only":
+            raise ValueError("buffer_only host memory holds no cache tier (the tree never has "
+                             "host pages): write_policy needs host_memory cache")
         if self.write_policy != "none" and self.extra_pool:
             raise ValueError("the device tier does not model side-car pools: write_policy "
                              "needs extra_pool off")

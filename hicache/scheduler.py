@@ -117,7 +117,7 @@ class Scheduler:
             if not self.cache.check_prefetch_progress(rid):
                 continue  # still prefetching: skipped, polled again next step
             tokens = self.cache.prompts[rid]
-            extend = len(tokens) - self.cache.cached_tokens(tokens)
+            extend = len(tokens) - self.cache.cached_tokens(rid)
             if batch and used + extend > self.cfg.max_prefill_tokens:
                 break  # stop walking at the first request that does not fit
             batch.append(rid)

@@ -39,6 +39,10 @@ class RecordingComm:
     def drain_sends(self):
         pass
 
+    def broadcast_object(self, obj, site, group="sched", rid=None):
+        self.calls.append((group, site))
+        return obj
+
     def sites(self) -> list[str]:
         return [site for _, site in self.calls]
 

@@ -39,22 +39,31 @@ PAGE = 64
 STORAGE = {"latency_ms": 15.0}
 N_REQUESTS = 6
 PREFIX = 512  # tokens per request in storage (8 pages); 64 new tokens follow
-SITES = ("decision", "completion", "pp_hop", "hit_query", "ack")
+SITES = ("decision", "completion", "pp_hop", "hit_query", "ack", "ticket")
 # timeout shorter than one read: decisions by the clock, prefetches cut short or revoked.
 FAST_TIMEOUT = {"timeout_base_s": 0.01, "timeout_per_ki_token_s": 0.0}
+BUFFER_ONLY = {"host_memory": "buffer_only"}  # with PP > 1: 0.5.23's PP-ticket path
 
+# (protocol, policy, tags): "fast" the short timeout, "buffer" buffer_only host memory.
 VARIANTS = [(p, q, "") for p, q in itertools.product(PROTOCOLS, POLICIES)]
 VARIANTS += [(p, "timeout", "fast") for p in PROTOCOLS]
+VARIANTS += [("sglang-0.5.23", q, "buffer") for q in POLICIES]
+VARIANTS += [("sglang-0.5.23", "timeout", "buffer-fast")]
 # The write path on (SGLang's default write_through): each request's computed page goes
 # device -> host -> storage, its acks agreed in the per-step reduction.
 WRITE_THROUGH = {"write_policy": "write_through"}
 VARIANTS += [(p, q, "wt") for p, q in itertools.product(PROTOCOLS, ("wait_complete", "timeout"))]
-VARIANT_CFG = {"": {}, "fast": FAST_TIMEOUT, "wt": WRITE_THROUGH}
+
+
+def _host_memory(tags: str) -> str:
+    return "buffer_only" if "buffer" in tags else "cache"
 
 
 def _cases(tp: int, pp: int) -> list[dict]:
-    return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp, **VARIANT_CFG[v]},
-                 STORAGE, n=N_REQUESTS,
+    return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
+                  **(FAST_TIMEOUT if "fast" in v else {}),
+                  **(BUFFER_ONLY if "buffer" in v else {}),
+                  **(WRITE_THROUGH if v == "wt" else {})}, STORAGE, n=N_REQUESTS,
                  prefix_tokens=PREFIX, new_tokens=64)
             for p, q, v in VARIANTS]
 
@@ -79,19 +88,21 @@ def _id(v):
 
 
 def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int,
-              write_path: bool = False) -> Expected:
+              tags: str = "") -> Expected:
     e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
-                             row["op_issued"], row["io_issued"], row["terminated_by"] == "poll")
-    if write_path:
+                             row["op_issued"], row["io_issued"], row["terminated_by"] == "poll",
+                             host_memory=_host_memory(tags))
+    if tags == "wt":
         e = Expected(*(a + b for a, b in zip(astuple(e), astuple(write_path_cost(tp, pp)),
                                                strict=True)))
     if pp_rank == 0:
         return e
     # A later PP stage mirrors stage 0 (cost_model counts rank 0): for a decision that hops,
     # it does no TP all-reduce and receives once per poll (the last stage sends nothing);
-    # pre27010 decides on its own TP group, so it all-reduces as stage 0 does.
+    # pre27010 decides on its own TP group, so it all-reduces as stage 0 does. It receives
+    # each ticket before it knows the request's id: not counted per request there.
     hops = make_protocol(proto, policy).scope == "tp_pp"
-    return replace(e, decision=0 if hops else e.decision)
+    return replace(e, decision=0 if hops else e.decision, ticket=0)
 
 
 def _measured(row: dict) -> Expected:
@@ -99,16 +110,17 @@ def _measured(row: dict) -> Expected:
 
 
 def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
-    proto, policy, kind = variant
+    proto, policy, tags = variant
     per_rank = results[variant]
     for rank, res in enumerate(per_rank):
         _, pp_rank = res["layout"]
         rows = res["rows"]
         assert len(rows) == N_REQUESTS
         for row in rows:
-            want = _expected(proto, policy, tp, pp, row, pp_rank, kind == "wt")
+            want = _expected(proto, policy, tp, pp, row, pp_rank, tags)
             assert _measured(row) == want, f"rank {rank} {row['rid']}: polls={row['polls']}"
             assert row["data_errors"] == 0
+        assert res["host_slots_unaccounted"] == 0, f"rank {rank}: host slots leaked"
         # Our counter against torch's own sequence numbers, every group, every rank.
         for group, (counted, seq) in res["crosscheck"].items():
             assert counted == seq, f"rank {rank} group {group}: counted {counted}, seq {seq}"
@@ -118,13 +130,17 @@ def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
                 assert entries == res["raw_by_group"].get(group, 0), (rank, group)
     rows0 = per_rank[0]["rows"]
     polls = sum(r["polls"] for r in rows0)
-    if policy == "best_effort":
+    ticketed = "buffer" in tags and pp > 1  # a ticket's poll waits for it, any policy
+    if policy == "best_effort" and not ticketed:
         assert all(r["polls"] == 1 for r in rows0)  # the first poll always ends it
-    elif kind != "fast":  # a 10 ms timeout may end every prefetch at its first poll
+    elif "fast" not in tags:  # a 10 ms timeout may end every prefetch at its first poll
         assert polls > N_REQUESTS, "the scenario must poll pending prefetches repeatedly"
     # Per poll, measured on rank 0, equals the hand-written SPEC table (T, P).
     per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
-    assert sum(r.get("coll_decision", 0) for r in rows0) == per_poll[0] * polls
+    if "buffer" in tags and pp > 1:
+        per_poll = (1, 1)  # the ticket's readiness: T + P on every poll, whatever the policy
+    t = per_poll[0] if tp > 1 else 0  # the table is TP2's; at TP1 the all-reduce is skipped
+    assert sum(r.get("coll_decision", 0) for r in rows0) == t * polls
     assert sum(r.get("coll_pp_hop", 0) for r in rows0) == per_poll[1] * polls
 
 
@@ -143,9 +159,13 @@ def test_counts_tp2pp2(tp2pp2, variant):
 
 @pytest.mark.timeout(150)
 def test_fast_timeout_really_times_out(tp2):
-    """The fast variant's decisions come from the clock: prefetches cut short or revoked."""
+    """The fast variant's decisions come from the clock: prefetches cut short or revoked.
+    sglang-0.5.23's clock starts at the first blocked poll: no poll ends one at its first."""
     for proto in PROTOCOLS:  # storage holds the 512-token prefix, not the new tokens
         rows = tp2[(proto, "timeout", "fast")][0]["rows"]
+        if proto == "sglang-0.5.23":
+            assert all(r["polls"] >= 2 for r in rows if r["terminated_by"] == "poll"), rows
+            continue
         assert any(r["prefetched_tokens"] < PREFIX for r in rows), proto
     for proto in PROTOCOLS:  # with the default timeout every prefetch completes
         rows = tp2[(proto, "timeout", "")][0]["rows"]
@@ -163,7 +183,7 @@ def count_table(results: dict, tp: int, pp: int) -> str:
         n, polls = len(rows), sum(r["polls"] for r in rows)
         dec = sum(r.get("coll_decision", 0) for r in rows)
         hop = sum(r.get("coll_pp_hop", 0) for r in rows)
-        exp = sum(_expected(proto, policy, tp, pp, r, 0).decision for r in rows)
+        exp = sum(_expected(proto, policy, tp, pp, r, 0, v).decision for r in rows)
         lines.append(f"| {proto} | {policy}{f' ({v})' if v else ''} | TP{tp}"
                      f"{f'xPP{pp}' if pp > 1 else ''} | {n} | {polls / n:.2f} | "
                      f"{dec / polls:.2f} | {hop / polls:.2f} | {dec / n:.2f} | {exp / n:.2f} |")
@@ -221,10 +241,10 @@ def test_per_step_agreement_with_pp(tp2pp2, variant):
     (cost_model.per_step): 0.5.19's two relayed reductions, each a TP MIN on stage 0 and
     the PP hop; pre27010 0.5.18's two relayed ones and a stage-local queue MIN. A step's
     other hops are its polls' decisions."""
-    proto, policy, _ = variant
-    hop_per_poll = decision_per_poll(proto, policy, 2, 2)[1]
+    proto, policy, tags = variant
+    hop_per_poll = decision_per_poll(proto, policy, 2, 2, _host_memory(tags))[1]
     for res in tp2pp2[variant]:
-        tp_ars, hops = per_step(proto, 2, 2, res["layout"][1])
+        tp_ars, hops = per_step(proto, 2, 2, res["layout"][1], _host_memory(tags))
         for s in res["steps"]:
             assert s.get("coll_per_step_min", 0) == tp_ars, s
             assert s.get("coll_pp_hop", 0) == hops + s["polled"] * hop_per_poll, s
@@ -240,6 +260,45 @@ def test_pre27010_per_step_is_5_on_stage_0_and_3_on_stage_1(tp2pp2, policy):
         want = 5 if res["layout"][1] == 0 else 3
         for s in res["steps"]:
             assert s.get("coll_per_step_min", 0) + s.get("coll_pp_hop", 0) == want, s
+
+
+# TP1 x PP2 on 2 ranks (fast): the stage-local drain is a no-op without TP, so pre27010's
+# per step stays two relays; 0.5.23 relays once, and on its ticket path not at all.
+TP1PP2 = [("pre27010", "wait_complete", ""), ("pr36425", "wait_complete", ""),
+          ("sglang-0.5.23", "wait_complete", ""), ("sglang-0.5.23", "wait_complete", "buffer")]
+TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 2), TP1PP2[2]: (0, 1), TP1PP2[3]: (0, 0)}
+
+
+@pytest.fixture(scope="module")
+def tp1pp2():
+    cases = [c for v, c in zip(VARIANTS, _cases(1, 2), strict=True) if v in TP1PP2]
+    results = run_cases(2, cases, timeout_s=100, flight_recorder=True)
+    return dict(zip([v for v in VARIANTS if v in TP1PP2], results, strict=True))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", TP1PP2, ids=_id)
+def test_counts_tp1pp2(tp1pp2, variant):
+    _check_layout(tp1pp2, variant, 1, 2)
+    proto, policy, tags = variant
+    hop_per_poll = decision_per_poll(proto, policy, 1, 2, _host_memory(tags))[1]
+    for res in tp1pp2[variant]:
+        assert per_step(proto, 1, 2, res["layout"][1], _host_memory(tags)) == \
+            TP1PP2_BY_HAND[variant]
+        hops = TP1PP2_BY_HAND[variant][1]
+        for s in res["steps"]:
+            assert s.get("coll_per_step_min", 0) == 0, s
+            assert s.get("coll_pp_hop", 0) == hops + s["polled"] * hop_per_poll, s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ticket_path_never_times_out(tp2pp2):
+    """buffer_only at PP > 1: readiness is the final ack, whatever the policy, so even a
+    10 ms timeout cuts nothing short; every rank took its whole hit."""
+    for res in tp2pp2[("sglang-0.5.23", "timeout", "buffer-fast")]:
+        for row in res["rows"]:
+            assert row["terminated_by"] == "poll" and row["prefetched_tokens"] == PREFIX, row
 
 
 @pytest.mark.slow

@@ -76,6 +76,10 @@ VOTES = {
     ("step-clock", "best_effort", True): ALL_TRUE,
     ("step-clock", "wait_complete", True): PR36_WAIT,
     ("step-clock", "timeout", True): STEP_TO,
+    # cache host memory: pr36425's poll (its timeout clock: tests/test_sglang_0523.py)
+    ("sglang-0.5.23", "best_effort", True): ALL_TRUE,
+    ("sglang-0.5.23", "wait_complete", True): PR36_WAIT,
+    ("sglang-0.5.23", "timeout", True): PR36_TO,
 }
 
 
@@ -266,6 +270,9 @@ SPEC_PER_POLL = {
     ("step-clock", "best_effort"): ((0, 0), (0, 0)),
     ("step-clock", "wait_complete"): ((0, 0), (0, 0)),
     ("step-clock", "timeout"): ((0, 0), (0, 0)),
+    ("sglang-0.5.23", "best_effort"): ((0, 0), (0, 0)),  # cache host memory
+    ("sglang-0.5.23", "wait_complete"): ((0, 0), (0, 0)),
+    ("sglang-0.5.23", "timeout"): ((1, 0), (1, 1)),
 }
 
 
@@ -322,7 +329,8 @@ def test_pre27010_poll_before_host_slots_pays_no_completion_min():
     assert e.completion == 0
 
 
-@pytest.mark.parametrize("proto", ["pr27010", "pr36425", "step-batched", "step-clock"])
+@pytest.mark.parametrize("proto", ["pr27010", "pr36425", "step-batched", "step-clock",
+                                   "sglang-0.5.23"])
 @pytest.mark.parametrize(("tp", "pp", "per"), [(2, 1, 1), (2, 2, 2), (1, 2, 1), (1, 1, 0),
                                                 (4, 2, 2)])
 def test_background_reductions_over_tp_then_pp(proto, tp, pp, per):

@@ -68,7 +68,19 @@ BY_HAND_TP2_PP2 = {
     "pr36425": ((2, 2), (0, 2)),
     "step-batched": ((2, 2), (0, 2)),
     "step-clock": ((2, 2), (0, 2)),
+    "sglang-0.5.23": ((1, 1), (0, 1)),  # one packed reduce at any PP
 }
+BUFFER_ONLY_TP2_PP2 = ((1, 0), (1, 0))  # 0.5.23 buffer_only: each stage's own TP MIN
+
+
+def test_per_step_0_5_23():
+    assert per_step("sglang-0.5.23", 2, 1) == (1, 0)
+    assert (per_step("sglang-0.5.23", 1, 2, 0), per_step("sglang-0.5.23", 1, 2, 1)) == \
+        ((0, 1), (0, 1))
+    assert tuple(per_step("sglang-0.5.23", 2, 2, s, "buffer_only") for s in (0, 1)) == \
+        BUFFER_ONLY_TP2_PP2
+    assert per_step("sglang-0.5.23", 1, 2, 1, "buffer_only") == (0, 0)  # nothing at all
+    assert per_step("sglang-0.5.23", 2, 1, 0, "buffer_only") == (1, 0)
 
 
 @pytest.mark.parametrize("proto", list(BY_HAND_TP2_PP2))
@@ -76,7 +88,7 @@ def test_per_step_tp2_pp2(proto):
     assert (per_step(proto, 2, 2, 0), per_step(proto, 2, 2, 1)) == BY_HAND_TP2_PP2[proto]
 
 
-@pytest.mark.parametrize("proto", PROTOCOLS)
+@pytest.mark.parametrize("proto", [p for p in PROTOCOLS if p != "sglang-0.5.23"])
 def test_per_step_unchanged_at_pp1_and_tp1_pp2(proto):
     assert per_step(proto, 2, 1) == (1, 0)
     assert per_step(proto, 1, 1) == (0, 0)
