@@ -14,7 +14,7 @@ import pandas as pd
 from bench.schema import REFERENCE_PROTOCOL
 from hicache.cost_model import POLICIES, PROTOCOLS
 
-HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock")
+HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
 HEADLINE_POLICIES = ("wait_complete", "timeout")
 HEADLINE_HEADERS = ["protocol", "policy", "coll/req", "polls/step", "coll/step", "step ms",
                     "step x", "ITL p50 x", "ITL p99 x", "TTFT p50 x prefetch",

@@ -14,12 +14,17 @@ from bench import workload as synthetic
 from bench.trace import TraceSpec
 from bench.workload import Workload, WorkloadSpec
 from hicache.config import HiCacheConfig
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import POLICIES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel, roofline
 from hicache.storage import StorageSpec
 
-ALIASES = {"before": "pr27010", "after": "pr36425"}
+# The five protocols the project compares: what "every protocol" means for a preset (the
+# default, ci and pp presets), so a protocol added for a release finding does not grow them.
+PROJECT_PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")
+# Release names for --protocols (docs/releases.md); sglang-0.5.23 is a protocol of its own.
+ALIASES = {"before": "pr27010", "after": "pr36425",
+           "sglang-0.5.18": "pre27010", "sglang-0.5.19": "pr36425"}
 THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
 WRITE_PATH_THREADS = 1  # the backup thread, runnable when a write policy is on
 # The trace shipped with the repository (traces/README.md): what `--preset trace` replays.
@@ -39,7 +44,7 @@ class Cell:
 @dataclass(frozen=True)
 class RunPlan:
     preset: str = "default"
-    protocols: tuple[str, ...] = PROTOCOLS
+    protocols: tuple[str, ...] = PROJECT_PROTOCOLS
     policies: tuple[str, ...] = POLICIES
     rates: tuple[float, ...] = (16.0,)
     repeats: int = 3
@@ -144,12 +149,13 @@ def _queue(gpus: int) -> dict:
 
 
 def _default(gpus: int) -> dict:
-    return {**_queue(gpus), "repeats": 2, "protocols": PROTOCOLS, "policies": POLICIES}
+    return {**_queue(gpus), "repeats": 2, "protocols": PROJECT_PROTOCOLS,
+            "policies": POLICIES}
 
 
 def _ci(gpus: int) -> dict:
     return {**_queue(gpus), "tp": 2, "repeats": 2, "requests": 24, "bystanders": 24,
-            "protocols": PROTOCOLS, "policies": POLICIES}
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
 
 
 def _sweep(gpus: int) -> dict:
@@ -178,6 +184,15 @@ def _trace_sweep(gpus: int) -> dict:
     return {**_trace(gpus), "time_scales": (1.0, 2.0, 4.0, 8.0), "policies": ("timeout",)}
 
 
+def _releases(gpus: int) -> dict:
+    """Issue 16's finding: at TP2 x PP2 with buffer_only host memory 0.5.23 takes the
+    PP-ticket path, whose polls all-reduce under wait_complete, where 0.5.19 (pr36425)
+    polls for free; pr27010 is the reference every ratio is taken against."""
+    return {**_queue(gpus), "tp": 2, "pp": 2, "repeats": 5, "requests": 24,
+            "bystanders": 24, "host_memory": "buffer_only", "policies": ("wait_complete",),
+            "protocols": ("pr27010", "pr36425", "sglang-0.5.23")}
+
+
 def _race(gpus: int) -> dict:
     return {"tp": 2, "repeats": 1, "requests": 12, "protocols": ("pre27010", "pr36425"),
             "policies": ("wait_complete",), "extra_pool": True,
@@ -185,7 +200,7 @@ def _race(gpus: int) -> dict:
 
 
 PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
-           "race": _race, "trace": _trace, "trace-sweep": _trace_sweep}
+           "race": _race, "releases": _releases, "trace": _trace, "trace-sweep": _trace_sweep}
 PRESET_HELP = {
     "default": "make bench: the queue scenario for all protocols x policies, 2 repeats, "
                "TP = local GPUs (2 on CPU)",
@@ -196,6 +211,9 @@ PRESET_HELP = {
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
+    "releases": "TP2 x PP2, buffer_only host memory, wait_complete: sglang-0.5.23 (the "
+                "PP-ticket path) vs sglang-0.5.19 (pr36425), pr27010 the reference, a burst "
+                "of 24 + 24 bystanders, 5 repeats",
     "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 40 replayed at 2x), "
              "device/host/storage tiers, pr27010 / pr36425 / step-clock, wait_complete and "
              "timeout, 2 repeats",

@@ -11,11 +11,12 @@ REFERENCE_PROTOCOL = "pr27010"  # "before": every ratio is taken against it
 GROUP_KEYS = ["protocol", "policy", "tp", "pp", "storage", "rate_rps", "extra_pool", "race_guard"]
 STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]  # per-step collectives
 
-# Configuration echoed in every result row.
+# Configuration echoed in every result row. host_memory is one value per run (a plan
+# field), so it is not a group key; runs before it are "cache".
 CONFIG_COLUMNS = [
     "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model",
     "forward", "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard",
-    "workload", "time_scale", "write_policy",
+    "host_memory", "workload", "time_scale", "write_policy",
 ]
 
 # Where each request's prompt tokens came from, at scheduling (they sum to prompt_tokens),
@@ -38,10 +39,11 @@ REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "sched_lag_ms",
     "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
     "decision_collectives",
-    "completion_collectives", "hit_query_collectives", "ack_collectives", "pp_hops",
-    "terminated_by", "op_issued", "io_issued", "prefetch_requested_tokens", "hit_tokens",
-    "prefetched_tokens", *TOKEN_COLUMNS, "output_tokens", "e2e_ms", "itl_mean_ms",
-    "itl_p50_ms", "itl_p90_ms", "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok",
+    "completion_collectives", "hit_query_collectives", "ack_collectives",
+    "ticket_collectives", "pp_hops", "terminated_by", "op_issued", "io_issued",
+    "prefetch_requested_tokens", "hit_tokens", "prefetched_tokens", *TOKEN_COLUMNS,
+    "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
+    "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok",
 ]
 
 STEP_COLUMNS = CONFIG_COLUMNS + [
@@ -54,7 +56,7 @@ STEP_COLUMNS = CONFIG_COLUMNS + [
 # Per-rank counts: every rank's collectives by call site, per configuration and repeat.
 RANK_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rank", "tp_rank", "pp_rank", "decision", "completion", "pp_hop", "hit_query",
-    "ack", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
+    "ack", "ticket", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
     "crosscheck_ok", "host_slots_unaccounted", *WRITE_PATH_COLUMNS, "cpu_s", "wall_s",
 ]
 
@@ -88,7 +90,8 @@ OVERHEAD_COLUMNS = [
 
 SUMMARY_COLUMNS = [
     "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model", "forward",
-    "storage", "rate_rps", "extra_pool", "race_guard", "requests", "repeats", "polls_per_req",
+    "storage", "rate_rps", "extra_pool", "race_guard", "host_memory", "requests", "repeats",
+    "polls_per_req",
     "decision_collectives_per_req", "decision_collectives_per_poll",
     "expected_decision_collectives_per_req", "critical_collectives_per_req",
     "background_collectives_per_req", "expected_background_collectives_per_req",

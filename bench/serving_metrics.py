@@ -178,8 +178,10 @@ def overhead_cells(row: dict, s: pd.DataFrame | None, ref: dict | None,
     hop = hop_ms(c["mean_ms"], max(2, int(calib["tp"])), calib.get("pp_hop_ms"))
     completions = s["completion"].mean()
     polls = s["polled"].mean()
+    host_memory = row.get("host_memory")
+    host_memory = host_memory if isinstance(host_memory, str) else "cache"
     predict = [extra_step_ms(row["protocol"], row["policy"], tp, pp, polls, c_ms, hop,
-                             completions)
+                             completions, host_memory)
                for c_ms in (c["mean_ms"], c["mean_ci_low_ms"], c["mean_ci_high_ms"])]
     critical = s[["decision", "completion", "pp_hop"]].to_numpy().sum()
     out |= {"c_ms": c["mean_ms"], "c_p50_ms": c["p50_ms"],

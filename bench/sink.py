@@ -93,8 +93,8 @@ class ResultSink:
                 "backend": p.backend, "model": p.model, "forward": p.forward,
                 "storage": p.storage.kind, "rate_rps": cell.rate_rps,
                 "seed": p.seed, "page_size": cfg.page_size, "extra_pool": cfg.extra_pool,
-                "race_guard": cfg.race_guard, "workload": p.workload_name,
-                "time_scale": p.time_scale(cell),
+                "race_guard": cfg.race_guard, "host_memory": cfg.host_memory,
+                "workload": p.workload_name, "time_scale": p.time_scale(cell),
                 "write_policy": cfg.write_policy}
 
     def _request_rows(self, cell: Cell, config: dict, gathered: list[dict]) -> list[dict]:
@@ -208,7 +208,8 @@ def _counts(r: dict) -> dict:
     return {"polls": r["polls"], "decision_collectives": r.get("coll_decision", 0),
             "completion_collectives": r.get("coll_completion", 0),
             "hit_query_collectives": r.get("coll_hit_query", 0),
-            "ack_collectives": r.get("coll_ack", 0), "pp_hops": r.get("coll_pp_hop", 0),
+            "ack_collectives": r.get("coll_ack", 0),
+            "ticket_collectives": r.get("coll_ticket", 0), "pp_hops": r.get("coll_pp_hop", 0),
             "terminated_by": r["terminated_by"], "op_issued": r["op_issued"],
             "io_issued": r["io_issued"], "prefetch_requested_tokens": r["requested_tokens"],
             "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"],

@@ -34,21 +34,33 @@ def config_groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
     return {clean_key(k): g for k, g in df.groupby(GROUP_KEYS, dropna=False, sort=False)}
 
 
+def background_collectives(requests: pd.DataFrame) -> pd.Series:
+    """Per request, measured: hit query + acks + the PP-ticket broadcast (a column runs
+    before sglang-0.5.23 do not carry: 0 there)."""
+    ticket = (requests["ticket_collectives"].fillna(0) if "ticket_collectives" in requests
+              else 0)
+    return requests["hit_query_collectives"] + requests["ack_collectives"] + ticket
+
+
 def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
-    """Per request: the cost model's decision and background (hit query + ack) collectives."""
+    """Per request: the cost model's decision and background (hit query + ack + ticket)
+    collectives."""
     hit_pages = (requests["hit_tokens"].fillna(0) // requests["page_size"]).astype(int)
     extra = (as_bool(requests["extra_pool"]) if "extra_pool" in requests
              else pd.Series(False, index=requests.index))
+    # runs before host_memory (no column, or empty cells) are "cache"
+    host = [h if isinstance(h, str) else "cache"
+            for h in requests.get("host_memory", pd.Series(index=requests.index))]
     rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
                requests["polls"], hit_pages, as_bool(requests["op_issued"]),
                as_bool(requests["io_issued"]), requests["terminated_by"] == "poll", extra,
-               strict=True)
+               host, strict=True)
     decision, background = [], []
-    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side in rows:
+    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem in rows:
         e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
-                                 bool(op), bool(io), bool(by_poll), bool(side))
+                                 bool(op), bool(io), bool(by_poll), bool(side), str(mem))
         decision.append(e.decision)
-        background.append(e.hit_query + e.ack)
+        background.append(e.hit_query + e.ack + e.ticket)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)
 
 
@@ -69,8 +81,7 @@ def _count_cells(g: pd.DataFrame) -> dict:
         "expected_decision_collectives_per_req": exp["decision"].mean(),
         "critical_collectives_per_req": (g["decision_collectives"]
                                          + g["completion_collectives"] + g["pp_hops"]).mean(),
-        "background_collectives_per_req":
-            (g["hit_query_collectives"] + g["ack_collectives"]).mean(),
+        "background_collectives_per_req": background_collectives(g).mean(),
         "expected_background_collectives_per_req": exp["background"].mean(),
     }
 
@@ -137,6 +148,8 @@ def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
     cells = dict(zip(GROUP_KEYS, key, strict=True))
     for col in ("world_size", "device", "backend", "model", "forward"):
         cells[col] = g[col].iloc[0] if col in g else None
+    host = g["host_memory"].iloc[0] if "host_memory" in g else None
+    cells["host_memory"] = host if isinstance(host, str) else "cache"  # runs before it
     repeats = g["repeat"].nunique()
     cells["repeats"] = repeats
     cells["requests"] = int(round(len(g) / repeats)) if repeats else 0

@@ -204,6 +204,14 @@ class TraceSpec:
         span = (replay[-1].timestamp_ms - replay[0].timestamp_ms) / 1e3
         return (len(replay) - 1) / span if span > 0 and len(replay) > 1 else math.inf
 
+    def cell_budget_s(self, offered_rate_rps: float) -> float:
+        """A generous bound on one replay (its arrivals, prefills of long prompts, the
+        longest answer), so a wedged run still ends."""
+        rows = self.rows()[self.skip:]
+        return (30.0 + 3.0 * len(rows) / offered_rate_rps
+                + 1e-4 * sum(r.input_length for r in rows)
+                + 0.02 * max(r.output_length for r in rows))
+
     def workload(self, offered_rate_rps: float):
         """The replay at an offered load (time scale = offered / base rate)."""
         from bench.workload import Workload  # the synthetic workload's record

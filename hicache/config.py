@@ -70,8 +70,9 @@ class HiCacheConfig:
             raise ValueError(f"host_memory must be {' or '.join(HOST_MEMORY)}, "
                              f"got {self.host_memory!r}")
         if self.host_memory == "buffer_only" and self.protocol not in BUFFER_ONLY_PROTOCOLS:
-            raise ValueError(f"host_memory buffer_only is modelled for "
-                             f"{', '.join(BUFFER_ONLY_PROTOCOLS)} only, not {self.protocol}")
+            raise ValueError(f"host_memory buffer_only is not modelled for {self.protocol} "
+                             f"(its releases have no such mode); choose from "
+                             f"{', '.join(BUFFER_ONLY_PROTOCOLS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         for name in ("tp", "pp", "page_size", "host_pool_pages", "device_pool_pages",

@@ -23,9 +23,10 @@ PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock", "sg
 POLICIES = ("best_effort", "wait_complete", "timeout")
 ACK_PROTOCOLS = frozenset(PROTOCOLS) - {"pre27010"}
 # Host memory: "cache" (an L2 tier, the default) or "buffer_only" (staging between storage
-# and the device only; SGLang 0.5.21+, modelled for sglang-0.5.23).
+# and the device only: UnifiedRadixCache from 0.5.19 on; 0.5.18, pre27010's last release,
+# has no such mode). Only sglang-0.5.23 takes the PP-ticket path with it.
 HOST_MEMORY = ("cache", "buffer_only")
-BUFFER_ONLY_PROTOCOLS = ("sglang-0.5.23",)
+BUFFER_ONLY_PROTOCOLS = tuple(p for p in PROTOCOLS if p != "pre27010")
 
 
 @dataclass(frozen=True)

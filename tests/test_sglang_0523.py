@@ -227,9 +227,12 @@ def test_ticket_hit_cut_to_free_host_memory_or_voted_zero():
     assert cache.host_kv.available == 3
 
 
-def test_buffer_only_is_for_sglang_0_5_23_only():
+def test_buffer_only_not_for_pre27010():
+    """0.5.18, pre27010's last release, has no buffer_only mode; UnifiedRadixCache has it
+    from 0.5.19 on (pr36425's poll there, no PP tickets)."""
     with pytest.raises(ValueError, match="buffer_only"):
-        HiCacheConfig(protocol="pr36425", host_memory="buffer_only")
+        HiCacheConfig(protocol="pre27010", host_memory="buffer_only")
+    assert HiCacheConfig(protocol="pr36425", host_memory="buffer_only", pp=2)
     with pytest.raises(ValueError, match="host_memory"):
         HiCacheConfig(host_memory="l2")
 

@@ -17,9 +17,16 @@ from pathlib import Path
 
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.plan import ALIASES, PRESET_HELP, PRESETS, RunPlan
+from bench.plan import (
+    ALIASES,
+    PRESET_HELP,
+    PRESETS,
+    PROJECT_PROTOCOLS,
+    Cell,
+    RunPlan,
+)
 from bench.workload import WorkloadSpec
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
@@ -33,8 +40,8 @@ def parser() -> CliParser:
     a = p.add_argument
     a("--preset", default="default", choices=sorted(PRESETS),
       help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
-    a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases before=pr27010, "
-      "after=pr36425)")
+    a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases: "
+      f"{', '.join(f'{k}={v}' for k, v in ALIASES.items())}; docs/releases.md)")
     a("--policies", help=f"comma list of {', '.join(POLICIES)}")
     a("--nproc", type=int, help="ranks to launch locally (default tp*pp)")
     a("--tp", type=int)
@@ -67,6 +74,9 @@ def parser() -> CliParser:
     a("--fail-rate", type=float, help="probability that a storage batch read fails")
     a("--stall-ms", type=float, help="extra delay of every storage read (a stalling tier)")
     a("--extra-pool", action="store_true", help="read a side-car pool after the KV pages")
+    a("--host-memory", choices=HOST_MEMORY, help="cache (default): host memory is an L2 "
+      "tier; buffer_only: staging for one load-back, and with --pp > 1 sglang-0.5.23's "
+      "PP-ticket path (docs/releases.md)")
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
@@ -155,15 +165,28 @@ def build_plan(args) -> RunPlan:
     storage = _storage(args, preset)
     system = {**tiers, **_system(args, preset)}
     protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
-        preset.get("protocols", PROTOCOLS)
+        preset.get("protocols", PROJECT_PROTOCOLS)
     policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
-    return RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
+    plan = RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
                    rates=tuple(offered or rates),
                    repeats=args.repeats or preset.get("repeats", 3),
                    tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
                    gpu=args.gpu or "h100", step_ms=args.step_ms,
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
+    _check_configs(plan)
+    return plan
+
+
+def _check_configs(plan: RunPlan) -> None:
+    """Every protocol x policy's system configuration is valid (e.g. buffer_only host
+    memory for a protocol whose releases have none), before any rank starts."""
+    for proto in plan.protocols:
+        for policy in plan.policies:
+            try:
+                plan.config(Cell(0, 0, plan.rates[0], policy, proto))
+            except ValueError as e:
+                raise UsageError(str(e)) from None
 
 
 def _workload(args, preset: dict) -> WorkloadSpec:
@@ -196,6 +219,9 @@ def _system(args, preset: dict) -> dict:
     s = {}
     if args.extra_pool or preset.get("extra_pool"):
         s["extra_pool"] = True
+    host_memory = args.host_memory or preset.get("host_memory")
+    if host_memory is not None:
+        s["host_memory"] = host_memory
     if args.no_race_guard:
         s["race_guard"] = False
     for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
@@ -350,11 +376,8 @@ def _budget_s(plan: RunPlan) -> float:
     wl = plan.workload
     per_cell = (30.0 + 3.0 * wl.requests / min(plan.rates)
                 + 3.0 * wl.bystanders / wl.bystander_rate_rps + 0.05 * wl.output_tokens)
-    if plan.trace is not None:  # its own arrivals, prefills of long prompts, answers
-        rows = plan.trace.rows()[plan.trace.skip:]
-        per_cell = (30.0 + 3.0 * len(rows) / min(plan.rates)
-                    + 1e-4 * sum(r.input_length for r in rows)
-                    + 0.02 * max(r.output_length for r in rows))
+    if plan.trace is not None:
+        per_cell = plan.trace.cell_budget_s(min(plan.rates))
     return 60.0 + per_cell * len(plan.cells())
 
 
