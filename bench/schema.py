@@ -28,7 +28,7 @@ TIER_COLUMNS = ["device_hit_ratio", "host_hit_ratio", "storage_hit_ratio", "comp
                 "reuse_bound_ratio"]
 # The write path's pages per rank (hicache.tiers), empty when the device tier is off.
 WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_pages",
-                      "dropped_host_pages"]
+                      "dropped_host_pages", "device_slots_unaccounted"]
 
 # Columns added with trace replays: absent in older run directories, which stay readable.
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,

@@ -190,8 +190,10 @@ class Tiers:
         return self.controller.backup_acks.qsize()
 
     def summary(self) -> dict[str, int]:
-        """Pages the write path moved, for the run's records."""
-        return {"host_copy_pages": self.host_copied_pages,
+        """Pages the write path moved, for the run's records, and the device pool's
+        self-check after the run: slots neither in the tree nor free (0, or leaked)."""
+        return {"device_slots_unaccounted": self.dev.used - self.tree.device_pages,
+                "host_copy_pages": self.host_copied_pages,
                 "storage_write_pages": self.stored_pages,
                 "dropped_host_pages": self.dropped_pages,
                 "device_evicted_pages": self.device_evicted_pages}

@@ -329,7 +329,7 @@ def _check_write_path(results: dict, variant: tuple) -> None:
     for res in results[variant]:
         wp = res["write_path"]
         assert wp["host_copy_pages"] == wp["storage_write_pages"] == N_REQUESTS, wp
-        assert res["host_slots_unaccounted"] == 0
+        assert res["host_slots_unaccounted"] == 0 and wp["device_slots_unaccounted"] == 0
         for row in res["rows"]:
             assert row["computed_tokens"] == 64 and row["storage_hit_tokens"] == PREFIX
 

@@ -64,6 +64,7 @@ def _replay(device_pages: int, host_pages: int, unbounded: bool) -> tuple[list[d
     stats = system.run(reqs)
     system.close()
     assert stats.host_slots_unaccounted == 0
+    assert stats.write_path["device_slots_unaccounted"] == 0
     out = sorted(stats.request_rows(), key=lambda r: r["rid"])
     assert all(r["data_errors"] == 0 for r in out)
     return out, stats.write_path

@@ -158,3 +158,21 @@ def test_storage_holds_the_host_copy():
     host = PagePool("kv", 3, ELEMS)
     host.write([0, 1, 2], out)
     assert verify_pages(host, [0, 1, 2], hashes, 0) == 0
+
+
+def test_two_requests_in_one_prefill_keep_one_copy_of_their_shared_pages():
+    t, _ = _tiers(dev_pages=8)
+    a = _prompt(1, 2)
+    placed = []
+    for _ in range(2):  # both placed before either is cached: one batch computes both
+        m = t.tree.match(a)
+        t.tree.lock(m.node)
+        dev, hit, src = t.place(a, m)
+        placed.append((m, dev, hit, t.computed(a, m, dev, hit + len(src))))
+    assert t.dev.used == 4  # 2 pages each, no device hit yet
+    for m, dev, hit, hashes in placed:
+        t.cache_prefill(a, hashes, dev, hit)
+        t.tree.unlock(m.node)
+    _ack_all(t)
+    assert t.tree.device_pages == t.dev.used == 2  # the second's copies went back
+    assert t.summary()["device_slots_unaccounted"] == 0

@@ -34,6 +34,7 @@ def _serve(policy: str, requests: list[Request], kv_bytes: str = "synthetic") ->
     stats = system.run(requests)
     system.close()
     assert stats.host_slots_unaccounted == 0
+    assert stats.write_path.get("device_slots_unaccounted", 0) == 0
     return {r["rid"]: r for r in stats.request_rows()}
 
 
