@@ -86,6 +86,7 @@ def test_unbounded_pools_hold_the_whole_replay(tmp_path):
     assert system["unbounded_pools"] and system["device_pool_pages"] == 3 * (1024 // 64 + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_short_replay_end_to_end(tmp_path, capsys):
     # Two conversations; each next turn extends the last one's blocks. Short answers.
@@ -93,7 +94,7 @@ def test_short_replay_end_to_end(tmp_path, capsys):
             _row(800, [0, 1, 3, 5], n_in=1800), _row(1000, [0, 2, 4, 6], n_in=1900)]
     out = tmp_path / "run"
     argv = ["--trace", _trace(tmp_path, rows), "--trace-skip", "2", "--time-scale", "2,4",
-            "--protocols", "pr27010,pr36425", "--policies", "wait_complete", "--repeats", "1",
+            "--protocols", "pr36425", "--policies", "wait_complete", "--repeats", "1",
             "--gpu", "none", "--out", str(out)]
     assert main_run(argv) == 0, capsys.readouterr().err
     req = pd.read_csv(out / "requests.csv")
@@ -103,7 +104,7 @@ def test_short_replay_end_to_end(tmp_path, capsys):
     reused = req["device_hit_tokens"] + req["host_hit_tokens"] + req["storage_hit_tokens"]
     assert (reused <= req["reuse_bound_tokens"]).all() and reused.sum() > 0
     summary = pd.read_csv(out / "summary.csv")
-    assert summary["reuse_bound_ratio"].notna().all() and len(summary) == 4
+    assert summary["reuse_bound_ratio"].notna().all() and len(summary) == 2
     lines = (out / "bench_serving_pr36425_wait_complete.jsonl").read_text().splitlines()
     results = [json.loads(x) for x in lines]
     assert [r["time_scale"] for r in results] == [2.0, 4.0]
