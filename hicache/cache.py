@@ -28,7 +28,7 @@ from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
 from hicache.storage import Storage
-from hicache.tiers import Tiers
+from hicache.tiers import Tiers, token_sources
 
 
 class HiCache:
@@ -46,6 +46,9 @@ class HiCache:
         if cfg.extra_pool:  # side-car pages share the KV page's slot number
             self.host_side = PagePool(SIDECAR, kv.host_pages, cfg.sidecar_page_elems, "cpu", pin)
             self.dev_side = PagePool(SIDECAR, kv.device_pages, cfg.sidecar_page_elems, device)
+        self.pairs = [(self.host_kv, self.dev_kv)]  # (host, device) pools a load-back copies
+        if self.host_side is not None:
+            self.pairs.append((self.host_side, self.dev_side))
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
         self.agreement = self.protocol.agreement(cfg.host_memory)
@@ -125,15 +128,14 @@ class HiCache:
             src, hashes = m.slots + staged, m.hashes + staged_hashes
             hit, src = 0, src[: min(len(src), (len(tokens) - 1) // self.page)]
             dev = self._alloc_device(rid, len(src))
-        usable = hit + len(src)
-        pairs = [(self.host_kv, self.dev_kv)]
-        if self.host_side is not None:
-            pairs.append((self.host_side, self.dev_side))
-        st = self.stats.requests[rid]
-        seconds, st.load_back_bytes = self.loader.copy(pairs, src, dev[hit:usable])
+        usable, st = hit + len(src), self.stats.requests[rid]
+        seconds, st.load_back_bytes = self.loader.copy(self.pairs, src, dev[hit:usable])
         st.loaded_tokens = len(src) * self.page
-        self._account(rid, len(tokens), hit, usable)
-        st.data_errors += self._verify(tokens, hashes[:usable], dev[:usable], pairs)
+        sources = token_sources(len(tokens), self.page, self.matches[rid][0].pages,
+                                st.prefetched_tokens // self.page, hit, usable)
+        for name, value in sources.items():
+            setattr(st, name, value)
+        st.data_errors += self._verify(tokens, hashes[:usable], dev[:usable])
         self.host_kv.free(staged)  # buffer_only: the staging has served its one load-back
         if self.tiers is not None:
             self._placed[rid] = (self.tiers.computed(tokens, m, dev, usable), hit)
@@ -147,21 +149,11 @@ class HiCache:
                                f"a larger kv_budget_gib holds more)")
         return dev
 
-    def _account(self, rid: str, prompt: int, hit: int, usable: int) -> None:
-        """Where the prompt's tokens come from, at scheduling: the device, the host, this
-        request's own prefetch from storage (pages base.. base+prefetched of the prompt,
-        base = the prefix matched at arrival), or the prefill."""
-        st, base = self.stats.requests[rid], self.matches[rid][0].pages
-        fetched = max(0, min(base + st.prefetched_tokens // self.page, usable) - max(hit, base))
-        st.prompt_tokens, st.computed_tokens = prompt, prompt - usable * self.page
-        st.device_hit_tokens, st.storage_hit_tokens = hit * self.page, fetched * self.page
-        st.host_hit_tokens = (usable - hit - fetched) * self.page
-
-    def _verify(self, tokens, hashes: list[str], dev: list[int], pairs) -> int:
+    def _verify(self, tokens, hashes: list[str], dev: list[int]) -> int:
         """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
         want = page_hashes(tokens[: len(hashes) * self.page], self.page)
         bad = sum(a != b for a, b in zip(want, hashes, strict=True))
-        for _, devp in pairs:
+        for _, devp in self.pairs:
             bad += verify_pages(devp, dev, want, self.layout.rank)
         return bad
 

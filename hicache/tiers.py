@@ -39,6 +39,19 @@ from hicache.pools import PagePool, expected_rows
 from hicache.radix_tree import MatchResult, RadixTree
 
 
+def token_sources(prompt: int, page: int, base: int, fetched: int, hit: int,
+                  usable: int) -> dict[str, int]:
+    """Where a prompt's tokens come from when it is scheduled (RequestStats' fields): the
+    device (`hit` pages), this request's own prefetch from storage (pages base .. base +
+    fetched; base = the prefix matched at arrival), the host (the other usable pages), or
+    the prefill. Pages of its prefetch already on the device count as device hits."""
+    storage = max(0, min(base + fetched, usable) - max(hit, base))
+    return {"prompt_tokens": prompt, "device_hit_tokens": hit * page,
+            "storage_hit_tokens": storage * page,
+            "host_hit_tokens": (usable - hit - storage) * page,
+            "computed_tokens": prompt - usable * page}
+
+
 @dataclass
 class _HostCopy:
     """A device->host copy waiting for its agreed ack (SGLang's ongoing_write_through)."""
