@@ -31,6 +31,7 @@ from hicache.pools import expected_rows
 
 KINDS = ("sim", "file")
 KV_POOL = "kv"  # every other pool name is a side-car pool (slower per page when configured)
+PUT_CHUNK_PAGES = 2048
 _SLEEP_MIN_S = 0.0005  # below this a sleep costs more than it models: fold it into the next
 
 
@@ -139,9 +140,12 @@ class Storage(ABC):
         return len(hashes)
 
     def put(self, hashes: list[str], pool: str, page_elems: int) -> None:
-        """Store pages with content page_content(hash, self.rank, pool); costs no model time."""
-        if hashes:
-            self._store(hashes, pool, expected_rows(hashes, self.rank, pool, page_elems))
+        """Store pages with content page_content(hash, self.rank, pool); costs no model time.
+        In chunks: a trace's history is tens of thousands of pages, and one tensor of them
+        all (with its int64 intermediates) would be hundreds of MB that the allocator keeps."""
+        for i in range(0, len(hashes), PUT_CHUNK_PAGES):
+            chunk = hashes[i: i + PUT_CHUNK_PAGES]
+            self._store(chunk, pool, expected_rows(chunk, self.rank, pool, page_elems))
 
     # ---- backend hooks ---------------------------------------------------------------------
 
