@@ -1,6 +1,6 @@
-"""The report's lead (SPEC section 8): what the overhead model expects, the headline table
-(each protocol against pr27010 in the same configuration), and the model's prediction next
-to the measurement, each closed by one sentence.
+"""The report's lead (docs/design.md section 8): what the overhead model expects, the
+headline table (each protocol against pr27010 in the same configuration), and the model's
+prediction next to the measurement, each closed by one sentence.
 
 All text is built from summary rows (bench.summarize), so it can be rebuilt from the CSVs.
 """

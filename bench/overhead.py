@@ -1,5 +1,6 @@
-"""The overhead model of SPEC section 8, as arithmetic: what the decision collectives of the
-waiting-queue walk add to every scheduler step, and the ITL inflation that implies.
+"""The overhead model of docs/design.md section 8, as arithmetic: what the decision
+collectives of the waiting-queue walk add to every scheduler step, and the ITL inflation
+that implies.
 
     extra scheduler time per step = polls per step x (T x c_ar + P x (PP - 1) x c_hop)
                                     + completion MINs per step x c_ar

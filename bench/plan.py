@@ -140,7 +140,7 @@ def _tp(gpus: int) -> int:
 
 
 def _queue(gpus: int) -> dict:
-    """SPEC section 8's regime: a burst of prefetching requests whose storage reads queue
+    """docs/design.md section 8's regime: a burst of prefetching requests whose storage reads queue
     up behind one IO thread, polled every step while bystanders decode beside them."""
     return {"tp": _tp(gpus), "repeats": 3, "requests": 48, "rates": (math.inf,),
             "bystanders": 48, "bystander_rate": 24.0,

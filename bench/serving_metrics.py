@@ -1,4 +1,4 @@
-"""Serving-regime metrics of one configuration group (SPEC section 8): TTFT per request
+"""Serving-regime metrics of one configuration group (docs/design.md section 8): TTFT per request
 class, inter-token latency (ITL), step time, polls and collectives per step, queue depth,
 throughput; their ratios to pr27010 with 95% CIs; and the overhead model's prediction next
 to what was measured.

@@ -1,4 +1,4 @@
-"""Analytic collective counts of SPEC section 4 (with its corrections), per poll and per
+"""Analytic collective counts of docs/design.md section 4 (with its corrections), per poll and per
 request.
 
 The tests and the CI gate compare what a run measured against these numbers, computed from

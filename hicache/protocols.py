@@ -1,4 +1,4 @@
-"""The termination protocols of check_prefetch_progress, side by side (SPEC section 4).
+"""The termination protocols of check_prefetch_progress, side by side (docs/design.md section 4).
 
 Each protocol answers one question for one poll of a pending prefetch: may it stop now?
 It splits the answer into a rank-local `vote` (pure, testable without a process group) and

@@ -1,4 +1,4 @@
-"""Collective counts on real gloo groups equal SPEC section 4, request by request.
+"""Collective counts on real gloo groups equal docs/design.md section 4, request by request.
 
 One launch per layout runs every protocol x policy back to back (plus a variant whose
 timeout is shorter than the IO, so timeout decisions really fire). For every request the
@@ -135,7 +135,8 @@ def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
         assert all(r["polls"] == 1 for r in rows0)  # the first poll always ends it
     elif "fast" not in tags:  # a 10 ms timeout may end every prefetch at its first poll
         assert polls > N_REQUESTS, "the scenario must poll pending prefetches repeatedly"
-    # Per poll, measured on rank 0, equals the hand-written SPEC table (T, P).
+    # Per poll, measured on rank 0, equals the hand-written table of docs/design.md
+    # section 4.5 (SPEC_PER_POLL: T, P).
     per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
     if "buffer" in tags and pp > 1:
         per_poll = (1, 1)  # the ticket's readiness: T + P on every poll, whatever the policy
@@ -201,7 +202,7 @@ def test_print_count_table_tp2pp2(tp2pp2):
     print("\n" + count_table(tp2pp2, 2, 2))
 
 
-# ---- the corrections of SPEC section 4, in hand-written numbers ----------------------------
+# ---- the corrections of docs/design.md section 4.7, in hand-written numbers -----------------
 
 ACK_PROTOCOLS = [p for p in PROTOCOLS if p != "pre27010"]
 
@@ -264,9 +265,9 @@ def test_pre27010_per_step_is_5_on_stage_0_and_3_on_stage_1(tp2pp2, policy):
 
 # TP1 x PP2 on 2 ranks (fast): the stage-local drain is a no-op without TP, so pre27010's
 # per step stays two relays; 0.5.23 relays once, and on its ticket path not at all.
-TP1PP2 = [("pre27010", "wait_complete", ""), ("pr36425", "wait_complete", ""),
-          ("sglang-0.5.23", "wait_complete", ""), ("sglang-0.5.23", "wait_complete", "buffer")]
-TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 2), TP1PP2[2]: (0, 1), TP1PP2[3]: (0, 0)}
+TP1PP2 = [("pre27010", "wait_complete", ""), ("sglang-0.5.23", "wait_complete", ""),
+          ("sglang-0.5.23", "wait_complete", "buffer")]
+TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 1), TP1PP2[2]: (0, 0)}
 
 
 @pytest.fixture(scope="module")

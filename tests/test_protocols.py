@@ -1,8 +1,8 @@
-"""Decision tables of the termination protocols (SPEC section 4), no process group.
+"""Decision tables of the termination protocols (docs/design.md section 4), no process group.
 
-The expected votes below are written out by hand from SPEC section 4 and the seeds
-(000: PR #36425's `_can_terminate_prefetch`; 004: PR #27550's `can_terminate_prefetch`
-with the extra-pool guard), not derived from `hicache.protocols`. A vote of True/False is
+The expected votes below are written out by hand from docs/design.md section 4 and SGLang's
+source (PR #36425's `_can_terminate_prefetch`; PR #27550's `can_terminate_prefetch` with
+the extra-pool guard), not derived from `hicache.protocols`. A vote of True/False is
 final and costs no collective; a list is what the rank contributes to the all-reduce.
 """
 
@@ -37,7 +37,7 @@ CASES = {
 COLS = list(CASES)
 ALL_TRUE = [T] * len(COLS)
 
-# pre27010, [1 - can_terminate, is_terminated] (seed 004). With the guard, a completed op
+# pre27010, [1 - can_terminate, is_terminated] (PR #27550). With the guard, a completed op
 # whose side-car pages are still being written cannot terminate (wait_complete and timeout).
 CAN, CANNOT, TERM = [0, 0], [1, 0], [1, 1]
 #                 pend    compl t_out   c+t_o term  decid   s_pend  s_p+to  s_done s_i+to s_inc
@@ -253,7 +253,7 @@ def test_decision_per_poll_matches_votes(proto, policy):
         assert decision_per_poll(proto, policy, 1, 2) == (0, int(hop))
 
 
-# SPEC section 4, per poll at TP2 (T = 1) and at TP2 x PP2 (P = 1): (T, P) tuples.
+# docs/design.md section 4, per poll at TP2 (T = 1) and at TP2 x PP2 (P = 1): (T, P) tuples.
 SPEC_PER_POLL = {
     ("pre27010", "best_effort"): ((0, 0), (0, 0)),
     ("pre27010", "wait_complete"): ((1, 0), (1, 0)),  # TP only: no PP agreement
@@ -285,7 +285,7 @@ def test_decision_per_poll_spec_table(proto, policy):
 
 @pytest.mark.parametrize(("k", "hit_pages"), [(0, 8), (1, 8), (5, 8), (3, 300)])
 def test_expected_per_request_spec(k, hit_pages):
-    """Per request at TP2 x PP2: SPEC section 4's formulas, with hit query and acks."""
+    """Per request at TP2 x PP2: docs/design.md section 4's formulas, with hit query and acks."""
     batches = -(-hit_pages // 128)
     e = expected_per_request("pre27010", "wait_complete", 2, 2, k, hit_pages, True, True)
     assert (e.decision, e.completion, e.pp_hops, e.hit_query, e.ack) == (

@@ -82,7 +82,8 @@ def parser() -> CliParser:
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
     a("--step-ms", type=float, help="the modelled decode step's fixed part, ms (default: "
       "the model's roofline on --gpu, e.g. 4.5 for llama3-8b at TP2 on h100)")
-    a("--consensus", action="store_true", help="online rank-consensus checker (SPEC 6)")
+    a("--consensus", action="store_true",
+      help="online rank-consensus checker (docs/design.md section 6)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int)
