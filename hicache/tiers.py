@@ -172,8 +172,14 @@ class Tiers:
         return len(self.copies)
 
     def drain_copies(self, n: int) -> None:
-        """The first n host copies are acked on every rank: unlock, then write to storage."""
-        assert n <= len(self.copies), "a copy is acked by every rank in one order"
+        """The first n host copies are acked on every rank: unlock, then write to storage.
+        A later PP stage takes stage 0's count; it can only have made fewer copies when the
+        stages scheduled differently, which only pre27010 lets them (SGLang #22607): SGLang
+        0.5.18's writing_check would pop acks that are not there."""
+        if n > len(self.copies):
+            raise RuntimeError(f"rank {self.rank}: told {n} host copies finished, made "
+                               f"{len(self.copies)}: the PP stages scheduled different "
+                               f"prefills (pre27010's PP divergence, SGLang #22607)")
         for c in self.copies[:n]:
             self.tree.unlock(c.node)
             self._write_storage(c.op)

@@ -53,24 +53,30 @@ VARIANTS += [("sglang-0.5.23", "timeout", "buffer-fast")]
 # device -> host -> storage, its acks agreed in the per-step reduction.
 WRITE_THROUGH = {"write_policy": "write_through"}
 VARIANTS += [(p, q, "wt") for p, q in itertools.product(PROTOCOLS, ("wait_complete", "timeout"))]
+# pre27010 lets PP stages schedule different prefills (SGLang #22607); with write-through a
+# later stage is then told to ack host copies it never made, and the run fails saying so
+# (hicache.tiers). Its write-through rows are checked at TP2 only.
+VARIANTS_PP = [v for v in VARIANTS if not (v[0] == "pre27010" and v[2] == "wt")]
 
 
 def _host_memory(tags: str) -> str:
     return "buffer_only" if "buffer" in tags else "cache"
 
 
-def _cases(tp: int, pp: int) -> list[dict]:
+def _cases(tp: int, pp: int, variants: list) -> list[dict]:
     return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
                   **(FAST_TIMEOUT if "fast" in v else {}),
                   **(BUFFER_ONLY if "buffer" in v else {}),
                   **(WRITE_THROUGH if v == "wt" else {})}, STORAGE, n=N_REQUESTS,
                  prefix_tokens=PREFIX, new_tokens=64)
-            for p, q, v in VARIANTS]
+            for p, q, v in variants]
 
 
 def _launch(tp: int, pp: int, timeout_s: float) -> dict:
-    results = run_cases(tp * pp, _cases(tp, pp), timeout_s=timeout_s, flight_recorder=True)
-    return dict(zip(VARIANTS, results, strict=True))
+    variants = VARIANTS if pp == 1 else VARIANTS_PP
+    results = run_cases(tp * pp, _cases(tp, pp, variants), timeout_s=timeout_s,
+                        flight_recorder=True)
+    return dict(zip(variants, results, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +159,7 @@ def test_counts_tp2(tp2, variant):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+@pytest.mark.parametrize("variant", VARIANTS_PP, ids=_id)
 def test_counts_tp2pp2(tp2pp2, variant):
     _check_layout(tp2pp2, variant, 2, 2)
 
@@ -236,7 +242,7 @@ def test_one_packed_per_step_min_without_pp(tp2, variant):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+@pytest.mark.parametrize("variant", VARIANTS_PP, ids=_id)
 def test_per_step_agreement_with_pp(tp2pp2, variant):
     """check_hicache_events with PP > 1 as the release that ships the protocol issues it
     (cost_model.per_step): 0.5.19's two relayed reductions, each a TP MIN on stage 0 and
@@ -343,6 +349,7 @@ def test_write_through_tp2(tp2, variant):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", WT_VARIANTS, ids=_id)
+@pytest.mark.parametrize("variant", [v for v in WT_VARIANTS if v in VARIANTS_PP],
+                         ids=_id)
 def test_write_through_tp2pp2(tp2pp2, variant):
     _check_write_path(tp2pp2, variant)
