@@ -43,6 +43,7 @@ MODEL_ALLREDUCE = "model_allreduce"
 CONSENSUS = "consensus"
 TICKET = "ticket"
 CALIBRATION = "calibration"  # the harness's latency probe (bench.calibrate); not a system site
+HARNESS_STOP = "harness_stop"  # the harness's end-of-serve agreement; not a system site
 SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
          MODEL_ALLREDUCE, CONSENSUS, TICKET)
 SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
@@ -214,6 +215,18 @@ class Comm:
         for w in self._sends:
             w.wait()
         self._sends.clear()
+
+    def all_idle(self, busy: bool) -> bool:
+        """Whether no rank of the world is busy: the harness's own agreement to end a serve,
+        on the default (harness) group, so no system group's count or sequence number moves.
+        SGLang's scheduler never stops; this decides when the benchmark may. Called only at
+        a step that agreed inputs already call the last, so every rank calls it together."""
+        if self.layout.world_size == 1:
+            return not busy
+        flag = torch.tensor([int(busy)], dtype=torch.int32)
+        self._run(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), HARNESS_STOP,
+                  "default", 1, None)
+        return flag.item() == 0
 
     def broadcast_object(self, obj, site: str, group: str = "sched", rid: str | None = None):
         """The object of `group`'s first rank (rank 0 of `sched`, PP stage 0 of a column) to

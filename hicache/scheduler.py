@@ -70,13 +70,19 @@ class Scheduler:
                                 r.kind))
             msg = self.comm.broadcast_object(
                 {"now": now, "reqs": arrived, "all_arrived": not pending}, REQUEST_BROADCAST)
-            if self._step(step, msg):
+            # The agreed inputs say the serve is over; a PP stage whose own queue drain lags
+            # (pre27010 at PP > 1 drains stage-locally) may still hold work: step on for it.
+            if self._step(step, msg) and self.comm.all_idle(self._busy()):
                 return step + 1
-            if self.layout.rank == 0 and not (self.waiting or self.cache.ongoing
-                                              or self.running or self.cache.writes_pending()):
+            if self.layout.rank == 0 and not self._busy():
                 time.sleep(min(idle_sleep_s, max(0.0, t0 + pending[0].arrival_offset_s - now))
                            if pending else 0.0)
             step += 1
+
+    def _busy(self) -> bool:
+        # Host copies and storage writes not yet acked are work too: the serve ends after them.
+        return bool(self.waiting or self.cache.ongoing or self.running
+                    or self.cache.writes_pending())
 
     def _step(self, step: int, msg: dict) -> bool:
         self.stats.counter.step = step
@@ -86,8 +92,7 @@ class Scheduler:
                                                     enqueued=time.monotonic())
             self.waiting.append(rid)
             self.cache.admit(rid, tokens, stamp)
-        busy = bool(self.waiting or self.cache.ongoing or self.running
-                    or self.cache.writes_pending())
+        busy = self._busy()
         any_busy = self.cache.check_hicache_events(stamp, busy)
         rec = StepStats(step, stamp, waiting=len(self.waiting), running=len(self.running),
                         prefetching=sum(rid in self.cache.ongoing for rid in self.waiting))
