@@ -278,7 +278,7 @@ TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 1), TP1PP2[2]: (0, 0)}
 
 @pytest.fixture(scope="module")
 def tp1pp2():
-    cases = [c for v, c in zip(VARIANTS, _cases(1, 2), strict=True) if v in TP1PP2]
+    cases = [c for v, c in zip(VARIANTS, _cases(1, 2, VARIANTS), strict=True) if v in TP1PP2]
     results = run_cases(2, cases, timeout_s=100, flight_recorder=True)
     return dict(zip([v for v in VARIANTS if v in TP1PP2], results, strict=True))
 
