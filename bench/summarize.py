@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 
 from bench.result_files import as_bool, clean_key, is_true, list_cell
-from bench.schema import GROUP_KEYS, REFERENCE_PROTOCOL, STEP_SITES, SUMMARY_COLUMNS
+from bench.schema import (
+    GROUP_KEYS,
+    REFERENCE_PROTOCOL,
+    STEP_SITES,
+    SUMMARY_COLUMNS,
+    TIER_COLUMNS,
+)
 from bench.serving_metrics import overhead_cells, ratio_cells, reference_protocol, serving_cells
 from bench.stats import PERCENTILE_METHODS, per_repeat_ratios, percentile, ratio_of_medians_ci
 from bench.verdict import data_errors, unexplained_disagreements
@@ -123,6 +129,20 @@ def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> dict:
             "ttft_p50_ratio_per_repeat": list_cell(per_repeat.values())}
 
 
+def tier_cells(g: pd.DataFrame) -> dict:
+    """Each source's share of all prompt tokens (requests.csv's token columns), and the
+    trace's own bound on the reused share; unknown (runs before these columns) is NaN."""
+    if "prompt_tokens" not in g or not g["prompt_tokens"].sum() > 0:
+        return dict.fromkeys(TIER_COLUMNS, math.nan)
+    total = g["prompt_tokens"].sum()
+    out = {f"{k}_ratio": g[f"{k}_tokens"].sum() / total
+           for k in ("device_hit", "host_hit", "storage_hit", "computed")}
+    bound = pd.to_numeric(g["reuse_bound_tokens"], errors="coerce") \
+        if "reuse_bound_tokens" in g else pd.Series([math.nan])
+    out["reuse_bound_ratio"] = bound.sum() / total if bound.notna().all() else math.nan
+    return out
+
+
 def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
     """Group key plus the layout columns that are constant within a group."""
     cells = dict(zip(GROUP_KEYS, key, strict=True))
@@ -186,7 +206,7 @@ def summarize(
     for key, g in groups.items():
         s, ref = step_groups.get(key), refs.get(key[1:])
         rows[key] = (_config_cells(key, g) | _count_cells(g) | _step_cells(s, len(g))
-                     | _ttft_cells(g, percentile_method)
+                     | _ttft_cells(g, percentile_method) | tier_cells(g)
                      | _ratio_cells(g, groups.get(ref)) | serving_cells(g, s, busy.get(key))
                      | ratio_cells(g, s, groups.get(ref), step_groups.get(ref))
                      | _check_cells(g, percentile_method))

@@ -28,6 +28,7 @@ from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
 from hicache.storage import Storage
+from hicache.tiers import Tiers, token_sources
 
 
 class HiCache:
@@ -45,6 +46,9 @@ class HiCache:
         if cfg.extra_pool:  # side-car pages share the KV page's slot number
             self.host_side = PagePool(SIDECAR, kv.host_pages, cfg.sidecar_page_elems, "cpu", pin)
             self.dev_side = PagePool(SIDECAR, kv.device_pages, cfg.sidecar_page_elems, device)
+        self.pairs = [(self.host_kv, self.dev_kv)]  # (host, device) pools a load-back copies
+        if self.host_side is not None:
+            self.pairs.append((self.host_side, self.dev_side))
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
         self.agreement = self.protocol.agreement(cfg.host_memory)
@@ -55,6 +59,10 @@ class HiCache:
                                cfg.collective_timeout_s / 2) if self.ticketed else None)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks, tickets)
+        self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
+                            self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
+                      if cfg.tiers else None)
+        self._placed: dict[str, tuple[list[str], int]] = {}  # rid -> (page hashes, device hit)
         self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
@@ -75,7 +83,7 @@ class HiCache:
         st.requested_tokens = len(key)
         if len(key) < self.cfg.prefetch_threshold:
             return
-        if not self.buffer_only and \
+        if not self.buffer_only and not self.cfg.unbounded_pools and \
                 self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
             return  # rate-limited: half the host pool already in flight (buffer mode sizes
             # host memory at the hit instead: unified_radix_cache.py:2157)
@@ -108,37 +116,59 @@ class HiCache:
     # ---- load-back host->device ---------------------------------------------------------------
 
     def load_back(self, rid: str) -> tuple[list[int], float]:
-        """Copies the host-resident prefix to fresh device pages; returns them and the time."""
+        """Device pages for the prompt before its prefill: the host-resident prefix is
+        copied to fresh device pages (with the device tier: after the device hit, and the
+        pages to compute get theirs too). Returns the device pages and the copy's time."""
         tokens = self.prompts[rid]
         m = self._match_and_lock(rid, tokens)
         staged, staged_hashes = self.staged.pop(rid, ([], []))
-        src, hashes = m.slots + staged, m.hashes + staged_hashes
-        pages = min(len(src), (len(tokens) - 1) // self.page)
+        if self.tiers is not None:
+            (dev, hit, src), hashes = self.tiers.place(tokens, m), m.hashes
+        else:
+            src, hashes = m.slots + staged, m.hashes + staged_hashes
+            hit, src = 0, src[: min(len(src), (len(tokens) - 1) // self.page)]
+            dev = self._alloc_device(rid, len(src))
+        usable, st = hit + len(src), self.stats.requests[rid]
+        seconds, st.load_back_bytes = self.loader.copy(self.pairs, src, dev[hit:usable])
+        st.loaded_tokens = len(src) * self.page
+        sources = token_sources(len(tokens), self.page, self.matches[rid][0].pages,
+                                st.prefetched_tokens // self.page, hit, usable)
+        for name, value in sources.items():
+            setattr(st, name, value)
+        st.data_errors += self._verify(tokens, hashes[:usable], dev[:usable])
+        self.host_kv.free(staged)  # buffer_only: the staging has served its one load-back
+        if self.tiers is not None:
+            self._placed[rid] = (self.tiers.computed(tokens, m, dev, usable), hit)
+        return dev, seconds
+
+    def _alloc_device(self, rid: str, pages: int) -> list[int]:
         dev = self.dev_kv.alloc(pages)
         if dev is None:
             raise RuntimeError(f"device pool exhausted loading {pages} pages for {rid} "
                                f"({self.dev_kv.num_pages} pages of {self.kv.page_bytes} bytes; "
                                f"a larger kv_budget_gib holds more)")
-        pairs = [(self.host_kv, self.dev_kv)]
-        if self.host_side is not None:
-            pairs.append((self.host_side, self.dev_side))
-        st = self.stats.requests[rid]
-        seconds, st.load_back_bytes = self.loader.copy(pairs, src[:pages], dev)
-        st.loaded_tokens = pages * self.page
-        st.data_errors += self._verify(tokens, hashes[:pages], dev, pairs)
-        self.host_kv.free(staged)  # buffer_only: the staging has served its one load-back
-        return dev, seconds
+        return dev
 
-    def _verify(self, tokens, hashes: list[str], dev: list[int], pairs) -> int:
+    def _verify(self, tokens, hashes: list[str], dev: list[int]) -> int:
         """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
         want = page_hashes(tokens[: len(hashes) * self.page], self.page)
         bad = sum(a != b for a, b in zip(want, hashes, strict=True))
-        for _, devp in pairs:
+        for _, devp in self.pairs:
             bad += verify_pages(devp, dev, want, self.layout.rank)
         return bad
 
-    def free_device(self, dev: list[int]) -> None:
-        self.dev_kv.free(dev)
+    def cache_prefill(self, rid: str, dev: list[int]) -> None:
+        """After the prefill: with the device tier its pages stay cached on the device
+        (and start toward the host and storage); without, the device pages go back."""
+        if self.tiers is None:
+            self.dev_kv.free(dev)
+            return
+        hashes, hit = self._placed.pop(rid)
+        self.tiers.cache_prefill(self.prompts[rid], hashes, dev, hit)
+
+    def writes_pending(self) -> bool:
+        """Host copies or storage writes not yet acked (the run goes on until they are)."""
+        return self.tiers is not None and self.tiers.busy
 
     def close(self) -> None:
         """Frees the pools' memory (gigabytes of pinned host memory with real KV pages)."""
@@ -161,14 +191,19 @@ class HiCache:
         agreed = self.agreement.agree(self._step_values(busy, votes), self.layout.pp,
                                       self._reduce_step)
         head, queues = agreed["head"], agreed["queues"]
-        for op, f in zip(pending, head[1:], strict=False):
+        flags = head[1: 1 + sum(v is not None for v in votes)]
+        for op, f in zip(pending, flags, strict=False):
             if f == -1:
                 self._decide(op)
         for op, f in zip(pending, facts, strict=True):
             if not op.decided and self.protocol.step_decide(f):
                 self._decide(op)
+        if self.tiers is not None:  # writing_check comes before the queue drains
+            self.tiers.drain_copies(head[-1])
         self._drain_hits(queues[0])
         self._drain_acks(queues[1])
+        if self.tiers is not None:
+            self.tiers.drain_backups(queues[2], self._get)
         return head[0] == -1
 
     def _step_values(self, busy: bool, votes: list[int | None]) -> dict[str, list[int]]:
@@ -177,6 +212,11 @@ class HiCache:
         head = [-int(busy)] + [-v for v in votes if v is not None]
         loads = [0]  # load-back copies inside the step (hicache.loadback): none pending
         queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
+        if self.tiers is not None:
+            # The write path's counts ride here, no collective of their own (docs/design.md
+            # section 12): finished host copies with the head, backup acks with the queues.
+            head.append(self.tiers.finished_copies())
+            queues.append(self.tiers.backup_queue_size())
         return {"head": head, "loads": loads, "queues": queues}
 
     def _reduce_step(self, values: list[int], relay: bool) -> list[int]:
@@ -225,7 +265,8 @@ class HiCache:
         fits if it reaches the threshold (unified_radix_cache `_try_alloc_storage_hit`)."""
         slots = self.host_kv.alloc(pages)
         if slots is None:
-            self.host_kv.free(self.tree.evict(pages - self.host_kv.available))
+            pinned = self.tiers.pinned if self.tiers is not None else None
+            self.host_kv.free(self.tree.evict(pages - self.host_kv.available, pinned))
             slots = self.host_kv.alloc(pages)
         fit = min(pages, self.host_kv.available)
         if slots is None and fit * self.page >= self.cfg.prefetch_threshold:
@@ -339,7 +380,9 @@ class HiCache:
             self.staged[op.rid] = (slots[:pages], op.hash_value[:pages])
         elif pages:
             tokens = self.prompts[op.rid][: (base.pages + pages) * self.page]
-            overlap = self.tree.insert(tokens, base.slots + slots[:pages],
+            # Pages already in the tree keep their own slots: the base's are placeholders
+            # (with the device tier part of the base may be on the device only).
+            overlap = self.tree.insert(tokens, [-1] * base.pages + slots[:pages],
                                        base.hashes + op.hash_value[:pages])
             dup = max(0, overlap - base.pages)  # pages another request inserted meanwhile
             self.host_kv.free(slots[:dup])

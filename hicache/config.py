@@ -9,6 +9,8 @@ from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
 
+WRITE_POLICIES = ("none", "write_through", "write_back")
+
 
 @dataclass(frozen=True)
 class HiCacheConfig:
@@ -41,6 +43,16 @@ class HiCacheConfig:
     hidden: int = 64
     allreduce_tokens: int = 16  # rows of the per-layer all-reduce (fixed: a padded decode batch)
     max_running_requests: int = 256  # the running (decode) batch's bound; full: no walk
+    # The device tier and the write path (hicache.tiers): "none" = computed pages are not
+    # kept (the synthetic presets); write_through (SGLang's default) / write_back = a
+    # device prefix cache whose pages reach the host and then storage.
+    write_policy: str = "none"
+    # Pools never evict (checks): page counts are the *_pool_pages fields as given, the
+    # budget and the prefetch rate limit do not apply.
+    unbounded_pools: bool = False
+    # With the device tier: the host pool's budget over the device pool's (SGLang's
+    # --hicache-ratio, 2.0 by default in cache mode); 1 without it (kv_budget_gib each).
+    host_ratio: float = 2.0
     consensus_check: bool = False  # SGLang's @rank_consensus, off by default
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
@@ -71,6 +83,17 @@ class HiCacheConfig:
         get_shape(self.model)  # ValueError naming the known models
         if self.kv_bytes not in ("auto", "real", "synthetic"):
             raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, "
+                             f"got {self.write_policy!r}")
+        if self.write_policy != "none" and self.host_memory == "buffer_only":
+            raise ValueError("buffer_only host memory holds no cache tier (the tree never has "
+                             "host pages): write_policy needs host_memory cache")
+        if self.write_policy != "none" and self.extra_pool:
+            raise ValueError("the device tier does not model side-car pools: write_policy "
+                             "needs extra_pool off")
+        if not self.host_ratio > 0:
+            raise ValueError(f"host_ratio must be > 0, got {self.host_ratio}")
         if not self.kv_budget_gib > 0:
             raise ValueError(f"kv_budget_gib must be > 0, got {self.kv_budget_gib}")
         if self.prefetch_threshold < 0:
@@ -81,6 +104,11 @@ class HiCacheConfig:
             raise ValueError("prefetch timeouts must be >= 0")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
+
+    @property
+    def tiers(self) -> bool:
+        """The device tier and the write path are on."""
+        return self.write_policy != "none"
 
     @property
     def world_size(self) -> int:

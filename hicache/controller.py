@@ -11,6 +11,11 @@ Threads and the groups they own (see hicache.comm):
   carries a count (per-batch tokens, extra-pool hits), over TP then PP, so completion is
   identical on every rank before the scheduler sees it. The final ack only says the IO
   stopped: it is passed on in order, unreduced.
+- backup thread (no collective): writes host pages to storage in 128-page `batch_set`
+  calls (SGLang cache_controller.py `backup_thread_func` / `_page_backup`), then puts the
+  operation on `backup_acks`, which the scheduler drains by an agreed count. A failed batch
+  ends that operation's writes and it is acked all the same (0.5.23 logs it, acks the
+  pages written).
 On 0.5.23's PP-ticket path (buffer_only, PP > 1) the prefetch thread relays, sizes and
 allocates tickets instead (hicache.pp_ticket) and the ack thread applies their acks itself.
 Any exception in a thread is kept in `error` and re-raised by the scheduler at its next step.
@@ -97,6 +102,15 @@ class Ack:
     final: bool = False  # the op's IO stopped (SGLang's completed_req): not reduced
 
 
+@dataclass(eq=False)
+class BackupOp:
+    """One host->storage write (SGLang's StorageOperation for a backup)."""
+
+    hashes: list[str]
+    slots: list[int]  # host slots, held (pinned) until the ack is drained
+    written_pages: int = 0
+
+
 class CacheController:
     def __init__(self, comm: Comm, storage: Storage, host_kv: PagePool,
                  host_sidecar: PagePool | None, page_size: int, uses_acks: bool,
@@ -111,10 +125,13 @@ class CacheController:
         self.io_queue: queue.Queue = queue.Queue()
         self.ack_queue: queue.Queue = queue.Queue()
         self.synced_acks: queue.Queue = queue.Queue()  # drained by the scheduler, agreed count
+        self.backup_queue: queue.Queue = queue.Queue()
+        self.backup_acks: queue.Queue = queue.Queue()  # drained by the scheduler, agreed count
         self.error: BaseException | None = None
         self._threads = [threading.Thread(target=self._guard, args=(f,), daemon=True, name=n)
                          for n, f in (("prefetch", self._prefetch_loop), ("io", self._io_loop),
-                                      ("ack-sync", self._ack_loop))]
+                                      ("ack-sync", self._ack_loop),
+                                      ("backup", self._backup_loop))]
 
     def start(self) -> None:
         for t in self._threads:
@@ -124,8 +141,8 @@ class CacheController:
         # In pipeline order: an op cut short by a poll may still be reading when the
         # scheduler stops, and every ack its IO thread emits must still be synced, or one
         # rank's ack thread leaves an all-reduce that no other rank joins.
-        for q, t in zip((self.prefetch_queue, self.io_queue, self.ack_queue), self._threads,
-                        strict=True):
+        queues = (self.prefetch_queue, self.io_queue, self.ack_queue, self.backup_queue)
+        for q, t in zip(queues, self._threads, strict=True):
             q.put(None)
             t.join(timeout_s)
 
@@ -298,3 +315,20 @@ class CacheController:
         if ack.tokens is not None:
             return replace(ack, tokens=int(t.item()))
         return replace(ack, pool_pages=int(t.item()))
+
+    # ---- backup thread ----------------------------------------------------------------------
+
+    def _backup_loop(self) -> None:
+        while (op := self.backup_queue.get()) is not None:
+            self._page_backup(op)
+            self.backup_acks.put(op)
+
+    def _page_backup(self, op: BackupOp) -> None:
+        for i in range(0, len(op.hashes), IO_BATCH_PAGES):
+            slots = op.slots[i: i + IO_BATCH_PAGES]
+            # The slots are pinned until this op's ack is drained: no writer touches them.
+            rows = self.host_kv.data.index_select(0, torch.tensor(slots, dtype=torch.int64))
+            written = self.storage.batch_set(op.hashes[i: i + IO_BATCH_PAGES], KV, rows)
+            op.written_pages += written
+            if written < len(slots):
+                break

@@ -16,7 +16,7 @@ are checked for counts, not for prefetched tokens.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import pytest
 
@@ -27,6 +27,7 @@ from hicache.cost_model import (
     decision_per_poll,
     expected_per_request,
     per_step,
+    write_path_cost,
 )
 from hicache.protocols import make_protocol
 from tests.helpers import case, run_cases
@@ -48,23 +49,34 @@ VARIANTS = [(p, q, "") for p, q in itertools.product(PROTOCOLS, POLICIES)]
 VARIANTS += [(p, "timeout", "fast") for p in PROTOCOLS]
 VARIANTS += [("sglang-0.5.23", q, "buffer") for q in POLICIES]
 VARIANTS += [("sglang-0.5.23", "timeout", "buffer-fast")]
+# The write path on (SGLang's default write_through): each request's computed page goes
+# device -> host -> storage, its acks agreed in the per-step reduction.
+WRITE_THROUGH = {"write_policy": "write_through"}
+VARIANTS += [(p, q, "wt") for p, q in itertools.product(PROTOCOLS, ("wait_complete", "timeout"))]
+# pre27010 lets PP stages schedule different prefills (SGLang #22607); with write-through a
+# later stage is then told to ack host copies it never made, and the run fails saying so
+# (hicache.tiers). Its write-through rows are checked at TP2 only.
+VARIANTS_PP = [v for v in VARIANTS if not (v[0] == "pre27010" and v[2] == "wt")]
 
 
 def _host_memory(tags: str) -> str:
     return "buffer_only" if "buffer" in tags else "cache"
 
 
-def _cases(tp: int, pp: int, **cfg_kw) -> list[dict]:
+def _cases(tp: int, pp: int, variants: list, **cfg_kw) -> list[dict]:
     return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
                   **(FAST_TIMEOUT if "fast" in v else {}),
-                  **(BUFFER_ONLY if "buffer" in v else {}), **cfg_kw}, STORAGE, n=N_REQUESTS,
+                  **(BUFFER_ONLY if "buffer" in v else {}),
+                  **(WRITE_THROUGH if v == "wt" else {}), **cfg_kw}, STORAGE, n=N_REQUESTS,
                  prefix_tokens=PREFIX, new_tokens=64)
-            for p, q, v in VARIANTS]
+            for p, q, v in variants]
 
 
 def _launch(tp: int, pp: int, timeout_s: float) -> dict:
-    results = run_cases(tp * pp, _cases(tp, pp), timeout_s=timeout_s, flight_recorder=True)
-    return dict(zip(VARIANTS, results, strict=True))
+    variants = VARIANTS if pp == 1 else VARIANTS_PP
+    results = run_cases(tp * pp, _cases(tp, pp, variants), timeout_s=timeout_s,
+                        flight_recorder=True)
+    return dict(zip(variants, results, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +98,9 @@ def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int
     e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
                              row["op_issued"], row["io_issued"], row["terminated_by"] == "poll",
                              host_memory=_host_memory(tags))
+    if tags == "wt":
+        e = Expected(*(a + b for a, b in zip(astuple(e), astuple(write_path_cost(tp, pp)),
+                                               strict=True)))
     if pp_rank == 0:
         return e
     # A later PP stage mirrors stage 0 (cost_model counts rank 0): for a decision that hops,
@@ -141,7 +156,7 @@ def test_counts_tp2(tp2, variant):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+@pytest.mark.parametrize("variant", VARIANTS_PP, ids=_id)
 def test_counts_tp2pp2(tp2pp2, variant):
     _check_layout(tp2pp2, variant, 2, 2)
 
@@ -249,7 +264,7 @@ def test_one_packed_per_step_min_without_pp(tp2, variant):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+@pytest.mark.parametrize("variant", VARIANTS_PP, ids=_id)
 def test_per_step_agreement_with_pp(tp2pp2, variant):
     """check_hicache_events with PP > 1 as the release that ships the protocol issues it
     (cost_model.per_step): 0.5.19's two relayed reductions, each a TP MIN on stage 0 and
@@ -291,9 +306,8 @@ TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 1), TP1PP2[2]: (0, 0),
 
 @pytest.fixture(scope="module")
 def tp1pp2():
-    by_variant = dict(zip(VARIANTS, _cases(1, 2, collective_timeout_s=10.0), strict=True))
-    results = run_cases(2, [by_variant[v] for v in TP1PP2], timeout_s=100,
-                        flight_recorder=True)
+    cases = _cases(1, 2, TP1PP2, collective_timeout_s=10.0)
+    results = run_cases(2, cases, timeout_s=100, flight_recorder=True)
     return dict(zip(TP1PP2, results, strict=True))
 
 
@@ -337,3 +351,33 @@ def test_background_reductions_span_tp_and_pp(tp2pp2, proto):
         if proto in ACK_PROTOCOLS:  # the PP groups are cross-checked like every other
             assert set(pp_groups) == {"prefetch_pp", "ack_pp"}
             assert all(counted == seq > 0 for counted, seq in pp_groups.values()), pp_groups
+
+
+# ---- the write path (docs/design.md section 12) ----------------------------------------------
+
+WT_VARIANTS = [v for v in VARIANTS if v[2] == "wt"]
+
+
+def _check_write_path(results: dict, variant: tuple) -> None:
+    """Every request's computed page went device -> host -> storage on every rank, with no
+    collective of its own (the counts above), and its acks were drained before the end."""
+    for res in results[variant]:
+        wp = res["write_path"]
+        assert wp["host_copy_pages"] == wp["storage_write_pages"] == N_REQUESTS, wp
+        assert res["host_slots_unaccounted"] == 0 and wp["device_slots_unaccounted"] == 0
+        for row in res["rows"]:
+            assert row["computed_tokens"] == 64 and row["storage_hit_tokens"] == PREFIX
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", WT_VARIANTS, ids=_id)
+def test_write_through_tp2(tp2, variant):
+    _check_write_path(tp2, variant)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("variant", [v for v in WT_VARIANTS if v in VARIANTS_PP],
+                         ids=_id)
+def test_write_through_tp2pp2(tp2pp2, variant):
+    _check_write_path(tp2pp2, variant)

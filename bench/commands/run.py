@@ -15,13 +15,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.plan import (
     ALIASES,
     PRESET_HELP,
     PRESETS,
     PROJECT_PROTOCOLS,
-    THREADS_PER_RANK,
     Cell,
     RunPlan,
 )
@@ -87,6 +87,7 @@ def parser() -> CliParser:
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int)
+    trace_flags.add_flags(a)
     a("--out", type=Path, help="results directory (default results/<UTC>_<preset>_<sha>)")
     return p
 
@@ -161,16 +162,18 @@ def build_plan(args) -> RunPlan:
     if args.rate is not None:
         _positive("rate", args.rate)
         rates = (args.rate,)
+    trace, offered, tiers = trace_flags.trace_settings(args, preset)
     storage = _storage(args, preset)
-    system = _system(args, preset)
+    system = {**tiers, **_system(args, preset)}
     protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
         preset.get("protocols", PROJECT_PROTOCOLS)
     policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
     plan = RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
-                   rates=tuple(rates), repeats=args.repeats or preset.get("repeats", 3),
+                   rates=tuple(offered or rates),
+                   repeats=args.repeats or preset.get("repeats", 3),
                    tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
                    gpu=args.gpu or "h100", step_ms=args.step_ms,
-                   workload=_workload(args, preset), storage=storage,
+                   workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
     _check_configs(plan)
     return plan
@@ -329,9 +332,9 @@ def _run_local(plan: RunPlan) -> int:
           f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
           f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "
           f"{plan.device}/{plan.backend}, results in {plan.out_dir}", file=sys.stderr)
-    threads, cores = plan.world_size * THREADS_PER_RANK, os.cpu_count() or 1
+    threads, cores = plan.world_size * plan.threads_per_rank, os.cpu_count() or 1
     if threads > cores:
-        print(f"bench run: note: {plan.world_size} ranks x {THREADS_PER_RANK} threads exceed "
+        print(f"bench run: note: {plan.world_size} ranks x {plan.threads_per_rank} threads exceed "
               f"{cores} cores: timings are partly CPU-bound, not only collective-bound "
               "(the report says so too); compare ratios within the run", file=sys.stderr)
     _link_latest(Path(plan.out_dir))
@@ -374,6 +377,8 @@ def _budget_s(plan: RunPlan) -> float:
     wl = plan.workload
     per_cell = (30.0 + 3.0 * wl.requests / min(plan.rates)
                 + 3.0 * wl.bystanders / wl.bystander_rate_rps + 0.05 * wl.output_tokens)
+    if plan.trace is not None:
+        per_cell = plan.trace.cell_budget_s(min(plan.rates))
     return 60.0 + per_cell * len(plan.cells())
 
 
