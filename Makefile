@@ -6,8 +6,11 @@ DEV_STAMP := $(VENV)/.dev-installed
 PRESET ?= default
 ARGS ?=
 RUN ?= results/latest
+JOBS ?= 2
+MUTMUT ?= mutmut>=3.8,<4
+MUTANTS ?=
 
-.PHONY: setup dev test test-fast bench gate compare microbench project lint gpu-check clean
+.PHONY: setup dev test test-fast bench gate compare microbench project lint mutate gpu-check clean
 
 setup: $(STAMP)  ## runtime only: no network where python3 already imports the runtime deps
 
@@ -44,6 +47,13 @@ microbench: dev  ## pytest-benchmark micro-benchmarks saved into results/latest
 project: setup  ## overhead projection to TP 2-64, PP 1-4 of a run: make project RUN=results/latest
 	$(PY) -m bench project $(RUN) $(ARGS)
 
+mutate: dev  ## mutation testing of the contract modules, not in CI (docs/testing.md): make mutate JOBS=2 [MUTANTS='hicache.*']
+	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q "$(MUTMUT)"
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children $(JOBS) $(MUTANTS)
+	$(VENV)/bin/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
+	$(VENV)/bin/mutmut results
+
 lint: dev
 	$(PY) -m ruff check hicache bench tests scripts
 
@@ -51,4 +61,4 @@ gpu-check:  ## on a GPU node: CUDA tests, llama3-8b TP1 run, TP2 shared-GPU run,
 	bash scripts/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache mutants

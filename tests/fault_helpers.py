@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from bench.launch import LaunchError, launch
-from hicache.comm import CollectiveCounter, Comm, Layout
+from hicache.comm import CollectiveCounter, CollectiveError, Comm, Layout
 from hicache.consensus import ConsensusChecker
 from hicache.system import setup_distributed
 from tests.helpers import build_scenario, scenario
@@ -54,8 +54,9 @@ def stamped_scenario(rank: int, world: int, stamp_dir: str, *args) -> dict:
 
 def capturing_scenario(rank: int, world: int, stamp_dir: str, cfg_kw: dict, storage_kw: dict,
                        n: int, prefix_tokens: int, new_tokens: int, gap_s: float) -> dict:
-    """Like helpers.scenario, but a failed run returns its error (and the decisions logged so
-    far) instead of raising, so a test sees every rank's side of a divergence."""
+    """Like helpers.scenario, but a run that fails in a collective returns its error (and
+    the decisions logged so far) instead of raising, so a test sees every rank's side of a
+    divergence. Any other exception is raised: the launch fails and names it."""
     stamp(stamp_dir, rank)
     system, reqs = build_scenario(rank, cfg_kw, storage_kw, n, prefix_tokens, new_tokens,
                                   gap_s)
@@ -63,10 +64,22 @@ def capturing_scenario(rank: int, world: int, stamp_dir: str, cfg_kw: dict, stor
     try:
         system.run(reqs)
     except Exception as e:
+        if not _collective_failure(e):
+            raise  # any other error is a bug, not a side of the divergence
         error = f"{type(e).__name__}: {e}"
     stats = system.stats
     return {"error": error, "run_s": time.time() - t0, "decisions": dict(stats.decisions),
             "rows": stats.request_rows(), "steps": stats.step_rows()}
+
+
+def _collective_failure(e: BaseException | None) -> bool:
+    """A collective that failed or timed out: raised on the scheduler thread, or a
+    background thread's, re-raised by the scheduler with it as the cause."""
+    while e is not None:
+        if isinstance(e, CollectiveError):
+            return True
+        e = e.__cause__
+    return False
 
 
 @dataclass

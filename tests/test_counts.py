@@ -63,11 +63,11 @@ def _host_memory(tags: str) -> str:
     return "buffer_only" if "buffer" in tags else "cache"
 
 
-def _cases(tp: int, pp: int, variants: list) -> list[dict]:
+def _cases(tp: int, pp: int, variants: list, **cfg_kw) -> list[dict]:
     return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
                   **(FAST_TIMEOUT if "fast" in v else {}),
                   **(BUFFER_ONLY if "buffer" in v else {}),
-                  **(WRITE_THROUGH if v == "wt" else {})}, STORAGE, n=N_REQUESTS,
+                  **(WRITE_THROUGH if v == "wt" else {}), **cfg_kw}, STORAGE, n=N_REQUESTS,
                  prefix_tokens=PREFIX, new_tokens=64)
             for p, q, v in variants]
 
@@ -143,12 +143,9 @@ def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
         assert polls > N_REQUESTS, "the scenario must poll pending prefetches repeatedly"
     # Per poll, measured on rank 0, equals the hand-written table of docs/design.md
     # section 4.5 (SPEC_PER_POLL: T, P).
-    per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
-    if "buffer" in tags and pp > 1:
-        per_poll = (1, 1)  # the ticket's readiness: T + P on every poll, whatever the policy
-    t = per_poll[0] if tp > 1 else 0  # the table is TP2's; at TP1 the all-reduce is skipped
+    t, p = _per_poll(proto, policy, tp, pp, tags)
     assert sum(r.get("coll_decision", 0) for r in rows0) == t * polls
-    assert sum(r.get("coll_pp_hop", 0) for r in rows0) == per_poll[1] * polls
+    assert sum(r.get("coll_pp_hop", 0) for r in rows0) == p * polls
 
 
 @pytest.mark.timeout(150)
@@ -179,11 +176,19 @@ def test_fast_timeout_really_times_out(tp2):
         assert all(r["hit_tokens"] == r["prefetched_tokens"] == PREFIX for r in rows), proto
 
 
-def count_table(results: dict, tp: int, pp: int) -> str:
-    """Markdown: measured decision counts on rank 0 per protocol x policy."""
-    lines = ["| protocol | policy | layout | requests | polls/req | decision/poll | "
-             "pp_hop/poll | decision/req | expected decision/req |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def _per_poll(proto: str, policy: str, tp: int, pp: int, tags: str) -> tuple[int, int]:
+    """(T, P) per poll from the hand-written table of docs/design.md section 4.5."""
+    per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
+    if "buffer" in tags and pp > 1:
+        per_poll = (1, 1)  # the ticket's readiness: T + P on every poll, whatever the policy
+    return (per_poll[0] if tp > 1 else 0), per_poll[1]  # the table is TP2's
+
+
+def count_table(results: dict, tp: int, pp: int) -> list[list[str]]:
+    """Measured decision counts on rank 0 per protocol x policy, as the cells of a markdown
+    table (header first); `pytest -s` prints it."""
+    cells = [["protocol", "policy", "layout", "requests", "polls/req", "decision/poll",
+              "pp_hop/poll", "decision/req", "expected decision/req"]]
     for variant, per_rank in results.items():
         proto, policy, v = variant
         rows = per_rank[0]["rows"]
@@ -191,21 +196,38 @@ def count_table(results: dict, tp: int, pp: int) -> str:
         dec = sum(r.get("coll_decision", 0) for r in rows)
         hop = sum(r.get("coll_pp_hop", 0) for r in rows)
         exp = sum(_expected(proto, policy, tp, pp, r, 0, v).decision for r in rows)
-        lines.append(f"| {proto} | {policy}{f' ({v})' if v else ''} | TP{tp}"
-                     f"{f'xPP{pp}' if pp > 1 else ''} | {n} | {polls / n:.2f} | "
-                     f"{dec / polls:.2f} | {hop / polls:.2f} | {dec / n:.2f} | {exp / n:.2f} |")
-    return "\n".join(lines)
+        cells.append([proto, policy + (f" ({v})" if v else ""),
+                      f"TP{tp}" + (f"xPP{pp}" if pp > 1 else ""), str(n), f"{polls / n:.2f}",
+                      f"{dec / polls:.2f}", f"{hop / polls:.2f}", f"{dec / n:.2f}",
+                      f"{exp / n:.2f}"])
+    return cells
+
+
+def _check_count_table(results: dict, tp: int, pp: int) -> None:
+    """The printed table says what docs/design.md section 4.5 says: per poll (T, P) from
+    the hand-written table, and measured decisions per request equal to the model's, on
+    every row."""
+    cells = count_table(results, tp, pp)
+    print("\n" + "\n".join("| " + " | ".join(c) + " |" for c in cells[:1] + [["---"] * 9]
+                           + cells[1:]))
+    assert len(cells) == 1 + len(results)
+    for (proto, policy, tags), row in zip(results, cells[1:], strict=True):
+        t, p = _per_poll(proto, policy, tp, pp, tags)
+        assert row[:3] == [proto, row[1], f"TP{tp}" + (f"xPP{pp}" if pp > 1 else "")]
+        assert row[3] == str(N_REQUESTS), row
+        assert (row[5], row[6]) == (f"{t:.2f}", f"{p:.2f}"), row
+        assert row[7] == row[8], row
 
 
 @pytest.mark.timeout(150)
-def test_print_count_table_tp2(tp2):
-    print("\n" + count_table(tp2, 2, 1))
+def test_count_table_tp2(tp2):
+    _check_count_table(tp2, 2, 1)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_print_count_table_tp2pp2(tp2pp2):
-    print("\n" + count_table(tp2pp2, 2, 2))
+def test_count_table_tp2pp2(tp2pp2):
+    _check_count_table(tp2pp2, 2, 2)
 
 
 # ---- the corrections of docs/design.md section 4.7, in hand-written numbers -----------------
@@ -269,18 +291,24 @@ def test_pre27010_per_step_is_5_on_stage_0_and_3_on_stage_1(tp2pp2, policy):
             assert s.get("coll_per_step_min", 0) + s.get("coll_pp_hop", 0) == want, s
 
 
-# TP1 x PP2 on 2 ranks (fast): the stage-local drain is a no-op without TP, so pre27010's
-# per step stays two relays; 0.5.23 relays once, and on its ticket path not at all.
+# TP1 x PP2 on 2 ranks (fast): the real Comm's PP hop, counted on both stages, with T = 0.
+# The stage-local drain is a no-op without TP, so pre27010's per step stays two relays, as
+# 0.5.19's two relayed reductions are; 0.5.23 relays once, and on its ticket path not at
+# all. Decisions cross the stages on every poll (pr27010), on timeout polls only (pr36425),
+# never (pre27010), or in the step-level flag (step-batched). A 10 s collective timeout: a
+# hop that one stage drops fails the launch in seconds instead of hanging it.
 TP1PP2 = [("pre27010", "wait_complete", ""), ("sglang-0.5.23", "wait_complete", ""),
-          ("sglang-0.5.23", "wait_complete", "buffer")]
-TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 1), TP1PP2[2]: (0, 0)}
+          ("sglang-0.5.23", "wait_complete", "buffer"), ("pr27010", "timeout", ""),
+          ("pr36425", "timeout", "fast"), ("step-batched", "timeout", "fast")]
+TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 1), TP1PP2[2]: (0, 0),
+                  TP1PP2[3]: (0, 2), TP1PP2[4]: (0, 2), TP1PP2[5]: (0, 2)}
 
 
 @pytest.fixture(scope="module")
 def tp1pp2():
-    cases = [c for v, c in zip(VARIANTS, _cases(1, 2, VARIANTS), strict=True) if v in TP1PP2]
+    cases = _cases(1, 2, TP1PP2, collective_timeout_s=10.0)
     results = run_cases(2, cases, timeout_s=100, flight_recorder=True)
-    return dict(zip([v for v in VARIANTS if v in TP1PP2], results, strict=True))
+    return dict(zip(TP1PP2, results, strict=True))
 
 
 @pytest.mark.timeout(150)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from bench.commands.gate import main as main_gate
+from bench.gate import load_run
 from bench.result_files import write_csv_atomic, write_json_atomic
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from bench.summarize import summarize
@@ -100,8 +101,23 @@ def test_baseline_files_written(clean):
 
 
 def test_missing_summary_is_rebuilt(clean, tmp_path, capsys):
+    """Without summary.csv the gate summarizes requests.csv and steps.csv itself: the same
+    summary rows the run wrote, so the same checks with the same numbers."""
     run = doctored(clean, tmp_path, lambda f: f, with_summary=False)
+    assert not (run / "summary.csv").exists()
     assert gate(run, clean[1]) == 0
+    rebuilt_out = capsys.readouterr().out
+    assert gate(*clean) == 0
+    assert rebuilt_out.replace(str(run), "RUN") == capsys.readouterr().out.replace(
+        str(clean[0]), "RUN")
+    rebuilt = load_run(run).summary
+    written = pd.read_csv(clean[0] / "summary.csv")
+    assert len(rebuilt) == len(written) == len(PROTOCOLS) * len(POLICIES)
+    numeric = [c for c in SUMMARY_COLUMNS if pd.api.types.is_numeric_dtype(written[c])
+               and written[c].notna().any()]
+    assert "step_collectives_per_step" in numeric  # steps.csv was read, not skipped
+    pd.testing.assert_frame_equal(rebuilt[numeric].reset_index(drop=True),
+                                  written[numeric], check_dtype=False)
 
 
 def add_decision(frame):
@@ -117,6 +133,43 @@ def test_extra_decision_collective_fails(clean, tmp_path, capsys):
     assert "a collective was added to the hot path" in out
     assert "per_poll_vs_baseline" in out  # more per poll than the baseline too
     assert out.strip().splitlines()[-1].startswith("FAILED")
+
+
+def _drop_one_decision(frame, protocol="pr27010"):
+    """One polled request of `protocol` lost a decision collective (a poll that skipped its
+    agreement); returns the frame and that request's (rid, repeat)."""
+    i = frame.index[(frame.protocol == protocol) & (frame.decision_collectives > 0)][0]
+    frame.loc[i, "decision_collectives"] -= 1
+    return frame, (frame.loc[i, "rid"], frame.loc[i, "repeat"])
+
+
+@pytest.mark.parametrize("summary", ["rebuilt", "stale"])
+def test_fewer_decision_collectives_are_diagnosed_per_request(clean, tmp_path, capsys,
+                                                              summary):
+    """Diagnosed by the per-request check, naming the request and what "fewer" means,
+    whether summary.csv was rebuilt from the doctored requests or is the run's own."""
+    if summary == "rebuilt":
+        where = {}
+
+        def edit(frame):
+            frame, where["rid"] = _drop_one_decision(frame)
+            return frame
+        run = doctored(clean, tmp_path, edit)
+        rid, repeat = where["rid"]
+    else:
+        run = tmp_path / "run"
+        shutil.copytree(clean[0], run)
+        frame, (rid, repeat) = _drop_one_decision(pd.read_csv(run / "requests.csv"))
+        frame.to_csv(run / "requests.csv", index=False)
+    assert gate(run, clean[1]) == 1
+    out = capsys.readouterr().out
+    failing = [line for line in out.splitlines() if line.startswith(("decision_exact",
+                                                                     "summary_covers"))]
+    assert len(failing) == 1, failing
+    assert "pr27010" in failing[0] and f"(rid {rid}, repeat {repeat})" in failing[0]
+    assert "1 requests off" in failing[0]
+    assert "fewer decision collectives than the model: a poll skipped" in failing[0]
+    assert "stale" not in out
 
 
 def test_extra_ack_fails_background(clean, tmp_path, capsys):

@@ -318,6 +318,15 @@ def test_pre27010_completion_only_when_a_poll_ended_the_prefetch():
     assert (ended.decision, ended.completion) == (2, 1)
 
 
+@pytest.mark.parametrize(("ended_by_poll", "completion"), [(True, 1), (False, 0), (None, 1)])
+def test_pre27010_completion_follows_ended_by_poll(ended_by_poll, completion):
+    """Polled twice, holding host slots: only `ended_by_poll` differs, and it alone decides
+    whether the completion MIN ran (unknown: any poll is taken to have ended it)."""
+    e = expected_per_request("pre27010", "wait_complete", 2, 1, 2, 8, True, True,
+                             ended_by_poll=ended_by_poll)
+    assert (e.decision, e.completion) == (2, completion)
+
+
 def test_pre27010_poll_before_host_slots_pays_no_completion_min():
     """A poll that ends a prefetch whose host slots were never allocated revokes it: the
     completion MIN runs only for ops holding host slots (SGLang hiradix_cache.py)."""
@@ -356,3 +365,15 @@ def test_extra_pool_adds_one_reduced_pool_ack(tp, pp, per):
     e = expected_per_request("pre27010", "wait_complete", tp, pp, 2, 300, True, True,
                              extra_pool=True)
     assert e.ack == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(("ready", "want"), [(True, [1]), (False, [0])])
+def test_sglang_0523_ticket_vote_is_stage_zeros_readiness(policy, ready, want):
+    """The ticket path (buffer_only, PP > 1): stage 0 votes its readiness, whatever the
+    policy; a later stage contributes 0 and follows, even when it is ready itself."""
+    p = make_protocol("sglang-0.5.23", policy)
+    f = Facts(ticketed=True, ticket_ready=ready)
+    assert p.vote(f) == want
+    assert p.vote(_at_stage(f, 1)) == [0]
+    assert simulate(p, [f, f, _at_stage(Facts(ticketed=True, ticket_ready=True), 1)]) is ready

@@ -7,6 +7,7 @@ import pytest
 
 from bench.stats import (
     Sample,
+    diff_of_means_ci,
     per_repeat_ratios,
     percentile,
     ratio_of_medians_ci,
@@ -192,3 +193,45 @@ def test_percentile_ratio_empty_or_undefined_is_none():
         ratio_of_percentiles_ci(a, a, 101)
     with pytest.raises(ValueError):
         ratio_of_percentiles_ci(a, a, 50, n_boot=0)
+
+
+# ---- edges the mutation run found untested -------------------------------------------------
+
+@pytest.mark.parametrize("kw", [{"n_boot": 0}, {"level": 0.0}, {"level": 1.0}, {"q": -1},
+                                {"q": 100.5}])
+def test_percentile_ratio_refuses_bad_settings(kw):
+    x = Sample.flat({0: [1.0, 2.0]})
+    args = {"q": 50, "n_boot": 10, "level": 0.95, **kw}
+    with pytest.raises(ValueError):
+        ratio_of_percentiles_ci(x, x, args["q"], n_boot=args["n_boot"], level=args["level"])
+
+
+@pytest.mark.parametrize("kw", [{"n_boot": 1}, {"q": 0}, {"q": 100}, {"level": 0.5}])
+def test_percentile_ratio_accepts_the_edges(kw):
+    x = Sample.flat({0: [1.0, 2.0, 4.0]})
+    args = {"q": 50, "n_boot": 10, "level": 0.95, **kw}
+    point, low, high = ratio_of_percentiles_ci(x, x, args["q"], n_boot=args["n_boot"],
+                                               level=args["level"])
+    assert point == 1.0 and low is not None and low <= high  # one resample: any interval
+
+
+def test_percentile_ratio_ci_is_the_central_level_of_the_resamples():
+    """A wider level gives a wider interval; 50% and 95% on one sample, same seed."""
+    x = Sample.flat({0: list(np.linspace(1.0, 3.0, 40))})
+    y = Sample.flat({0: list(np.linspace(1.0, 2.0, 40))})
+    _, lo95, hi95 = ratio_of_percentiles_ci(x, y, 50, n_boot=400, level=0.95)
+    _, lo50, hi50 = ratio_of_percentiles_ci(x, y, 50, n_boot=400, level=0.50)
+    assert lo95 < lo50 < hi50 < hi95
+    # ~2.5% of the resamples lie below the 95% interval: it is not the 80% one
+    _, lo80, hi80 = ratio_of_percentiles_ci(x, y, 50, n_boot=400, level=0.80)
+    assert lo95 < lo80 and hi80 < hi95
+
+
+def test_diff_of_means_with_one_side_empty_is_unknown():
+    assert diff_of_means_ci({}, {0: [1.0]}) == (None, None, None)
+    assert diff_of_means_ci({0: [1.0]}, {0: []}) == (None, None, None)
+
+
+def test_an_empty_sample_pools_to_nothing():
+    assert Sample.flat({}).pooled().size == 0
+    assert Sample.clustered({0: [[], []]}).pooled().size == 0

@@ -168,8 +168,40 @@ def test_sidecar_pages_slower_and_half_written_batch_visible():
     assert out[3].any()
 
 
-def test_read_time_model():
+class _VirtualClock:
+    """Stands in for the storage module's `time`: sleeping advances the clock exactly, so a
+    read's modelled duration is measured to the nanosecond on any machine, both ways."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0, seconds
+        self.now += seconds
+
+
+def test_read_time_model(monkeypatch):
     # (latency 10 ms + 8 pages x 4 kB at 1 MB/s = 32 ms) x rank factor 1 + stall 10 ms = 52 ms.
+    import hicache.storage
+
+    clock = _VirtualClock()
+    monkeypatch.setattr(hicache.storage, "time", clock)
+    spec = StorageSpec(latency_ms=10.0, bandwidth_gbps=0.001, stall_ms=10.0, exists_latency_ms=0)
+    st = SimStorage(spec, rank=0, tp_rank=0)
+    hs = _hashes(8)
+    st.put(hs, "kv", 1000)
+    assert st.batch_get(hs, "kv", torch.zeros(8, 1000)) == ReadResult(8)
+    assert clock.now == pytest.approx(0.052, abs=1e-9)
+
+
+def test_read_time_model_sleeps_for_real():
+    """The model's time is spent in real sleeps (never shorter: a lower bound is the one
+    bound a shared machine allows on a real clock)."""
     spec = StorageSpec(latency_ms=10.0, bandwidth_gbps=0.001, stall_ms=10.0, exists_latency_ms=0)
     st = SimStorage(spec, rank=0, tp_rank=0)
     hs = _hashes(8)

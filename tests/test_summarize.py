@@ -6,7 +6,14 @@ import pandas as pd
 import pytest
 
 from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from bench.summarize import TABLE_HEADERS, expected_counts, format_table, summarize
+from bench.summarize import (
+    TABLE_HEADERS,
+    expected_counts,
+    format_table,
+    summarize,
+    table_headers,
+    table_rows,
+)
 
 CONFIG = dict(preset="t", tp=2, pp=1, world_size=2, device="cpu", backend="gloo",
               storage="sim", rate_rps=4.0, seed=0, page_size=64, extra_pool=False,
@@ -102,6 +109,7 @@ def test_ttft_percentiles_linear(summary):
     r = row(summary, "pr27010", "wait_complete")  # TTFTs 50, 80, 100, 120
     assert r.ttft_p50_ms == 90.0
     assert r.ttft_p90_ms == pytest.approx(114.0)  # 100 + 0.7 * 20
+    assert r.ttft_p99_ms == pytest.approx(119.4)  # 100 + 0.97 * 20
     assert r.ttft_mean_ms == 87.5
     assert r.sched_lag_p50_ms == 1.5  # lags 0, 1, 2, 3
     assert r.percentile_method == "linear"
@@ -190,3 +198,48 @@ def test_expected_counts_on_the_ticket_path_and_for_runs_before_host_memory():
     assert (e["decision"].iloc[0], e["background"].iloc[0]) == (0, 4)
     assert summarize(rows, pd.DataFrame(columns=STEP_COLUMNS)).iloc[0][
         "background_collectives_per_req"] == 5
+
+
+def test_table_cells_carry_their_own_columns(summary):
+    """Every cell of the human table is its column's value, in its format."""
+    headers = table_headers(summary)
+    for r, cells in zip(summary.itertuples(), table_rows(summary), strict=True):
+        got = dict(zip(headers, cells, strict=True))
+        assert got["protocol"] == r.protocol and got["policy"] == r.policy
+        assert (got["tp"], got["pp"]) == (str(r.tp), str(r.pp))
+        assert got["polls/req"] == f"{r.polls_per_req:.3f}"
+        assert got["decision/req"] == f"{r.decision_collectives_per_req:.3f}"
+        assert got["expected"] == f"{r.expected_decision_collectives_per_req:.3f}"
+        assert got["critical/req"] == f"{r.critical_collectives_per_req:.3f}"
+        assert got["background/req"] == f"{r.background_collectives_per_req:.3f}"
+        for q in ("p50", "p90", "p99"):
+            assert got[f"{q}_ms"] == f"{getattr(r, f'ttft_{q}_ms'):.1f}"
+        assert got["data_err"] == str(r.data_errors)
+        if math.isnan(r.ttft_p50_ratio_vs_pr27010):
+            assert got["ratio [95% ci]"] == "-"
+        else:
+            assert got["ratio [95% ci]"] == (f"{r.ttft_p50_ratio_vs_pr27010:.3f} "
+                                             f"[{r.ttft_p50_ratio_ci_low:.3f}, "
+                                             f"{r.ttft_p50_ratio_ci_high:.3f}]")
+    pr27 = dict(zip(headers, table_rows(summary)[0], strict=True))
+    assert pr27["step/step"] == "6.000" and pr27["agree"] == "yes"
+
+
+@pytest.mark.parametrize(("agree", "unexplained", "cell"), [
+    (True, 0, "yes"), (False, 0, "stages"), (False, 2, "NO"), (False, None, "NO")])
+def test_agree_cell(summary, agree, unexplained, cell):
+    """yes; "stages" when the only disagreements are pre27010's known PP-stage hazard."""
+    frame = summary.head(1).copy()
+    frame["ranks_agree"] = agree
+    if unexplained is None:
+        frame = frame.drop(columns=["unexplained_disagreements"], errors="ignore")
+    else:
+        frame["unexplained_disagreements"] = unexplained
+    assert dict(zip(table_headers(frame), table_rows(frame)[0], strict=True))["agree"] == cell
+
+
+def test_format_table_aligns_names_left_and_numbers_right(summary):
+    lines = format_table(summary).splitlines()
+    assert lines[0].startswith("protocol  policy") and lines[1].startswith("pr27010 ")
+    assert len({len(line) for line in lines}) == 1  # the last column right-aligned: one edge
+    assert lines[1].index("wait_complete") == lines[0].index("policy")  # names left-aligned
