@@ -92,13 +92,18 @@ class RunPlan:
                             **dict(self.system))
         # Storage reads take the time of the model's KV bytes on one TP rank.
         page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
-        return replace(cfg, storage=replace(self.storage, seed=self.seed,
+        return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),
                                             kv_page_bytes=page_bytes))
+
+    def repeat_seed(self, cell: Cell) -> int:
+        """Common random numbers: one seed per repeat for the workload and the storage noise
+        (jitter, failures, missing pages), the same for every protocol within a repeat and
+        different across repeats, so repeats replicate and protocols pair."""
+        return self.seed * 1000 + cell.repeat
 
     def workload_for(self, cell: Cell) -> WorkloadSpec:
         # The same requests for every protocol within a repeat: paired comparisons.
-        return replace(self.workload, rate_rps=cell.rate_rps,
-                       seed=self.seed * 1000 + cell.repeat)
+        return replace(self.workload, rate_rps=cell.rate_rps, seed=self.repeat_seed(cell))
 
 
 def _tp(gpus: int) -> int:
