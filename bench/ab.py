@@ -1,11 +1,12 @@
 """`bench ab`'s engine: two revisions on one machine, interleaved, paired by block.
 
-Block k runs `bench run --preset P --repeats 1 --seed SEED+k` once for each revision, in the
-order A B, B A, A B, ... (so a steady drift of the machine hits both alike and cancels in the
-pairs); the two runs of a block have the same seed, so the same workload and storage noise.
-Each side's runs are then read as one run whose repeat k is block k, and compared as `bench
-compare` compares two runs (bench.compare): exact counts over every block, timing ratios B/A
-paired by block with a t interval over the blocks. Only flags every revision since the
+Block k runs `bench run --preset P --repeats R --seed SEED+k` once for each revision (R = 1
+by default), in the order A B, B A, A B, ... (so a steady drift of the machine hits both
+alike and cancels in the pairs); the two runs of a block have the same seeds, so the same
+workloads and storage noise. Each side's runs are then read as one run whose repeat
+k * R + r is repeat r of block k, and compared as `bench compare` compares two runs
+(bench.compare): exact counts over every block, timing ratios B/A paired by (block, repeat)
+with a t interval over those pairs. Only flags every revision since the
 serving regime understands are passed (--preset, --repeats, --seed, --out, --protocols,
 --policies).
 """
@@ -46,6 +47,7 @@ class AbPlan:
     preset: str
     blocks: int
     seed: int = 0
+    per_block: int = 1  # repeats of each run; pairs are (block, repeat)
     threshold: float = 0.05
     run_args: tuple[str, ...] = ()  # --protocols / --policies, passed to every run
     metrics: tuple[str, ...] | None = None  # compare's --metric (None: all)
@@ -61,7 +63,8 @@ class AbPlan:
 
     def command(self, k: int, out: Path) -> list[str]:
         return [sys.executable, "-m", "bench", "run", "--preset", self.preset, "--repeats",
-                "1", "--seed", str(self.seed + k), "--out", str(out), *self.run_args]
+                str(self.per_block), "--seed", str(self.seed + k), "--out", str(out),
+                *self.run_args]
 
 
 @dataclass
@@ -135,14 +138,18 @@ def _repo() -> Path:
     return REPO_DIR
 
 
-def merged(outcomes: list[Outcome]) -> Run:
-    """One side's runs as one Run whose repeat k is block k (the pairing unit)."""
+def merged(outcomes: list[Outcome], per_block: int = 1) -> Run:
+    """One side's runs as one Run whose repeat k * per_block + r is repeat r of block k
+    (the pairing unit: A's and B's have the same seeds and ran next to each other)."""
     parts = [load_run(o.path) for o in outcomes]
-    requests = pd.concat([p.requests.assign(repeat=k) for k, p in enumerate(parts)],
+
+    def renumbered(frame: pd.DataFrame, k: int) -> pd.DataFrame:
+        return frame.assign(repeat=k * per_block + frame["repeat"].astype(int))
+    requests = pd.concat([renumbered(p.requests, k) for k, p in enumerate(parts)],
                          ignore_index=True)
     steps = None
     if all(p.steps is not None for p in parts):
-        steps = pd.concat([p.steps.assign(repeat=k) for k, p in enumerate(parts)],
+        steps = pd.concat([renumbered(p.steps, k) for k, p in enumerate(parts)],
                           ignore_index=True)
     return Run(outcomes[0].path.parent, parts[0].env, requests, steps)
 
@@ -163,11 +170,12 @@ def comparison(plan: AbPlan, runs: AbRuns) -> Comparison:
     """B against A, paired by block, with ab's own context lines."""
     opts = argparse.Namespace(threshold=plan.threshold,
                               metric=list(plan.metrics) if plan.metrics else None)
-    comp = compare(merged(runs.a), merged(runs.b), opts)
+    comp = compare(merged(runs.a, plan.per_block), merged(runs.b, plan.per_block), opts)
     comp.verb, comp.drift_note = "ab", DRIFT
     comp.header = failed_run_warnings(runs) + comp.header
+    each = f"{plan.per_block} repeats" if plan.per_block > 1 else "1 repeat"
     comp.run_lines = [f"{side} = {rev.label}: {plan.blocks} runs of preset {plan.preset} "
-                      f"(seeds {plan.seed}..{plan.seed + plan.blocks - 1}) in "
+                      f"({each} each, seeds {plan.seed}..{plan.seed + plan.blocks - 1}) in "
                       f"{plan.out / 'runs'}" for side, rev in (("A", plan.a), ("B", plan.b))]
     return comp
 
@@ -181,7 +189,8 @@ def write_plan(plan: AbPlan, runs: AbRuns) -> Path:
     path = plan.out / "ab.json"
     write_json_atomic(path, {
         "a": side(plan.a, runs.a), "b": side(plan.b, runs.b), "preset": plan.preset,
-        "blocks": plan.blocks, "seed": plan.seed, "threshold": plan.threshold,
+        "blocks": plan.blocks, "repeats_per_block": plan.per_block, "seed": plan.seed,
+        "threshold": plan.threshold,
         "run_args": list(plan.run_args), "order": [f"{k}{s}" for k, s in plan.order()],
         "utc_time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
     return path

@@ -22,6 +22,7 @@ from bench.result_files import list_cell, parse_gaps
 from bench.schema import RATIO_METRICS
 from bench.stats import (
     Interval,
+    Sample,
     diff_interval,
     per_repeat_ratios,
     per_repeat_stat,
@@ -153,6 +154,18 @@ def metric_per_repeat(g: pd.DataFrame | None, s: pd.DataFrame | None,
         return {}
     source, klass, stat = RATIO_SOURCES[name]
     return per_repeat_stat(by_repeat(g, s, source, klass), stat)
+
+
+def metric_sample(g: pd.DataFrame | None, s: pd.DataFrame | None, name: str) -> Sample:
+    """A RATIO_METRICS metric's values by repeat in resampling units (a request's ITL gaps
+    are one unit), for the two-stage bootstrap (bench.noise's cross-check)."""
+    if g is None:
+        return Sample.flat({})
+    source, klass, _ = RATIO_SOURCES[name]
+    if source == "itl":
+        return Sample.clustered({int(r): [parse_gaps(c) for c in x["itl_ms"]]
+                                 for r, x in g.groupby("repeat")} if "itl_ms" in g else {})
+    return Sample.flat(by_repeat(g, s, source, klass))
 
 
 def ratio_cells(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | None,

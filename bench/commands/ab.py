@@ -1,6 +1,6 @@
 """Usage: python -m bench ab REV_A REV_B [--preset ci] [--repeats 6] [--threshold 0.05]
                                   [--out DIR] [--seed 0] [--protocols P,..] [--policies P,..]
-                                  [--metric NAME ...]
+                                  [--metric NAME ...] [--repeats-per-block 1]
 
 Did this commit make it better or worse? Both revisions on this machine, interleaved.
 
@@ -8,7 +8,9 @@ REV_A and REV_B are git revisions (a sha, a branch, HEAD~2, ...), checked out as
 worktrees that share this environment, or WORKTREE: this working tree as it is, uncommitted
 changes included. Block k (k < --repeats) runs `bench run --preset P --repeats 1 --seed
 SEED+k` for each revision, A B in even blocks and B A in odd ones, so the two runs of a block
-see the same workload and storage noise and sit next to each other in time. Per
+see the same workload and storage noise and sit next to each other in time
+(--repeats-per-block R: each run makes R repeats, paired by (block, repeat); fewer process
+starts, pairs a run apart in time). Per
 configuration: the counts exactly over every block (compare's rules: any change is flagged),
 and per timing metric the ratio B/A paired by block, exp(mean of ln(b_k / a_k)) with a 95% t
 interval over the blocks; worse when the whole interval lies above 1 + threshold, better
@@ -50,6 +52,8 @@ def parser() -> CliParser:
                    help="worse/better only when the whole 95%% interval lies beyond "
                         "1 +- T (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="block k runs with seed SEED+k")
+    p.add_argument("--repeats-per-block", type=int, default=1, metavar="R",
+                   help="repeats of each block's runs (default 1)")
     p.add_argument("--protocols", help="passed to every run (comma list)")
     p.add_argument("--policies", help="passed to every run (comma list)")
     p.add_argument("--metric", action="append", metavar="NAME",
@@ -64,8 +68,9 @@ def build_plan(argv: list[str]):
     from bench.revisions import resolve
 
     args = parser().parse_args(argv)
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.repeats < 1 or args.repeats_per_block < 1:
+        raise UsageError(f"--repeats and --repeats-per-block must be >= 1, got "
+                         f"{args.repeats} and {args.repeats_per_block}")
     if not (math.isfinite(args.threshold) and args.threshold >= 0):
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     metrics = _metric_list(args.metric)
@@ -74,8 +79,8 @@ def build_plan(argv: list[str]):
                                   ("--policies", args.policies)) if v for x in (flag, v)]
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO_DIR / "results" / f"ab_{a.short}_vs_{b.short}_{stamp}"
-    return AbPlan(a, b, args.preset, args.repeats, args.seed, args.threshold,
-                  tuple(run_args), tuple(metrics) if metrics else None, out)
+    return AbPlan(a, b, args.preset, args.repeats, args.seed, args.repeats_per_block,
+                  args.threshold, tuple(run_args), tuple(metrics) if metrics else None, out)
 
 
 def _main(argv: list[str]) -> int:
