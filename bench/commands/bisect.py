@@ -1,7 +1,7 @@
 """Usage: python -m bench bisect GOOD BAD --metric NAME [--config PROTOCOL/POLICY]
-                                      [--preset ci] [--repeats 6] [--threshold 0.05]
-                                      [--protocols P,..] [--policies P,..] [--out DIR]
-                                      [--no-verify]
+                                      [--preset ci] [--repeats 6] [--repeats-per-block 1]
+                                      [--threshold 0.05] [--protocols P,..]
+                                      [--policies P,..] [--out DIR] [--no-verify]
 
 The first commit between GOOD and BAD that made a timing metric worse.
 
@@ -41,7 +41,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", metavar="PROTOCOL/POLICY",
                    help="judge this configuration only (default: any)")
     p.add_argument("--preset", default=DEFAULT_PRESET)
-    p.add_argument("--repeats", type=int, default=DEFAULT_BLOCKS, metavar="N")
+    p.add_argument("--repeats", type=int, default=DEFAULT_BLOCKS, metavar="N",
+                   help="ab's blocks at each step")
+    p.add_argument("--repeats-per-block", type=int, default=1, metavar="R")
     p.add_argument("--threshold", type=float, default=0.05, metavar="T")
     p.add_argument("--protocols")
     p.add_argument("--policies")
@@ -65,6 +67,7 @@ def _main(argv: list[str]) -> int:
 
     args = _parse(argv)
     ab_argv = [args.good, args.good, "--preset", args.preset, "--repeats", str(args.repeats),
+               "--repeats-per-block", str(args.repeats_per_block),
                "--threshold", str(args.threshold), "--metric", args.metric,
                *(["--protocols", args.protocols] if args.protocols else []),
                *(["--policies", args.policies] if args.policies else [])]
