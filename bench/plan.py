@@ -112,19 +112,25 @@ def _tp(gpus: int) -> int:
 
 def _queue(gpus: int) -> dict:
     """SPEC section 8's regime: a burst of prefetching requests whose storage reads queue
-    up behind one IO thread, polled every step while bystanders decode beside them."""
-    return {"tp": _tp(gpus), "repeats": 3, "requests": 48, "rates": (math.inf,),
+    up behind one IO thread, polled every step while bystanders decode beside them. Six
+    repeats: the unit an interval replicates over (docs/metrics.md, "Intervals")."""
+    return {"tp": _tp(gpus), "repeats": 6, "requests": 48, "rates": (math.inf,),
             "bystanders": 48, "bystander_rate": 24.0,
             "protocols": ("pr27010", "pr36425", "step-clock"),
             "policies": ("wait_complete", "timeout")}
 
 
 def _default(gpus: int) -> dict:
-    return {**_queue(gpus), "repeats": 2, "protocols": PROTOCOLS, "policies": POLICIES}
+    """Every protocol and policy in the same ~5 minutes on 2 cores: more, shorter repeats
+    (a burst of 24, still a queue: see waiting and polled in steps.csv)."""
+    return {**_queue(gpus), "repeats": 6, "requests": 24, "bystanders": 24,
+            "protocols": PROTOCOLS, "policies": POLICIES}
 
 
 def _ci(gpus: int) -> dict:
-    return {**_queue(gpus), "tp": 2, "repeats": 2, "requests": 24, "bystanders": 24,
+    """The gate's counts run: every protocol and policy once. Its timings come from `bench
+    gate --ab`, which runs repeats of its own."""
+    return {**_queue(gpus), "tp": 2, "repeats": 1, "requests": 24, "bystanders": 24,
             "protocols": PROTOCOLS, "policies": POLICIES}
 
 
@@ -147,12 +153,12 @@ def _race(gpus: int) -> dict:
 PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
            "race": _race}
 PRESET_HELP = {
-    "default": "make bench: the queue scenario for all protocols x policies, 2 repeats, "
-               "TP = local GPUs (2 on CPU)",
+    "default": "make bench: a smaller queue scenario (24 + 24) for all protocols x policies, "
+               "6 repeats, TP = local GPUs (2 on CPU)",
     "queue": "the headline: a burst of 48 prefetching requests plus 48 bystanders, "
-             "pr27010 / pr36425 / step-clock, wait_complete and timeout, 3 repeats",
-    "ci": "the gate's quick run: a smaller queue scenario (24 + 24), all protocols x "
-          "policies, 2 repeats",
+             "pr27010 / pr36425 / step-clock, wait_complete and timeout, 6 repeats",
+    "ci": "the gate's counts run: a smaller queue scenario (24 + 24), all protocols x "
+          "policies, 1 repeat",
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",

@@ -1,6 +1,6 @@
-"""Usage: python -m bench noise [--runs 3] [--preset ci] [--from RUN_DIR ...] [--out DIR]
-                                     [--protocols P,..] [--policies P,..] [--bootstrap]
-                                     [--update-gate BASELINE_DIR]
+"""Usage: python -m bench noise [--runs 3] [--preset queue] [--from RUN_DIR ...] [--out DIR]
+                                     [--repeats N] [--protocols P,..] [--policies P,..]
+                                     [--bootstrap] [--update-gate BASELINE_DIR]
 
 Are this commit's intervals honest? Runs the preset --runs times back to back (or reads the
 runs given with --from) and prints, per headline metric (each protocol's ratio to pr27010 in
@@ -34,7 +34,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                   epilog="\n".join(__doc__.splitlines()[6:]),
                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3, help="runs to make (default 3)")
-    p.add_argument("--preset", default="ci")
+    p.add_argument("--preset", default="queue")
+    p.add_argument("--repeats", type=int, help="repeats of every run (default: the preset's)")
     p.add_argument("--from", dest="runs_from", type=Path, nargs="+", metavar="RUN_DIR",
                    help="read these runs instead of making new ones")
     p.add_argument("--protocols")
@@ -57,8 +58,9 @@ def make_runs(args: argparse.Namespace, out: Path) -> tuple[list[Path], dict[str
     """--runs runs of the preset into out/run_<i>; the 1-minute load average after each."""
     from bench.envinfo import REPO_DIR
 
-    extra = [x for f, v in (("--protocols", args.protocols), ("--policies", args.policies))
-             if v for x in (f, v)]
+    extra = [x for f, v in (("--protocols", args.protocols), ("--policies", args.policies),
+                            ("--repeats", args.repeats and str(args.repeats))) if v
+             for x in (f, v)]
     dirs, load = [], {}
     for i in range(args.runs):
         run = out / f"run_{i}"
