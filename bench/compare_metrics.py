@@ -125,6 +125,13 @@ def _step_counts(steps: pd.DataFrame | None) -> tuple[Fraction | None, dict[str,
     return _frac(per_step.sum(), len(per_step)), by_kind
 
 
+def _ticket_total(requests: pd.DataFrame) -> int:
+    """PP-ticket broadcasts (sglang-0.5.23, buffer_only, PP > 1); runs before it carry none."""
+    if "ticket_collectives" not in requests:
+        return 0
+    return int(requests["ticket_collectives"].fillna(0).sum())
+
+
 def counts(requests: pd.DataFrame, steps: pd.DataFrame | None) -> Counts:
     """Per-request and per-step collective counts of one configuration (all repeats)."""
     n = len(requests)
@@ -136,7 +143,8 @@ def counts(requests: pd.DataFrame, steps: pd.DataFrame | None) -> Counts:
         decision_per_req=_frac(total["decision_collectives"], n),
         critical_per_req=_frac(total["decision_collectives"] + total["completion_collectives"]
                                + total["pp_hops"], n),
-        background_per_req=_frac(total["hit_query_collectives"] + total["ack_collectives"], n),
+        background_per_req=_frac(total["hit_query_collectives"] + total["ack_collectives"]
+                                 + _ticket_total(requests), n),
         decision_per_poll=_frac(total["decision_collectives"], polls),
         poll_sites_per_poll=_frac(total["decision_collectives"] + total["pp_hops"], polls),
         completion_per_req=_frac(total["completion_collectives"], n),

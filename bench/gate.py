@@ -40,7 +40,7 @@ from bench.result_files import (
     read_json_object,
 )
 from bench.schema import GROUP_KEYS, STEP_COLUMNS
-from bench.summarize import config_groups, expected_counts, summarize
+from bench.summarize import background_collectives, config_groups, expected_counts, summarize
 from bench.verdict import (
     crosscheck_misses,
     data_errors,
@@ -79,7 +79,8 @@ def _count_meaning(site: str, protocol: str, expected: int, observed: int) -> st
         more = "more" if observed > expected else "fewer"
         return (f"{protocol}'s hit-query/ack threads issued {more} collectives than the model "
                 "(per hit query and per 128-page batch one MIN over TP, then PP for the ack "
-                "protocols; the final ack is free): the background agreement changed")
+                "protocols; the final ack is free; one ticket broadcast on 0.5.23's PP-ticket "
+                "path): the background agreement changed")
     if observed > expected and expected == 0:
         return (f"{protocol} issued a collective in a poll that needs none: a collective was "
                 "added to the hot path")
@@ -93,7 +94,7 @@ def _count_meaning(site: str, protocol: str, expected: int, observed: int) -> st
 def _exact_check(row: dict, g: pd.DataFrame, site: str) -> Check:
     """Per request (exact) and per summary row: measured `site` collectives == the model."""
     column = "decision_collectives" if site == "decision" else None
-    measured = (g[column] if column else g["hit_query_collectives"] + g["ack_collectives"])
+    measured = g[column] if column else background_collectives(g)
     expected = expected_counts(g)[site]
     bad = measured.astype(int) != expected
     name = f"{site}_exact"

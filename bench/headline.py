@@ -1,6 +1,6 @@
-"""The report's lead (SPEC section 8): what the overhead model expects, the headline table
-(each protocol against pr27010 in the same configuration), and the model's prediction next
-to the measurement, each closed by one sentence.
+"""The report's lead (docs/design.md section 8): what the overhead model expects, the
+headline table (each protocol against pr27010 in the same configuration), and the model's
+prediction next to the measurement, each closed by one sentence.
 
 All text is built from summary rows (bench.summarize), so it can be rebuilt from the CSVs.
 """
@@ -15,7 +15,7 @@ from bench.schema import REFERENCE_PROTOCOL
 from bench.tables import interval_text
 from hicache.cost_model import POLICIES, PROTOCOLS
 
-HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock")
+HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
 HEADLINE_POLICIES = ("wait_complete", "timeout")
 HEADLINE_HEADERS = ["protocol", "policy", "coll/req", "polls/step", "coll/step", "step ms",
                     "step x", "ITL p50 x", "ITL p99 x", "TTFT p50 x prefetch",

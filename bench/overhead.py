@@ -1,5 +1,6 @@
-"""The overhead model of SPEC section 8, as arithmetic: what the decision collectives of the
-waiting-queue walk add to every scheduler step, and the ITL inflation that implies.
+"""The overhead model of docs/design.md section 8, as arithmetic: what the decision
+collectives of the waiting-queue walk add to every scheduler step, and the ITL inflation
+that implies.
 
     extra scheduler time per step = polls per step x (T x c_ar + P x (PP - 1) x c_hop)
                                     + completion MINs per step x c_ar
@@ -48,17 +49,19 @@ def hop_ms(c_ar_ms: float, tp_measured: int, c_hop_measured_ms: float | None) ->
 
 
 def per_poll_ms(protocol: str, policy: str, tp: int, pp: int, c_ar_ms: float,
-                c_hop_ms: float) -> float:
+                c_hop_ms: float, host_memory: str = "cache") -> float:
     """Scheduler time one poll of a pending prefetch spends in decision collectives."""
-    t, p = decision_per_poll(protocol, policy, tp, pp)
+    t, p = decision_per_poll(protocol, policy, tp, pp, host_memory)
     return t * c_ar_ms + p * (pp - 1) * c_hop_ms
 
 
 def extra_step_ms(protocol: str, policy: str, tp: int, pp: int, polls_per_step: float,
-                  c_ar_ms: float, c_hop_ms: float, completions_per_step: float = 0.0) -> float:
+                  c_ar_ms: float, c_hop_ms: float, completions_per_step: float = 0.0,
+                  host_memory: str = "cache") -> float:
     """Predicted extra scheduler time per step from decision (and completion) collectives."""
     completion = completions_per_step * c_ar_ms if tp > 1 else 0.0
-    return polls_per_step * per_poll_ms(protocol, policy, tp, pp, c_ar_ms, c_hop_ms) + completion
+    per_poll = per_poll_ms(protocol, policy, tp, pp, c_ar_ms, c_hop_ms, host_memory)
+    return polls_per_step * per_poll + completion
 
 
 def inflation(extra_ms: float, base_step_ms: float) -> float:

@@ -8,16 +8,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from bench.workload import WorkloadSpec
+from bench import workload as synthetic
+from bench.trace import TraceSpec
+from bench.workload import Workload, WorkloadSpec
 from hicache.config import HiCacheConfig
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import POLICIES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel, roofline
 from hicache.storage import StorageSpec
 
-ALIASES = {"before": "pr27010", "after": "pr36425"}
+# The five protocols the project compares: what "every protocol" means for a preset (the
+# default, ci and pp presets), so a protocol added for a release finding does not grow them.
+PROJECT_PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")
+# Release names for --protocols (docs/releases.md); sglang-0.5.23 is a protocol of its own.
+ALIASES = {"before": "pr27010", "after": "pr36425",
+           "sglang-0.5.18": "pre27010", "sglang-0.5.19": "pr36425"}
 THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
+WRITE_PATH_THREADS = 1  # the backup thread, runnable when a write policy is on
+# The trace shipped with the repository (traces/README.md): what `--preset trace` replays.
+TRACE_EXCERPT = Path(__file__).resolve().parent.parent / "traces" / \
+    "mooncake_conversation_400.jsonl"
 
 
 @dataclass(frozen=True)
@@ -32,7 +44,7 @@ class Cell:
 @dataclass(frozen=True)
 class RunPlan:
     preset: str = "default"
-    protocols: tuple[str, ...] = PROTOCOLS
+    protocols: tuple[str, ...] = PROJECT_PROTOCOLS
     policies: tuple[str, ...] = POLICIES
     rates: tuple[float, ...] = (16.0,)
     repeats: int = 3
@@ -45,6 +57,9 @@ class RunPlan:
     gpu: str = "h100"  # the GPU whose forward the CPU stand-in sleeps out; none: no sleep
     step_ms: float | None = None  # overrides the modelled decode step's fixed part
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    # A trace replay instead of the synthetic workload; `rates` are then offered loads
+    # (time scale x the window's own rate).
+    trace: TraceSpec | None = None
     storage: StorageSpec = field(default_factory=lambda: StorageSpec(latency_ms=2.0,
                                                                      bandwidth_gbps=3.0))
     system: tuple[tuple[str, object], ...] = ()  # HiCacheConfig overrides
@@ -101,6 +116,25 @@ class RunPlan:
         different across repeats, so repeats replicate and protocols pair."""
         return self.seed * 1000 + cell.repeat
 
+    @property
+    def threads_per_rank(self) -> int:
+        writes = dict(self.system).get("write_policy", "none") != "none"
+        return THREADS_PER_RANK + (WRITE_PATH_THREADS if writes else 0)
+
+    @property
+    def workload_name(self) -> str:
+        return "synthetic" if self.trace is None else "trace"
+
+    def build_workload(self, cell: Cell) -> Workload:
+        """The cell's requests and what storage holds before them (identical on every
+        rank, and across the protocols of one repeat: paired comparisons)."""
+        if self.trace is not None:
+            return self.trace.workload(cell.rate_rps)
+        return synthetic.build(self.workload_for(cell))
+
+    def time_scale(self, cell: Cell) -> float | None:
+        return None if self.trace is None else cell.rate_rps / self.trace.base_rate_rps()
+
     def workload_for(self, cell: Cell) -> WorkloadSpec:
         # The same requests for every protocol within a repeat: paired comparisons.
         return replace(self.workload, rate_rps=cell.rate_rps, seed=self.repeat_seed(cell))
@@ -111,9 +145,9 @@ def _tp(gpus: int) -> int:
 
 
 def _queue(gpus: int) -> dict:
-    """SPEC section 8's regime: a burst of prefetching requests whose storage reads queue
-    up behind one IO thread, polled every step while bystanders decode beside them. Six
-    repeats: the unit an interval replicates over (docs/metrics.md, "Intervals")."""
+    """docs/design.md section 8's regime: a burst of prefetching requests whose storage
+    reads queue up behind one IO thread, polled every step while bystanders decode beside
+    them. Six repeats: the unit an interval replicates over (docs/metrics.md, "Intervals")."""
     return {"tp": _tp(gpus), "repeats": 6, "requests": 48, "rates": (math.inf,),
             "bystanders": 48, "bystander_rate": 24.0,
             "protocols": ("pr27010", "pr36425", "step-clock"),
@@ -124,14 +158,14 @@ def _default(gpus: int) -> dict:
     """Every protocol and policy in the same ~5 minutes on 2 cores: more, shorter repeats
     (a burst of 24, still a queue: see waiting and polled in steps.csv)."""
     return {**_queue(gpus), "repeats": 6, "requests": 24, "bystanders": 24,
-            "protocols": PROTOCOLS, "policies": POLICIES}
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
 
 
 def _ci(gpus: int) -> dict:
     """The gate's counts run: every protocol and policy once. Its timings come from `bench
     gate --ab`, which runs repeats of its own."""
     return {**_queue(gpus), "tp": 2, "repeats": 1, "requests": 24, "bystanders": 24,
-            "protocols": PROTOCOLS, "policies": POLICIES}
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
 
 
 def _sweep(gpus: int) -> dict:
@@ -144,6 +178,31 @@ def _pp(gpus: int) -> dict:
     return {"tp": 2, "pp": 2, "repeats": 2, "requests": 16}
 
 
+def _trace(gpus: int) -> dict:
+    """The shipped excerpt, 300 requests served before (in storage), 40 replayed twice as
+    fast as they arrived, every tier on (write-through, SGLang's default): pr27010 /
+    pr36425 / step-clock under wait_complete and timeout. The budget holds the longest
+    prompt (121k tokens) on the device, and about 14 average ones."""
+    return {"tp": _tp(gpus), "repeats": 2, "trace": str(TRACE_EXCERPT), "trace_skip": 300,
+            "trace_requests": 40, "time_scales": (2.0,), "write_policy": "write_through",
+            "kv_budget_gib": 12.0, "protocols": ("pr27010", "pr36425", "step-clock"),
+            "policies": ("wait_complete", "timeout")}
+
+
+def _trace_sweep(gpus: int) -> dict:
+    """The load sweep: the trace preset's window at 1, 2, 4 and 8 times its own rate."""
+    return {**_trace(gpus), "time_scales": (1.0, 2.0, 4.0, 8.0), "policies": ("timeout",)}
+
+
+def _releases(gpus: int) -> dict:
+    """Issue 16's finding: at TP2 x PP2 with buffer_only host memory 0.5.23 takes the
+    PP-ticket path, whose polls all-reduce under wait_complete, where 0.5.19 (pr36425)
+    polls for free; pr27010 is the reference every ratio is taken against."""
+    return {**_queue(gpus), "tp": 2, "pp": 2, "repeats": 5, "requests": 24,
+            "bystanders": 24, "host_memory": "buffer_only", "policies": ("wait_complete",),
+            "protocols": ("pr27010", "pr36425", "sglang-0.5.23")}
+
+
 def _race(gpus: int) -> dict:
     return {"tp": 2, "repeats": 1, "requests": 12, "protocols": ("pre27010", "pr36425"),
             "policies": ("wait_complete",), "extra_pool": True,
@@ -151,7 +210,7 @@ def _race(gpus: int) -> dict:
 
 
 PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
-           "race": _race}
+           "race": _race, "releases": _releases, "trace": _trace, "trace-sweep": _trace_sweep}
 PRESET_HELP = {
     "default": "make bench: a smaller queue scenario (24 + 24) for all protocols x policies, "
                "6 repeats, TP = local GPUs (2 on CPU)",
@@ -162,6 +221,14 @@ PRESET_HELP = {
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
+    "releases": "TP2 x PP2, buffer_only host memory, wait_complete: sglang-0.5.23 (the "
+                "PP-ticket path) vs sglang-0.5.19 (pr36425), pr27010 the reference, a burst "
+                "of 24 + 24 bystanders, 5 repeats",
+    "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 40 replayed at 2x), "
+             "device/host/storage tiers, pr27010 / pr36425 / step-clock, wait_complete and "
+             "timeout, 2 repeats",
+    "trace-sweep": "the trace preset at 1, 2, 4, 8 x its arrival rate (timeout): TTFT, ITL "
+                   "and step time against offered load",
 }
 
 

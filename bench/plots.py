@@ -33,7 +33,7 @@ def ordered(values: Sequence, reference: Sequence) -> list:
     return known + sorted((v for v in distinct if v not in reference), key=str)
 
 
-def _color(protocol: str) -> str:
+def protocol_color(protocol: str) -> str:
     """A fixed colour per protocol, the same in every plot."""
     i = PROTOCOLS.index(protocol) if protocol in PROTOCOLS else len(PROTOCOLS)
     return f"C{i % 10}"
@@ -125,7 +125,7 @@ def plot_ttft_cdf(requests: pd.DataFrame, path: Path) -> None:
         for protocol in ordered(sub["protocol"], PROTOCOLS):
             ttft = np.sort(sub.loc[sub["protocol"] == protocol, "ttft_ms"].dropna())
             ax.step(ttft, np.arange(1, ttft.size + 1) / max(ttft.size, 1), where="post",
-                    label=protocol, color=_color(protocol))
+                    label=protocol, color=protocol_color(protocol))
         if sub["ttft_ms"].min() > 0:
             _log_axis(ax)
         ax.set_xlabel("TTFT (ms)")
@@ -143,9 +143,9 @@ def plot_ttft_vs_rate(summary: pd.DataFrame, path: Path) -> None:
         for protocol in ordered(sub["protocol"], PROTOCOLS):
             by_rate = (sub[sub["protocol"] == protocol].groupby("rate_rps")
                        [["ttft_p50_ms", "ttft_p99_ms"]].median().sort_index())
-            ax.plot(by_rate.index, by_rate["ttft_p50_ms"], "o-", color=_color(protocol),
+            ax.plot(by_rate.index, by_rate["ttft_p50_ms"], "o-", color=protocol_color(protocol),
                     label=f"{protocol} p50")
-            ax.plot(by_rate.index, by_rate["ttft_p99_ms"], "s--", color=_color(protocol),
+            ax.plot(by_rate.index, by_rate["ttft_p99_ms"], "s--", color=protocol_color(protocol),
                     label=f"{protocol} p99")
         ax.set_xlabel("arrival rate (requests/s)")
     fig.axes[0].set_ylabel("TTFT (ms)")
@@ -166,7 +166,7 @@ def plot_over_time(steps: pd.DataFrame, path: Path) -> None:
         for protocol in ordered(sub["protocol"], PROTOCOLS):
             s = sub[sub["protocol"] == protocol].sort_values("step")
             t = s["t_s"] - s["t_s"].min()
-            kw = {"color": _color(protocol), "label": protocol, "linewidth": 1}
+            kw = {"color": protocol_color(protocol), "label": protocol, "linewidth": 1}
             axes[0][col].plot(t, s["waiting"], **kw)
             axes[1][col].plot(t, s["step_ms"].rolling(9, min_periods=1).median(), **kw)
         axes[1][col].set_xlabel("time since the first step (s)")

@@ -242,7 +242,7 @@ def render(run_dir: Path, env: dict | None, a: Assumptions, rows: list[dict],
 def assumption_lines(a: Assumptions) -> list[str]:
     """The projection's assumptions, in sentences."""
     return [
-        "- Model (SPEC section 8): extra scheduler time per step = Q x (T x c(TP) + P x "
+        "- Model (docs/design.md section 8): extra scheduler time per step = Q x (T x c(TP) + P x "
         "(PP - 1) x c_hop), where Q is the number of waiting requests with a pending "
         "prefetch the walk polls in one step, and T and P the TP all-reduces and PP hops one "
         "poll costs (hicache.cost_model). The walk's collectives run on the CPU before the "

@@ -1,5 +1,6 @@
-"""The projection grid of the overhead model (SPEC section 8): protocol x policy x TP x PP x Q
-(waiting requests polled per step), and a run's measured points beside the model.
+"""The projection grid of the overhead model (docs/design.md section 8): protocol x policy
+x TP x PP x Q (waiting requests polled per step), and a run's measured points beside the
+model.
 
 Every point is one row dict with projection.csv's columns; the markdown tables and the plot
 are built from the same rows. The inputs (c and the TP it was measured over, the PP hop, the

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench import headline
+from bench import headline, trace_report
 from bench.plots import write_plots
 from bench.provenance import provenance_lines
 from bench.result_files import (
@@ -23,6 +23,7 @@ from bench.result_files import (
 from bench.schema import (
     DIVERGENCE_COLUMNS,
     GROUP_KEYS,
+    OPTIONAL_COLUMNS,
     REFERENCE_PROTOCOL,
     REQUEST_COLUMNS,
     STEP_COLUMNS,
@@ -106,7 +107,8 @@ def _plot_lines(plots: list[str]) -> list[str]:
               "ttft_cdf.png": "TTFT CDF per policy",
               "ttft_breakdown.png": "TTFT breakdown (means)",
               "ttft_vs_rate.png": "TTFT vs arrival rate (p50 solid, p99 dashed)",
-              "queue_over_time.png": "Waiting requests and step time over time (repeat 0)"}
+              "queue_over_time.png": "Waiting requests and step time over time (repeat 0)",
+              "load_sweep.png": "TTFT per class, ITL p99 and step time against offered load"}
     if not plots:
         return ["No request rows: nothing to plot."]
     return [line for p in plots for line in (f"### {titles[p]}", "", f"![{titles[p]}]({p})", "")]
@@ -170,7 +172,7 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 
 def render_report(run_dir: Path, summary: pd.DataFrame, method: str, plots: list[str],
                   divergence: list[str], env: dict | None, calib: dict | None,
-                  verdict: Verdict) -> str:
+                  verdict: Verdict, tiers: list[str] = ()) -> str:
     """report.md's text."""
     return "\n".join([
         f"# hicache-bench report: {run_dir.name}", "", "## Provenance", "",
@@ -183,9 +185,13 @@ def render_report(run_dir: Path, summary: pd.DataFrame, method: str, plots: list
         "with a 95% t interval over the paired repeats; per-repeat ratios, each interval's "
         "half-width (`_mdd`) and its repeat count are in summary.csv.", "",
         "Collective counts are those issued by global rank 0 (PP stage 0, TP rank 0); "
-        "`ranks.csv` has every rank's counts by call site.", "",
+        "`ranks.csv` has every rank's counts by call site.", "", *tiers,
         "## Plots", "", *_plot_lines(plots), "## Divergence / failures", "", *divergence, "",
     ])
+
+
+def _required(columns: list[str]) -> list[str]:
+    return [c for c in columns if c not in OPTIONAL_COLUMNS]
 
 
 def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
@@ -226,8 +232,8 @@ def write_report(run_dir: Path, percentile_method: str = "linear") -> RunReport:
     Raises ResultFileError when requests.csv (or another present result file) is unusable.
     """
     run_dir = Path(run_dir)
-    requests = read_csv_checked(run_dir / "requests.csv", REQUEST_COLUMNS)
-    steps = _read_optional(run_dir / "steps.csv", STEP_COLUMNS)
+    requests = read_csv_checked(run_dir / "requests.csv", _required(REQUEST_COLUMNS))
+    steps = _read_optional(run_dir / "steps.csv", _required(STEP_COLUMNS))
     steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
     ranks = _read_optional(run_dir / "ranks.csv", [])
     failures = _read_optional(run_dir / "failures.csv", FAILURE_COLUMNS)
@@ -241,9 +247,12 @@ def write_report(run_dir: Path, percentile_method: str = "linear") -> RunReport:
     verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements)
     verdict.write(run_dir)
     plots = write_plots(run_dir, requests, summary, steps)
+    trace_plots, trace_files = trace_report.write_outputs(run_dir, requests, summary)
+    plots += trace_plots
     divergence = divergence_lines(summary, requests, failures, ranks, details)
     text = render_report(run_dir, summary, percentile_method, plots, divergence, env,
-                         calibration, verdict)
+                         calibration, verdict,
+                         trace_report.tier_lines(summary, requests, trace_files))
     write_text_atomic(run_dir / "report.md", text)
     lead = headline.lead_text(summary, calibration)
     loaded = load_back_line(requests, env)

@@ -11,20 +11,38 @@ REFERENCE_PROTOCOL = "pr27010"  # "before": every ratio is taken against it
 GROUP_KEYS = ["protocol", "policy", "tp", "pp", "storage", "rate_rps", "extra_pool", "race_guard"]
 STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]  # per-step collectives
 
-# Configuration echoed in every result row.
+# Configuration echoed in every result row. host_memory is one value per run (a plan
+# field), so it is not a group key; runs before it are "cache".
 CONFIG_COLUMNS = [
     "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model",
     "forward", "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard",
+    "host_memory", "workload", "time_scale", "write_policy",
 ]
+
+# Where each request's prompt tokens came from, at scheduling (they sum to prompt_tokens),
+# and the trace's own bound on the reused ones (trace workloads only; bench.trace).
+TOKEN_COLUMNS = ["prompt_tokens", "device_hit_tokens", "host_hit_tokens", "storage_hit_tokens",
+                 "computed_tokens", "reuse_bound_tokens"]
+# Per-tier hit ratios in summary.csv: each source's share of all prompt tokens.
+TIER_COLUMNS = ["device_hit_ratio", "host_hit_ratio", "storage_hit_ratio", "computed_ratio",
+                "reuse_bound_ratio"]
+# The write path's pages per rank (hicache.tiers), empty when the device tier is off.
+WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_pages",
+                      "dropped_host_pages", "device_slots_unaccounted"]
+
+# Columns added with trace replays: absent in older run directories, which stay readable.
+OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
+                    *WRITE_PATH_COLUMNS]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
     "sched_lag_ms",
     "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
     "decision_collectives",
-    "completion_collectives", "hit_query_collectives", "ack_collectives", "pp_hops",
-    "terminated_by", "op_issued", "io_issued", "prefetch_requested_tokens", "hit_tokens",
-    "prefetched_tokens", "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
+    "completion_collectives", "hit_query_collectives", "ack_collectives",
+    "ticket_collectives", "pp_hops", "terminated_by", "op_issued", "io_issued",
+    "prefetch_requested_tokens", "hit_tokens", "prefetched_tokens", *TOKEN_COLUMNS,
+    "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
     "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok",
 ]
 
@@ -38,8 +56,8 @@ STEP_COLUMNS = CONFIG_COLUMNS + [
 # Per-rank counts: every rank's collectives by call site, per configuration and repeat.
 RANK_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rank", "tp_rank", "pp_rank", "decision", "completion", "pp_hop", "hit_query",
-    "ack", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
-    "crosscheck_ok", "host_slots_unaccounted", "cpu_s", "wall_s",
+    "ack", "ticket", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
+    "crosscheck_ok", "host_slots_unaccounted", *WRITE_PATH_COLUMNS, "cpu_s", "wall_s",
 ]
 
 # What the rows cannot say: how ranks disagreed, which group's count differed from torch's.
@@ -76,7 +94,8 @@ OVERHEAD_COLUMNS = [
 
 SUMMARY_COLUMNS = [
     "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model", "forward",
-    "storage", "rate_rps", "extra_pool", "race_guard", "requests", "repeats", "polls_per_req",
+    "storage", "rate_rps", "extra_pool", "race_guard", "host_memory", "requests", "repeats",
+    "polls_per_req",
     "decision_collectives_per_req", "decision_collectives_per_poll",
     "expected_decision_collectives_per_req", "critical_collectives_per_req",
     "background_collectives_per_req", "expected_background_collectives_per_req",
@@ -84,7 +103,7 @@ SUMMARY_COLUMNS = [
     "sched_lag_p50_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
     "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_ci_low", "ttft_p50_ratio_ci_high",
     "ttft_p50_ratio_mdd", "ttft_p50_ratio_repeats", "ttft_p50_ratio_per_repeat",
-    *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "interval_note", "ranks_agree",
+    *TIER_COLUMNS, *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "interval_note", "ranks_agree",
     "known_disagreements", "unexplained_disagreements",
     "data_errors", "percentile_method",
 ]

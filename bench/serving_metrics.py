@@ -1,4 +1,4 @@
-"""Serving-regime metrics of one configuration group (SPEC section 8): TTFT per request
+"""Serving-regime metrics of one configuration group (docs/design.md section 8): TTFT per request
 class, inter-token latency (ITL), step time, polls and collectives per step, queue depth,
 throughput; their ratios to pr27010 with 95% between-repeat intervals (bench.stats: per
 repeat one statistic per side, paired with pr27010's repeat of the same seed); and the
@@ -213,8 +213,10 @@ def _predicted(row: dict, s: pd.DataFrame, calib: dict) -> dict:
     tp, pp = int(row["tp"]), int(row["pp"])
     hop = hop_ms(c["mean_ms"], max(2, int(calib["tp"])), calib.get("pp_hop_ms"))
     completions, polls = s["completion"].mean(), s["polled"].mean()
+    host_memory = row.get("host_memory")
+    host_memory = host_memory if isinstance(host_memory, str) else "cache"
     predict = [extra_step_ms(row["protocol"], row["policy"], tp, pp, polls, c_ms, hop,
-                             completions)
+                             completions, host_memory)
                for c_ms in (c["mean_ms"], c["mean_ci_low_ms"], c["mean_ci_high_ms"])]
     critical = s[["decision", "completion", "pp_hop"]].to_numpy().sum()
     return {"c_ms": c["mean_ms"], "c_p50_ms": c["p50_ms"],

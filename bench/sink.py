@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bench import calibrate
 from bench.envinfo import collect_env
-from bench.plan import THREADS_PER_RANK, Cell, RunPlan
+from bench.plan import Cell, RunPlan
 from bench.result_files import list_cell, write_csv_atomic, write_json_atomic
 from bench.schema import (
     DIVERGENCE_COLUMNS,
@@ -22,8 +22,11 @@ from bench.schema import (
     REQUEST_COLUMNS,
     SCHEMA_VERSION,
     STEP_COLUMNS,
+    TOKEN_COLUMNS,
+    WRITE_PATH_COLUMNS,
 )
 from bench.stats import percentile
+from bench.trace import reuse_bounds
 from hicache.comm import SITES
 from hicache.consensus import compare_decisions, describe_disagreements, disagreement_scope
 
@@ -44,7 +47,7 @@ class ResultSink:
         write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
                                                   **data_plane(plan), **(h2d or {}),
                                                   "schema_version": SCHEMA_VERSION,
-                                                  "threads_per_rank": THREADS_PER_RANK,
+                                                  "threads_per_rank": plan.threads_per_rank,
                                                   "torch_distributed_debug": debug,
                                                   "plan": _plan_dict(plan)})
 
@@ -59,9 +62,11 @@ class ResultSink:
 
     def begin(self, cell: Cell, total: int) -> None:
         write_json_atomic(self.dir / "progress.json", {**cell.__dict__, "total": total})
+        scale = self.plan.time_scale(cell)
+        load = f"rate={cell.rate_rps:g}" if scale is None else \
+            f"rate={cell.rate_rps:.2f} (x{scale:g})"
         print(f"[{cell.index + 1:3d}/{total}] {cell.protocol:<12} {cell.policy:<13} "
-              f"rate={cell.rate_rps:g} repeat={cell.repeat} ...", end="", file=sys.stderr,
-              flush=True)
+              f"{load} repeat={cell.repeat} ...", end="", file=sys.stderr, flush=True)
 
     def add(self, cell: Cell, gathered: list[dict]) -> None:
         config = self._config(cell)
@@ -88,7 +93,9 @@ class ResultSink:
                 "backend": p.backend, "model": p.model, "forward": p.forward,
                 "storage": p.storage.kind, "rate_rps": cell.rate_rps,
                 "seed": p.seed, "page_size": cfg.page_size, "extra_pool": cfg.extra_pool,
-                "race_guard": cfg.race_guard}
+                "race_guard": cfg.race_guard, "host_memory": cfg.host_memory,
+                "workload": p.workload_name, "time_scale": p.time_scale(cell),
+                "write_policy": cfg.write_policy}
 
     def _request_rows(self, cell: Cell, config: dict, gathered: list[dict]) -> list[dict]:
         logs = [p["decisions"] for p in gathered]
@@ -96,6 +103,7 @@ class ResultSink:
         scope = disagreement_scope(logs, self.plan.tp)
         per_rank = [{r["rid"]: r for r in p["requests"]} for p in gathered]
         rows = []
+        bounds = self._reuse_bounds()
         t0 = min((r["arrival"] for r in gathered[0]["requests"]), default=0.0)
         for r in gathered[0]["requests"]:
             rid = r["rid"]
@@ -103,12 +111,22 @@ class ResultSink:
             finished = all(x is not None and x["first_token"] is not None for x in everywhere)
             errors = sum(x["data_errors"] for x in everywhere if x is not None)
             rows.append({**config, "repeat": cell.repeat, **_timing(r, t0), **_decode(r),
-                         **_counts(r), "ranks_agree": agree.get(rid, True) and finished,
+                         **_counts(r), "reuse_bound_tokens": bounds.get(rid),
+                         "ranks_agree": agree.get(rid, True) and finished,
                          "disagreement": scope.get(rid, "" if finished else "ranks"),
                          "data_ok": errors == 0})
         for line in describe_disagreements(logs, self.plan.tp)[:3]:
             self._problem(cell, "disagreement", line)
         return rows
+
+    def _reuse_bounds(self) -> dict[str, int]:
+        """A trace's own bound on each request's reused tokens (bench.trace), by rid."""
+        if self.plan.trace is None:
+            return {}
+        rows = self.plan.trace.rows()
+        page = self.plan.config(self.plan.cells()[0]).page_size
+        bounds = reuse_bounds(rows, page)
+        return {f"t{r.line:05d}": b for r, b in zip(rows, bounds, strict=True)}
 
     def _step_row(self, config: dict, cell: Cell, s: dict) -> dict:
         row = {**config, "repeat": cell.repeat, "step": s["step"], "t_s": s["t"],
@@ -131,7 +149,9 @@ class ResultSink:
         leaked = p.get("host_slots_unaccounted")
         return {**config, "repeat": cell.repeat, "rank": p["rank"], "tp_rank": p["tp_rank"],
                 "pp_rank": p["pp_rank"], **{s: p["by_site"].get(s, 0) for s in SITES},
-                "crosscheck_ok": ok, "host_slots_unaccounted": leaked, "cpu_s": p["cpu_s"],
+                "crosscheck_ok": ok, "host_slots_unaccounted": leaked,
+                **{k: p.get("write_path", {}).get(k) for k in WRITE_PATH_COLUMNS},
+                "cpu_s": p["cpu_s"],
                 "wall_s": p["wall_s"]}
 
     def _problem(self, cell: Cell, kind: str, what: str) -> None:
@@ -188,10 +208,12 @@ def _counts(r: dict) -> dict:
     return {"polls": r["polls"], "decision_collectives": r.get("coll_decision", 0),
             "completion_collectives": r.get("coll_completion", 0),
             "hit_query_collectives": r.get("coll_hit_query", 0),
-            "ack_collectives": r.get("coll_ack", 0), "pp_hops": r.get("coll_pp_hop", 0),
+            "ack_collectives": r.get("coll_ack", 0),
+            "ticket_collectives": r.get("coll_ticket", 0), "pp_hops": r.get("coll_pp_hop", 0),
             "terminated_by": r["terminated_by"], "op_issued": r["op_issued"],
             "io_issued": r["io_issued"], "prefetch_requested_tokens": r["requested_tokens"],
-            "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"]}
+            "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"],
+            **{k: r[k] for k in TOKEN_COLUMNS if k in r}}
 
 
 def data_plane(plan: RunPlan) -> dict:
@@ -205,7 +227,8 @@ def data_plane(plan: RunPlan) -> dict:
 
 
 def _plan_dict(plan: RunPlan) -> dict:
-    d = {k: v for k, v in plan.__dict__.items() if k not in ("workload", "storage", "system")}
+    d = {k: v for k, v in plan.__dict__.items()
+         if k not in ("workload", "storage", "system", "trace")}
     d.update(workload=plan.workload.__dict__, storage=plan.storage.__dict__,
-             system=dict(plan.system))
+             system=dict(plan.system), trace=plan.trace and plan.trace.__dict__)
     return d

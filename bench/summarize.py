@@ -15,7 +15,13 @@ import numpy as np
 import pandas as pd
 
 from bench.result_files import as_bool, clean_key, is_true, list_cell
-from bench.schema import GROUP_KEYS, REFERENCE_PROTOCOL, STEP_SITES, SUMMARY_COLUMNS
+from bench.schema import (
+    GROUP_KEYS,
+    REFERENCE_PROTOCOL,
+    STEP_SITES,
+    SUMMARY_COLUMNS,
+    TIER_COLUMNS,
+)
 from bench.serving_metrics import (
     interval_note,
     overhead_cells,
@@ -43,21 +49,33 @@ def config_groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
     return {clean_key(k): g for k, g in df.groupby(GROUP_KEYS, dropna=False, sort=False)}
 
 
+def background_collectives(requests: pd.DataFrame) -> pd.Series:
+    """Per request, measured: hit query + acks + the PP-ticket broadcast (a column runs
+    before sglang-0.5.23 do not carry: 0 there)."""
+    ticket = (requests["ticket_collectives"].fillna(0) if "ticket_collectives" in requests
+              else 0)
+    return requests["hit_query_collectives"] + requests["ack_collectives"] + ticket
+
+
 def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
-    """Per request: the cost model's decision and background (hit query + ack) collectives."""
+    """Per request: the cost model's decision and background (hit query + ack + ticket)
+    collectives."""
     hit_pages = (requests["hit_tokens"].fillna(0) // requests["page_size"]).astype(int)
     extra = (as_bool(requests["extra_pool"]) if "extra_pool" in requests
              else pd.Series(False, index=requests.index))
+    # runs before host_memory (no column, or empty cells) are "cache"
+    host = [h if isinstance(h, str) else "cache"
+            for h in requests.get("host_memory", pd.Series(index=requests.index))]
     rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
                requests["polls"], hit_pages, as_bool(requests["op_issued"]),
                as_bool(requests["io_issued"]), requests["terminated_by"] == "poll", extra,
-               strict=True)
+               host, strict=True)
     decision, background = [], []
-    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side in rows:
+    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem in rows:
         e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
-                                 bool(op), bool(io), bool(by_poll), bool(side))
+                                 bool(op), bool(io), bool(by_poll), bool(side), str(mem))
         decision.append(e.decision)
-        background.append(e.hit_query + e.ack)
+        background.append(e.hit_query + e.ack + e.ticket)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)
 
 
@@ -78,8 +96,7 @@ def _count_cells(g: pd.DataFrame) -> dict:
         "expected_decision_collectives_per_req": exp["decision"].mean(),
         "critical_collectives_per_req": (g["decision_collectives"]
                                          + g["completion_collectives"] + g["pp_hops"]).mean(),
-        "background_collectives_per_req":
-            (g["hit_query_collectives"] + g["ack_collectives"]).mean(),
+        "background_collectives_per_req": background_collectives(g).mean(),
         "expected_background_collectives_per_req": exp["background"].mean(),
     }
 
@@ -126,11 +143,27 @@ def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> tuple[dict, list[
             or math.nan}, [iv]
 
 
+def tier_cells(g: pd.DataFrame) -> dict:
+    """Each source's share of all prompt tokens (requests.csv's token columns), and the
+    trace's own bound on the reused share; unknown (runs before these columns) is NaN."""
+    if "prompt_tokens" not in g or not g["prompt_tokens"].sum() > 0:
+        return dict.fromkeys(TIER_COLUMNS, math.nan)
+    total = g["prompt_tokens"].sum()
+    out = {f"{k}_ratio": g[f"{k}_tokens"].sum() / total
+           for k in ("device_hit", "host_hit", "storage_hit", "computed")}
+    bound = pd.to_numeric(g["reuse_bound_tokens"], errors="coerce") \
+        if "reuse_bound_tokens" in g else pd.Series([math.nan])
+    out["reuse_bound_ratio"] = bound.sum() / total if bound.notna().all() else math.nan
+    return out
+
+
 def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
     """Group key plus the layout columns that are constant within a group."""
     cells = dict(zip(GROUP_KEYS, key, strict=True))
     for col in ("world_size", "device", "backend", "model", "forward"):
         cells[col] = g[col].iloc[0] if col in g else None
+    host = g["host_memory"].iloc[0] if "host_memory" in g else None
+    cells["host_memory"] = host if isinstance(host, str) else "cache"  # runs before it
     repeats = g["repeat"].nunique()
     cells["repeats"] = repeats
     cells["requests"] = int(round(len(g) / repeats)) if repeats else 0
@@ -189,7 +222,7 @@ def summarize(
         ttft, ttft_iv = _ratio_cells(g, groups.get(ref))
         serving, serving_iv = ratio_cells(g, s, groups.get(ref), step_groups.get(ref))
         rows[key] = (_config_cells(key, g) | _count_cells(g) | _step_cells(s, len(g))
-                     | _ttft_cells(g, percentile_method) | ttft
+                     | _ttft_cells(g, percentile_method) | tier_cells(g) | ttft
                      | serving_cells(g, s, busy.get(key)) | serving
                      | _check_cells(g, percentile_method)
                      | {"interval_note": interval_note(ttft_iv + serving_iv)})

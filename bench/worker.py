@@ -57,7 +57,7 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
         short = replace(spec, output_tokens=min(4, spec.output_tokens))
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
         _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps)
-    main = workload.build(spec)
+    main = plan.build_workload(cell)
     cpu0, wall0 = time.process_time(), time.monotonic()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps)
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
@@ -65,6 +65,7 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
             "crosscheck": system.crosscheck(),
             "host_slots_unaccounted": stats.host_slots_unaccounted,
+            "write_path": stats.write_path,
             # CPU seconds this rank's threads used while serving (and the wall time):
             # together with the other ranks', how busy the machine's cores were.
             "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0}

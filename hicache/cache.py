@@ -18,14 +18,17 @@ from hicache.comm import COMPLETION, PER_STEP_MIN, Comm, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import rank_consensus
 from hicache.controller import SIDECAR, CacheController, PrefetchOp
+from hicache.cost_model import ticket_path
 from hicache.hashing import page_hashes
 from hicache.kv_layout import kv_layout
 from hicache.loadback import LoadBack
 from hicache.pools import PagePool, verify_pages
+from hicache.pp_ticket import TicketRelay
 from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
 from hicache.storage import Storage
+from hicache.tiers import Tiers, token_sources
 
 
 class HiCache:
@@ -43,10 +46,24 @@ class HiCache:
         if cfg.extra_pool:  # side-car pages share the KV page's slot number
             self.host_side = PagePool(SIDECAR, kv.host_pages, cfg.sidecar_page_elems, "cpu", pin)
             self.dev_side = PagePool(SIDECAR, kv.device_pages, cfg.sidecar_page_elems, device)
+        self.pairs = [(self.host_kv, self.dev_kv)]  # (host, device) pools a load-back copies
+        if self.host_side is not None:
+            self.pairs.append((self.host_side, self.dev_side))
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
+        self.agreement = self.protocol.agreement(cfg.host_memory)
+        # buffer_only: host pages are staging for one load-back, not a cache tier.
+        self.buffer_only = cfg.host_memory == "buffer_only"
+        self.ticketed = ticket_path(cfg.protocol, cfg.pp, cfg.host_memory)
+        tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
+                               cfg.collective_timeout_s / 2) if self.ticketed else None)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
-                                          cfg.page_size, self.protocol.uses_acks)
+                                          cfg.page_size, self.protocol.uses_acks, tickets)
+        self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
+                            self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
+                      if cfg.tiers else None)
+        self._placed: dict[str, tuple[list[str], int]] = {}  # rid -> (page hashes, device hit)
+        self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
         self.prompts: dict[str, list[int]] = {}
@@ -66,9 +83,12 @@ class HiCache:
         st.requested_tokens = len(key)
         if len(key) < self.cfg.prefetch_threshold:
             return
-        if self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
-            return  # rate-limited: half the host pool already in flight
-        op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page)
+        if not self.buffer_only and not self.cfg.unbounded_pools and \
+                self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
+            return  # rate-limited: half the host pool already in flight (buffer mode sizes
+            # host memory at the hit instead: unified_radix_cache.py:2157)
+        op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page,
+                        ticketed=self.ticketed)
         self.ongoing[rid] = op
         self.tokens_in_flight += len(key)
         st.op_issued = True
@@ -82,45 +102,73 @@ class HiCache:
 
     def release(self, rid: str) -> None:
         self.prompts.pop(rid, None)
+        self.host_kv.free(self.staged.pop(rid, ([], []))[0])
         for m in self.matches.pop(rid, []):
             self.tree.unlock(m.node)
 
-    def cached_tokens(self, tokens: list[int]) -> int:
-        """Host-resident prefix usable for this prompt (at least one token left to compute)."""
-        pages = min(self.tree.match(tokens).pages, (len(tokens) - 1) // self.page)
-        return pages * self.page
+    def cached_tokens(self, rid: str) -> int:
+        """Host-resident prefix usable for this request's prompt (tree, then its staged
+        pages; at least one token left to compute)."""
+        tokens = self.prompts[rid]
+        held = self.tree.match(tokens).pages + len(self.staged.get(rid, ([], []))[0])
+        return min(held, (len(tokens) - 1) // self.page) * self.page
 
     # ---- load-back host->device ---------------------------------------------------------------
 
     def load_back(self, rid: str) -> tuple[list[int], float]:
-        """Copies the host-resident prefix to fresh device pages; returns them and the time."""
+        """Device pages for the prompt before its prefill: the host-resident prefix is
+        copied to fresh device pages (with the device tier: after the device hit, and the
+        pages to compute get theirs too). Returns the device pages and the copy's time."""
         tokens = self.prompts[rid]
         m = self._match_and_lock(rid, tokens)
-        pages = min(m.pages, (len(tokens) - 1) // self.page)
+        staged, staged_hashes = self.staged.pop(rid, ([], []))
+        if self.tiers is not None:
+            (dev, hit, src), hashes = self.tiers.place(tokens, m), m.hashes
+        else:
+            src, hashes = m.slots + staged, m.hashes + staged_hashes
+            hit, src = 0, src[: min(len(src), (len(tokens) - 1) // self.page)]
+            dev = self._alloc_device(rid, len(src))
+        usable, st = hit + len(src), self.stats.requests[rid]
+        seconds, st.load_back_bytes = self.loader.copy(self.pairs, src, dev[hit:usable])
+        st.loaded_tokens = len(src) * self.page
+        sources = token_sources(len(tokens), self.page, self.matches[rid][0].pages,
+                                st.prefetched_tokens // self.page, hit, usable)
+        for name, value in sources.items():
+            setattr(st, name, value)
+        st.data_errors += self._verify(tokens, hashes[:usable], dev[:usable])
+        self.host_kv.free(staged)  # buffer_only: the staging has served its one load-back
+        if self.tiers is not None:
+            self._placed[rid] = (self.tiers.computed(tokens, m, dev, usable), hit)
+        return dev, seconds
+
+    def _alloc_device(self, rid: str, pages: int) -> list[int]:
         dev = self.dev_kv.alloc(pages)
         if dev is None:
             raise RuntimeError(f"device pool exhausted loading {pages} pages for {rid} "
                                f"({self.dev_kv.num_pages} pages of {self.kv.page_bytes} bytes; "
                                f"a larger kv_budget_gib holds more)")
-        pairs = [(self.host_kv, self.dev_kv)]
-        if self.host_side is not None:
-            pairs.append((self.host_side, self.dev_side))
-        st = self.stats.requests[rid]
-        seconds, st.load_back_bytes = self.loader.copy(pairs, m.slots[:pages], dev)
-        st.loaded_tokens = pages * self.page
-        st.data_errors += self._verify(tokens, m, pages, dev, pairs)
-        return dev, seconds
+        return dev
 
-    def _verify(self, tokens, m: MatchResult, pages: int, dev: list[int], pairs) -> int:
+    def _verify(self, tokens, hashes: list[str], dev: list[int]) -> int:
         """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
-        want = page_hashes(tokens[: pages * self.page], self.page)
-        bad = sum(a != b for a, b in zip(want, m.hashes[:pages], strict=True))
-        for _, devp in pairs:
+        want = page_hashes(tokens[: len(hashes) * self.page], self.page)
+        bad = sum(a != b for a, b in zip(want, hashes, strict=True))
+        for _, devp in self.pairs:
             bad += verify_pages(devp, dev, want, self.layout.rank)
         return bad
 
-    def free_device(self, dev: list[int]) -> None:
-        self.dev_kv.free(dev)
+    def cache_prefill(self, rid: str, dev: list[int]) -> None:
+        """After the prefill: with the device tier its pages stay cached on the device
+        (and start toward the host and storage); without, the device pages go back."""
+        if self.tiers is None:
+            self.dev_kv.free(dev)
+            return
+        hashes, hit = self._placed.pop(rid)
+        self.tiers.cache_prefill(self.prompts[rid], hashes, dev, hit)
+
+    def writes_pending(self) -> bool:
+        """Host copies or storage writes not yet acked (the run goes on until they are)."""
+        return self.tiers is not None and self.tiers.busy
 
     def close(self) -> None:
         """Frees the pools' memory (gigabytes of pinned host memory with real KV pages)."""
@@ -140,32 +188,46 @@ class HiCache:
                    if op.host_slots is not None and not op.decided]
         facts = [self._facts(op) for op in pending]
         votes = [self.protocol.step_vote(f) for f in facts]
-        # Who is busy, and step-batched's timeout flags: a MAX rides in the MIN by negation.
-        head = [-int(busy)] + [-v for v in votes if v is not None]
-        queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
-        head, queues = self._agree_step(head, queues)
-        for op, f in zip(pending, head[1:], strict=False):
+        agreed = self.agreement.agree(self._step_values(busy, votes), self.layout.pp,
+                                      self._reduce_step)
+        head, queues = agreed["head"], agreed["queues"]
+        flags = head[1: 1 + sum(v is not None for v in votes)]
+        for op, f in zip(pending, flags, strict=False):
             if f == -1:
                 self._decide(op)
         for op, f in zip(pending, facts, strict=True):
             if not op.decided and self.protocol.step_decide(f):
                 self._decide(op)
+        if self.tiers is not None:  # writing_check comes before the queue drains
+            self.tiers.drain_copies(head[-1])
         self._drain_hits(queues[0])
         self._drain_acks(queues[1])
+        if self.tiers is not None:
+            self.tiers.drain_backups(queues[2], self._get)
         return head[0] == -1
 
-    def _agree_step(self, head: list[int], queues: list[int]) -> tuple[list[int], list[int]]:
-        """The step's counters, agreed. SGLang (unified_radix_cache check_hicache_events):
-        with PP = 1 one packed MIN; with PP > 1 two `_all_reduce` calls, finished-op counts
-        and then the storage queue sizes, each a TP MIN on stage 0 and the PP hop."""
-        if self.layout.pp == 1:
-            agreed = self._reduce_step(queues + head)
-            return agreed[len(queues):], agreed[: len(queues)]
-        return self._reduce_step(head), self._reduce_step(queues)
+    def _step_values(self, busy: bool, votes: list[int | None]) -> dict[str, list[int]]:
+        """This rank's per-step counts, by list (hicache.step_agreement), all MIN-reduced."""
+        # Who is busy, and step-batched's timeout flags: a MAX rides in the MIN by negation.
+        head = [-int(busy)] + [-v for v in votes if v is not None]
+        loads = [0]  # load-back copies inside the step (hicache.loadback): none pending
+        queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
+        if self.tiers is not None:
+            # The write path's counts ride here, no collective of their own (docs/design.md
+            # section 12): finished host copies with the head, backup acks with the queues.
+            head.append(self.tiers.finished_copies())
+            queues.append(self.tiers.backup_queue_size())
+        return {"head": head, "loads": loads, "queues": queues}
 
-    def _reduce_step(self, values: list[int]) -> list[int]:
+    def _reduce_step(self, values: list[int], relay: bool) -> list[int]:
+        """One reduction of the step's agreement: relayed (TP MIN on stage 0, then the PP
+        hop) or stage-local (this stage's TP group only)."""
         t = torch.tensor(values, dtype=torch.int64)
-        self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
+        # Blocks until every rank of the group (and, relayed, stage 0) reaches this step.
+        if relay:
+            self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
+        else:
+            self.comm.all_reduce(t, dist.ReduceOp.MIN, "tp_cpu", PER_STEP_MIN)
         return t.tolist()
 
     def _decide(self, op: PrefetchOp) -> None:
@@ -203,7 +265,8 @@ class HiCache:
         fits if it reaches the threshold (unified_radix_cache `_try_alloc_storage_hit`)."""
         slots = self.host_kv.alloc(pages)
         if slots is None:
-            self.host_kv.free(self.tree.evict(pages - self.host_kv.available))
+            pinned = self.tiers.pinned if self.tiers is not None else None
+            self.host_kv.free(self.tree.evict(pages - self.host_kv.available, pinned))
             slots = self.host_kv.alloc(pages)
         fit = min(pages, self.host_kv.available)
         if slots is None and fit * self.page >= self.cfg.prefetch_threshold:
@@ -232,7 +295,11 @@ class HiCache:
             return True  # nothing ongoing: not a poll
         self.stats.requests[rid].polls += 1
         if not self.protocol.poll(self._facts(op), self.comm, rid):
+            self._blocked(op)
             return False
+        if op.ticketed:
+            self._take_ticket(op)
+            return True
         op.terminated.set()  # the IO thread stops at its next batch boundary
         if op.host_slots is None:
             # Stopped before its hit was agreed: no host slots, nothing usable, and no
@@ -242,18 +309,46 @@ class HiCache:
             self._finalize(op, self._usable_after_poll(op), "poll")
         return True
 
+    def _blocked(self, op: PrefetchOp) -> None:
+        # 0.5.23 starts the timeout clock at the first poll that finds it pending
+        # (unified_radix_cache.py `_start_storage_prefetch_wait`); a ticket has no clock.
+        if self.protocol.clock == "first_blocked_poll" and self.cfg.policy == "timeout" \
+                and op.wait_start is None and not op.ticketed:
+            op.wait_start = time.monotonic()
+
+    def _take_ticket(self, op: PrefetchOp) -> None:
+        """Stage 0 found the ticket ready: wait for this rank's own final ack (a TP peer or a
+        later stage may be a moment behind: `take_ready_pp_prefetch`), then end it with
+        what the acks agreed; a miss ends with nothing usable."""
+        if not op.ready.wait(self.cfg.collective_timeout_s):
+            raise RuntimeError(f"rank {self.layout.rank}: ticket of {op.rid} not ready "
+                               f"within {self.cfg.collective_timeout_s}s of stage 0's")
+        st = self.stats.requests[op.rid]
+        st.hit_tokens, st.io_issued = op.hit_tokens, True  # every ticket went to the IO thread
+        self._finalize(op, op.completed_tokens, "poll")
+
     def _facts(self, op: PrefetchOp) -> Facts:
-        if self.protocol.name == "step-clock":
+        return Facts(
+            completed=bool(op.hash_value) and op.completed_tokens == op.hit_tokens,
+            timed_out=self._timed_out(op), terminated=op.terminated.is_set(),
+            has_sidecar=self.host_side is not None, sidecar_done=op.pool_transfers_done,
+            decided=op.decided, ticketed=op.ticketed, ticket_ready=op.ready.is_set(),
+            pp_rank=self.layout.pp_rank)
+
+    def _timed_out(self, op: PrefetchOp) -> bool:
+        cfg = self.cfg
+        if self.protocol.clock == "first_blocked_poll":
+            # 0.5.23 (unified_radix_cache.py:2259-2283): once every KV page landed it never
+            # times out; the budget counts the requested pages, from the first blocked poll.
+            landed = op.host_slots is not None and op.completed_tokens >= op.hit_tokens
+            budget = cfg.timeout_base_s + len(op.tokens) / 1024 * cfg.timeout_per_ki_token_s
+            return not landed and op.wait_start is not None and \
+                time.monotonic() - op.wait_start > budget
+        if self.protocol.clock == "step":
             elapsed = self.step_stamp - op.start_stamp  # rank 0's clock, identical on all
         else:
             elapsed = time.monotonic() - op.start_time  # this rank's wall clock
-        limit = (self.cfg.timeout_base_s
-                 + op.hit_tokens / 1024 * self.cfg.timeout_per_ki_token_s)
-        return Facts(
-            completed=bool(op.hash_value) and op.completed_tokens == op.hit_tokens,
-            timed_out=elapsed > limit, terminated=op.terminated.is_set(),
-            has_sidecar=self.host_side is not None, sidecar_done=op.pool_transfers_done,
-            decided=op.decided, pp_rank=self.layout.pp_rank)
+        return elapsed > cfg.timeout_base_s + op.hit_tokens / 1024 * cfg.timeout_per_ki_token_s
 
     def _usable_after_poll(self, op: PrefetchOp) -> int:
         if self.protocol.uses_acks:
@@ -281,9 +376,13 @@ class HiCache:
         pages = usable // self.page
         slots = op.host_slots
         base = self.matches[op.rid][0]
-        if pages:
+        if self.buffer_only:  # held for this request's load-back only
+            self.staged[op.rid] = (slots[:pages], op.hash_value[:pages])
+        elif pages:
             tokens = self.prompts[op.rid][: (base.pages + pages) * self.page]
-            overlap = self.tree.insert(tokens, base.slots + slots[:pages],
+            # Pages already in the tree keep their own slots: the base's are placeholders
+            # (with the device tier part of the base may be on the device only).
+            overlap = self.tree.insert(tokens, [-1] * base.pages + slots[:pages],
                                        base.hashes + op.hash_value[:pages])
             dup = max(0, overlap - base.pages)  # pages another request inserted meanwhile
             self.host_kv.free(slots[:dup])
@@ -315,4 +414,5 @@ class HiCache:
 
     def host_slots_unaccounted(self) -> int:
         """Host slots neither in the tree nor free: 0 after a run, or slots leaked."""
-        return self.host_kv.num_pages - self.host_kv.available - self.tree.total_pages
+        staged = sum(len(slots) for slots, _ in self.staged.values())
+        return self.host_kv.num_pages - self.host_kv.available - self.tree.total_pages - staged

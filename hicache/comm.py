@@ -8,6 +8,9 @@ threads never interleave on one group):
 - prefetch thread: `prefetch` (TP) and `prefetch_pp` (its TP column across the PP stages):
   the hit-query MIN;
 - ack sync thread: `ack` (TP) and `ack_pp` (TP column): the per-batch ack MINs;
+- prefetch thread on 0.5.23's PP-ticket path also: `ticket` (its TP column): stage 0
+  broadcasts each ticket to the later stages (hybrid_cache_controller.py
+  `pp_prefetch_command_thread_func`);
 - consensus thread: `consensus` (world, rank-consensus digests).
 After SGLang PR #27010 a background reduction runs on the TP group, then on the PP group
 (cache_controller.py `_create_sync_groups` / `_all_reduce`), so every rank of the TP x PP
@@ -38,12 +41,14 @@ REQUEST_BROADCAST = "request_broadcast"
 PER_STEP_MIN = "per_step_min"
 MODEL_ALLREDUCE = "model_allreduce"
 CONSENSUS = "consensus"
+TICKET = "ticket"
 CALIBRATION = "calibration"  # the harness's latency probe (bench.calibrate); not a system site
+HARNESS_STOP = "harness_stop"  # the harness's end-of-serve agreement; not a system site
 SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
-         MODEL_ALLREDUCE, CONSENSUS)
+         MODEL_ALLREDUCE, CONSENSUS, TICKET)
 SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
 GROUP_NAMES = ("sched", "tp_cpu", "pp_cpu", "data", "prefetch", "prefetch_pp", "ack", "ack_pp",
-               "consensus")
+               "consensus", "ticket")
 HIT_GROUPS = ("prefetch", "prefetch_pp")  # the prefetch thread's background groups
 ACK_GROUPS = ("ack", "ack_pp")  # the ack sync thread's
 
@@ -101,6 +106,7 @@ class Groups:
         self._make("ack", stages, "gloo", to)
         self._make("ack_pp", columns, "gloo", to)
         self._make("consensus", [world], "gloo", to)
+        self._make("ticket", columns, "gloo", to)
 
     def _make(self, name: str, partition: list[list[int]], backend: str, to: timedelta) -> None:
         for ranks in partition:
@@ -210,25 +216,45 @@ class Comm:
             w.wait()
         self._sends.clear()
 
-    def broadcast_object(self, obj, site: str):
-        """Rank 0's object to every rank of `sched`: a length broadcast, then the bytes."""
-        if self.groups.size("sched") == 1:
+    def all_idle(self, busy: bool) -> bool:
+        """Whether no rank of the world is busy: the harness's own agreement to end a serve,
+        on the default (harness) group, so no system group's count or sequence number moves.
+        SGLang's scheduler never stops; this decides when the benchmark may. Called only at
+        a step that agreed inputs already call the last, so every rank calls it together."""
+        if self.layout.world_size == 1:
+            return not busy
+        flag = torch.tensor([int(busy)], dtype=torch.int32)
+        self._run(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), HARNESS_STOP,
+                  "default", 1, None)
+        return flag.item() == 0
+
+    def broadcast_object(self, obj, site: str, group: str = "sched", rid: str | None = None):
+        """The object of `group`'s first rank (rank 0 of `sched`, PP stage 0 of a column) to
+        every rank of the group, as SGLang's broadcast_pyobj: a length broadcast, then the
+        bytes unless there are none (obj None)."""
+        if self.groups.size(group) == 1:
             return obj
-        pg = self.groups.pg["sched"]
-        payload = pickle.dumps(obj) if self.layout.rank == 0 else b""
+        pg = self.groups.pg[group]
+        source = self.groups.ranks[group][0] == self.layout.rank
+        payload = pickle.dumps(obj) if source and obj is not None else b""
         n = torch.tensor([len(payload)], dtype=torch.int64)
 
         def bcast():
             dist.broadcast(n, group_src=0, group=pg)
-            buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload
+            if n.item() == 0:
+                return None
+            buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if source
                    else torch.empty(int(n.item()), dtype=torch.uint8))
             dist.broadcast(buf, group_src=0, group=pg)
             return buf
 
-        buf = self._run(bcast, site, "sched", 2, None)
-        return obj if self.layout.rank == 0 else pickle.loads(buf.numpy().tobytes())
+        buf = self._run(bcast, site, group, lambda out: 1 if out is None else 2, rid)
+        if source:
+            return obj
+        return None if buf is None else pickle.loads(buf.numpy().tobytes())
 
-    def _run(self, fn, site: str, group: str, raw_ops: int, rid: str | None):
+    def _run(self, fn, site: str, group: str, raw_ops, rid: str | None):
+        """Runs one collective (`raw_ops` torch ops, or a function of fn's result)."""
         t0 = time.monotonic()
         try:
             out = fn()
@@ -239,5 +265,6 @@ class Comm:
                 f"on rank {self.layout.rank} at step {self.counter.step}"
                 f"{f' for request {rid}' if rid else ''}: {str(e).splitlines()[0][:300]}"
             ) from e
-        self.counter.record(site, group, raw_ops, rid, time.monotonic() - t0)
+        raw = raw_ops(out) if callable(raw_ops) else raw_ops
+        self.counter.record(site, group, raw, rid, time.monotonic() - t0)
         return out

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import BUFFER_ONLY_PROTOCOLS, HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
+
+WRITE_POLICIES = ("none", "write_through", "write_back")
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,10 @@ class HiCacheConfig:
     timeout_per_ki_token_s: float = 0.25
     race_guard: bool = True  # PR #27550's pool_transfers_done check (pre27010 only)
     extra_pool: bool = False  # side-car INDEXER pool read after the KV pages
+    # "cache": host memory is an L2 tier (prefetched pages stay in the host tree);
+    # "buffer_only": staging only (freed after load-back), and with PP > 1 0.5.23's
+    # PP-ticket path (docs/releases.md).
+    host_memory: str = "cache"
     kv_page_elems: int = 128  # floats per KV page (content is synthetic)
     sidecar_page_elems: int = 16
     host_pool_pages: int = 8192
@@ -37,6 +43,16 @@ class HiCacheConfig:
     hidden: int = 64
     allreduce_tokens: int = 16  # rows of the per-layer all-reduce (fixed: a padded decode batch)
     max_running_requests: int = 256  # the running (decode) batch's bound; full: no walk
+    # The device tier and the write path (hicache.tiers): "none" = computed pages are not
+    # kept (the synthetic presets); write_through (SGLang's default) / write_back = a
+    # device prefix cache whose pages reach the host and then storage.
+    write_policy: str = "none"
+    # Pools never evict (checks): page counts are the *_pool_pages fields as given, the
+    # budget and the prefetch rate limit do not apply.
+    unbounded_pools: bool = False
+    # With the device tier: the host pool's budget over the device pool's (SGLang's
+    # --hicache-ratio, 2.0 by default in cache mode); 1 without it (kv_budget_gib each).
+    host_ratio: float = 2.0
     consensus_check: bool = False  # SGLang's @rank_consensus, off by default
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
@@ -50,6 +66,13 @@ class HiCacheConfig:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r}; "
                              f"choose from {', '.join(PROTOCOLS)}")
+        if self.host_memory not in HOST_MEMORY:
+            raise ValueError(f"host_memory must be {' or '.join(HOST_MEMORY)}, "
+                             f"got {self.host_memory!r}")
+        if self.host_memory == "buffer_only" and self.protocol not in BUFFER_ONLY_PROTOCOLS:
+            raise ValueError(f"host_memory buffer_only is not modelled for {self.protocol} "
+                             f"(its releases have no such mode); choose from "
+                             f"{', '.join(BUFFER_ONLY_PROTOCOLS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         for name in ("tp", "pp", "page_size", "host_pool_pages", "device_pool_pages",
@@ -60,6 +83,17 @@ class HiCacheConfig:
         get_shape(self.model)  # ValueError naming the known models
         if self.kv_bytes not in ("auto", "real", "synthetic"):
             raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, "
+                             f"got {self.write_policy!r}")
+        if self.write_policy != "none" and self.host_memory == "buffer_only":
+            raise ValueError("buffer_only host memory holds no cache tier (the tree never has "
+                             "host pages): write_policy needs host_memory cache")
+        if self.write_policy != "none" and self.extra_pool:
+            raise ValueError("the device tier does not model side-car pools: write_policy "
+                             "needs extra_pool off")
+        if not self.host_ratio > 0:
+            raise ValueError(f"host_ratio must be > 0, got {self.host_ratio}")
         if not self.kv_budget_gib > 0:
             raise ValueError(f"kv_budget_gib must be > 0, got {self.kv_budget_gib}")
         if self.prefetch_threshold < 0:
@@ -70,6 +104,11 @@ class HiCacheConfig:
             raise ValueError("prefetch timeouts must be >= 0")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
+
+    @property
+    def tiers(self) -> bool:
+        """The device tier and the write path are on."""
+        return self.write_policy != "none"
 
     @property
     def world_size(self) -> int:

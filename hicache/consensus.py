@@ -1,4 +1,4 @@
-"""Rank-consensus checking (SPEC section 6) and the end-of-run decision comparison.
+"""Rank-consensus checking (docs/design.md section 6) and the end-of-run decision comparison.
 
 `@rank_consensus` mirrors SGLang's decorator: off by default at the cost of one attribute
 test; when the owner has a `consensus` checker, each call appends "name(params)" and/or

@@ -11,6 +11,13 @@ Threads and the groups they own (see hicache.comm):
   carries a count (per-batch tokens, extra-pool hits), over TP then PP, so completion is
   identical on every rank before the scheduler sees it. The final ack only says the IO
   stopped: it is passed on in order, unreduced.
+- backup thread (no collective): writes host pages to storage in 128-page `batch_set`
+  calls (SGLang cache_controller.py `backup_thread_func` / `_page_backup`), then puts the
+  operation on `backup_acks`, which the scheduler drains by an agreed count. A failed batch
+  ends that operation's writes and it is acked all the same (0.5.23 logs it, acks the
+  pages written).
+On 0.5.23's PP-ticket path (buffer_only, PP > 1) the prefetch thread relays, sizes and
+allocates tickets instead (hicache.pp_ticket) and the ack thread applies their acks itself.
 Any exception in a thread is kept in `error` and re-raised by the scheduler at its next step.
 
 Read order and what a prefetch cut short keeps, by version:
@@ -44,6 +51,7 @@ from hicache.comm import ACK, ACK_GROUPS, HIT_GROUPS, HIT_QUERY, Comm
 from hicache.cost_model import IO_BATCH_PAGES
 from hicache.hashing import page_hashes
 from hicache.pools import PagePool
+from hicache.pp_ticket import STOP, TicketRelay
 from hicache.storage import Storage
 
 KV, SIDECAR = "kv", "indexer"
@@ -69,10 +77,13 @@ class PrefetchOp:
     pool_transfers_done: bool = False  # extra-pool reads over (pre27010) / acked (others)
     decided: bool = False  # step-level "stop" (step-batched, step-clock)
     frozen_tokens: int = 0  # completed_tokens when the step-level decision was taken
+    wait_start: float | None = None  # 0.5.23: this rank's clock at its first blocked poll
+    ticketed: bool = False  # 0.5.23's PP-ticket path: the threads own it until ready
     io_error: str | None = None
     t_io_done: float | None = None
     terminated: threading.Event = field(default_factory=threading.Event)
     io_done: threading.Event = field(default_factory=threading.Event)
+    ready: threading.Event = field(default_factory=threading.Event)  # ticket: final ack synced
 
     page_size: int = 64
 
@@ -91,11 +102,22 @@ class Ack:
     final: bool = False  # the op's IO stopped (SGLang's completed_req): not reduced
 
 
+@dataclass(eq=False)
+class BackupOp:
+    """One host->storage write (SGLang's StorageOperation for a backup)."""
+
+    hashes: list[str]
+    slots: list[int]  # host slots, held (pinned) until the ack is drained
+    written_pages: int = 0
+
+
 class CacheController:
     def __init__(self, comm: Comm, storage: Storage, host_kv: PagePool,
-                 host_sidecar: PagePool | None, page_size: int, uses_acks: bool):
+                 host_sidecar: PagePool | None, page_size: int, uses_acks: bool,
+                 tickets: TicketRelay | None = None):
         self.comm, self.storage, self.page_size = comm, storage, page_size
         self.host_kv, self.host_sidecar, self.uses_acks = host_kv, host_sidecar, uses_acks
+        self.tickets = tickets  # 0.5.23's PP-ticket path, else None
         # Background groups: TP then PP after PR #27010 (the ack protocols), TP before.
         self.hit_groups = HIT_GROUPS if uses_acks else HIT_GROUPS[:1]
         self.prefetch_queue: queue.Queue = queue.Queue()
@@ -103,10 +125,13 @@ class CacheController:
         self.io_queue: queue.Queue = queue.Queue()
         self.ack_queue: queue.Queue = queue.Queue()
         self.synced_acks: queue.Queue = queue.Queue()  # drained by the scheduler, agreed count
+        self.backup_queue: queue.Queue = queue.Queue()
+        self.backup_acks: queue.Queue = queue.Queue()  # drained by the scheduler, agreed count
         self.error: BaseException | None = None
         self._threads = [threading.Thread(target=self._guard, args=(f,), daemon=True, name=n)
                          for n, f in (("prefetch", self._prefetch_loop), ("io", self._io_loop),
-                                      ("ack-sync", self._ack_loop))]
+                                      ("ack-sync", self._ack_loop),
+                                      ("backup", self._backup_loop))]
 
     def start(self) -> None:
         for t in self._threads:
@@ -116,8 +141,8 @@ class CacheController:
         # In pipeline order: an op cut short by a poll may still be reading when the
         # scheduler stops, and every ack its IO thread emits must still be synced, or one
         # rank's ack thread leaves an all-reduce that no other rank joins.
-        for q, t in zip((self.prefetch_queue, self.io_queue, self.ack_queue), self._threads,
-                        strict=True):
+        queues = (self.prefetch_queue, self.io_queue, self.ack_queue, self.backup_queue)
+        for q, t in zip(queues, self._threads, strict=True):
             q.put(None)
             t.join(timeout_s)
 
@@ -130,17 +155,40 @@ class CacheController:
     # ---- prefetch thread --------------------------------------------------------------------
 
     def _prefetch_loop(self) -> None:
+        if self.tickets is not None:
+            self._ticket_loop()
+            return
         while (op := self.prefetch_queue.get()) is not None:
-            op.hashes = page_hashes(op.tokens, self.page_size, op.prior_hash)
-            # An op a poll already ended is not queried, but still reduced (its peers are).
-            local = 0 if op.terminated.is_set() else self._storage_hit(op.hashes)
-            hit = torch.tensor([local], dtype=torch.int64)
-            # Blocks until every rank of the groups has queried this op: ops arrive in one
-            # order on all ranks (the request broadcast).
-            self.comm.all_reduce_groups(hit, dist.ReduceOp.MIN, self.hit_groups, HIT_QUERY,
-                                        op.rid)
-            op.hash_value = op.hashes[: int(hit.item())]
+            agreed = self._agreed_hit(op, self._local_hit(op))
+            op.hash_value = op.hashes[:agreed]
             self.hit_queue.put(op)
+
+    def _local_hit(self, op: PrefetchOp) -> int:
+        op.hashes = page_hashes(op.tokens, self.page_size, op.prior_hash)
+        # An op a poll already ended is not queried, but still reduced (its peers are).
+        return 0 if op.terminated.is_set() else self._storage_hit(op.hashes)
+
+    def _agreed_hit(self, op: PrefetchOp, local: int) -> int:
+        hit = torch.tensor([local], dtype=torch.int64)
+        # Blocks until every rank of the groups has queried this op: ops arrive in one
+        # order on all ranks (the request broadcast).
+        self.comm.all_reduce_groups(hit, dist.ReduceOp.MIN, self.hit_groups, HIT_QUERY, op.rid)
+        return int(hit.item())
+
+    def _ticket_loop(self) -> None:
+        """Tickets in stage 0's order: this rank's host slots for its own hit, the agreed
+        hit (MIN), the slots past it freed, then the IO (hicache.pp_ticket)."""
+        while (op := self.tickets.next(self.prefetch_queue)) != STOP:
+            if op is None:
+                continue  # an idle broadcast
+            slots = self.tickets.reserve(self._local_hit(op))
+            agreed = self._agreed_hit(op, len(slots))
+            self.host_kv.free(slots[agreed:])
+            op.host_slots, op.hash_value = slots[:agreed], op.hashes[:agreed]
+            op.hit_drained = True
+            if agreed == 0:
+                op.terminated.set()  # read nothing; its final ack still makes it ready
+            self.io_queue.put(op)
 
     def _storage_hit(self, hashes: list[str]) -> int:
         hit = 0
@@ -242,7 +290,22 @@ class CacheController:
 
     def _ack_loop(self) -> None:
         while (ack := self.ack_queue.get()) is not None:
-            self.synced_acks.put(ack if ack.final else self._reduce(ack))
+            synced = ack if ack.final else self._reduce(ack)
+            if ack.op.ticketed:
+                self._apply_ticket_ack(synced)
+            else:
+                self.synced_acks.put(synced)
+
+    @staticmethod
+    def _apply_ticket_ack(ack: Ack) -> None:
+        """A ticket's acks skip the scheduler's drain; its final ack makes it ready."""
+        op = ack.op
+        if ack.tokens is not None:
+            op.completed_tokens = ack.tokens
+        if ack.pool_pages is not None:
+            op.pool_transfers_done = True
+        if ack.final:
+            op.ready.set()
 
     def _reduce(self, ack: Ack) -> Ack:
         count = ack.tokens if ack.tokens is not None else ack.pool_pages
@@ -252,3 +315,20 @@ class CacheController:
         if ack.tokens is not None:
             return replace(ack, tokens=int(t.item()))
         return replace(ack, pool_pages=int(t.item()))
+
+    # ---- backup thread ----------------------------------------------------------------------
+
+    def _backup_loop(self) -> None:
+        while (op := self.backup_queue.get()) is not None:
+            self._page_backup(op)
+            self.backup_acks.put(op)
+
+    def _page_backup(self, op: BackupOp) -> None:
+        for i in range(0, len(op.hashes), IO_BATCH_PAGES):
+            slots = op.slots[i: i + IO_BATCH_PAGES]
+            # The slots are pinned until this op's ack is drained: no writer touches them.
+            rows = self.host_kv.data.index_select(0, torch.tensor(slots, dtype=torch.int64))
+            written = self.storage.batch_set(op.hashes[i: i + IO_BATCH_PAGES], KV, rows)
+            op.written_pages += written
+            if written < len(slots):
+                break

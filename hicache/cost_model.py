@@ -1,4 +1,4 @@
-"""Analytic collective counts of SPEC section 4 (with its corrections), per poll and per
+"""Analytic collective counts of docs/design.md section 4 (with its corrections), per poll and per
 request.
 
 The tests and the CI gate compare what a run measured against these numbers, computed from
@@ -8,8 +8,9 @@ TP rank 0): a PP hop costs rank 0 one point-to-point send.
 Background reductions (hit-query MIN, per-batch ack MINs) run on the background threads'
 own groups: for the ack protocols over TP and then PP, T + (1 if PP > 1) each; for
 pre27010 over TP only. The final "request complete" ack carries nothing and costs nothing.
-Per step (not per request): one packed MIN with PP = 1, two `_all_reduce` calls (TP MIN on
-stage 0 and the PP hop each) with PP > 1.
+Per step (not per request, `per_step`): one packed MIN with PP = 1; with PP > 1 the
+release's shape (hicache.step_agreement): relayed reductions (a TP MIN on stage 0, then the
+PP hop) and stage-local ones (a TP MIN on every stage, no hop).
 """
 
 from __future__ import annotations
@@ -18,9 +19,14 @@ from dataclasses import dataclass
 
 IO_BATCH_PAGES = 128  # pages per storage read batch and per completion ack
 
-PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")
+PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock", "sglang-0.5.23")
 POLICIES = ("best_effort", "wait_complete", "timeout")
-ACK_PROTOCOLS = frozenset({"pr27010", "pr36425", "step-batched", "step-clock"})
+ACK_PROTOCOLS = frozenset(PROTOCOLS) - {"pre27010"}
+# Host memory: "cache" (an L2 tier, the default) or "buffer_only" (staging between storage
+# and the device only: UnifiedRadixCache from 0.5.19 on; 0.5.18, pre27010's last release,
+# has no such mode). Only sglang-0.5.23 takes the PP-ticket path with it.
+HOST_MEMORY = ("cache", "buffer_only")
+BUFFER_ONLY_PROTOCOLS = tuple(p for p in PROTOCOLS if p != "pre27010")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class Expected:
     pp_hops: int
     hit_query: int
     ack: int
+    ticket: int = 0  # the PP-ticket relay's broadcast (buffer_only, PP > 1)
 
 
 def tp_cost(tp: int) -> int:
@@ -48,9 +55,42 @@ def background_cost(protocol: str, tp: int, pp: int) -> int:
     return t + pp_cost(pp) if protocol in ACK_PROTOCOLS else t
 
 
-def decision_per_poll(protocol: str, policy: str, tp: int, pp: int) -> tuple[int, int]:
+# (relayed, stage-local) reductions per step with PP > 1: 0.5.19's two relayed ones (the
+# project's default), 0.5.18's writing_check + loading_check relayed and the queue drain
+# stage-local (pre27010).
+# sglang-0.5.23: one packed reduce, relayed; with buffer_only every stage's own TP MIN.
+STEP_REDUCTIONS_PP = {"pre27010": (2, 1), "pr27010": (2, 0), "pr36425": (2, 0),
+                      "step-batched": (2, 0), "step-clock": (2, 0), "sglang-0.5.23": (1, 0)}
+
+
+def ticket_path(protocol: str, pp: int, host_memory: str = "cache") -> bool:
+    """0.5.23's PP-ticket path: buffer_only host memory with PP > 1 (hybrid_cache_controller
+    .py:327-340); a poll then asks whether stage 0's ticket is ready, whatever the policy."""
+    return protocol == "sglang-0.5.23" and host_memory == "buffer_only" and pp > 1
+
+
+def per_step(protocol: str, tp: int, pp: int, pp_rank: int = 0,
+             host_memory: str = "cache") -> tuple[int, int]:
+    """(TP all-reduces, PP hop ops) check_hicache_events' agreement costs a rank of PP stage
+    `pp_rank` in one step. A relay costs stage 0 one send, the last stage one receive, a
+    stage between them both; only stage 0 all-reduces a relayed value."""
+    t = tp_cost(tp)
+    if pp == 1:
+        return t, 0
+    relayed, local = (0, 1) if ticket_path(protocol, pp, host_memory) else \
+        STEP_REDUCTIONS_PP[protocol]
+    hops = int(pp_rank > 0) + int(pp_rank < pp - 1)
+    return (relayed if pp_rank == 0 else 0) * t + local * t, relayed * hops
+
+
+def decision_per_poll(protocol: str, policy: str, tp: int, pp: int,
+                      host_memory: str = "cache") -> tuple[int, int]:
     """(TP all-reduces, PP hops) that one poll of a pending prefetch costs rank 0."""
     t, p = tp_cost(tp), pp_cost(pp)
+    if ticket_path(protocol, pp, host_memory):
+        return (t, p)  # the ticket's readiness, MAX-reduced on every poll
+    if protocol == "sglang-0.5.23":
+        protocol = "pr36425"  # the same poll; only its timeout clock differs
     if protocol == "pre27010":
         return (0, 0) if policy == "best_effort" else (t, 0)
     if protocol == "pr27010":
@@ -73,6 +113,7 @@ def expected_per_request(
     io_issued: bool,
     ended_by_poll: bool | None = None,
     extra_pool: bool = False,
+    host_memory: str = "cache",
 ) -> Expected:
     """Collectives rank 0 issues for one request.
 
@@ -85,9 +126,11 @@ def expected_per_request(
     any poll is taken to have ended it.
     extra_pool: side-car pages ride along; the ack protocols then reduce one extra-pool
     ack after the batches.
+    host_memory: on 0.5.23's PP-ticket path stage 0 also broadcasts each ticket to the
+    later stages (one collective on rank 0).
     """
     t = tp_cost(tp)
-    ar, hop = decision_per_poll(protocol, policy, tp, pp)
+    ar, hop = decision_per_poll(protocol, policy, tp, pp, host_memory)
     # pre27010 agrees on the usable length with one MIN when a poll terminates a prefetch
     # holding host slots; one stopped before its hit was agreed is revoked with none.
     by_poll = polls > 0 if ended_by_poll is None else ended_by_poll
@@ -98,4 +141,16 @@ def expected_per_request(
         # One per 128-page batch, plus the extra-pool ack; the final ack is free.
         acks = bg * (-(-hit_pages // IO_BATCH_PAGES) + int(extra_pool))
     hit_query = bg if op_issued else 0
-    return Expected(polls * ar, completion, polls * hop, hit_query, acks)
+    ticket = int(op_issued and ticket_path(protocol, pp, host_memory))
+    return Expected(polls * ar, completion, polls * hop, hit_query, acks, ticket)
+
+
+def write_path_cost(tp: int, pp: int) -> Expected:
+    """Collectives the write path (device->host copies, host->storage backups; hicache.tiers)
+    adds for one request: none, at any layout. SGLang (docs/design.md section 12): a copy
+    is acked in the step where the agreed count of finished host copies covers it, a backup
+    in the step where the agreed count of the backup-ack queue covers it, and both counts
+    ride in check_hicache_events' per-step reduction that already exists (the first with
+    the step's head values, the second with the queue sizes). The storage write itself
+    (`batch_set`) is rank-local."""
+    return Expected(0, 0, 0, 0, 0, 0)

@@ -1,4 +1,4 @@
-"""Page hash chain used to name pages in the storage tier (SPEC section 2, step 3).
+"""Page hash chain used to name pages in the storage tier (docs/design.md section 2, step 3).
 
 h_i = SHA256(bytes(h_{i-1}) || page_i tokens as uint32 little-endian), as hex digests.
 Chaining makes a page's name depend on the whole prefix before it, so two requests share a

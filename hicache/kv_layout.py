@@ -41,14 +41,33 @@ def real_kv_bytes(cfg: HiCacheConfig, device: torch.device) -> bool:
 def kv_layout(cfg: HiCacheConfig, device: torch.device) -> KVLayout:
     """Page size and pool page counts for this configuration on `device`."""
     signature = cfg.kv_page_elems * SIGNATURE_BYTES_PER_ELEM
-    if not real_kv_bytes(cfg, device):
+    real = real_kv_bytes(cfg, device)
+    if not real and (cfg.unbounded_pools or not cfg.tiers):
         return KVLayout(False, signature, 0, cfg.host_pool_pages, cfg.device_pool_pages)
+    if not real:
+        # The device tier on synthetic pages: each pool holds what kv_budget_gib holds of
+        # the model's pages (the modelled bytes; the content stays a small signature).
+        host, dev = _budget_pages(cfg, get_shape(cfg.model).kv_bytes_per_page(cfg.page_size,
+                                                                               cfg.tp))
+        return KVLayout(False, signature, 0, host, dev)
+    if cfg.unbounded_pools:
+        raise ValueError("unbounded pools need synthetic KV pages (real ones are bounded by "
+                         "memory): kv_bytes synthetic")
     page = get_shape(cfg.model).kv_bytes_per_page(cfg.page_size, cfg.tp)
     page = max(page, signature)
+    host, dev = _budget_pages(cfg, page)
+    return KVLayout(True, page, page - signature, host, dev)
+
+
+def _budget_pages(cfg: HiCacheConfig, page: int) -> tuple[int, int]:
+    """(host, device) pages: what kv_budget_gib holds of `page`-byte pages on the device
+    (host_ratio times that on the host with the device tier), at most the configured page
+    counts."""
     budget = int(cfg.kv_budget_gib * 2**30)
-    host, dev = min(cfg.host_pool_pages, budget // page), min(cfg.device_pool_pages,
-                                                             budget // page)
+    host_budget = int(budget * (cfg.host_ratio if cfg.tiers else 1.0))
+    host, dev = min(cfg.host_pool_pages, host_budget // page), min(cfg.device_pool_pages,
+                                                                  budget // page)
     if min(host, dev) < 1:
         raise ValueError(f"kv_budget_gib {cfg.kv_budget_gib} holds no {cfg.model} page of "
                          f"{page / 2**20:.1f} MiB (page_size {cfg.page_size}, TP {cfg.tp})")
-    return KVLayout(True, page, page - signature, host, dev)
+    return host, dev

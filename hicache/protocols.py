@@ -1,4 +1,4 @@
-"""The termination protocols of check_prefetch_progress, side by side (SPEC section 4).
+"""The termination protocols of check_prefetch_progress, side by side (docs/design.md section 4).
 
 Each protocol answers one question for one poll of a pending prefetch: may it stop now?
 It splits the answer into a rank-local `vote` (pure, testable without a process group) and
@@ -18,6 +18,13 @@ import torch
 import torch.distributed as dist
 
 from hicache.comm import DECISION, Comm
+from hicache.step_agreement import (
+    SGLANG_0_5_18,
+    SGLANG_0_5_19,
+    SGLANG_0_5_23,
+    SGLANG_0_5_23_BUFFER_ONLY,
+    StepAgreement,
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class Facts:
     has_sidecar: bool = False  # the op carries extra-pool transfers
     sidecar_done: bool = True  # pool_transfers_done
     decided: bool = False  # a step-level decision already said "stop"
+    ticketed: bool = False  # 0.5.23's PP-ticket path (buffer_only host memory, PP > 1)
+    ticket_ready: bool = False  # its final ack was synced on this rank
     pp_rank: int = 0
 
 
@@ -41,9 +50,18 @@ class Protocol:
     uses_acks = True  # completion is published through agreed acks
     reduce_op = dist.ReduceOp.MAX
     scope = "tp_pp"
+    step_agreement: StepAgreement = SGLANG_0_5_19  # check_hicache_events' reductions
+    # What the timeout is measured from: "enqueue" (this rank's clock since the prefetch
+    # was issued, budget from the agreed hit), "step" (rank 0's broadcast step clock) or
+    # "first_blocked_poll" (0.5.23: this rank's clock since the first poll that found it
+    # pending, budget from the requested pages, never once every KV page landed).
+    clock = "enqueue"
 
     def __init__(self, policy: str, race_guard: bool = True):
         self.policy, self.race_guard = policy, race_guard
+
+    def agreement(self, host_memory: str) -> StepAgreement:
+        return self.step_agreement
 
     def vote(self, f: Facts) -> Vote:
         raise NotImplementedError
@@ -77,6 +95,7 @@ class Pre27010(Protocol):
     """Before PR #27010: rank-local completion, one TP MAX per poll, no PP agreement."""
 
     name, uses_acks, scope = "pre27010", False, "tp"
+    step_agreement = SGLANG_0_5_18  # the last release that ships it
 
     def vote(self, f: Facts) -> Vote:
         if self.policy == "best_effort":
@@ -138,7 +157,7 @@ class StepBatched(Pr36425):
 class StepClock(StepBatched):
     """Every rank evaluates the timeout on rank 0's broadcast step clock: no collective."""
 
-    name = "step-clock"
+    name, clock = "step-clock", "step"
 
     def step_vote(self, f: Facts) -> int | None:
         return None
@@ -147,8 +166,25 @@ class StepClock(StepBatched):
         return self.policy == "timeout" and f.timed_out
 
 
+class Sglang0523(Pr36425):
+    """The newest release read (0.5.23, UnifiedRadixCache): pr36425's poll with the timeout
+    clock started at the first blocked poll, one packed per-step reduce at any PP, and with
+    buffer_only host memory at PP > 1 the ticket path: stage 0's readiness MAX-reduced on
+    every poll, whatever the policy (unified_radix_cache.py `_check_pp_prefetch_progress`)."""
+
+    name, clock, step_agreement = "sglang-0.5.23", "first_blocked_poll", SGLANG_0_5_23
+
+    def vote(self, f: Facts) -> Vote:
+        if f.ticketed:
+            return [int(f.ticket_ready) if f.pp_rank == 0 else 0]
+        return super().vote(f)
+
+    def agreement(self, host_memory: str) -> StepAgreement:
+        return SGLANG_0_5_23_BUFFER_ONLY if host_memory == "buffer_only" else SGLANG_0_5_23
+
+
 REGISTRY: dict[str, type[Protocol]] = {
-    p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock)
+    p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock, Sglang0523)
 }
 
 

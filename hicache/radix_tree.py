@@ -1,8 +1,16 @@
-"""Page-granular radix tree over the host pool (the host side of HiCache's prefix cache).
+"""Page-granular radix tree of HiCache's prefix cache: host pages, and with the device tier
+on (hicache.tiers) the device pages of the same prefixes.
 
-Each node holds a run of whole pages: their tokens, one host slot and one page hash per page.
-Only whole pages are ever stored or matched, so a node boundary always falls on a page
-boundary and a partial match splits a node exactly there.
+Each node holds a run of whole pages: their tokens and one page hash per page, one host slot
+per page when the run is on the host (`slots`, empty when it is not) and one device slot per
+page when it is on the device (`dev`, None when it is not). Only whole pages are ever stored
+or matched, so a node boundary always falls on a page boundary and a partial match splits a
+node exactly there. Without the device tier every node is on the host and `dev` stays None.
+
+Tiers, as SGLang's unified radix tree keeps them (unified_tree_core.py): the nodes on the
+device form a subtree from the root (device eviction takes device leaves only), and so do
+the nodes backed up to the host (a backup covers the unbacked ancestors first). A node is
+on the device, on the host or both; one on neither is removed.
 
 Recency is a monotonically increasing counter, not wall time, so eviction order in tests is
 deterministic. `lock_ref` counts requests using a node or any node below it; a node with
@@ -29,6 +37,7 @@ class _Node:
         "lock_ref",
         "last_access",
         "uid",
+        "dev",
     )
 
     def __init__(self, parent: _Node | None, uid: int) -> None:
@@ -40,19 +49,31 @@ class _Node:
         self.lock_ref = 0
         self.last_access = 0
         self.uid = uid  # tie-breaker so equal access times evict in creation order
+        self.dev: list[int] | None = None  # device slots, when the run is on the device
 
     @property
     def num_pages(self) -> int:
-        return len(self.slots)
+        return len(self.hashes)
+
+    @property
+    def on_host(self) -> bool:
+        return bool(self.slots) or not self.hashes
 
 
 @dataclass(frozen=True)
 class MatchResult:
-    pages: int
-    slots: list[int]
+    pages: int  # matched pages, in any tier
+    slots: list[int]  # host slots of the leading pages on the host
     hashes: list[str]
     last_hash: str | None
     node: _Node = field(repr=False, compare=False)  # opaque handle for lock/unlock
+    dev_slots: list[int] = field(default_factory=list)  # the leading pages on the device
+    # Host slots of the matched pages past the device prefix (all on the host).
+    host_tail: list[int] = field(default_factory=list)
+
+    @property
+    def device_pages(self) -> int:
+        return len(self.dev_slots)
 
 
 class RadixTree:
@@ -65,8 +86,9 @@ class RadixTree:
         self._uids = itertools.count()
         self._clock = itertools.count(1)
         self.root = _Node(None, next(self._uids))
-        self._total = 0
-        self._evictable = 0
+        self._total = 0  # pages on the host
+        self._evictable = 0  # pages on the host that no request locks
+        self._device_total = 0  # pages on the device
 
     @property
     def total_pages(self) -> int:
@@ -81,8 +103,14 @@ class RadixTree:
     def match(self, tokens: Sequence[int]) -> MatchResult:
         """Longest cached prefix of `tokens` in whole pages; refreshes recency along the path."""
         whole = len(tokens) // self.page_size * self.page_size
-        node, slots, hashes = self._walk(list(tokens[:whole]), next(self._clock))
-        return MatchResult(len(slots), slots, hashes, hashes[-1] if hashes else None, node)
+        path = self._walk(list(tokens[:whole]), next(self._clock))
+        hashes = [h for n in path for h in n.hashes]
+        host = _leading(path, lambda n: n.on_host)
+        dev = _leading(path, lambda n: n.dev is not None)
+        return MatchResult(len(hashes), [s for n in host for s in n.slots], hashes,
+                           hashes[-1] if hashes else None, path[-1] if path else self.root,
+                           [s for n in dev for s in n.dev],
+                           [s for n in path[len(dev):] for s in n.slots])
 
     def insert(self, tokens: Sequence[int], slots: list[int], hashes: list[str]) -> int:
         """Insert the first len(slots) pages; return how many leading pages were already there.
@@ -98,8 +126,9 @@ class RadixTree:
             )
         now = next(self._clock)
         key = list(tokens[: n * self.page_size])
-        node, present, _ = self._walk(key, now)
-        done = len(present)
+        path = self._walk(key, now)
+        node = path[-1] if path else self.root
+        done = sum(p.num_pages for p in path)
         if done < n:
             leaf = _Node(node, next(self._uids))
             leaf.tokens = key[done * self.page_size :]
@@ -114,12 +143,12 @@ class RadixTree:
     def _page_key(self, tokens: list[int]) -> tuple[int, ...]:
         return tuple(tokens[: self.page_size])
 
-    def _walk(self, key: list[int], now: int) -> tuple[_Node, list[int], list[str]]:
+    def _walk(self, key: list[int], now: int) -> list[_Node]:
         """Follow `key` (whole pages) down the tree, splitting at a partial node match.
 
-        Returns the deepest matched node and the slots/hashes of the matched pages.
+        Returns the matched nodes from the root's child down (the root itself excluded).
         """
-        node, pos, slots, hashes = self.root, 0, [], []
+        node, pos, path = self.root, 0, []
         node.last_access = now
         while pos < len(key):
             child = node.children.get(self._page_key(key[pos:]))
@@ -130,11 +159,10 @@ class RadixTree:
             if same < child.num_pages:
                 child = self._split(child, same)
             child.last_access = now
-            slots += child.slots
-            hashes += child.hashes
+            path.append(child)
             pos += same * self.page_size
             node = child
-        return node, slots, hashes
+        return path
 
     def _common_pages(self, node_tokens: list[int], key: list[int], pos: int) -> int:
         """Number of whole pages that `node_tokens` and `key[pos:]` share from the start."""
@@ -152,6 +180,8 @@ class RadixTree:
         upper.tokens, child.tokens = child.tokens[:cut], child.tokens[cut:]
         upper.slots, child.slots = child.slots[:pages], child.slots[pages:]
         upper.hashes, child.hashes = child.hashes[:pages], child.hashes[pages:]
+        if child.dev is not None:
+            upper.dev, child.dev = child.dev[:pages], child.dev[pages:]
         # Every lock on child's path also covered the new upper node.
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
@@ -168,7 +198,7 @@ class RadixTree:
         cur: _Node | None = node
         while cur is not None and cur is not self.root:
             if cur.lock_ref == 0:
-                self._evictable -= cur.num_pages
+                self._evictable -= len(cur.slots)
             cur.lock_ref += 1
             cur = cur.parent
 
@@ -178,17 +208,23 @@ class RadixTree:
             assert cur.lock_ref > 0, "unlock without a matching lock"
             cur.lock_ref -= 1
             if cur.lock_ref == 0:
-                self._evictable += cur.num_pages
+                self._evictable += len(cur.slots)
             cur = cur.parent
 
-    # ---- eviction --------------------------------------------------------------------------
+    # ---- host eviction -----------------------------------------------------------------------
 
-    def evict(self, num_pages: int) -> list[int]:
-        """Free at least `num_pages` LRU unlocked leaf pages (fewer if nothing else can go).
+    def evict(self, num_pages: int, pinned=None) -> list[int]:
+        """Free at least `num_pages` LRU unlocked host leaf pages (fewer if nothing else can
+        go); returns their host slots. A leaf still on the device is no host leaf (SGLang
+        evicts host-only leaves), nor is one `pinned(node)` holds (a storage write reads it).
 
         The last leaf may be cut from its tail only, keeping its prefix cached.
         """
-        heap = [(n.last_access, n.uid, n) for n in self._leaves() if n.lock_ref == 0]
+        def evictable(n: _Node) -> bool:
+            return (n.lock_ref == 0 and n.dev is None and not n.children
+                    and not (pinned and pinned(n)))
+
+        heap = [(n.last_access, n.uid, n) for n in self._leaves() if evictable(n)]
         heapq.heapify(heap)
         freed: list[int] = []
         while heap and len(freed) < num_pages:
@@ -200,7 +236,7 @@ class RadixTree:
             if leaf.num_pages == 0:
                 assert parent is not None
                 del parent.children[key]
-                if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                if parent is not self.root and evictable(parent):
                     heapq.heappush(heap, (parent.last_access, parent.uid, parent))
         return freed
 
@@ -214,6 +250,99 @@ class RadixTree:
         self._evictable -= pages
         return freed
 
+    # ---- the device tier (hicache.tiers) -------------------------------------------------------
+
+    def attach_device(self, tokens: Sequence[int], hashes: list[str], dev: list[int],
+                      start: int) -> tuple[list[int], list[_Node]]:
+        """After a prefill the first len(dev) pages of `tokens` are on the device: pages
+        before `start` already were (the request's locked device hit, dev[:start] are the
+        tree's own slots); dev[start:] are this request's new device slots, for host pages it
+        loaded back and pages it computed (a new leaf, on the device only). Returns the slots
+        of pages another request put on the device meanwhile (the caller frees them) and the
+        path of nodes that now holds the pages."""
+        n, ps = len(dev), self.page_size
+        key = list(tokens[: n * ps])
+        path, pos, dup = self._walk(key, next(self._clock)), 0, []
+        for node in path:
+            k = node.num_pages
+            if node.dev is None:
+                node.dev = dev[pos: pos + k]
+                self._device_total += k
+            else:
+                dup += [d for i, d in enumerate(dev[pos: pos + k]) if pos + i >= start]
+            pos += k
+        if pos < n:
+            parent = path[-1] if path else self.root
+            leaf = _Node(parent, next(self._uids))
+            leaf.tokens, leaf.hashes, leaf.dev = key[pos * ps:], list(hashes[pos:n]), dev[pos:]
+            leaf.last_access = parent.last_access
+            parent.children[self._page_key(leaf.tokens)] = leaf
+            self._device_total += n - pos
+            path.append(leaf)
+        return dup, path
+
+    def set_host(self, node: _Node, slots: list[int]) -> None:
+        """A device node's pages got host copies (a backup to the host)."""
+        assert not node.slots and len(slots) == node.num_pages
+        node.slots = list(slots)
+        self._total += len(slots)
+        if node.lock_ref == 0:
+            self._evictable += len(slots)
+
+    @property
+    def device_pages(self) -> int:
+        return self._device_total
+
+    def evict_device(self, num_pages: int, write_back=None) -> tuple[list[int], list[int]]:
+        """Free at least `num_pages` device pages from LRU unlocked device leaves, whole
+        nodes (SGLang evict_device_leaf); returns (device slots, host slots) freed. A leaf
+        with host copies is demoted to the host. One without: `write_back(node)` may copy it
+        to the host first (write_back policy); otherwise it is on no tier and goes, with its
+        subtree (write_through drops an unbacked leaf), and the subtree's host pages."""
+        def evictable(n: _Node) -> bool:
+            return (n is not self.root and n.dev is not None and n.lock_ref == 0
+                    and all(c.dev is None for c in n.children.values()))
+
+        heap = [(n.last_access, n.uid, n) for n in self._nodes() if evictable(n)]
+        heapq.heapify(heap)
+        dev, host = [], []
+        while heap and len(dev) < num_pages:
+            _, _, node = heapq.heappop(heap)
+            if not node.slots and write_back is not None:
+                write_back(node)
+            dev += node.dev
+            self._device_total -= node.num_pages
+            node.dev = None
+            parent = node.parent
+            if not node.slots:
+                host += self._remove_subtree(node)
+            if evictable(parent):
+                heapq.heappush(heap, (parent.last_access, parent.uid, parent))
+        return dev, host
+
+    def _remove_subtree(self, node: _Node) -> list[int]:
+        """Unlinks an unlocked node and everything below it; returns their host slots."""
+        freed, stack = [], [node]
+        while stack:
+            cur = stack.pop()
+            assert cur.lock_ref == 0, "a locked node cannot go"
+            assert cur is node or cur.dev is None, "device nodes form a subtree from the root"
+            freed += cur.slots
+            stack.extend(cur.children.values())
+        assert node.parent is not None
+        del node.parent.children[self._page_key(node.tokens)]
+        self._total -= len(freed)
+        self._evictable -= len(freed)
+        return freed
+
+    def _nodes(self) -> list[_Node]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
     def _leaves(self) -> list[_Node]:
         out, stack = [], [self.root]
         while stack:
@@ -223,3 +352,13 @@ class RadixTree:
             elif node is not self.root:
                 out.append(node)
         return out
+
+
+def _leading(path: list[_Node], keep) -> list[_Node]:
+    """The nodes of `path` up to the first one `keep` rejects."""
+    out = []
+    for node in path:
+        if not keep(node):
+            break
+        out.append(node)
+    return out

@@ -39,6 +39,12 @@ class RequestStats:
     hit_tokens: int = 0
     prefetched_tokens: int = 0  # usable prefix agreed at termination
     loaded_tokens: int = 0  # prefix copied host->device at load-back
+    # Where the prompt's tokens came from, at scheduling (they sum to prompt_tokens):
+    prompt_tokens: int = 0
+    device_hit_tokens: int = 0  # already on the device (the device tier)
+    host_hit_tokens: int = 0  # on the host before this request's prefetch
+    storage_hit_tokens: int = 0  # fetched from storage by this request's prefetch, and used
+    computed_tokens: int = 0  # the prefill computed them
     data_errors: int = 0  # pages whose loaded bytes differ from storage
     io_error: str | None = None
 
@@ -69,6 +75,9 @@ class Stats:
     # Self-check after the run: host slots neither in the radix tree nor free (0 = every
     # slot accounted for; more = leaked). None until the run has shut down.
     host_slots_unaccounted: int | None = None
+    # The write path (hicache.tiers), after the run: pages copied device -> host, written
+    # to storage; empty when the device tier is off.
+    write_path: dict[str, int] = field(default_factory=dict)
 
     def request_rows(self) -> list[dict]:
         rows = []

@@ -70,13 +70,19 @@ class Scheduler:
                                 r.kind))
             msg = self.comm.broadcast_object(
                 {"now": now, "reqs": arrived, "all_arrived": not pending}, REQUEST_BROADCAST)
-            if self._step(step, msg):
+            # The agreed inputs say the serve is over; a PP stage whose own queue drain lags
+            # (pre27010 at PP > 1 drains stage-locally) may still hold work: step on for it.
+            if self._step(step, msg) and self.comm.all_idle(self._busy()):
                 return step + 1
-            if self.layout.rank == 0 and not (self.waiting or self.cache.ongoing
-                                              or self.running):
+            if self.layout.rank == 0 and not self._busy():
                 time.sleep(min(idle_sleep_s, max(0.0, t0 + pending[0].arrival_offset_s - now))
                            if pending else 0.0)
             step += 1
+
+    def _busy(self) -> bool:
+        # Host copies and storage writes not yet acked are work too: the serve ends after them.
+        return bool(self.waiting or self.cache.ongoing or self.running
+                    or self.cache.writes_pending())
 
     def _step(self, step: int, msg: dict) -> bool:
         self.stats.counter.step = step
@@ -86,7 +92,7 @@ class Scheduler:
                                                     enqueued=time.monotonic())
             self.waiting.append(rid)
             self.cache.admit(rid, tokens, stamp)
-        busy = bool(self.waiting or self.cache.ongoing or self.running)
+        busy = self._busy()
         any_busy = self.cache.check_hicache_events(stamp, busy)
         rec = StepStats(step, stamp, waiting=len(self.waiting), running=len(self.running),
                         prefetching=sum(rid in self.cache.ongoing for rid in self.waiting))
@@ -116,7 +122,7 @@ class Scheduler:
             if not self.cache.check_prefetch_progress(rid):
                 continue  # still prefetching: skipped, polled again next step
             tokens = self.cache.prompts[rid]
-            extend = len(tokens) - self.cache.cached_tokens(tokens)
+            extend = len(tokens) - self.cache.cached_tokens(rid)
             if batch and used + extend > self.cfg.max_prefill_tokens:
                 break  # stop walking at the first request that does not fit
             batch.append(rid)
@@ -131,7 +137,7 @@ class Scheduler:
             st.scheduled = time.monotonic()
             dev, st.load_back_s = self.cache.load_back(rid)
             loaded.append(dev)
-            new_tokens += len(self.cache.prompts[rid]) - st.loaded_tokens
+            new_tokens += st.computed_tokens
         rec.kind, rec.scheduled, rec.prefill_tokens = "prefill", len(batch), new_tokens
         done = self._forward(rec, new_tokens, 0, 0)
         for rid, dev in zip(batch, loaded, strict=True):
@@ -139,8 +145,9 @@ class Scheduler:
             st.prefill_s, st.first_token = rec.forward_s, done
             st.token_times.append(done)
             context = len(self.cache.prompts[rid]) + 1
-            # Decode reads no KV in this model: the pages and tree locks go back at once.
-            self.cache.free_device(dev)
+            # Decode reads no KV in this model: the prompt's pages are cached (with the
+            # device tier) or freed, and the tree locks go back at once.
+            self.cache.cache_prefill(rid, dev)
             self.cache.release(rid)
             if st.output_tokens > 1:
                 self.running[rid] = Running(rid, context, st.output_tokens - 1)

@@ -12,7 +12,7 @@ after the toy data-plane forward has kept the ranks in lock-step.
 weight once (memory bound) plus the batch's KV cache; a prefill token costs 2 FLOPs per
 weight at a fixed model-FLOPs utilisation; TP > 1 adds two all-reduces per layer.
 
-Calibration (sources in SPEC section 8): Llama-3-8B on one H100 decodes at about 7 ms per
+Calibration (sources in docs/design.md section 8): Llama-3-8B on one H100 decodes at about 7 ms per
 step at batch 1 (SGLang PR #1401), which fixes the effective HBM efficiency at 0.64 of the
 3.35 TB/s peak; with 700-token contexts (an assumption: the published workload's context
 lengths are not given) the model then gives 7.4 / 8.7 ms at 10 / 40 running requests

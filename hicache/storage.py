@@ -10,8 +10,8 @@ Reads are per page, as SGLang's storage backends report them (`batch_get_v1` ret
 result per page, and the controller counts pages up to the first failure): `batch_get`
 delivers the leading pages it can and says how many (`ReadResult`).
 
-Threads: the prefetch thread calls `batch_exists`, the IO thread `batch_get`; the RNG they
-share is guarded by a lock.
+Threads: the prefetch thread calls `batch_exists`, the IO thread `batch_get`, the backup
+thread `batch_set`; the RNG they share is guarded by a lock.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from hicache.pools import expected_rows
 
 KINDS = ("sim", "file")
 KV_POOL = "kv"  # every other pool name is a side-car pool (slower per page when configured)
+PUT_CHUNK_PAGES = 2048
 _SLEEP_MIN_S = 0.0005  # below this a sleep costs more than it models: fold it into the next
 
 
@@ -127,10 +128,24 @@ class Storage(ABC):
                else f"page {got} of {n} is not in storage")
         return ReadResult(got, f"rank {self.rank} ({pool}): {why}")
 
+    def batch_set(self, hashes: list[str], pool: str, rows: torch.Tensor) -> int:
+        """Writes rows[i] (CPU float32) as page hashes[i] of `pool`, the backup thread's
+        write (SGLang `batch_set`); it takes a read's time for the same bytes (latency +
+        bytes / bandwidth). Returns the pages written; storage keeps them for good."""
+        if not hashes:
+            return 0
+        head_s, row_s = self._read_times(len(hashes), rows.shape[1], pool, 1.0)
+        _sleep(head_s + row_s * len(hashes))
+        self._store(hashes, pool, rows.to(torch.float32).cpu())
+        return len(hashes)
+
     def put(self, hashes: list[str], pool: str, page_elems: int) -> None:
-        """Store pages with content page_content(hash, self.rank, pool); costs no model time."""
-        if hashes:
-            self._store(hashes, pool, expected_rows(hashes, self.rank, pool, page_elems))
+        """Store pages with content page_content(hash, self.rank, pool); costs no model time.
+        In chunks: a trace's history is tens of thousands of pages, and one tensor of them
+        all (with its int64 intermediates) would be hundreds of MB that the allocator keeps."""
+        for i in range(0, len(hashes), PUT_CHUNK_PAGES):
+            chunk = hashes[i: i + PUT_CHUNK_PAGES]
+            self._store(chunk, pool, expected_rows(chunk, self.rank, pool, page_elems))
 
     # ---- backend hooks ---------------------------------------------------------------------
 

@@ -115,6 +115,8 @@ class System:
         # slots are freed now that the IO thread has ended; then the self-check.
         self.cache.free_stopped_tails()
         self.stats.host_slots_unaccounted = self.cache.host_slots_unaccounted()
+        if self.cache.tiers is not None:
+            self.stats.write_path = self.cache.tiers.summary()
         if self.consensus is not None and self.consensus.error is not None:
             raise self.consensus.error
         error = self.cache.controller.error

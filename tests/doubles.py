@@ -39,8 +39,22 @@ class RecordingComm:
     def drain_sends(self):
         pass
 
+    def broadcast_object(self, obj, site, group="sched", rid=None):
+        self.calls.append((group, site))
+        return obj
+
     def sites(self) -> list[str]:
         return [site for _, site in self.calls]
+
+
+class RelayComm(RecordingComm):
+    """A RecordingComm on a PP stage > 0 whose stage 0 has counted nothing yet: every
+    relayed value arrives as 0 (a later stage takes stage 0's result in place), while a
+    stage-local reduction keeps this rank's own values (its TP peers hold the same)."""
+
+    def reduce_tp_then_pp(self, t, op, site, rid=None):
+        super().reduce_tp_then_pp(t, op, site, rid)
+        t.zero_()
 
 
 class RecordingStorage(SimStorage):

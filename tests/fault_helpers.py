@@ -1,22 +1,20 @@
 """Helpers for the divergence and fault tests: scenarios that stamp their start (pid and wall
 time) so a test can time detection from the start of the run and signal a rank from outside,
-a scenario that returns a rank's error instead of raising it, and a launcher that lets the
-surviving ranks end on their own instead of killing them when one rank dies.
+and a scenario that returns a rank's error instead of raising it. The launcher that lets the
+surviving ranks end on their own when one rank dies is bench.launch.launch_to_end.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from bench.launch import LaunchError, free_port, launch
+from bench.launch import LaunchError, launch
 from hicache.comm import CollectiveCounter, Comm, Layout
 from hicache.consensus import ConsensusChecker
 from hicache.system import setup_distributed
@@ -91,53 +89,6 @@ def launch_timed(world: int, fn, args: tuple, stamp_dir: str, timeout_s: float) 
     stamps = read_stamps(stamp_dir)
     run_s = now - min(t for _, t in stamps.values()) if stamps else None
     return Outcome(results, error, wall_end - t0, run_s)
-
-
-def _entry(rank: int, world: int, port: int, fn, args, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world))
-    try:
-        out = ("ok", fn(rank, world, *args))
-    except BaseException as e:
-        out = ("error", f"{type(e).__name__}: {e}")
-    results.put((rank, time.time(), *out))
-    results.close()
-    results.join_thread()
-    os._exit(0)
-
-
-def spawn_all(world: int, fn, args: tuple, timeout_s: float) -> tuple[dict, dict]:
-    """Runs fn on every rank and, unlike bench.launch, lets the survivors of a dead rank run
-    to their own end. Returns {rank: (wall time, "ok"|"error", value)} for the ranks that
-    reported, and {rank: (exit code, wall time its death was seen)} for those that died
-    without reporting; ranks still running at the deadline are killed and in neither."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, q), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got: dict[int, tuple] = {}
-    dead: dict[int, tuple[int, float]] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(got) + len(dead) < world and time.monotonic() < deadline:
-            try:
-                rank, *rest = q.get(timeout=0.02)
-                got[rank] = tuple(rest)
-            except queue.Empty:
-                pass
-            for r, p in enumerate(procs):
-                if r not in got and r not in dead and p.exitcode not in (None, 0):
-                    dead[r] = (p.exitcode, time.time())
-    finally:
-        for p in procs:
-            p.join(timeout=0.5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return got, dead
 
 
 def consensus_probe(rank: int, world: int, variants: list[str], timeout_s: float) -> list:

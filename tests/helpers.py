@@ -126,7 +126,8 @@ def _run_one(rank: int, groups, c: dict, flight_recorder: bool) -> dict:
            # Host pool accounting from the outside: free + in the tree must be all of it.
            "host_pages": host.num_pages, "host_free": host.available,
            "host_in_tree": system.cache.tree.total_pages,
-           "host_slots_unaccounted": getattr(stats, "host_slots_unaccounted", None)}
+           "host_slots_unaccounted": getattr(stats, "host_slots_unaccounted", None),
+           "write_path": stats.write_path}
     system.close()
     if flight_recorder:
         fr1 = _fr_counts(groups)

@@ -66,11 +66,23 @@ def test_one_packed_per_step_min_without_pp():
     assert _step_sites(1) == [("tp_cpu+pp_cpu", "per_step_min")]
 
 
+RELAYED = ("tp_cpu+pp_cpu", "per_step_min")  # TP MIN on stage 0, then the PP hop
+STAGE_LOCAL = ("tp_cpu", "per_step_min")  # this stage's TP group only
+
+
 def test_two_per_step_reductions_with_pp():
-    """unified_radix_cache.check_hicache_events with pp_size != 1: finished-op counts, then
-    the storage queue sizes, each through `_all_reduce` (TP on stage 0, then the PP hop)."""
-    for protocol in ("pre27010", "pr27010", "step-batched"):
-        assert _step_sites(2, protocol) == [("tp_cpu+pp_cpu", "per_step_min")] * 2
+    """unified_radix_cache.check_hicache_events with pp_size != 1 (0.5.19): finished-op
+    counts, then the storage queue sizes, each through `_all_reduce` (TP on stage 0, then
+    the PP hop)."""
+    for protocol in ("pr27010", "pr36425", "step-batched", "step-clock"):
+        assert _step_sites(2, protocol) == [RELAYED] * 2
+
+
+def test_pre27010_per_step_agreement_with_pp_is_0_5_18s():
+    """0.5.18 (hiradix_cache.py:1525-1529): writing_check and loading_check, each relayed,
+    then drain_storage_control_queues over each stage's own TP group, no PP hop."""
+    assert _step_sites(2, "pre27010") == [RELAYED, RELAYED, STAGE_LOCAL]
+    assert _step_sites(1, "pre27010") == [RELAYED]  # one packed MIN without PP
 
 
 # ---- item 7: host pool pressure -------------------------------------------------------------

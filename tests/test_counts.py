@@ -1,4 +1,4 @@
-"""Collective counts on real gloo groups equal SPEC section 4, request by request.
+"""Collective counts on real gloo groups equal docs/design.md section 4, request by request.
 
 One launch per layout runs every protocol x policy back to back (plus a variant whose
 timeout is shorter than the IO, so timeout decisions really fire). For every request the
@@ -16,11 +16,19 @@ are checked for counts, not for prefetched tokens.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import pytest
 
-from hicache.cost_model import POLICIES, PROTOCOLS, Expected, expected_per_request
+from hicache.cost_model import (
+    POLICIES,
+    PROTOCOLS,
+    Expected,
+    decision_per_poll,
+    expected_per_request,
+    per_step,
+    write_path_cost,
+)
 from hicache.protocols import make_protocol
 from tests.helpers import case, run_cases
 from tests.test_protocols import SPEC_PER_POLL
@@ -31,24 +39,44 @@ PAGE = 64
 STORAGE = {"latency_ms": 15.0}
 N_REQUESTS = 6
 PREFIX = 512  # tokens per request in storage (8 pages); 64 new tokens follow
-SITES = ("decision", "completion", "pp_hop", "hit_query", "ack")
+SITES = ("decision", "completion", "pp_hop", "hit_query", "ack", "ticket")
 # timeout shorter than one read: decisions by the clock, prefetches cut short or revoked.
 FAST_TIMEOUT = {"timeout_base_s": 0.01, "timeout_per_ki_token_s": 0.0}
+BUFFER_ONLY = {"host_memory": "buffer_only"}  # with PP > 1: 0.5.23's PP-ticket path
 
+# (protocol, policy, tags): "fast" the short timeout, "buffer" buffer_only host memory.
 VARIANTS = [(p, q, "") for p, q in itertools.product(PROTOCOLS, POLICIES)]
 VARIANTS += [(p, "timeout", "fast") for p in PROTOCOLS]
+VARIANTS += [("sglang-0.5.23", q, "buffer") for q in POLICIES]
+VARIANTS += [("sglang-0.5.23", "timeout", "buffer-fast")]
+# The write path on (SGLang's default write_through): each request's computed page goes
+# device -> host -> storage, its acks agreed in the per-step reduction.
+WRITE_THROUGH = {"write_policy": "write_through"}
+VARIANTS += [(p, q, "wt") for p, q in itertools.product(PROTOCOLS, ("wait_complete", "timeout"))]
+# pre27010 lets PP stages schedule different prefills (SGLang #22607); with write-through a
+# later stage is then told to ack host copies it never made, and the run fails saying so
+# (hicache.tiers). Its write-through rows are checked at TP2 only.
+VARIANTS_PP = [v for v in VARIANTS if not (v[0] == "pre27010" and v[2] == "wt")]
 
 
-def _cases(tp: int, pp: int) -> list[dict]:
+def _host_memory(tags: str) -> str:
+    return "buffer_only" if "buffer" in tags else "cache"
+
+
+def _cases(tp: int, pp: int, variants: list) -> list[dict]:
     return [case({"protocol": p, "policy": q, "tp": tp, "pp": pp,
-                  **(FAST_TIMEOUT if v else {})}, STORAGE, n=N_REQUESTS,
+                  **(FAST_TIMEOUT if "fast" in v else {}),
+                  **(BUFFER_ONLY if "buffer" in v else {}),
+                  **(WRITE_THROUGH if v == "wt" else {})}, STORAGE, n=N_REQUESTS,
                  prefix_tokens=PREFIX, new_tokens=64)
-            for p, q, v in VARIANTS]
+            for p, q, v in variants]
 
 
 def _launch(tp: int, pp: int, timeout_s: float) -> dict:
-    results = run_cases(tp * pp, _cases(tp, pp), timeout_s=timeout_s, flight_recorder=True)
-    return dict(zip(VARIANTS, results, strict=True))
+    variants = VARIANTS if pp == 1 else VARIANTS_PP
+    results = run_cases(tp * pp, _cases(tp, pp, variants), timeout_s=timeout_s,
+                        flight_recorder=True)
+    return dict(zip(variants, results, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +93,22 @@ def _id(v):
     return f"{v[0]}-{v[1]}{'-' + v[2] if v[2] else ''}"
 
 
-def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int) -> Expected:
+def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int,
+              tags: str = "") -> Expected:
     e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
-                             row["op_issued"], row["io_issued"], row["terminated_by"] == "poll")
+                             row["op_issued"], row["io_issued"], row["terminated_by"] == "poll",
+                             host_memory=_host_memory(tags))
+    if tags == "wt":
+        e = Expected(*(a + b for a, b in zip(astuple(e), astuple(write_path_cost(tp, pp)),
+                                               strict=True)))
     if pp_rank == 0:
         return e
     # A later PP stage mirrors stage 0 (cost_model counts rank 0): for a decision that hops,
     # it does no TP all-reduce and receives once per poll (the last stage sends nothing);
-    # pre27010 decides on its own TP group, so it all-reduces as stage 0 does.
+    # pre27010 decides on its own TP group, so it all-reduces as stage 0 does. It receives
+    # each ticket before it knows the request's id: not counted per request there.
     hops = make_protocol(proto, policy).scope == "tp_pp"
-    return replace(e, decision=0 if hops else e.decision)
+    return replace(e, decision=0 if hops else e.decision, ticket=0)
 
 
 def _measured(row: dict) -> Expected:
@@ -82,16 +116,17 @@ def _measured(row: dict) -> Expected:
 
 
 def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
-    proto, policy, fast = variant
+    proto, policy, tags = variant
     per_rank = results[variant]
     for rank, res in enumerate(per_rank):
         _, pp_rank = res["layout"]
         rows = res["rows"]
         assert len(rows) == N_REQUESTS
         for row in rows:
-            want = _expected(proto, policy, tp, pp, row, pp_rank)
+            want = _expected(proto, policy, tp, pp, row, pp_rank, tags)
             assert _measured(row) == want, f"rank {rank} {row['rid']}: polls={row['polls']}"
             assert row["data_errors"] == 0
+        assert res["host_slots_unaccounted"] == 0, f"rank {rank}: host slots leaked"
         # Our counter against torch's own sequence numbers, every group, every rank.
         for group, (counted, seq) in res["crosscheck"].items():
             assert counted == seq, f"rank {rank} group {group}: counted {counted}, seq {seq}"
@@ -101,13 +136,18 @@ def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
                 assert entries == res["raw_by_group"].get(group, 0), (rank, group)
     rows0 = per_rank[0]["rows"]
     polls = sum(r["polls"] for r in rows0)
-    if policy == "best_effort":
+    ticketed = "buffer" in tags and pp > 1  # a ticket's poll waits for it, any policy
+    if policy == "best_effort" and not ticketed:
         assert all(r["polls"] == 1 for r in rows0)  # the first poll always ends it
-    elif not fast:  # a 10 ms timeout may end every prefetch at its first poll on a busy box
+    elif "fast" not in tags:  # a 10 ms timeout may end every prefetch at its first poll
         assert polls > N_REQUESTS, "the scenario must poll pending prefetches repeatedly"
-    # Per poll, measured on rank 0, equals the hand-written SPEC table (T, P).
+    # Per poll, measured on rank 0, equals the hand-written table of docs/design.md
+    # section 4.5 (SPEC_PER_POLL: T, P).
     per_poll = SPEC_PER_POLL[(proto, policy)][0 if pp == 1 else 1]
-    assert sum(r.get("coll_decision", 0) for r in rows0) == per_poll[0] * polls
+    if "buffer" in tags and pp > 1:
+        per_poll = (1, 1)  # the ticket's readiness: T + P on every poll, whatever the policy
+    t = per_poll[0] if tp > 1 else 0  # the table is TP2's; at TP1 the all-reduce is skipped
+    assert sum(r.get("coll_decision", 0) for r in rows0) == t * polls
     assert sum(r.get("coll_pp_hop", 0) for r in rows0) == per_poll[1] * polls
 
 
@@ -119,16 +159,20 @@ def test_counts_tp2(tp2, variant):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
+@pytest.mark.parametrize("variant", VARIANTS_PP, ids=_id)
 def test_counts_tp2pp2(tp2pp2, variant):
     _check_layout(tp2pp2, variant, 2, 2)
 
 
 @pytest.mark.timeout(150)
 def test_fast_timeout_really_times_out(tp2):
-    """The fast variant's decisions come from the clock: prefetches cut short or revoked."""
+    """The fast variant's decisions come from the clock: prefetches cut short or revoked.
+    sglang-0.5.23's clock starts at the first blocked poll: no poll ends one at its first."""
     for proto in PROTOCOLS:  # storage holds the 512-token prefix, not the new tokens
         rows = tp2[(proto, "timeout", "fast")][0]["rows"]
+        if proto == "sglang-0.5.23":
+            assert all(r["polls"] >= 2 for r in rows if r["terminated_by"] == "poll"), rows
+            continue
         assert any(r["prefetched_tokens"] < PREFIX for r in rows), proto
     for proto in PROTOCOLS:  # with the default timeout every prefetch completes
         rows = tp2[(proto, "timeout", "")][0]["rows"]
@@ -146,8 +190,8 @@ def count_table(results: dict, tp: int, pp: int) -> str:
         n, polls = len(rows), sum(r["polls"] for r in rows)
         dec = sum(r.get("coll_decision", 0) for r in rows)
         hop = sum(r.get("coll_pp_hop", 0) for r in rows)
-        exp = sum(_expected(proto, policy, tp, pp, r, 0).decision for r in rows)
-        lines.append(f"| {proto} | {policy}{' (fast)' if v else ''} | TP{tp}"
+        exp = sum(_expected(proto, policy, tp, pp, r, 0, v).decision for r in rows)
+        lines.append(f"| {proto} | {policy}{f' ({v})' if v else ''} | TP{tp}"
                      f"{f'xPP{pp}' if pp > 1 else ''} | {n} | {polls / n:.2f} | "
                      f"{dec / polls:.2f} | {hop / polls:.2f} | {dec / n:.2f} | {exp / n:.2f} |")
     return "\n".join(lines)
@@ -164,7 +208,7 @@ def test_print_count_table_tp2pp2(tp2pp2):
     print("\n" + count_table(tp2pp2, 2, 2))
 
 
-# ---- the corrections of SPEC section 4, in hand-written numbers ----------------------------
+# ---- the corrections of docs/design.md section 4.7, in hand-written numbers -----------------
 
 ACK_PROTOCOLS = [p for p in PROTOCOLS if p != "pre27010"]
 
@@ -198,15 +242,70 @@ def test_one_packed_per_step_min_without_pp(tp2, variant):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
-def test_two_per_step_reductions_with_pp(tp2pp2, variant):
-    """check_hicache_events with PP > 1: two `_all_reduce` calls per step, each a TP
-    all-reduce on stage 0 and the PP hop (stage 1 receives twice)."""
+@pytest.mark.parametrize("variant", VARIANTS_PP, ids=_id)
+def test_per_step_agreement_with_pp(tp2pp2, variant):
+    """check_hicache_events with PP > 1 as the release that ships the protocol issues it
+    (cost_model.per_step): 0.5.19's two relayed reductions, each a TP MIN on stage 0 and
+    the PP hop; pre27010 0.5.18's two relayed ones and a stage-local queue MIN. A step's
+    other hops are its polls' decisions."""
+    proto, policy, tags = variant
+    hop_per_poll = decision_per_poll(proto, policy, 2, 2, _host_memory(tags))[1]
     for res in tp2pp2[variant]:
-        stage = res["layout"][1]
+        tp_ars, hops = per_step(proto, 2, 2, res["layout"][1], _host_memory(tags))
         for s in res["steps"]:
-            assert s.get("coll_per_step_min", 0) == (2 if stage == 0 else 0), s
-            assert s.get("coll_pp_hop", 0) >= 2, s
+            assert s.get("coll_per_step_min", 0) == tp_ars, s
+            assert s.get("coll_pp_hop", 0) == hops + s["polled"] * hop_per_poll, s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_pre27010_per_step_is_5_on_stage_0_and_3_on_stage_1(tp2pp2, policy):
+    """By hand, 0.5.18 at TP2 x PP2: stage 0 two relayed TP MINs (2 + 2 sends) and its
+    queue MIN; stage 1 two receives and its own queue MIN. pre27010's polls never hop."""
+    for res in tp2pp2[("pre27010", policy, "")]:
+        want = 5 if res["layout"][1] == 0 else 3
+        for s in res["steps"]:
+            assert s.get("coll_per_step_min", 0) + s.get("coll_pp_hop", 0) == want, s
+
+
+# TP1 x PP2 on 2 ranks (fast): the stage-local drain is a no-op without TP, so pre27010's
+# per step stays two relays; 0.5.23 relays once, and on its ticket path not at all.
+TP1PP2 = [("pre27010", "wait_complete", ""), ("sglang-0.5.23", "wait_complete", ""),
+          ("sglang-0.5.23", "wait_complete", "buffer")]
+TP1PP2_BY_HAND = {TP1PP2[0]: (0, 2), TP1PP2[1]: (0, 1), TP1PP2[2]: (0, 0)}
+
+
+@pytest.fixture(scope="module")
+def tp1pp2():
+    cases = [c for v, c in zip(VARIANTS, _cases(1, 2, VARIANTS), strict=True) if v in TP1PP2]
+    results = run_cases(2, cases, timeout_s=100, flight_recorder=True)
+    return dict(zip([v for v in VARIANTS if v in TP1PP2], results, strict=True))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", TP1PP2, ids=_id)
+def test_counts_tp1pp2(tp1pp2, variant):
+    _check_layout(tp1pp2, variant, 1, 2)
+    proto, policy, tags = variant
+    hop_per_poll = decision_per_poll(proto, policy, 1, 2, _host_memory(tags))[1]
+    for res in tp1pp2[variant]:
+        assert per_step(proto, 1, 2, res["layout"][1], _host_memory(tags)) == \
+            TP1PP2_BY_HAND[variant]
+        hops = TP1PP2_BY_HAND[variant][1]
+        for s in res["steps"]:
+            assert s.get("coll_per_step_min", 0) == 0, s
+            assert s.get("coll_pp_hop", 0) == hops + s["polled"] * hop_per_poll, s
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ticket_path_never_times_out(tp2pp2):
+    """buffer_only at PP > 1: readiness is the final ack, whatever the policy, so even a
+    10 ms timeout cuts nothing short; every rank took its whole hit."""
+    for res in tp2pp2[("sglang-0.5.23", "timeout", "buffer-fast")]:
+        for row in res["rows"]:
+            assert row["terminated_by"] == "poll" and row["prefetched_tokens"] == PREFIX, row
 
 
 @pytest.mark.slow
@@ -224,3 +323,33 @@ def test_background_reductions_span_tp_and_pp(tp2pp2, proto):
         if proto in ACK_PROTOCOLS:  # the PP groups are cross-checked like every other
             assert set(pp_groups) == {"prefetch_pp", "ack_pp"}
             assert all(counted == seq > 0 for counted, seq in pp_groups.values()), pp_groups
+
+
+# ---- the write path (docs/design.md section 12) ----------------------------------------------
+
+WT_VARIANTS = [v for v in VARIANTS if v[2] == "wt"]
+
+
+def _check_write_path(results: dict, variant: tuple) -> None:
+    """Every request's computed page went device -> host -> storage on every rank, with no
+    collective of its own (the counts above), and its acks were drained before the end."""
+    for res in results[variant]:
+        wp = res["write_path"]
+        assert wp["host_copy_pages"] == wp["storage_write_pages"] == N_REQUESTS, wp
+        assert res["host_slots_unaccounted"] == 0 and wp["device_slots_unaccounted"] == 0
+        for row in res["rows"]:
+            assert row["computed_tokens"] == 64 and row["storage_hit_tokens"] == PREFIX
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("variant", WT_VARIANTS, ids=_id)
+def test_write_through_tp2(tp2, variant):
+    _check_write_path(tp2, variant)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("variant", [v for v in WT_VARIANTS if v in VARIANTS_PP],
+                         ids=_id)
+def test_write_through_tp2pp2(tp2pp2, variant):
+    _check_write_path(tp2pp2, variant)

@@ -18,18 +18,14 @@ import time
 import pytest
 import torch
 
+from bench.launch import launch_to_end
 from hicache.cache import HiCache
 from hicache.comm import CollectiveCounter, CollectiveError, Comm, Groups, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import compare_decisions
 from hicache.records import Stats
 from hicache.storage import StorageSpec, make_storage
-from tests.fault_helpers import (
-    launch_timed,
-    spawn_all,
-    stamped_scenario,
-    wait_for_stamps,
-)
+from tests.fault_helpers import launch_timed, stamped_scenario, wait_for_stamps
 from tests.helpers import case, run_cases, scenario
 
 T = 5.0  # collective timeout in these tests (the product default is 60 s)
@@ -210,8 +206,8 @@ def test_hung_rank_makes_its_peer_fail_at_the_collective_timeout(tmp_path):
 @pytest.mark.timeout(60)
 def test_survivors_of_a_dead_rank_end_on_their_own():
     # No launcher kills the survivor here: it must see the death itself and stop.
-    got, dead = spawn_all(2, scenario, _args({"kill_rank": 1, "kill_step": 5}, 20, 0.05),
-                          timeout_s=45)
+    got, dead = launch_to_end(2, scenario, _args({"kill_rank": 1, "kill_step": 5}, 20, 0.05),
+                              timeout_s=45)
     assert dead.get(1, (None,))[0] == 17, (got, dead)
     assert 0 in got, "rank 0 neither finished nor failed before the deadline"
     t_report, status, msg = got[0]

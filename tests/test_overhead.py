@@ -1,4 +1,4 @@
-"""The overhead model's arithmetic against hand-computed numbers (SPEC section 8)."""
+"""The overhead model's arithmetic against hand-computed numbers (docs/design.md section 8)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_per_poll_cost_by_protocol():
 
 
 def test_extra_step_time_is_polls_times_cost():
-    # SPEC 8: 26 requests polled per step at 0.3 ms each: 7.8 ms per step for pr27010
+    # The model of docs/design.md section 8.2: 26 requests polled per step at 0.3 ms each
+    # add 7.8 ms per step for pr27010
     assert extra_step_ms("pr27010", "wait_complete", 2, 1, 26, 0.3, 0.15) == pytest.approx(7.8)
     assert extra_step_ms("pr36425", "wait_complete", 2, 1, 26, 0.3, 0.15) == 0.0
     # pre27010 adds its completion MINs: 0.5 per step at 0.3 ms

@@ -1,8 +1,8 @@
-"""Decision tables of the termination protocols (SPEC section 4), no process group.
+"""Decision tables of the termination protocols (docs/design.md section 4), no process group.
 
-The expected votes below are written out by hand from SPEC section 4 and the seeds
-(000: PR #36425's `_can_terminate_prefetch`; 004: PR #27550's `can_terminate_prefetch`
-with the extra-pool guard), not derived from `hicache.protocols`. A vote of True/False is
+The expected votes below are written out by hand from docs/design.md section 4 and SGLang's
+source (PR #36425's `_can_terminate_prefetch`; PR #27550's `can_terminate_prefetch` with
+the extra-pool guard), not derived from `hicache.protocols`. A vote of True/False is
 final and costs no collective; a list is what the rank contributes to the all-reduce.
 """
 
@@ -37,7 +37,7 @@ CASES = {
 COLS = list(CASES)
 ALL_TRUE = [T] * len(COLS)
 
-# pre27010, [1 - can_terminate, is_terminated] (seed 004). With the guard, a completed op
+# pre27010, [1 - can_terminate, is_terminated] (PR #27550). With the guard, a completed op
 # whose side-car pages are still being written cannot terminate (wait_complete and timeout).
 CAN, CANNOT, TERM = [0, 0], [1, 0], [1, 1]
 #                 pend    compl t_out   c+t_o term  decid   s_pend  s_p+to  s_done s_i+to s_inc
@@ -76,6 +76,10 @@ VOTES = {
     ("step-clock", "best_effort", True): ALL_TRUE,
     ("step-clock", "wait_complete", True): PR36_WAIT,
     ("step-clock", "timeout", True): STEP_TO,
+    # cache host memory: pr36425's poll (its timeout clock: tests/test_sglang_0523.py)
+    ("sglang-0.5.23", "best_effort", True): ALL_TRUE,
+    ("sglang-0.5.23", "wait_complete", True): PR36_WAIT,
+    ("sglang-0.5.23", "timeout", True): PR36_TO,
 }
 
 
@@ -249,7 +253,7 @@ def test_decision_per_poll_matches_votes(proto, policy):
         assert decision_per_poll(proto, policy, 1, 2) == (0, int(hop))
 
 
-# SPEC section 4, per poll at TP2 (T = 1) and at TP2 x PP2 (P = 1): (T, P) tuples.
+# docs/design.md section 4, per poll at TP2 (T = 1) and at TP2 x PP2 (P = 1): (T, P) tuples.
 SPEC_PER_POLL = {
     ("pre27010", "best_effort"): ((0, 0), (0, 0)),
     ("pre27010", "wait_complete"): ((1, 0), (1, 0)),  # TP only: no PP agreement
@@ -266,6 +270,9 @@ SPEC_PER_POLL = {
     ("step-clock", "best_effort"): ((0, 0), (0, 0)),
     ("step-clock", "wait_complete"): ((0, 0), (0, 0)),
     ("step-clock", "timeout"): ((0, 0), (0, 0)),
+    ("sglang-0.5.23", "best_effort"): ((0, 0), (0, 0)),  # cache host memory
+    ("sglang-0.5.23", "wait_complete"): ((0, 0), (0, 0)),
+    ("sglang-0.5.23", "timeout"): ((1, 0), (1, 1)),
 }
 
 
@@ -278,7 +285,7 @@ def test_decision_per_poll_spec_table(proto, policy):
 
 @pytest.mark.parametrize(("k", "hit_pages"), [(0, 8), (1, 8), (5, 8), (3, 300)])
 def test_expected_per_request_spec(k, hit_pages):
-    """Per request at TP2 x PP2: SPEC section 4's formulas, with hit query and acks."""
+    """Per request at TP2 x PP2: docs/design.md section 4's formulas, with hit query and acks."""
     batches = -(-hit_pages // 128)
     e = expected_per_request("pre27010", "wait_complete", 2, 2, k, hit_pages, True, True)
     assert (e.decision, e.completion, e.pp_hops, e.hit_query, e.ack) == (
@@ -322,7 +329,8 @@ def test_pre27010_poll_before_host_slots_pays_no_completion_min():
     assert e.completion == 0
 
 
-@pytest.mark.parametrize("proto", ["pr27010", "pr36425", "step-batched", "step-clock"])
+@pytest.mark.parametrize("proto", ["pr27010", "pr36425", "step-batched", "step-clock",
+                                   "sglang-0.5.23"])
 @pytest.mark.parametrize(("tp", "pp", "per"), [(2, 1, 1), (2, 2, 2), (1, 2, 1), (1, 1, 0),
                                                 (4, 2, 2)])
 def test_background_reductions_over_tp_then_pp(proto, tp, pp, per):

@@ -1,4 +1,4 @@
-"""The extra-pool race of PR #27550 (SPEC section 5), caught by the page checksums.
+"""The extra-pool race of PR #27550 (docs/design.md section 5), caught by the page checksums.
 
 Side-car pages are read after the KV pages and take 8 ms each (64 ms for a request's
 8 pages), while the scheduler polls every few ms. pre27010 without the guard sees

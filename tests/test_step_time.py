@@ -1,5 +1,5 @@
 """The CPU step-time model against hand-computed numbers and the public figures it is
-calibrated to (SPEC section 8)."""
+calibrated to (docs/design.md section 8)."""
 
 from __future__ import annotations
 

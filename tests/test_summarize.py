@@ -178,3 +178,18 @@ def test_table_shows_config_columns_only_when_they_vary(summary):
     frame.loc[frame.policy == "timeout", "rate_rps"] = 16.0
     header = format_table(summarize(frame, steps_frame())).splitlines()[0].split()
     assert header[:5] == ["protocol", "policy", "tp", "pp", "rate_rps"]
+
+
+def test_expected_counts_on_the_ticket_path_and_for_runs_before_host_memory():
+    """sglang-0.5.23, buffer_only, TP2 x PP2, 4 polls of 10 pages: 4 decisions; background
+    hit MIN 2 + one ack 2 + the ticket 1. A run without the column is "cache": no ticket."""
+    kw = dict(pp=2, host_memory="buffer_only", ticket_collectives=1, hit_query_collectives=2)
+    rows = pd.DataFrame([req("sglang-0.5.23", "wait_complete", 0, "a", 90, 4, 4, 640, 2, **kw)],
+                        columns=REQUEST_COLUMNS)
+    e = expected_counts(rows)
+    assert (e["decision"].iloc[0], e["background"].iloc[0]) == (4, 5)
+    old = rows.drop(columns=["host_memory", "ticket_collectives"])
+    e = expected_counts(old)
+    assert (e["decision"].iloc[0], e["background"].iloc[0]) == (0, 4)
+    assert summarize(rows, pd.DataFrame(columns=STEP_COLUMNS)).iloc[0][
+        "background_collectives_per_req"] == 5

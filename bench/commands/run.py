@@ -15,10 +15,18 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.plan import ALIASES, PRESET_HELP, PRESETS, THREADS_PER_RANK, RunPlan
+from bench.plan import (
+    ALIASES,
+    PRESET_HELP,
+    PRESETS,
+    PROJECT_PROTOCOLS,
+    Cell,
+    RunPlan,
+)
 from bench.workload import WorkloadSpec
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
@@ -32,8 +40,8 @@ def parser() -> CliParser:
     a = p.add_argument
     a("--preset", default="default", choices=sorted(PRESETS),
       help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
-    a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases before=pr27010, "
-      "after=pr36425)")
+    a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases: "
+      f"{', '.join(f'{k}={v}' for k, v in ALIASES.items())}; docs/releases.md)")
     a("--policies", help=f"comma list of {', '.join(POLICIES)}")
     a("--nproc", type=int, help="ranks to launch locally (default tp*pp)")
     a("--tp", type=int)
@@ -66,15 +74,20 @@ def parser() -> CliParser:
     a("--fail-rate", type=float, help="probability that a storage batch read fails")
     a("--stall-ms", type=float, help="extra delay of every storage read (a stalling tier)")
     a("--extra-pool", action="store_true", help="read a side-car pool after the KV pages")
+    a("--host-memory", choices=HOST_MEMORY, help="cache (default): host memory is an L2 "
+      "tier; buffer_only: staging for one load-back, and with --pp > 1 sglang-0.5.23's "
+      "PP-ticket path (docs/releases.md)")
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
     a("--step-ms", type=float, help="the modelled decode step's fixed part, ms (default: "
       "the model's roofline on --gpu, e.g. 4.5 for llama3-8b at TP2 on h100)")
-    a("--consensus", action="store_true", help="online rank-consensus checker (SPEC 6)")
+    a("--consensus", action="store_true",
+      help="online rank-consensus checker (docs/design.md section 6)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int)
+    trace_flags.add_flags(a)
     a("--out", type=Path, help="results directory (default results/<UTC>_<preset>_<sha>)")
     return p
 
@@ -149,17 +162,32 @@ def build_plan(args) -> RunPlan:
     if args.rate is not None:
         _positive("rate", args.rate)
         rates = (args.rate,)
+    trace, offered, tiers = trace_flags.trace_settings(args, preset)
     storage = _storage(args, preset)
-    system = _system(args, preset)
+    system = {**tiers, **_system(args, preset)}
     protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
-        preset.get("protocols", PROTOCOLS)
+        preset.get("protocols", PROJECT_PROTOCOLS)
     policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
-    return RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
-                   rates=tuple(rates), repeats=args.repeats or preset.get("repeats", 3),
+    plan = RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
+                   rates=tuple(offered or rates),
+                   repeats=args.repeats or preset.get("repeats", 3),
                    tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
                    gpu=args.gpu or "h100", step_ms=args.step_ms,
-                   workload=_workload(args, preset), storage=storage,
+                   workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
+    _check_configs(plan)
+    return plan
+
+
+def _check_configs(plan: RunPlan) -> None:
+    """Every protocol x policy's system configuration is valid (e.g. buffer_only host
+    memory for a protocol whose releases have none), before any rank starts."""
+    for proto in plan.protocols:
+        for policy in plan.policies:
+            try:
+                plan.config(Cell(0, 0, plan.rates[0], policy, proto))
+            except ValueError as e:
+                raise UsageError(str(e)) from None
 
 
 def _workload(args, preset: dict) -> WorkloadSpec:
@@ -192,6 +220,9 @@ def _system(args, preset: dict) -> dict:
     s = {}
     if args.extra_pool or preset.get("extra_pool"):
         s["extra_pool"] = True
+    host_memory = args.host_memory or preset.get("host_memory")
+    if host_memory is not None:
+        s["host_memory"] = host_memory
     if args.no_race_guard:
         s["race_guard"] = False
     for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
@@ -301,9 +332,9 @@ def _run_local(plan: RunPlan) -> int:
           f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
           f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "
           f"{plan.device}/{plan.backend}, results in {plan.out_dir}", file=sys.stderr)
-    threads, cores = plan.world_size * THREADS_PER_RANK, os.cpu_count() or 1
+    threads, cores = plan.world_size * plan.threads_per_rank, os.cpu_count() or 1
     if threads > cores:
-        print(f"bench run: note: {plan.world_size} ranks x {THREADS_PER_RANK} threads exceed "
+        print(f"bench run: note: {plan.world_size} ranks x {plan.threads_per_rank} threads exceed "
               f"{cores} cores: timings are partly CPU-bound, not only collective-bound "
               "(the report says so too); compare ratios within the run", file=sys.stderr)
     _link_latest(Path(plan.out_dir))
@@ -346,6 +377,8 @@ def _budget_s(plan: RunPlan) -> float:
     wl = plan.workload
     per_cell = (30.0 + 3.0 * wl.requests / min(plan.rates)
                 + 3.0 * wl.bystanders / wl.bystander_rate_rps + 0.05 * wl.output_tokens)
+    if plan.trace is not None:
+        per_cell = plan.trace.cell_budget_s(min(plan.rates))
     return 60.0 + per_cell * len(plan.cells())
 
 
