@@ -95,9 +95,10 @@ def read_settings(baseline_dir: Path) -> dict:
     return settings
 
 
-# What `bench gate --ab` runs when gate.json names no other: the configurations whose timing
-# a slower poll moves most, a few repeats in each of two A B / B A blocks.
-DEFAULT_AB = {"preset": "ci", "protocols": "pr27010,pr36425,step-clock",
+# What `bench gate --ab` runs when gate.json names no other: the headline's burst of 48
+# (many waiting requests polled per step, so a slower poll shows) for the protocols of the
+# headline under wait_complete, three repeats in each of two A B / B A blocks.
+DEFAULT_AB = {"preset": "queue", "protocols": "pr27010,pr36425,step-clock",
               "policies": "wait_complete", "blocks": 2, "repeats_per_block": 3}
 
 
