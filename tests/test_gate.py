@@ -345,3 +345,16 @@ def test_self_checks_of_the_ranks_are_gated(clean, tmp_path, capsys):
     write_csv_atomic(run / "ranks.csv", rows, list(rows[0]))
     assert gate(run, clean[1]) == 1
     assert "counter_crosscheck" in capsys.readouterr().out
+
+
+def test_ab_without_a_usable_revision_exits_2(clean, tmp_path, capsys):
+    # The synthetic baseline's revision (forty zeros) is no commit of this repository.
+    assert gate(*clean, "--ab") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bench gate: the baseline revision is not usable here") \
+        and err.count("\n") == 1
+    baseline = tmp_path / "baseline"
+    shutil.copytree(clean[1], baseline)
+    write_json_atomic(baseline / "gate.json", {"thresholds": {}})
+    assert gate(clean[0], baseline, "--ab") == 2
+    assert "gate.json has no ab settings" in capsys.readouterr().err
