@@ -79,7 +79,8 @@ def gate_once(repo: Path, rev: str, baseline: Path, out: Path) -> dict:
     bench(repo, "run", "--preset", "ci", "--out", str(run))
     done = bench(repo, "gate", str(run), "--baseline", str(baseline), "--ab")
     rows = [line.split() for line in done.stdout.splitlines()]
-    failing = [f"{r[0]} {r[1]}/{r[2]}" for r in rows if len(r) > 2 and r[0].endswith("_ab")]
+    failing = [f"{r[0]} {r[1]}/{r[2]}" for r in rows  # the table lists failures only
+               if done.returncode == 1 and len(r) > 2 and r[0].endswith("_ab")]
     return {"rev": rev, "exit": done.returncode, "failing": failing, "run": str(run),
             "seconds": round(time.monotonic() - t0, 1), "load_1m": os.getloadavg()[0],
             "last_line": (done.stdout.strip().splitlines() or [""])[-1]}
