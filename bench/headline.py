@@ -61,7 +61,7 @@ def resolution_lines(summary: pd.DataFrame) -> list[str]:
                if not pd.isna(r.get("step_mean_ratio_repeats", math.nan))]
     text = (f"Resolvable differences (the largest 95% half-width over these rows, "
             f"{min(repeats) if repeats else '?'} paired repeats each): " + ", ".join(parts)
-            + "; a smaller true difference cannot be told from none by this run.")
+            + "; a smaller difference is not resolved by this run.")
     return [text] + ([f"Note: {notes[0]}."] if notes else [])
 
 
