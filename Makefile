@@ -33,10 +33,10 @@ test-fast: dev  ## skip the slow end-to-end and 4-rank tests
 bench: setup  ## the main job: protocols x policies x repeats, results/latest
 	$(PY) -m bench run --preset $(PRESET) $(ARGS)
 
-gate: dev  ## quick CI preset, its micro-benchmarks, then the perf gate vs results/baseline
+gate: dev  ## quick CI preset, its micro-benchmarks, then the perf gate: counts vs the model, timings vs the baseline revision run beside this tree
 	$(PY) -m bench run --preset ci $(ARGS)
 	$(PY) -m bench microbench results/latest
-	$(PY) -m bench gate results/latest --baseline results/baseline
+	$(PY) -m bench gate results/latest --baseline results/baseline --ab
 
 compare: setup  ## two runs side by side: make compare A=results/<before> B=results/<after>
 	$(PY) -m bench compare $(A) $(B) $(ARGS)

@@ -36,6 +36,9 @@ ENV_FACTS = {"host": ("host",), "CPU": ("cpu_model",), "CPU count": ("cpu_count"
              "torch": ("versions", "torch"), "NCCL": ("versions", "nccl"),
              "device": ("world", "device"), "backend": ("backend",)}
 VERDICTS = ("better", "worse", "same")
+DRIFT = ("the two runs were made at different times: drift between them (the machine's "
+         "other load, its clock, its temperature) is not in these intervals; for a decision, "
+         "run both revisions interleaved with `python -m bench ab REV_A REV_B`")
 
 
 @dataclass(frozen=True)
@@ -151,13 +154,16 @@ class Comparison:
     threshold: float
     rows: list[dict] = field(default_factory=list)
     header: list[str] = field(default_factory=list)
+    verb: str = "compare"  # or "ab" (bench.ab): the final line and the report's title
+    drift_note: str = ""  # what the intervals leave out (compare: drift between the runs)
+    run_lines: list[str] = field(default_factory=list)  # where A and B came from (ab's own)
 
     def tally(self) -> dict[str, int]:
         return {v: sum(r["verdict"] == v for r in self.rows) for v in VERDICTS}
 
     def final_line(self) -> str:
         t = self.tally()
-        return f"compare: {t['better']} better, {t['worse']} worse, {t['same']} same"
+        return f"{self.verb}: {t['better']} better, {t['worse']} worse, {t['same']} same"
 
 
 def reported_metrics(a: Run, b: Run, names: list[str] | None) -> tuple[list, dict]:
@@ -202,9 +208,10 @@ def compare(a: Run, b: Run, opts: argparse.Namespace) -> Comparison:
     groups = {(s, t): _groups(run.table(t), keys, f"{run.path}/{t}.csv")
               for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
     metrics, present = reported_metrics(a, b, opts.metric)
-    timing = TimingOptions(opts.threshold, opts.n_boot, opts.seed)
+    timing = TimingOptions(opts.threshold)
     comp = Comparison(a, b, keys, opts.threshold,
-                      header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b))
+                      header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b),
+                      drift_note=DRIFT)
     for key in sorted(set(groups[("a", "requests")]) | set(groups[("b", "requests")]),
                       key=_order):
         cells = dict(zip(keys, key, strict=True))

@@ -2,8 +2,9 @@
 timing samples.
 
 A timing metric is one line of TIMING_METRICS: its name (with its unit), the frame it reads
-(requests.csv or steps.csv rows of one configuration), the columns it needs, the percentile,
-and a function from the frame to a stats.Sample (values by repeat, in resampling units).
+(requests.csv or steps.csv rows of one configuration), the statistic ("mean" or "pNN") taken
+per repeat, the columns it needs, and a function from the frame to a stats.Sample (values by
+repeat, in resampling units for the bootstrap cross-check).
 Counts are exact fractions (sums over requests or steps), so differences are exact too.
 """
 
@@ -32,7 +33,7 @@ class TimingMetric:
 
     name: str
     table: str  # "requests" or "steps"
-    q: float  # the percentile that is bootstrapped
+    stat: str  # the statistic of each repeat: "mean" or a percentile "pNN"
     needs: tuple[str, ...]  # columns a run must carry for the metric to exist there
     sample: Callable[[pd.DataFrame], Sample]
     shown_if: str = ""  # report only when at least one run carries this column
@@ -61,6 +62,11 @@ def itl_gaps(frame: pd.DataFrame) -> Sample:
                              for r, g in frame.groupby("repeat")})
 
 
+def all_steps(frame: pd.DataFrame) -> Sample:
+    """Wall time of every scheduler step (the mean step time of steps.csv)."""
+    return Sample.flat(_by_repeat(frame, "step_ms"))
+
+
 def decode_steps(frame: pd.DataFrame) -> Sample:
     """Wall time of decode steps (kind == decode), or of every timed step without `kind`."""
     if "kind" in frame:
@@ -69,20 +75,21 @@ def decode_steps(frame: pd.DataFrame) -> Sample:
 
 
 TIMING_METRICS = (
-    TimingMetric("ttft_p50_ms", "requests", 50, ("ttft_ms",), ttft()),
-    TimingMetric("ttft_p99_ms", "requests", 99, ("ttft_ms",), ttft()),
-    TimingMetric("prefetch_ttft_p50_ms", "requests", 50, ("ttft_ms",), ttft("prefetch"),
+    TimingMetric("ttft_p50_ms", "requests", "p50", ("ttft_ms",), ttft()),
+    TimingMetric("ttft_p99_ms", "requests", "p99", ("ttft_ms",), ttft()),
+    TimingMetric("prefetch_ttft_p50_ms", "requests", "p50", ("ttft_ms",), ttft("prefetch"),
                  shown_if=CLASS_COLUMN),
-    TimingMetric("prefetch_ttft_p99_ms", "requests", 99, ("ttft_ms",), ttft("prefetch"),
+    TimingMetric("prefetch_ttft_p99_ms", "requests", "p99", ("ttft_ms",), ttft("prefetch"),
                  shown_if=CLASS_COLUMN),
-    TimingMetric("bystander_ttft_p50_ms", "requests", 50, ("ttft_ms", CLASS_COLUMN),
+    TimingMetric("bystander_ttft_p50_ms", "requests", "p50", ("ttft_ms", CLASS_COLUMN),
                  ttft("bystander")),
-    TimingMetric("bystander_ttft_p99_ms", "requests", 99, ("ttft_ms", CLASS_COLUMN),
+    TimingMetric("bystander_ttft_p99_ms", "requests", "p99", ("ttft_ms", CLASS_COLUMN),
                  ttft("bystander")),
-    TimingMetric("itl_p50_ms", "requests", 50, ("itl_ms",), itl_gaps),
-    TimingMetric("itl_p99_ms", "requests", 99, ("itl_ms",), itl_gaps),
-    TimingMetric("decode_step_p50_ms", "steps", 50, ("step_ms",), decode_steps),
-    TimingMetric("decode_step_p99_ms", "steps", 99, ("step_ms",), decode_steps),
+    TimingMetric("itl_p50_ms", "requests", "p50", ("itl_ms",), itl_gaps),
+    TimingMetric("itl_p99_ms", "requests", "p99", ("itl_ms",), itl_gaps),
+    TimingMetric("step_mean_ms", "steps", "mean", ("step_ms",), all_steps),
+    TimingMetric("decode_step_p50_ms", "steps", "p50", ("step_ms",), decode_steps),
+    TimingMetric("decode_step_p99_ms", "steps", "p99", ("step_ms",), decode_steps),
 )
 METRIC_NAMES = tuple(m.name for m in TIMING_METRICS)
 

@@ -1,5 +1,6 @@
-"""`bench compare`'s outputs: the terminal table, compare.csv, compare.md and
-compare_ratios.png, all built from the same row dicts (bench.compare.Comparison.rows)."""
+"""`bench compare`'s and `bench ab`'s outputs: the terminal table, compare.csv (ab.csv),
+compare.md (ab.md) and compare_ratios.png (ab_ratios.png), all built from the same row
+dicts (bench.compare.Comparison.rows)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from bench.compare import Comparison, Run
 from bench.envinfo import REPO_DIR
 from bench.plots import save_figure
 from bench.result_files import write_csv_atomic, write_text_atomic
-from bench.tables import markdown_table
+from bench.tables import interval_text, markdown_table
 
 ROW_COLUMNS = ["metric", "kind", "a", "b", "b_minus_a", "ratio_b_over_a", "ratio_ci_low",
-               "ratio_ci_high", "n_a", "n_b", "verdict", "note"]
+               "ratio_ci_high", "ratio_mdd", "repeats", "n_a", "n_b", "verdict", "note"]
 HEADERS = ["configuration", "metric", "A", "B", "B - A", "B/A [95% CI]", "verdict", "note"]
 FIXED_LABEL_KEYS = ("protocol", "policy")
 COLORS = {"worse": "C3", "better": "C2", "same": "0.4"}
@@ -48,11 +49,9 @@ def _change(row: dict) -> tuple[str, str]:
     """The 'B - A' and 'B/A [95% CI]' cells."""
     if row["kind"] == "count":
         return _num(row.get("b_minus_a"), "+.4g"), "-"
-    ratio = row.get("ratio_b_over_a")
-    if ratio is None:
-        return _num(row.get("b_minus_a"), "+.2f"), "-"
-    low, high = _num(row.get("ratio_ci_low"), ".3f"), _num(row.get("ratio_ci_high"), ".3f")
-    return _num(row.get("b_minus_a"), "+.2f"), f"{ratio:.3f} [{low}, {high}]"
+    ratio = interval_text(row.get("ratio_b_over_a"), row.get("ratio_ci_low"),
+                          row.get("ratio_ci_high"), ".3f")
+    return _num(row.get("b_minus_a"), "+.2f"), ratio
 
 
 def table_rows(comp: Comparison) -> list[list[str]]:
@@ -91,15 +90,16 @@ def _run_line(side: str, run: Run) -> str:
 
 def context_lines(comp: Comparison) -> list[str]:
     a = comp.a
-    return [_run_line("A", a), _run_line("B", comp.b),
+    return [*(comp.run_lines or [_run_line("A", a), _run_line("B", comp.b)]),
             f"schema version {a.schema_version}, preset {a.setting('preset')}, "
-            f"TP{a.setting('tp')} x PP{a.setting('pp')}; ratios B/A with 95% percentile-"
-            f"bootstrap CIs stratified by repeat; threshold {comp.threshold:g}"]
+            f"TP{a.setting('tp')} x PP{a.setting('pp')}; ratios B/A paired by repeat, 95% t "
+            f"intervals over the repeats; threshold {comp.threshold:g}",
+            f"note: {comp.drift_note}" if comp.drift_note else ""]
 
 
 def print_comparison(comp: Comparison, written: list[Path]) -> None:
     """Warnings first, then context, one-sided rows, the table, the files, the final line."""
-    lines = [*comp.header, *context_lines(comp), *one_sided_lines(comp),
+    lines = [*comp.header, *filter(None, context_lines(comp)), *one_sided_lines(comp),
              format_table(table_rows(comp)), f"wrote {', '.join(str(p) for p in written)}",
              comp.final_line()]
     print("\n".join(lines))
@@ -115,12 +115,14 @@ RULES = [
     "differ the collectives inside polls are judged per poll (decision/poll; critical = "
     "in-poll per poll and completions per request); with step kinds, step collectives are "
     "judged per kind. polls/req is shown, never judged.",
-    "- Timings: the ratio B/A of the metric's percentile (linear interpolation) over all "
-    "repeats, with a 95% percentile-bootstrap CI resampling A and B independently, "
-    "stratified by repeat (a request's ITL gaps are one unit). worse: CI entirely above "
-    "1 + threshold; better: entirely below 1 - threshold; else same. The CI holds within-run "
-    "noise only; the threshold is there for run-to-run drift.",
-    "- `a`, `b` and `b_minus_a` in compare.csv are in the unit the metric's name ends with "
+    "- Timings: per repeat (one whole serve) the metric's statistic of A and of B, paired "
+    "by repeat (the same seed); the ratio B/A is exp(mean of ln(b_r / a_r)) with a 95% t "
+    "interval over the paired repeats (docs/metrics.md, \"Intervals\"). worse: interval "
+    "entirely above 1 + threshold; better: entirely below 1 - threshold; else same; not "
+    "comparable without an interval (fewer than 3 paired repeats, or no scipy). `a` and `b` "
+    "pool every repeat; `ratio_mdd` is the interval's half-width as a fraction, the "
+    "smallest difference the runs could resolve.",
+    "- `a`, `b` and `b_minus_a` in the CSV are in the unit the metric's name ends with "
     "(`_ms`; collectives for counts).",
 ]
 
@@ -128,8 +130,8 @@ RULES = [
 def render_markdown(comp: Comparison, plot: str | None) -> str:
     one_sided = one_sided_lines(comp)
     return "\n".join([
-        f"# bench compare: {comp.a.name} vs {comp.b.name}", "",
-        *(f"- {line}" for line in comp.header + context_lines(comp)), "",
+        f"# bench {comp.verb}: {comp.a.name} vs {comp.b.name}", "",
+        *(f"- {line}" for line in comp.header + context_lines(comp) if line), "",
         f"**{comp.final_line()}** (exit status {1 if comp.tally()['worse'] else 0})", "",
         "## Rules", "", f"Threshold {comp.threshold:g}.", *RULES, "",
         "## Rows", "", markdown_table(HEADERS, table_rows(comp)), "",
@@ -189,9 +191,11 @@ def plot_ratios(comp: Comparison, path: Path) -> bool:
 
 
 def write_outputs(comp: Comparison, out: Path) -> list[Path]:
-    """compare.csv, compare_ratios.png (when there is a ratio) and compare.md into `out`."""
+    """<verb>.csv, <verb>_ratios.png (when there is a ratio) and <verb>.md into `out`
+    (verb: compare or ab)."""
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(comp, out / "compare.csv")
-    plot = "compare_ratios.png" if plot_ratios(comp, out / "compare_ratios.png") else None
-    write_text_atomic(out / "compare.md", render_markdown(comp, plot))
-    return [out / n for n in ("compare.md", "compare.csv", plot) if n]
+    v = comp.verb
+    write_csv(comp, out / f"{v}.csv")
+    plot = f"{v}_ratios.png" if plot_ratios(comp, out / f"{v}_ratios.png") else None
+    write_text_atomic(out / f"{v}.md", render_markdown(comp, plot))
+    return [out / n for n in (f"{v}.md", f"{v}.csv", plot) if n]

@@ -4,8 +4,11 @@ matched configuration get their verdict (better / worse / same, or info / not co
 Counts (rank 0, exact fractions): any change is flagged whatever the threshold, worse when B
 issues more collectives, better when fewer. Polls follow timing, so when polls/req differ the
 collectives issued inside polls are judged per poll; step collectives per step kind when the
-steps carry `kind`. Timings: the ratio B/A of a percentile with a bootstrap CI; worse when the
-whole CI lies above 1 + threshold, better when below 1 - threshold, else same.
+steps carry `kind`. Timings: per repeat the metric's statistic of A and of B, paired by
+repeat (the same seed), the ratio B/A as exp(mean of ln(b_r / a_r)) with its 95% t interval
+over the repeats (bench.stats); worse when the whole interval lies above 1 + threshold, better
+when below 1 - threshold, else same; not comparable when there is no interval (fewer than 3
+paired repeats, or no scipy).
 """
 
 from __future__ import annotations
@@ -17,14 +20,12 @@ import numpy as np
 import pandas as pd
 
 from bench.compare_metrics import Counts, TimingMetric
-from bench.stats import Sample, ratio_of_percentiles_ci
+from bench.stats import Sample, ratio_interval, stat_value
 
 
 @dataclass(frozen=True)
 class TimingOptions:
     threshold: float
-    n_boot: int = 2000
-    seed: int = 0
 
 
 def _direction(a: Fraction | None, b: Fraction | None) -> str:
@@ -118,23 +119,31 @@ def timing_verdict(low: float, high: float, threshold: float) -> str:
 
 def _timing_row(metric: TimingMetric, sa: Sample | None, sb: Sample | None,
                 opts: TimingOptions) -> dict:
-    row = {"metric": metric.name, "kind": "timing", "n_a": sa.size if sa else None,
-           "n_b": sb.size if sb else None, "verdict": "not comparable"}
+    row = {"metric": metric.name, "kind": "timing", "n_a": _size(sa), "n_b": _size(sb),
+           "verdict": "not comparable"}
     if sa is None or sb is None:
         return row | {"note": f"only {'B' if sa is None else 'A'} carries {metric.needs}"}
-    if not sa.size or not sb.size:
-        return row | {"note": f"no samples in {'A' if not sa.size else 'B'}"}
-    point, low, high = ratio_of_percentiles_ci(sb, sa, metric.q, opts.n_boot, opts.seed)
-    a, b = (percentile_of(s, metric.q) for s in (sa, sb))
-    row |= {"a": a, "b": b, "b_minus_a": b - a, "ratio_b_over_a": point,
-            "ratio_ci_low": low, "ratio_ci_high": high}
-    if point is None or low is None:
-        return row | {"note": "ratio undefined (A's value is 0)"}
-    return row | {"verdict": timing_verdict(low, high, opts.threshold), "note": ""}
+    if not sa.values or not sb.values:
+        return row | {"note": f"no samples in {'A' if not sa.values else 'B'}"}
+    a, b = (pooled_stat(s, metric.stat) for s in (sa, sb))
+    iv = ratio_interval(sb.per_repeat(metric.stat), sa.per_repeat(metric.stat))
+    row |= {"a": a, "b": b, "b_minus_a": b - a, "ratio_b_over_a": iv.point,
+            "ratio_ci_low": iv.low, "ratio_ci_high": iv.high, "ratio_mdd": iv.half_width,
+            "repeats": iv.n}
+    if iv.point is None:
+        return row | {"note": "ratio undefined (no repeat of both with a value > 0)"}
+    if not iv.has_interval:
+        return row | {"note": iv.note}
+    return row | {"verdict": timing_verdict(iv.low, iv.high, opts.threshold), "note": ""}
 
 
-def percentile_of(sample: Sample, q: float) -> float:
-    return float(np.percentile(sample.pooled(), q))
+def _size(sample: Sample | None) -> int | None:
+    return None if sample is None else sum(v.size for v in sample.values.values())
+
+
+def pooled_stat(sample: Sample, stat: str) -> float:
+    """The statistic over every repeat's values together (the A and B columns)."""
+    return float(stat_value(np.concatenate(list(sample.values.values())), stat))
 
 
 def _side_sample(metric: TimingMetric, frame: pd.DataFrame | None, present: bool) -> Sample | None:
@@ -151,7 +160,7 @@ def timing_rows(metrics: list[TimingMetric], frames: dict, present: dict,
     rows = []
     for m in metrics:
         sa, sb = (_side_sample(m, frames[(s, m.table)], present[(s, m)]) for s in "ab")
-        if sa is not None and sb is not None and not sa.size and not sb.size:
+        if sa is not None and sb is not None and not sa.values and not sb.values:
             continue  # e.g. bystander TTFT in runs without bystanders: nothing to compare
         rows.append(_timing_row(m, sa, sb, opts))
     return rows

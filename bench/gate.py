@@ -4,12 +4,13 @@
 Hard checks are exact (counts never depend on timing): measured decision and background
 collectives equal the analytic model (hicache.cost_model) for every request, every rank
 agreed, no data errors, and no protocol spends more decision collectives per poll than the
-committed baseline. The timing checks (bench.gate_timing) compare ratios vs pr27010 measured
-inside one run (interleaved repeats) against the baseline's ratio x (1 + tolerance): TTFT
-p50 per request class and mean step time and ITL p50, each with its own tolerance from
-gate.json (derived from measured run-to-run noise); each fails only when every repeat
-exceeds the bound too. When the run directory holds microbench.json, the per-poll cost
-ratios are printed as information, never checked.
+committed baseline. The timing checks (bench.gate_timing) use between-repeat intervals: with
+--ab the baseline revision and this tree run interleaved on this machine (bench.ab) and each
+configuration's mean step time, ITL p50 and TTFT p50 per request class fails when its whole
+95% interval of B/A lies above 1 + the metric's threshold (gate.json, from bench noise);
+without --ab this run's ratios to pr27010 are held against the baseline's, paired by
+repeat. When the run directory holds microbench.json, the per-poll cost ratios are printed
+as information, never checked.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.gate_ab import run_gate_ab
 from bench.gate_baseline import (
     check_comparable,
     load_baseline,
@@ -28,7 +30,7 @@ from bench.gate_baseline import (
     update_baseline,
 )
 from bench.gate_checks import EPS, Check, baseline_value, make_check
-from bench.gate_timing import DEFAULT_QUIET_TOLERANCE, quiet_checks, ratio_checks
+from bench.gate_timing import AB_METRICS, DEFAULT_THRESHOLD, ab_checks, baseline_checks
 from bench.microbench import gate_note
 from bench.result_files import (
     ResultFileError,
@@ -48,7 +50,6 @@ from bench.verdict import (
     unexplained_disagreements,
 )
 
-DEFAULT_TOLERANCE = 0.25  # used when the baseline has no gate.json; see gate.json's note
 REQUIRED_REQUEST_COLUMNS = GROUP_KEYS + [
     "repeat", "rid", "page_size", "polls", "decision_collectives", "hit_query_collectives",
     "ack_collectives", "hit_tokens", "op_issued", "io_issued", "ranks_agree", "data_ok",
@@ -257,32 +258,46 @@ def format_checks(checks: list[Check]) -> str:
     return "\n".join(lines + notes)
 
 
+def thresholds(settings: dict, override: float | None) -> dict[str, float]:
+    """Each gated metric's threshold: --tolerance for all, else gate.json's `thresholds`
+    (bench noise --update-gate), else DEFAULT_THRESHOLD."""
+    if override is not None:
+        return dict.fromkeys(AB_METRICS, override)
+    return {m: settings.get("thresholds", {}).get(m, DEFAULT_THRESHOLD) for m in AB_METRICS}
+
+
+def timing_checks(args: argparse.Namespace, summary: pd.DataFrame, baseline: pd.DataFrame,
+                  settings: dict) -> tuple[list[Check], str]:
+    """The timing checks (bench.gate_timing) and one line on how they were made."""
+    limits = thresholds(settings, args.tolerance)
+    shown = ", ".join(f"{m} {limits[m]:g}" for m in AB_METRICS if m != "ttft")
+    if not args.ab:
+        return baseline_checks(summary, baseline, limits), (
+            f"timings against the baseline's numbers, paired by repeat (thresholds {shown}); "
+            "drift between the two runs is not in the intervals: --ab runs the baseline "
+            "revision beside this tree instead")
+    comp, out = run_gate_ab(settings, args.run_dir / "ab")
+    return ab_checks(comp, limits), (
+        f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
+        f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
+        f"(thresholds {shown}; {out / 'ab.md'})")
+
+
 def evaluate(args: argparse.Namespace) -> tuple[list[Check], str]:
     """Evaluate every check (and update the baseline when asked); returns checks and a line."""
     run = load_run(args.run_dir)
     summary = run.summary
     checks = run_checks(run.requests, summary, run.ranks, run.env.get("plan"))
     if args.update_baseline:
-        old = read_settings(args.baseline)
-        tolerance = args.tolerance if args.tolerance is not None else old.get(
-            "tolerance", DEFAULT_TOLERANCE)
         if all(c.passed for c in checks):
-            update_baseline(args.run_dir, args.baseline, summary, tolerance, old)
-            return checks, f"baseline updated: {args.baseline}"
+            line = update_baseline(args.run_dir, args.baseline, summary,
+                                   read_settings(args.baseline), run.env)
+            return checks, line
         return checks, "baseline NOT updated"
     check_comparable(run.env, args.baseline)
     baseline, settings = load_baseline(args.baseline)
-    tolerance = args.tolerance if args.tolerance is not None else settings.get(
-        "tolerance", DEFAULT_TOLERANCE)
-    quiet = settings.get("quiet_tolerance", DEFAULT_QUIET_TOLERANCE)
-    # --tolerance overrides every timing tolerance; else each metric's own from gate.json.
-    per_metric = {} if args.tolerance is not None else settings.get("tolerances", {})
-    checks += (per_poll_checks(summary, baseline)
-               + ratio_checks(summary, baseline, tolerance, per_metric)
-               + quiet_checks(summary, baseline, quiet, per_metric))
+    timing, how = timing_checks(args, summary, baseline, settings)
+    checks += per_poll_checks(summary, baseline) + timing
     # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
     note = gate_note(args.run_dir)
-    own = "".join(f", {m} {t:g}" for m, t in per_metric.items())
-    return checks, f"tolerance {tolerance:g} (TTFT), {quiet:g} (step time, ITL){own} vs " \
-        f"baseline {args.baseline}" + \
-        (f"\n{note}" if note else "")
+    return checks, f"{how}; baseline {args.baseline}" + (f"\n{note}" if note else "")

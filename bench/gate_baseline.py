@@ -23,6 +23,8 @@ from bench.result_files import (
 from bench.schema import SUMMARY_COLUMNS
 
 BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010"]
+
+
 def check_comparable(run_env: dict, baseline_dir: Path) -> None:
     """Refuse (ResultFileError, one line) a run whose plan is not the baseline's: its timing
     ratios and tolerances were measured for that plan only."""
@@ -56,32 +58,63 @@ def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
     return summary, read_settings(baseline_dir)
 
 
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ResultFileError(f"{where}: must be an integer >= 1, got {value!r}")
+    return value
+
+
+def check_ab(ab: object, where: str) -> dict:
+    """gate.json's `ab`: how `bench gate --ab` runs the baseline revision beside this tree."""
+    if not isinstance(ab, dict):
+        raise ResultFileError(f"{where}: ab must be an object")
+    for key in ("revision", "preset"):
+        if not isinstance(ab.get(key), str) or not ab[key]:
+            raise ResultFileError(f"{where}: ab.{key} must be a non-empty string")
+    for key in ("protocols", "policies"):
+        if key in ab and not isinstance(ab[key], str):
+            raise ResultFileError(f"{where}: ab.{key} must be a comma list")
+    for key in ("blocks", "repeats_per_block"):
+        _positive_int(ab.get(key, 1), f"{where} (ab.{key})")
+    return ab
+
+
 def read_settings(baseline_dir: Path) -> dict:
-    """The baseline's gate.json ({} when absent); its tolerance, if any, is checked."""
+    """The baseline's gate.json ({} when absent), its thresholds and ab settings checked."""
     gate_json = baseline_dir / "gate.json"
     if not gate_json.exists():
         return {}
     settings = read_json_object(gate_json)
-    for key in ("tolerance", "quiet_tolerance"):
-        if key in settings:
-            check_tolerance(settings[key], f"{gate_json} ({key})")
-    per_metric = settings.get("tolerances", {})
+    per_metric = settings.get("thresholds", {})
     if not isinstance(per_metric, dict):
-        raise ResultFileError(f"{gate_json}: tolerances must be an object")
+        raise ResultFileError(f"{gate_json}: thresholds must be an object")
     for key, value in per_metric.items():
-        check_tolerance(value, f"{gate_json} (tolerances.{key})")
+        check_tolerance(value, f"{gate_json} (thresholds.{key})")
+    if "ab" in settings:
+        check_ab(settings["ab"], str(gate_json))
     return settings
 
 
+# What `bench gate --ab` runs when gate.json names no other: the headline's burst of 48
+# (many waiting requests polled per step, so a slower poll shows) for the protocols of the
+# headline under wait_complete, three repeats in each of two A B / B A blocks.
+DEFAULT_AB = {"preset": "queue", "protocols": "pr27010,pr36425,step-clock",
+              "policies": "wait_complete", "blocks": 2, "repeats_per_block": 3}
+
+
 def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
-                    tolerance: float, settings: dict) -> None:
-    """Write the run's summary and env.json, and gate.json, into the baseline directory."""
+                    settings: dict, env: dict) -> str:
+    """Write the run's summary and env.json, and gate.json (the run's commit becomes the
+    revision `--ab` runs beside a gated tree), into the baseline directory; says what."""
     env_path = run_dir / "env.json"
     try:
         env_text = env_path.read_text()
         json.loads(env_text)
     except (OSError, ValueError) as e:
         raise ResultFileError(f"{env_path}: a baseline needs the run's env.json ({e})") from e
+    git = env.get("git") or {}
+    if not git.get("commit"):
+        raise ResultFileError(f"{env_path}: no git commit: the baseline needs a revision")
     baseline_dir.mkdir(parents=True, exist_ok=True)
     # Each file is replaced atomically; all inputs were read and checked before the first.
     if (run_dir / "summary.csv").exists():  # a byte-for-byte copy of what was gated
@@ -90,5 +123,9 @@ def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
         write_csv_atomic(baseline_dir / "summary.csv", summary.to_dict("records"),
                          [c for c in SUMMARY_COLUMNS if c in summary.columns])
     write_text_atomic(baseline_dir / "env.json", env_text)
+    ab = {**DEFAULT_AB, **settings.get("ab", {}), "revision": git["commit"]}
     write_json_atomic(baseline_dir / "gate.json",
-                      {**settings, "tolerance": tolerance, "source_run": run_dir.resolve().name})
+                      {**settings, "ab": ab, "source_run": run_dir.resolve().name})
+    dirty = (" (its tree was dirty: the revision is its commit, not what ran; commit first)"
+             if git.get("dirty") else "")
+    return f"baseline updated: {baseline_dir}, revision {git['commit'][:10]}{dirty}"

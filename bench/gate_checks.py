@@ -46,3 +46,13 @@ def baseline_value(baseline: pd.DataFrame, row: dict, column: str) -> float:
         match = match[match[k] == row[k]]
     values = pd.to_numeric(match[column], errors="coerce").dropna()
     return float(values.max()) if len(values) else math.nan
+
+
+def baseline_match(baseline: pd.DataFrame, row: dict) -> dict | None:
+    """The baseline's row for the row's (protocol, policy, tp, pp); None when it has none."""
+    match = baseline
+    for k in BASELINE_KEY:
+        if k not in match:
+            return None
+        match = match[match[k].astype(str) == str(row[k])]
+    return match.iloc[0].to_dict() if len(match) else None

@@ -1,11 +1,19 @@
-"""The gate's timing checks: ratios to pr27010 measured inside one run, against the committed
-baseline's ratio x (1 + tolerance).
+"""The gate's timing checks, from between-repeat intervals (bench.stats), two ways.
 
-TTFT p50 (per request class where the run has bystanders) is noisy here; mean step time and
-ITL p50 in the queue scenario are quiet and get their own, smaller `quiet_tolerance` in
-gate.json (scripts/measure_noise.py derives both from run-to-run noise), so a change that
-slows every poll without adding a collective shows there first. A check fails only when the
-pooled ratio and every repeat's ratio exceed the bound, so noise alone does not fail CI.
+With `--ab` (make gate): the baseline revision (results/baseline/gate.json `ab.revision`)
+and this working tree run interleaved on this machine (bench.ab), so the machine's speed and
+its drift cancel; per configuration and gated metric the ratio B/A paired by block with its
+95% t interval fails when the whole interval lies above 1 + the metric's threshold.
+
+Without it: this run's per-repeat ratios to pr27010 against the baseline's own per-repeat
+ratios (summary.csv), paired by repeat (the same seed), a t interval over the paired log
+ratios, failing the same way. The two runs were made at different times, maybe on different
+machines: that drift is not in the interval, which is why make gate uses --ab.
+
+A check without an interval (fewer than 3 paired repeats, no scipy) passes with a note that
+says so; it is never judged on a point. The thresholds per metric come from `bench noise
+--update-gate` (the largest half-width its runs had); TTFT p50 is gated per request class
+where the run has bystanders.
 """
 
 from __future__ import annotations
@@ -14,65 +22,82 @@ import math
 
 import pandas as pd
 
-from bench.gate_checks import Check, baseline_value, make_check
+from bench.compare import Comparison
+from bench.compare_rules import timing_verdict
+from bench.gate_checks import Check, baseline_match, make_check
 from bench.result_files import parse_list_cell
 from bench.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
+from bench.stats import Interval, ratio_interval
 
-DEFAULT_QUIET_TOLERANCE = 0.10  # used when the baseline's gate.json has none
+DEFAULT_THRESHOLD = 0.05  # a metric gate.json has no threshold for
+# summary.csv's gated ratio metrics -> bench compare's (and ab's) timing metrics
+AB_METRICS = {"step_mean": "step_mean_ms", "itl_p50": "itl_p50_ms",
+              "prefetch_ttft_p50": "prefetch_ttft_p50_ms",
+              "bystander_ttft_p50": "bystander_ttft_p50_ms", "ttft": "ttft_p50_ms"}
 LABELS = {"ttft": "TTFT p50", "prefetch_ttft_p50": "prefetching requests' TTFT p50",
           "bystander_ttft_p50": "bystanders' TTFT p50", "step_mean": "mean step time",
           "itl_p50": "ITL p50"}
 
 
-def _repeat_ratios(cell: object, point: float, column: str) -> list[float]:
-    """Parse 'r0;r1;...'; without per-repeat ratios the pooled point stands for them."""
-    return parse_list_cell(cell, "summary.csv", column) or [point]
+def _observed(iv: Interval) -> str:
+    return f"{iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}], {iv.n} paired repeats"
 
 
-def _one(row: dict, baseline: pd.DataFrame, metric: str, point_col: str, repeat_col: str,
-         tolerance: float) -> Check | None:
-    point = row.get(point_col)
-    base = baseline_value(baseline, row, point_col)
-    if row["protocol"] == REFERENCE_PROTOCOL or point is None or pd.isna(point) \
-            or math.isnan(base):
+def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
+          against: str) -> Check | None:
+    """One timing check: fails only when the whole interval lies above 1 + threshold."""
+    if iv.point is None:
         return None
-    bound = base * (1 + tolerance)
-    repeats = _repeat_ratios(row.get(repeat_col), float(point), repeat_col)
-    failed = point > bound and all(r > bound for r in repeats)
-    noise = point > bound and not failed
+    bound = f"x {against}: fails when its interval lies above {1 + threshold:g}"
+    if not iv.has_interval:
+        return make_check(row, name, True, expected=bound, observed=f"{iv.point:.3f}",
+                          note=f"not judged: {iv.note}")
+    worse = timing_verdict(iv.low, iv.high, threshold) == "worse"
     return make_check(
-        row, f"{metric}_ratio_vs_baseline", not failed,
-        expected=f"<= {bound:.3f} (baseline {base:.3f} x {1 + tolerance:g})",
-        observed=f"{point:.3f} (repeats {';'.join(f'{r:.3f}' for r in repeats)})",
-        meaning=f"{row['protocol']}'s {LABELS[metric]} relative to {REFERENCE_PROTOCOL} grew "
-                "beyond the baseline's tolerance in every repeat: it got slower"
-        if failed else "",
-        note="above the bound pooled, but not in every repeat: treated as noise"
-        if noise else "")
+        row, name, not worse, expected=bound, observed=_observed(iv),
+        meaning=f"{row['protocol']}'s {LABELS[metric]} grew beyond {1 + threshold:g}x "
+                f"{against}, its whole 95% interval above that: it got slower" if worse else "")
 
 
-def ratio_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float,
-                 per_metric: dict | None = None) -> list[Check]:
-    """TTFT p50 ratios vs pr27010 within baseline x (1 + tolerance) unless a repeat is not:
-    per request class where the run has bystanders (the pooled median of a prefetching and a
-    bystander mode jumps between them), else pooled."""
+def _gated(row: dict) -> list[str]:
+    """The gated metrics of a row: per request class where it has both classes."""
+    both = all(not pd.isna(row.get(f"{m}_ratio", math.nan)) for m in CLASS_TTFT_METRICS)
+    return [*QUIET_METRICS, *(CLASS_TTFT_METRICS if both else ["ttft"])]
+
+
+def _per_repeat(row: dict, metric: str) -> dict[int, float]:
+    column = "ttft_p50_ratio_per_repeat" if metric == "ttft" else f"{metric}_ratio_per_repeat"
+    return dict(enumerate(parse_list_cell(row.get(column), "summary.csv", column)))
+
+
+def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
+                    thresholds: dict[str, float]) -> list[Check]:
+    """This run's ratios to pr27010 against the baseline's, paired by repeat."""
     checks = []
-    for r in summary.to_dict("records"):
-        both = all(not pd.isna(r.get(f"{m}_ratio")) for m in CLASS_TTFT_METRICS)
-        classes = CLASS_TTFT_METRICS if both else []
-        if not classes:
-            checks.append(_one(r, baseline, "ttft", "ttft_p50_ratio_vs_pr27010",
-                               "ttft_p50_ratio_per_repeat", tolerance))
-        checks += [_one(r, baseline, m, f"{m}_ratio", f"{m}_ratio_per_repeat",
-                        (per_metric or {}).get(m, tolerance)) for m in classes]
+    for row in summary.to_dict("records"):
+        base = baseline_match(baseline, row)
+        if row["protocol"] == REFERENCE_PROTOCOL or base is None:
+            continue
+        for m in _gated(row):
+            iv = ratio_interval(_per_repeat(row, m), _per_repeat(base, m))
+            checks.append(judge(row, f"{m}_ratio_vs_baseline", m, iv,
+                                thresholds.get(m, DEFAULT_THRESHOLD), "the baseline's"))
     return [c for c in checks if c is not None]
 
 
-def quiet_checks(summary: pd.DataFrame, baseline: pd.DataFrame, tolerance: float,
-                 per_metric: dict | None = None) -> list[Check]:
-    """Step time and ITL p50 ratios vs pr27010 within baseline x (1 + its tolerance): the
-    metric's own from gate.json `tolerances` when measured, else the quiet tolerance."""
-    checks = [_one(r, baseline, m, f"{m}_ratio", f"{m}_ratio_per_repeat",
-                   (per_metric or {}).get(m, tolerance))
-              for r in summary.to_dict("records") for m in QUIET_METRICS]
+def ab_checks(comp: Comparison, thresholds: dict[str, float]) -> list[Check]:
+    """Every configuration's gated timing metrics of an A/B run: B (this tree) over A (the
+    baseline revision), paired by block."""
+    wanted = {v: k for k, v in AB_METRICS.items()}
+    if any(r.get("metric") == "prefetch_ttft_p50_ms" for r in comp.rows):
+        wanted.pop("ttft_p50_ms")  # gated per request class instead
+    checks = []
+    for row in comp.rows:
+        m = wanted.get(row.get("metric"))
+        if row.get("kind") != "timing" or m is None or row.get("ratio_b_over_a") is None:
+            continue
+        iv = Interval(row["ratio_b_over_a"], row.get("ratio_ci_low"), row.get("ratio_ci_high"),
+                      int(row.get("repeats") or 0), row.get("ratio_mdd"), row.get("note") or "")
+        checks.append(judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
+                            "the baseline revision's"))
     return [c for c in checks if c is not None]

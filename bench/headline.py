@@ -12,6 +12,7 @@ import math
 import pandas as pd
 
 from bench.schema import REFERENCE_PROTOCOL
+from bench.tables import interval_text
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
@@ -21,6 +22,9 @@ HEADLINE_HEADERS = ["protocol", "policy", "coll/req", "polls/step", "coll/step",
                     "TTFT p50 x bystander", "TTFT p99 x prefetch", "TTFT p99 x bystander"]
 RATIO_COLUMNS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "bystander_ttft_p50",
                  "prefetch_ttft_p99", "bystander_ttft_p99"]
+LABELS = {"step_mean": "step", "itl_p50": "ITL p50", "itl_p99": "ITL p99",
+          "prefetch_ttft_p50": "TTFT p50 prefetch", "bystander_ttft_p50": "TTFT p50 bystander",
+          "prefetch_ttft_p99": "TTFT p99 prefetch", "bystander_ttft_p99": "TTFT p99 bystander"}
 MODEL_HEADERS = ["protocol", "policy", "polls/step", "c calib ms", "c in run ms",
                  "predicted extra ms/step", "measured extra ms/step", "ITL x predicted",
                  "ITL x measured", "agree"]
@@ -33,11 +37,32 @@ def _f(v: object, fmt: str = ".2f") -> str:
 
 
 def _ratio(row: dict, name: str) -> str:
-    point = row.get(f"{name}_ratio")
-    if point is None or (isinstance(point, float) and math.isnan(point)):
-        return "-"
-    return (f"{point:.2f} [{_f(row[f'{name}_ratio_ci_low'])}, "
-            f"{_f(row[f'{name}_ratio_ci_high'])}]")
+    if row["protocol"] == REFERENCE_PROTOCOL and not pd.isna(row.get(f"{name}_ratio")):
+        return "1 (ref)"  # itself, repeat by repeat: exactly 1, no interval to give
+    return interval_text(row.get(f"{name}_ratio"), row.get(f"{name}_ratio_ci_low"),
+                         row.get(f"{name}_ratio_ci_high"))
+
+
+def resolution_lines(summary: pd.DataFrame) -> list[str]:
+    """What the run can resolve: per headline metric, the largest half-width (as a
+    fraction) of its 95% interval over the non-reference headline rows; or, once, why there
+    are no intervals."""
+    rows = [r for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES)
+            if r["protocol"] != REFERENCE_PROTOCOL]
+    notes = [r.get("interval_note") for r in rows if isinstance(r.get("interval_note"), str)
+             and r.get("interval_note")]
+    widths = {name: [r[f"{name}_ratio_mdd"] for r in rows
+                     if not pd.isna(r.get(f"{name}_ratio_mdd", math.nan))]
+              for name in RATIO_COLUMNS}
+    parts = [f"{LABELS[n]} {100 * max(w):.1f}%" for n, w in widths.items() if w]
+    if not parts:
+        return [f"No intervals: {notes[0]}." if notes else "No intervals."]
+    repeats = [int(r["step_mean_ratio_repeats"]) for r in rows
+               if not pd.isna(r.get("step_mean_ratio_repeats", math.nan))]
+    text = (f"Resolvable differences (the largest 95% half-width over these rows, "
+            f"{min(repeats) if repeats else '?'} paired repeats each): " + ", ".join(parts)
+            + "; a smaller difference is not resolved by this run.")
+    return [text] + ([f"Note: {notes[0]}."] if notes else [])
 
 
 def _pick(summary: pd.DataFrame, protocols: tuple, policies: tuple) -> list[dict]:
@@ -70,9 +95,9 @@ def model_rows(summary: pd.DataFrame) -> list[list[str]]:
                     _f(r["c_ms"], ".3f"), _f(r["c_insitu_ms"], ".3f"),
                     f"{_f(r['predicted_extra_step_ms'])} [{_f(r['predicted_extra_step_low_ms'])}"
                     f", {_f(r['predicted_extra_step_high_ms'])}]",
-                    f"{_f(r['measured_extra_step_ms'])} "
-                    f"[{_f(r['measured_extra_step_ci_low_ms'])}, "
-                    f"{_f(r['measured_extra_step_ci_high_ms'])}]",
+                    interval_text(r["measured_extra_step_ms"],
+                                  r["measured_extra_step_ci_low_ms"],
+                                  r["measured_extra_step_ci_high_ms"]),
                     _f(r["predicted_itl_inflation"]), _f(r["measured_itl_inflation"]),
                     "-" if agree is None or pd.isna(agree) else ("yes" if _true(agree)
                                                                  else "NO")])
@@ -140,11 +165,14 @@ def verdict_lines(summary: pd.DataFrame) -> list[str]:
             continue
         r = rows[0]
         low, high = r["step_mean_ratio_ci_low"], r["step_mean_ratio_ci_high"]
+        head = f"- {policy}: pr36425's step time is {r['step_mean_ratio']:.2f}x pr27010's"
+        if pd.isna(low) or pd.isna(high):
+            lines.append(f"{head} (no interval, see above).")
+            continue
         excludes_one = high < 1 or low > 1
         inside = low <= band[2] and high >= band[1]
         lines.append(
-            f"- {policy}: pr36425's step time is {r['step_mean_ratio']:.2f}x pr27010's "
-            f"[{low:.2f}, {high:.2f}]: "
+            f"{head} [{low:.2f}, {high:.2f}]: "
             + ("the interval excludes 1" if excludes_one else "the interval includes 1")
             + ("; within the band the model expected" if inside
                else f"; outside the expected band [{band[1]:.2f}, {band[2]:.2f}]") + ".")
@@ -161,7 +189,8 @@ def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in [HEADLINE_HEADERS, *rows]]
     return ["", "Expected (overhead model):", *expectation_lines(summary, calib), "",
-            "Headline, ratios to pr27010 [95% CI]:", *table, *verdict_lines(summary),
+            "Headline, ratios to pr27010 [95% CI over repeats]:", *table,
+            *resolution_lines(summary), *verdict_lines(summary),
             agreement_sentence(summary)]
 
 
@@ -171,7 +200,11 @@ def agreement_sentence(summary: pd.DataFrame) -> str:
             if r.get("overhead_model_agrees") is not None
             and not pd.isna(r["overhead_model_agrees"])]
     if not rows:
-        return "No row has both a prediction and a measurement to compare."
+        why = {r.get("overhead_model_note") for r in summary.to_dict("records")
+               if not pd.isna(r.get("measured_extra_step_ms", math.nan))}
+        why.discard(None)
+        return ("No row has both a prediction and a measured interval to compare"
+                + (f" ({sorted(why)[0]})." if why else "."))
     bad = [r for r in rows if not _true(r["overhead_model_agrees"])]
     text = (f"Prediction and measurement agree (their intervals overlap) for "
             f"{len(rows) - len(bad)} of {len(rows)} rows.")

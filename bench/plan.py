@@ -107,8 +107,14 @@ class RunPlan:
                             **dict(self.system))
         # Storage reads take the time of the model's KV bytes on one TP rank.
         page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
-        return replace(cfg, storage=replace(self.storage, seed=self.seed,
+        return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),
                                             kv_page_bytes=page_bytes))
+
+    def repeat_seed(self, cell: Cell) -> int:
+        """Common random numbers: one seed per repeat for the workload and the storage noise
+        (jitter, failures, missing pages), the same for every protocol within a repeat and
+        different across repeats, so repeats replicate and protocols pair."""
+        return self.seed * 1000 + cell.repeat
 
     @property
     def threads_per_rank(self) -> int:
@@ -131,8 +137,7 @@ class RunPlan:
 
     def workload_for(self, cell: Cell) -> WorkloadSpec:
         # The same requests for every protocol within a repeat: paired comparisons.
-        return replace(self.workload, rate_rps=cell.rate_rps,
-                       seed=self.seed * 1000 + cell.repeat)
+        return replace(self.workload, rate_rps=cell.rate_rps, seed=self.repeat_seed(cell))
 
 
 def _tp(gpus: int) -> int:
@@ -140,21 +145,26 @@ def _tp(gpus: int) -> int:
 
 
 def _queue(gpus: int) -> dict:
-    """docs/design.md section 8's regime: a burst of prefetching requests whose storage reads queue
-    up behind one IO thread, polled every step while bystanders decode beside them."""
-    return {"tp": _tp(gpus), "repeats": 3, "requests": 48, "rates": (math.inf,),
+    """docs/design.md section 8's regime: a burst of prefetching requests whose storage
+    reads queue up behind one IO thread, polled every step while bystanders decode beside
+    them. Six repeats: the unit an interval replicates over (docs/metrics.md, "Intervals")."""
+    return {"tp": _tp(gpus), "repeats": 6, "requests": 48, "rates": (math.inf,),
             "bystanders": 48, "bystander_rate": 24.0,
             "protocols": ("pr27010", "pr36425", "step-clock"),
             "policies": ("wait_complete", "timeout")}
 
 
 def _default(gpus: int) -> dict:
-    return {**_queue(gpus), "repeats": 2, "protocols": PROJECT_PROTOCOLS,
-            "policies": POLICIES}
+    """Every protocol and policy in the same ~5 minutes on 2 cores: more, shorter repeats
+    (a burst of 24, still a queue: see waiting and polled in steps.csv)."""
+    return {**_queue(gpus), "repeats": 6, "requests": 24, "bystanders": 24,
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
 
 
 def _ci(gpus: int) -> dict:
-    return {**_queue(gpus), "tp": 2, "repeats": 2, "requests": 24, "bystanders": 24,
+    """The gate's counts run: every protocol and policy once. Its timings come from `bench
+    gate --ab`, which runs repeats of its own."""
+    return {**_queue(gpus), "tp": 2, "repeats": 1, "requests": 24, "bystanders": 24,
             "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
 
 
@@ -202,12 +212,12 @@ def _race(gpus: int) -> dict:
 PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
            "race": _race, "releases": _releases, "trace": _trace, "trace-sweep": _trace_sweep}
 PRESET_HELP = {
-    "default": "make bench: the queue scenario for all protocols x policies, 2 repeats, "
-               "TP = local GPUs (2 on CPU)",
+    "default": "make bench: a smaller queue scenario (24 + 24) for all protocols x policies, "
+               "6 repeats, TP = local GPUs (2 on CPU)",
     "queue": "the headline: a burst of 48 prefetching requests plus 48 bystanders, "
-             "pr27010 / pr36425 / step-clock, wait_complete and timeout, 3 repeats",
-    "ci": "the gate's quick run: a smaller queue scenario (24 + 24), all protocols x "
-          "policies, 2 repeats",
+             "pr27010 / pr36425 / step-clock, wait_complete and timeout, 6 repeats",
+    "ci": "the gate's counts run: a smaller queue scenario (24 + 24), all protocols x "
+          "policies, 1 repeat",
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
@@ -236,6 +246,9 @@ def plan_differences(a: dict | None, b: dict | None, sep: str) -> list[str]:
     """'field a-value SEP b-value' for every setting two recorded plans (env.json's `plan`)
     differ in, the output directory aside."""
     fa, fb = _flat(a or {}), _flat(b or {})
+    # A setting recorded as None (off) and one not recorded at all (a plan written before the
+    # setting existed) are the same plan.
+    fa, fb = ({k: v for k, v in f.items() if v is not None} for f in (fa, fb))
     return [f"{k} {fa.get(k, '(unset)')} {sep} {fb.get(k, '(unset)')}"
             for k in sorted(set(fa) | set(fb))
             if k != "out_dir" and fa.get(k, "(unset)") != fb.get(k, "(unset)")]

@@ -141,11 +141,15 @@ def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     if rows:
         out += ["## Headline: each protocol against pr27010", "",
                 markdown_table(headline.HEADLINE_HEADERS, rows), "",
-                "Ratios are over pr27010 in the same configuration of the same run, with "
-                "95% percentile-bootstrap intervals stratified by repeat; `step x` is the "
-                "mean step time, ITL pools every inter-token gap, TTFT is split by request "
-                "class (prefetch: prefix in storage; bystander: nothing to fetch).", "",
-                *headline.verdict_lines(summary), ""]
+                "Ratios are over pr27010 in the same configuration of the same run. Per "
+                "repeat (one whole serve) each side's statistic is taken, paired with "
+                "pr27010's repeat of the same seed, and the point is the geometric mean of "
+                "the per-repeat ratios with a 95% t interval over them (docs/metrics.md, "
+                "\"Intervals\"); `step x` is the mean step time, ITL pools every inter-token "
+                "gap of a repeat, TTFT is split by request class (prefetch: prefix in "
+                "storage; bystander: nothing to fetch).", "",
+                *headline.resolution_lines(summary), "", *headline.verdict_lines(summary),
+                ""]
     model = headline.model_rows(summary)
     if model:
         out += ["## The overhead model: predicted vs measured extra step time", "",
@@ -177,9 +181,9 @@ def render_report(run_dir: Path, summary: pd.DataFrame, method: str, plots: list
         markdown_table(table_headers(summary), table_rows(summary)), "",
         f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[method]}; "
         f"{_n_text(summary)} requests per row. The ratio is median TTFT over "
-        f"{REFERENCE_PROTOCOL}'s in the same configuration of the same run, with a 95% "
-        "percentile-bootstrap interval stratified by repeat; per-repeat ratios are in "
-        "summary.csv.", "",
+        f"{REFERENCE_PROTOCOL}'s in the same configuration of the same run, per repeat, "
+        "with a 95% t interval over the paired repeats; per-repeat ratios, each interval's "
+        "half-width (`_mdd`) and its repeat count are in summary.csv.", "",
         "Collective counts are those issued by global rank 0 (PP stage 0, TP rank 0); "
         "`ranks.csv` has every rank's counts by call site.", "", *tiers,
         "## Plots", "", *_plot_lines(plots), "## Divergence / failures", "", *divergence, "",

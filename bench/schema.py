@@ -63,12 +63,16 @@ RANK_COLUMNS = CONFIG_COLUMNS + [
 # What the rows cannot say: how ranks disagreed, which group's count differed from torch's.
 DIVERGENCE_COLUMNS = ["protocol", "policy", "repeat", "kind", "what"]
 
-# Serving-regime metrics reported as a ratio to pr27010 with a 95% CI (bench.serving_metrics).
+# Serving-regime metrics reported as a ratio to pr27010 with a 95% between-repeat interval
+# (bench.serving_metrics, bench.stats): the point, the interval, its half-width as a fraction
+# (`_mdd`: the smallest difference the run can resolve), the paired repeats behind it and the
+# per-repeat ratios.
 RATIO_METRICS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "prefetch_ttft_p99",
                  "bystander_ttft_p50", "bystander_ttft_p99"]
-QUIET_METRICS = ["step_mean", "itl_p50"]  # gated with the quiet tolerance
+QUIET_METRICS = ["step_mean", "itl_p50"]  # gated in every row (bench.gate_timing)
 CLASS_TTFT_METRICS = ["prefetch_ttft_p50", "bystander_ttft_p50"]  # gated with the TTFT one
-GATED_METRICS = QUIET_METRICS + CLASS_TTFT_METRICS  # so their per-repeat ratios are kept
+GATED_METRICS = QUIET_METRICS + CLASS_TTFT_METRICS
+INTERVAL_SUFFIXES = ("", "_ci_low", "_ci_high", "_mdd", "_repeats")
 
 SERVING_COLUMNS = [
     "prefetch_requests", "prefetch_ttft_p50_ms", "prefetch_ttft_p90_ms", "prefetch_ttft_p99_ms",
@@ -78,14 +82,14 @@ SERVING_COLUMNS = [
     "host_ms_per_step", "polls_per_step", "critical_collectives_per_step",
     "decision_sync_ms_per_step", "waiting_p50", "waiting_max", "prefetching_p50",
     "prefetching_max", "output_tok_per_s", "cores_busy",
-] + [f"{m}_ratio{s}" for m in RATIO_METRICS for s in ("", "_ci_low", "_ci_high")] + [
-    f"{m}_ratio_per_repeat" for m in GATED_METRICS]
+] + [f"{m}_ratio{s}" for m in RATIO_METRICS for s in INTERVAL_SUFFIXES] + [
+    f"{m}_ratio_per_repeat" for m in RATIO_METRICS]
 
 OVERHEAD_COLUMNS = [
     "c_ms", "c_p50_ms", "c_insitu_ms", "predicted_extra_step_ms", "predicted_extra_step_low_ms",
     "predicted_extra_step_high_ms", "measured_extra_step_ms", "measured_extra_step_ci_low_ms",
-    "measured_extra_step_ci_high_ms", "predicted_itl_inflation", "measured_itl_inflation",
-    "overhead_reference", "overhead_model_agrees", "overhead_model_note",
+    "measured_extra_step_ci_high_ms", "measured_extra_step_repeats", "predicted_itl_inflation",
+    "measured_itl_inflation", "overhead_reference", "overhead_model_agrees", "overhead_model_note",
 ]
 
 SUMMARY_COLUMNS = [
@@ -98,7 +102,8 @@ SUMMARY_COLUMNS = [
     "step_collectives_per_step", "step_collectives_per_req", "sync_ms_per_step",
     "sched_lag_p50_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
     "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_ci_low", "ttft_p50_ratio_ci_high",
-    "ttft_p50_ratio_per_repeat", *TIER_COLUMNS, *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "ranks_agree",
+    "ttft_p50_ratio_mdd", "ttft_p50_ratio_repeats", "ttft_p50_ratio_per_repeat",
+    *TIER_COLUMNS, *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "interval_note", "ranks_agree",
     "known_disagreements", "unexplained_disagreements",
     "data_errors", "percentile_method",
 ]

@@ -1,7 +1,8 @@
 """Serving-regime metrics of one configuration group (docs/design.md section 8): TTFT per request
 class, inter-token latency (ITL), step time, polls and collectives per step, queue depth,
-throughput; their ratios to pr27010 with 95% CIs; and the overhead model's prediction next
-to what was measured.
+throughput; their ratios to pr27010 with 95% between-repeat intervals (bench.stats: per
+repeat one statistic per side, paired with pr27010's repeat of the same seed); and the
+overhead model's prediction next to what was measured.
 
 Pooled ITL is every gap between consecutive tokens of every request (requests.csv `itl_ms`).
 Step time is rank 0's wall time per scheduler step (steps.csv). The overhead model's
@@ -18,8 +19,16 @@ import pandas as pd
 
 from bench.overhead import extra_step_ms, hop_ms, intervals_overlap
 from bench.result_files import list_cell, parse_gaps
-from bench.schema import GATED_METRICS, RATIO_METRICS
-from bench.stats import diff_of_means_ci, per_repeat_stat_ratios, ratio_of_stat_ci, stat_value
+from bench.schema import RATIO_METRICS
+from bench.stats import (
+    Interval,
+    Sample,
+    diff_interval,
+    per_repeat_ratios,
+    per_repeat_stat,
+    ratio_interval,
+    stat_value,
+)
 from hicache.cost_model import decision_per_poll
 
 CLASSES = ("prefetch", "bystander")
@@ -124,24 +133,55 @@ def serving_cells(g: pd.DataFrame, s: pd.DataFrame | None, cores_busy: float) ->
     return out
 
 
+def interval_cells(name: str, iv: Interval) -> dict:
+    """`name`, `_ci_low`, `_ci_high`, `_mdd` (the half-width: what the run can resolve) and
+    `_repeats` (paired repeats behind it); unknown is NaN."""
+    return {name: _nan(iv.point), f"{name}_ci_low": _nan(iv.low),
+            f"{name}_ci_high": _nan(iv.high), f"{name}_mdd": _nan(iv.half_width),
+            f"{name}_repeats": iv.n}
+
+
+def interval_note(intervals: list[Interval]) -> str:
+    """Why a row has points without intervals (too few repeats, no scipy), once per reason."""
+    return "; ".join(dict.fromkeys(iv.note for iv in intervals
+                                   if iv.point is not None and iv.note))
+
+
+def metric_per_repeat(g: pd.DataFrame | None, s: pd.DataFrame | None,
+                      name: str) -> dict[int, float]:
+    """Repeat -> a RATIO_METRICS metric's statistic of that repeat (one whole serve)."""
+    if g is None:
+        return {}
+    source, klass, stat = RATIO_SOURCES[name]
+    return per_repeat_stat(by_repeat(g, s, source, klass), stat)
+
+
+def metric_sample(g: pd.DataFrame | None, s: pd.DataFrame | None, name: str) -> Sample:
+    """A RATIO_METRICS metric's values by repeat in resampling units (a request's ITL gaps
+    are one unit), for the two-stage bootstrap (bench.noise's cross-check)."""
+    if g is None:
+        return Sample.flat({})
+    source, klass, _ = RATIO_SOURCES[name]
+    if source == "itl":
+        return Sample.clustered({int(r): [parse_gaps(c) for c in x["itl_ms"]]
+                                 for r, x in g.groupby("repeat")} if "itl_ms" in g else {})
+    return Sample.flat(by_repeat(g, s, source, klass))
+
+
 def ratio_cells(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | None,
-                ref_s: pd.DataFrame | None) -> dict:
-    """Each RATIO_METRICS metric over pr27010's in the same configuration, with its CI."""
-    out = {}
+                ref_s: pd.DataFrame | None) -> tuple[dict, list[Interval]]:
+    """Each RATIO_METRICS metric over pr27010's in the same configuration: per repeat the
+    metric of each side, paired by repeat, and the t interval of the log ratios; also the
+    per-repeat ratios. Returns the cells and the intervals (for the row's note)."""
+    out, intervals = {}, []
     for name in RATIO_METRICS:
-        source, klass, stat = RATIO_SOURCES[name]
-        point = low = high = None
-        x = by_repeat(g, s, source, klass)
-        y = by_repeat(ref, ref_s, source, klass) if ref is not None else {}
-        if x and y:
-            point, low, high = ratio_of_stat_ci(x, y, stat)
-        out |= {f"{name}_ratio": _nan(point), f"{name}_ratio_ci_low": _nan(low),
-                f"{name}_ratio_ci_high": _nan(high)}
-        if name in GATED_METRICS:
-            ratios = per_repeat_stat_ratios(x, y, stat) if x and y else {}
-            out[f"{name}_ratio_per_repeat"] = list_cell(ratios.values()) \
-                or math.nan
-    return out
+        x, y = metric_per_repeat(g, s, name), metric_per_repeat(ref, ref_s, name)
+        iv = ratio_interval(x, y)
+        intervals.append(iv)
+        out |= interval_cells(f"{name}_ratio", iv)
+        out[f"{name}_ratio_per_repeat"] = list_cell(per_repeat_ratios(x, y).values()) \
+            or math.nan
+    return out, intervals
 
 
 def reference_protocol(available: set[str], policy: str) -> str | None:
@@ -152,56 +192,68 @@ def reference_protocol(available: set[str], policy: str) -> str | None:
     return None
 
 
-def _host_by_repeat(s: pd.DataFrame | None) -> dict[int, np.ndarray]:
+def _host_by_repeat(s: pd.DataFrame | None) -> dict[int, float]:
+    """Repeat -> the scheduler's mean host time per step (step minus forward) in it."""
     if s is None or s.empty or "forward_ms" not in s:
         return {}
-    return {int(r): (x["step_ms"] - x["forward_ms"]).to_numpy(float)
+    return {int(r): float((x["step_ms"] - x["forward_ms"]).mean())
             for r, x in s.groupby("repeat")}
 
 
-def overhead_cells(row: dict, s: pd.DataFrame | None, ref: dict | None,
-                   ref_s: pd.DataFrame | None, calib: dict | None) -> dict:
-    """Predicted extra step time (from c and the row's polls) beside the measured one, and
-    the ITL inflation each implies; `ref` is the reference protocol's serving cells."""
-    ref_name = None if ref is None else ref["protocol"]
-    out = dict.fromkeys(("c_ms", "c_p50_ms", "c_insitu_ms", "predicted_extra_step_ms",
-                         "predicted_extra_step_low_ms", "predicted_extra_step_high_ms",
-                         "measured_extra_step_ms", "measured_extra_step_ci_low_ms",
-                         "measured_extra_step_ci_high_ms", "predicted_itl_inflation",
-                         "measured_itl_inflation"), math.nan)
-    out |= {"overhead_reference": ref_name, "overhead_model_agrees": None,
-            "overhead_model_note": ""}
-    if calib is None or s is None or s.empty or "polled" not in s:
-        return out
+OVERHEAD_KEYS = ("c_ms", "c_p50_ms", "c_insitu_ms", "predicted_extra_step_ms",
+                 "predicted_extra_step_low_ms", "predicted_extra_step_high_ms",
+                 "measured_extra_step_ms", "measured_extra_step_ci_low_ms",
+                 "measured_extra_step_ci_high_ms", "predicted_itl_inflation",
+                 "measured_itl_inflation")
+
+
+def _predicted(row: dict, s: pd.DataFrame, calib: dict) -> dict:
+    """c and the extra step time its polls predict, with the band from c's interval."""
     c = calib["allreduce"]
     tp, pp = int(row["tp"]), int(row["pp"])
     hop = hop_ms(c["mean_ms"], max(2, int(calib["tp"])), calib.get("pp_hop_ms"))
-    completions = s["completion"].mean()
-    polls = s["polled"].mean()
+    completions, polls = s["completion"].mean(), s["polled"].mean()
     host_memory = row.get("host_memory")
     host_memory = host_memory if isinstance(host_memory, str) else "cache"
     predict = [extra_step_ms(row["protocol"], row["policy"], tp, pp, polls, c_ms, hop,
                              completions, host_memory)
                for c_ms in (c["mean_ms"], c["mean_ci_low_ms"], c["mean_ci_high_ms"])]
     critical = s[["decision", "completion", "pp_hop"]].to_numpy().sum()
-    out |= {"c_ms": c["mean_ms"], "c_p50_ms": c["p50_ms"],
+    return {"c_ms": c["mean_ms"], "c_p50_ms": c["p50_ms"],
             "c_insitu_ms": s["decision_sync_ms"].sum() / critical if critical else math.nan,
             "predicted_extra_step_ms": predict[0], "predicted_extra_step_low_ms": predict[1],
             "predicted_extra_step_high_ms": predict[2]}
+
+
+def overhead_cells(row: dict, s: pd.DataFrame | None, ref: dict | None,
+                   ref_s: pd.DataFrame | None, calib: dict | None) -> dict:
+    """Predicted extra step time (from c and the row's polls) beside the measured one, and
+    the ITL inflation each implies; `ref` is the reference protocol's serving cells. The
+    measured extra is per repeat, paired with the reference's repeat (bench.stats)."""
+    out = dict.fromkeys(OVERHEAD_KEYS, math.nan) | {
+        "measured_extra_step_repeats": 0, "overhead_model_agrees": None,
+        "overhead_reference": None if ref is None else ref["protocol"],
+        "overhead_model_note": ""}
+    if calib is None or s is None or s.empty or "polled" not in s:
+        return out
+    out |= _predicted(row, s, calib)
     x, y = _host_by_repeat(s), _host_by_repeat(ref_s)
     if ref is None or not (x and y):
         return out
-    point, low, high = diff_of_means_ci(x, y)
-    out |= {"measured_extra_step_ms": point, "measured_extra_step_ci_low_ms": low,
-            "measured_extra_step_ci_high_ms": high}
+    iv = diff_interval(x, y)
+    out |= {"measured_extra_step_ms": _nan(iv.point), "measured_extra_step_repeats": iv.n,
+            "measured_extra_step_ci_low_ms": _nan(iv.low),
+            "measured_extra_step_ci_high_ms": _nan(iv.high)}
     # Every step pays the extra time, and every ITL gap spans whole steps.
     if ref["step_mean_ms"] > 0 and ref["itl_mean_ms"] > 0:
-        out["predicted_itl_inflation"] = 1 + predict[0] / ref["step_mean_ms"]
+        out["predicted_itl_inflation"] = 1 + out["predicted_extra_step_ms"] / ref["step_mean_ms"]
         out["measured_itl_inflation"] = row["itl_mean_ms"] / ref["itl_mean_ms"]
-    agrees = intervals_overlap((predict[1], predict[2]), (low, high))
-    out["overhead_model_agrees"] = agrees
-    out["overhead_model_note"] = "" if agrees else _why(out, c)
-    return out
+    if not iv.has_interval:  # no interval to hold the prediction against
+        return out | {"overhead_model_note": iv.note}
+    agrees = intervals_overlap((out["predicted_extra_step_low_ms"],
+                                out["predicted_extra_step_high_ms"]), (iv.low, iv.high))
+    return out | {"overhead_model_agrees": agrees,
+                  "overhead_model_note": "" if agrees else _why(out, calib["allreduce"])}
 
 
 def _why(out: dict, c: dict) -> str:

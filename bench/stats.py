@@ -1,8 +1,12 @@
-"""Metric math for the summary, the gate and compare: percentiles and ratios with CIs.
+"""Metric math for the summary, compare, ab and the gate: percentiles, per-repeat statistics
+and their between-repeat intervals (docs/metrics.md, "Intervals").
 
-Pure functions over plain sequences; no pandas, no I/O. Ratios are always "x over y": in a
-run's summary y is the reference protocol (pr27010) of the same configuration in the same
-run; in `bench compare` x is run B and y run A.
+The unit that replicates is a repeat (one whole serve: one burst, one queue drain, one set of
+decode batches). Requests, steps and ITL gaps inside one repeat share that schedule, so they
+are never independent samples for an interval. Every interval here is over repeats: per
+repeat one statistic per side, paired by repeat (the same seed, run next to each other in
+time), and a t interval over the paired log ratios (or differences). Pure functions over plain
+mappings; no pandas, no I/O. Ratios are always "x over y".
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 PERCENTILE_METHODS = ("linear", "nearest-rank")
-
-RatioCI = tuple[float | None, float | None, float | None]
+LEVEL = 0.95
+MIN_REPEATS = 3  # paired repeats an interval needs: with 2, sd has 1 degree of freedom
+NO_SCIPY = "scipy is not installed"
 
 
 def percentile(values: Sequence[float], q: float, method: str = "linear") -> float | None:
@@ -40,19 +45,6 @@ def percentile(values: Sequence[float], q: float, method: str = "linear") -> flo
     return float(arr[rank - 1])
 
 
-def _nonempty(by_repeat: Mapping[int, Sequence[float]]) -> dict[int, np.ndarray]:
-    """Repeat -> float array, dropping repeats without values."""
-    arrays = {r: np.asarray(v, dtype=float) for r, v in by_repeat.items()}
-    return {r: a for r, a in sorted(arrays.items()) if a.size}
-
-
-def _ratio(num: float, den: float) -> float | None:
-    """num / den, or None when the ratio is undefined (den zero or NaN)."""
-    if den == 0 or math.isnan(den) or math.isnan(num):
-        return None
-    return float(num / den)
-
-
 Stat = str  # "mean" or a percentile "p50", "p99", ...
 
 
@@ -65,104 +57,131 @@ def stat_value(values: np.ndarray, stat: Stat, axis: int | None = None) -> np.nd
     raise ValueError(f"unknown statistic {stat!r}; use 'mean' or 'pNN'")
 
 
-def _bootstrap_stat(strata: dict[int, np.ndarray], stat: Stat, n_boot: int,
-                    rng: np.random.Generator) -> np.ndarray:
-    """The statistic of n_boot stratified resamples (each repeat resampled in place)."""
-    parts = [a[rng.integers(0, a.size, size=(n_boot, a.size))] for a in strata.values()]
-    return stat_value(np.concatenate(parts, axis=1), stat, axis=1)
-
-
-def ratio_of_stat_ci(
-    x_by_repeat: Mapping[int, Sequence[float]],
-    y_by_repeat: Mapping[int, Sequence[float]],
-    stat: Stat = "p50",
-    n_boot: int = 2000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> RatioCI:
-    """(point, low, high): stat(all x) / stat(all y) with a percentile-bootstrap CI.
-
-    The bootstrap is stratified by repeat: within each repeat, requests are resampled with
-    replacement, for x and y independently, so every resample keeps the interleaved design.
-    Deterministic for a given seed. All None when either side has no values.
-    """
-    if n_boot < 1 or not 0 < level < 1:
-        raise ValueError(f"need n_boot >= 1 and 0 < level < 1, got {n_boot}, {level}")
-    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
-    if not xs or not ys:
-        return None, None, None
-    point = _ratio(float(stat_value(np.concatenate(list(xs.values())), stat)),
-                   float(stat_value(np.concatenate(list(ys.values())), stat)))
-    if point is None:
-        return None, None, None
-    rng = np.random.default_rng(seed)
-    bx, by = _bootstrap_stat(xs, stat, n_boot, rng), _bootstrap_stat(ys, stat, n_boot, rng)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = bx / by
-    alpha = (1 - level) / 2
-    low, high = np.nanquantile(ratios, [alpha, 1 - alpha])
-    return point, float(low), float(high)
-
-
-def ratio_of_medians_ci(
-    x_by_repeat: Mapping[int, Sequence[float]],
-    y_by_repeat: Mapping[int, Sequence[float]],
-    n_boot: int = 2000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> RatioCI:
-    """median(all x) / median(all y) with its stratified bootstrap CI (ratio_of_stat_ci)."""
-    return ratio_of_stat_ci(x_by_repeat, y_by_repeat, "p50", n_boot, seed, level)
-
-
-def per_repeat_ratios(
-    x_by_repeat: Mapping[int, Sequence[float]], y_by_repeat: Mapping[int, Sequence[float]]
-) -> dict[int, float]:
-    """Repeat -> median(x) / median(y) of that repeat, for repeats where both have values."""
-    return per_repeat_stat_ratios(x_by_repeat, y_by_repeat, "p50")
-
-
-def diff_of_means_ci(
-    x_by_repeat: Mapping[int, Sequence[float]],
-    y_by_repeat: Mapping[int, Sequence[float]],
-    n_boot: int = 2000,
-    seed: int = 0,
-) -> RatioCI:
-    """(point, low, high): mean(all x) - mean(all y) with a stratified 95% bootstrap CI."""
-    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
-    if not xs or not ys:
-        return None, None, None
-    point = float(np.mean(np.concatenate(list(xs.values())))
-                  - np.mean(np.concatenate(list(ys.values()))))
-    rng = np.random.default_rng(seed)
-    diffs = _bootstrap_stat(xs, "mean", n_boot, rng) - _bootstrap_stat(ys, "mean", n_boot, rng)
-    low, high = np.quantile(diffs, [0.025, 0.975])
-    return point, float(low), float(high)
-
-
-def per_repeat_stat_ratios(
-    x_by_repeat: Mapping[int, Sequence[float]], y_by_repeat: Mapping[int, Sequence[float]],
-    stat: Stat = "p50",
-) -> dict[int, float]:
-    """Repeat -> stat(x) / stat(y) of that repeat, for repeats where both have values."""
-    xs, ys = _nonempty(x_by_repeat), _nonempty(y_by_repeat)
+def per_repeat_stat(by_repeat: Mapping[int, Sequence[float]], stat: Stat) -> dict[int, float]:
+    """Repeat -> the statistic of that repeat's values, for repeats that have values."""
     out = {}
-    for r in sorted(set(xs) & set(ys)):
-        ratio = _ratio(float(stat_value(xs[r], stat)), float(stat_value(ys[r], stat)))
-        if ratio is not None:
-            out[r] = ratio
+    for r in sorted(by_repeat):
+        values = np.asarray(by_repeat[r], dtype=float)
+        if values.size:
+            out[int(r)] = float(stat_value(values, stat))
     return out
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point and its 95% between-repeat interval.
+
+    `n` is the number of paired repeats behind it; `half_width` the interval's half-width
+    (for a ratio, as a fraction: the interval is point x [1/(1+h), 1+h]; for a difference, in
+    the values' unit): the smallest difference this run could tell from none, its minimum
+    detectable difference. `note` says why low/high are None when there is a point.
+    """
+
+    point: float | None
+    low: float | None
+    high: float | None
+    n: int
+    half_width: float | None = None
+    note: str = ""
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None and self.high is not None
+
+
+def paired(x: Mapping[int, float], y: Mapping[int, float], log: bool) -> np.ndarray:
+    """Per repeat present on both sides with finite values: ln(x/y) (log) or x - y. A ratio
+    needs both values > 0."""
+    out = []
+    for r in sorted(set(x) & set(y)):
+        a, b = float(x[r]), float(y[r])
+        if not (math.isfinite(a) and math.isfinite(b)):
+            continue
+        if log and (a <= 0 or b <= 0):
+            continue
+        out.append(math.log(a / b) if log else a - b)
+    return np.asarray(out, dtype=float)
+
+
+def _scipy_stats():
+    """scipy.stats, or None where it is missing (a GPU node as shipped, no package index)."""
+    try:
+        from scipy import stats
+    except ImportError:
+        return None
+    return stats
+
+
+def scipy_available() -> bool:
+    return _scipy_stats() is not None
+
+
+def too_few(n: int) -> str:
+    return f"too few repeats for an interval ({n} paired, needs {MIN_REPEATS})"
+
+
+def t_half_width(d: np.ndarray, level: float = LEVEL) -> float:
+    """t_{n-1, (1+level)/2} x sd(d) / sqrt(n), from scipy.stats (needs len(d) >= 2)."""
+    stats = _scipy_stats()
+    assert stats is not None and d.size >= 2
+    sd = float(np.std(d, ddof=1))
+    return float(stats.t.ppf((1 + level) / 2, d.size - 1)) * sd / math.sqrt(d.size)
+
+
+def t_interval(d: np.ndarray, log: bool, level: float = LEVEL) -> Interval:
+    """The interval of mean(d): exp(mean(d) +- h) for log ratios, mean(d) +- h for
+    differences, h = t_half_width(d). Refuses (point only, with a note) below MIN_REPEATS
+    paired repeats or without scipy."""
+    if not 0 < level < 1:
+        raise ValueError(f"need 0 < level < 1, got {level}")
+    n = int(d.size)
+    if n == 0:
+        return Interval(None, None, None, 0, None, "no paired repeats")
+    mean = float(np.mean(d))
+    point = math.exp(mean) if log else mean
+    if n < MIN_REPEATS:
+        return Interval(point, None, None, n, None, too_few(n))
+    if _scipy_stats() is None:
+        return Interval(point, None, None, n, None, NO_SCIPY)
+    h = t_half_width(d, level)
+    if log:
+        return Interval(point, math.exp(mean - h), math.exp(mean + h), n, math.expm1(h))
+    return Interval(point, mean - h, mean + h, n, h)
+
+
+def ratio_interval(x: Mapping[int, float], y: Mapping[int, float],
+                   level: float = LEVEL) -> Interval:
+    """x over y from per-repeat statistics paired by repeat: exp(mean of ln(x_r / y_r)) with
+    its t interval (docs/metrics.md, "Intervals")."""
+    return t_interval(paired(x, y, log=True), log=True, level=level)
+
+
+def diff_interval(x: Mapping[int, float], y: Mapping[int, float],
+                  level: float = LEVEL) -> Interval:
+    """x minus y from per-repeat statistics paired by repeat: mean of (x_r - y_r) with its t
+    interval."""
+    return t_interval(paired(x, y, log=False), log=False, level=level)
+
+
+def per_repeat_ratios(x: Mapping[int, float], y: Mapping[int, float]) -> dict[int, float]:
+    """Repeat -> x_r / y_r for the repeats both have (values > 0)."""
+    return {r: float(x[r]) / float(y[r]) for r in sorted(set(x) & set(y))
+            if float(y[r]) > 0 and float(x[r]) > 0}
+
+
+# ---- the two-stage bootstrap: a cross-check of the t interval (bench noise) --------------
+
 MAX_CELLS = 2_000_000  # bootstrap weights held at once (resamples x values), ~16 MB
 
 
 @dataclass(frozen=True)
 class Sample:
-    """Values in strata (repeats) and resampling units within them.
+    """Values in repeats and resampling units within them.
 
-    `units[r][i]` is the unit (0..k-1) that value i of repeat r belongs to: a bootstrap
-    resample draws whole units with replacement, within each repeat. Unit = the value itself
-    for TTFT or step times; unit = the request for pooled ITL gaps, which are correlated
-    within a request. Empty units and repeats are dropped.
+    `units[r][i]` is the unit (0..k-1) that value i of repeat r belongs to: the bootstrap's
+    second stage draws whole units with replacement, within each repeat. Unit = the value
+    itself for TTFT or step times; unit = the request for pooled ITL gaps, which are
+    correlated within a request. Empty units and repeats are dropped.
     """
 
     values: dict[int, np.ndarray]
@@ -171,7 +190,8 @@ class Sample:
     @classmethod
     def flat(cls, by_repeat: Mapping[int, Sequence[float]]) -> Sample:
         """Every value its own unit."""
-        values = _nonempty(by_repeat)
+        arrays = {int(r): np.asarray(v, dtype=float) for r, v in sorted(by_repeat.items())}
+        values = {r: a for r, a in arrays.items() if a.size}
         return cls(values, {r: np.arange(a.size) for r, a in values.items()})
 
     @classmethod
@@ -182,16 +202,12 @@ class Sample:
             parts = [np.asarray(u, dtype=float) for u in by_repeat[r]]
             parts = [p for p in parts if p.size]
             if parts:
-                values[r] = np.concatenate(parts)
-                units[r] = np.repeat(np.arange(len(parts)), [p.size for p in parts])
+                values[int(r)] = np.concatenate(parts)
+                units[int(r)] = np.repeat(np.arange(len(parts)), [p.size for p in parts])
         return cls(values, units)
 
-    def pooled(self) -> np.ndarray:
-        return np.concatenate(list(self.values.values())) if self.values else np.array([])
-
-    @property
-    def size(self) -> int:
-        return sum(a.size for a in self.values.values())
+    def per_repeat(self, stat: Stat) -> dict[int, float]:
+        return per_repeat_stat(self.values, stat)
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> np.ndarray:
@@ -209,49 +225,47 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> np
     return v_lo + (h - lo) * (at(hi) - v_lo)
 
 
-def _bootstrap_percentiles(sample: Sample, q: float, n_boot: int,
-                           rng: np.random.Generator) -> np.ndarray:
-    """q-th percentiles of n_boot resamples; each repeat's units drawn with replacement."""
-    draws = []  # per repeat: how often each unit is drawn, (n_boot, units); small
-    for units in sample.units.values():
-        k = int(units.max()) + 1
-        draws.append(rng.multinomial(k, np.full(k, 1 / k), size=n_boot))
-    pooled = sample.pooled()
-    order = np.argsort(pooled, kind="stable")
-    chunk = max(1, MAX_CELLS // pooled.size)  # bounds the (resamples x values) weights
+def _resampled_stat(values: np.ndarray, units: np.ndarray, stat: Stat, n_boot: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """The statistic of n_boot resamples of one repeat, its units drawn with replacement."""
+    k = int(units.max()) + 1
+    draws = rng.multinomial(k, np.full(k, 1 / k), size=n_boot)  # (n_boot, units)
+    order = np.argsort(values, kind="stable")
+    chunk = max(1, MAX_CELLS // values.size)  # bounds the (resamples x values) weights
     out = []
     for start in range(0, n_boot, chunk):
-        weights = np.hstack([d[start:start + chunk][:, units]
-                             for d, units in zip(draws, sample.units.values(), strict=True)])
-        out.append(weighted_percentile(pooled[order], weights[:, order], q))
+        weights = draws[start:start + chunk][:, units][:, order]
+        if stat == "mean":
+            out.append(weights @ values[order] / weights.sum(axis=1))
+        else:
+            out.append(weighted_percentile(values[order], weights, float(stat[1:])))
     return np.concatenate(out)
 
 
-def ratio_of_percentiles_ci(
-    x: Sample, y: Sample, q: float, n_boot: int = 2000, seed: int = 0, level: float = 0.95
-) -> RatioCI:
-    """(point, low, high): q-th percentile of all x over that of all y (linear
-    interpolation), with a percentile-bootstrap CI from resampling x and y independently,
-    stratified by repeat (see Sample). Deterministic for a given seed. All None when either
-    side is empty or the point ratio is undefined; low/high None when no resample defines it.
-    """
+def bootstrap_ratio_interval(x: Sample, y: Sample, stat: Stat, n_boot: int = 2000,
+                             seed: int = 0, level: float = LEVEL) -> Interval:
+    """x over y by a two-stage bootstrap: draw the paired repeats with replacement, then
+    within each drawn repeat its units (x and y independently), and take exp(mean over the
+    drawn repeats of ln(stat x / stat y)); a percentile interval of n_boot such draws. The
+    point is the t interval's, exp(mean of the per-repeat log ratios). Both stages resample
+    the within-repeat noise, which the between-repeat spread already holds, so this interval
+    is, if anything, wider than the t interval. Deterministic for a given seed."""
     if n_boot < 1 or not 0 < level < 1:
         raise ValueError(f"need n_boot >= 1 and 0 < level < 1, got {n_boot}, {level}")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be within [0, 100], got {q!r}")
-    if not x.size or not y.size:
-        return None, None, None
-    point = _ratio(float(np.percentile(x.pooled(), q)), float(np.percentile(y.pooled(), q)))
-    if point is None:
-        return None, None, None
+    stat_value(np.array([1.0]), stat)  # a bad statistic fails here, not deep inside
+    sx, sy = x.per_repeat(stat), y.per_repeat(stat)
+    reps = [r for r in sorted(set(sx) & set(sy)) if sx[r] > 0 and sy[r] > 0]
+    base = t_interval(paired(sx, sy, log=True), log=True, level=level)
+    if len(reps) < MIN_REPEATS:
+        return base
     rng = np.random.default_rng(seed)
-    bx = _bootstrap_percentiles(x, q, n_boot, rng)
-    by = _bootstrap_percentiles(y, q, n_boot, rng)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = bx / by
-    ratios = ratios[np.isfinite(ratios)]
-    if not ratios.size:
-        return point, None, None
+    logs = np.vstack([np.log(_resampled_stat(x.values[r], x.units[r], stat, n_boot, rng))
+                      - np.log(_resampled_stat(y.values[r], y.units[r], stat, n_boot, rng))
+                      for r in reps])  # (repeats, n_boot)
+    picks = rng.integers(0, len(reps), size=(n_boot, len(reps)))
+    means = logs[picks, np.arange(n_boot)[:, None]].mean(axis=1)
+    means = means[np.isfinite(means)]
     alpha = (1 - level) / 2
-    low, high = np.quantile(ratios, [alpha, 1 - alpha])
-    return point, float(low), float(high)
+    low, high = np.exp(np.quantile(means, [alpha, 1 - alpha]))
+    h = max(math.log(base.point / low), math.log(high / base.point))
+    return Interval(base.point, float(low), float(high), len(reps), math.expm1(h))

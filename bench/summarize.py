@@ -1,9 +1,10 @@
 """requests.csv + steps.csv -> summary rows (SUMMARY_COLUMNS) and the human table.
 
 One summary row per configuration group (GROUP_KEYS): a protocol x policy cell of the matrix
-for one layout, storage, rate and extra-pool setting, pooled over repeats. Collective counts
-are rank 0's (see hicache.cost_model); expectations come from the same analytic model, so a
-row whose measured and expected columns differ has a protocol or counting bug.
+for one layout, storage, rate and extra-pool setting, pooled over repeats; its ratios to
+pr27010 come with between-repeat intervals (bench.stats). Collective counts are rank 0's
+(see hicache.cost_model); expectations come from the same analytic model, so a row whose
+measured and expected columns differ has a protocol or counting bug.
 """
 
 from __future__ import annotations
@@ -21,8 +22,22 @@ from bench.schema import (
     SUMMARY_COLUMNS,
     TIER_COLUMNS,
 )
-from bench.serving_metrics import overhead_cells, ratio_cells, reference_protocol, serving_cells
-from bench.stats import PERCENTILE_METHODS, per_repeat_ratios, percentile, ratio_of_medians_ci
+from bench.serving_metrics import (
+    interval_note,
+    overhead_cells,
+    ratio_cells,
+    reference_protocol,
+    serving_cells,
+)
+from bench.stats import (
+    PERCENTILE_METHODS,
+    Interval,
+    per_repeat_ratios,
+    per_repeat_stat,
+    percentile,
+    ratio_interval,
+)
+from bench.tables import interval_text
 from bench.verdict import data_errors, unexplained_disagreements
 from hicache.cost_model import POLICIES, PROTOCOLS, expected_per_request
 
@@ -113,20 +128,19 @@ def _ttft_cells(g: pd.DataFrame, method: str) -> dict:
     }
 
 
-def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> dict:
-    """TTFT p50 ratio vs the reference protocol's group, its CI and the per-repeat ratios."""
-    empty = {"ttft_p50_ratio_vs_pr27010": math.nan, "ttft_p50_ratio_ci_low": math.nan,
-             "ttft_p50_ratio_ci_high": math.nan, "ttft_p50_ratio_per_repeat": math.nan}
-    if ref is None:
-        return empty
-    x, y = _by_repeat(g, "ttft_ms"), _by_repeat(ref, "ttft_ms")
-    point, low, high = ratio_of_medians_ci(x, y)
-    if point is None:
-        return empty
-    per_repeat = per_repeat_ratios(x, y)
-    return {"ttft_p50_ratio_vs_pr27010": point, "ttft_p50_ratio_ci_low": low,
-            "ttft_p50_ratio_ci_high": high,
-            "ttft_p50_ratio_per_repeat": list_cell(per_repeat.values())}
+def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> tuple[dict, list[Interval]]:
+    """TTFT p50 ratio vs the reference protocol's group: per repeat the median TTFT of each
+    side, paired by repeat, its t interval and the per-repeat ratios."""
+    x = per_repeat_stat(_by_repeat(g, "ttft_ms"), "p50")
+    y = per_repeat_stat(_by_repeat(ref, "ttft_ms"), "p50") if ref is not None else {}
+    iv = ratio_interval(x, y)
+    return {"ttft_p50_ratio_vs_pr27010": math.nan if iv.point is None else iv.point,
+            "ttft_p50_ratio_ci_low": math.nan if iv.low is None else iv.low,
+            "ttft_p50_ratio_ci_high": math.nan if iv.high is None else iv.high,
+            "ttft_p50_ratio_mdd": math.nan if iv.half_width is None else iv.half_width,
+            "ttft_p50_ratio_repeats": iv.n,
+            "ttft_p50_ratio_per_repeat": list_cell(per_repeat_ratios(x, y).values())
+            or math.nan}, [iv]
 
 
 def tier_cells(g: pd.DataFrame) -> dict:
@@ -205,11 +219,13 @@ def summarize(
     rows = {}
     for key, g in groups.items():
         s, ref = step_groups.get(key), refs.get(key[1:])
+        ttft, ttft_iv = _ratio_cells(g, groups.get(ref))
+        serving, serving_iv = ratio_cells(g, s, groups.get(ref), step_groups.get(ref))
         rows[key] = (_config_cells(key, g) | _count_cells(g) | _step_cells(s, len(g))
-                     | _ttft_cells(g, percentile_method) | tier_cells(g)
-                     | _ratio_cells(g, groups.get(ref)) | serving_cells(g, s, busy.get(key))
-                     | ratio_cells(g, s, groups.get(ref), step_groups.get(ref))
-                     | _check_cells(g, percentile_method))
+                     | _ttft_cells(g, percentile_method) | tier_cells(g) | ttft
+                     | serving_cells(g, s, busy.get(key)) | serving
+                     | _check_cells(g, percentile_method)
+                     | {"interval_note": interval_note(ttft_iv + serving_iv)})
     for key, row in rows.items():
         name = reference_protocol({k[0] for k in groups if k[1:] == key[1:]}, key[1])
         ref = (name, *key[1:])
@@ -245,11 +261,9 @@ def table_headers(summary: pd.DataFrame) -> list[str]:
 
 
 def _ratio_cell(r: dict) -> str:
-    """'point [low, high]' or '-' when there is no reference group."""
-    ratio = _num(r["ttft_p50_ratio_vs_pr27010"])
-    if ratio == "-":
-        return ratio
-    return f"{ratio} [{_num(r['ttft_p50_ratio_ci_low'])}, {_num(r['ttft_p50_ratio_ci_high'])}]"
+    """'point [low, high]', 'point [no CI]', or '-' when there is no reference group."""
+    return interval_text(r["ttft_p50_ratio_vs_pr27010"], r["ttft_p50_ratio_ci_low"],
+                         r["ttft_p50_ratio_ci_high"], ".3f")
 
 
 def _agree_cell(r: dict) -> str:

@@ -19,7 +19,7 @@ from bench.compare_rules import TimingOptions, count_rows, timing_rows, timing_v
 from bench.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
-RUN = ["--preset", "ci", "--requests", "4", "--bystanders", "0", "--repeats", "2",
+RUN = ["--preset", "ci", "--requests", "4", "--bystanders", "0", "--repeats", "3",
        "--protocols", "before,after", "--policies", "wait_complete"]
 FINAL = re.compile(r"^compare: (\d+) better, (\d+) worse, (\d+) same$")
 JUDGED_COUNTS = ["decision_collectives_per_req", "critical_collectives_per_req",
@@ -54,7 +54,7 @@ def doctor(src: Path, dst: Path, requests=None, steps=None, env=None) -> Path:
 def compare(capsys, a, b, *extra, out=None):
     """(exit code, stdout lines, stderr, compare.csv frame or None)."""
     out = out or Path(b).parent / f"cmp_{Path(a).name}_{Path(b).name}"
-    code = main_compare([str(a), str(b), "--out", str(out), "--n-boot", "500", *extra])
+    code = main_compare([str(a), str(b), "--out", str(out), *extra])
     captured = capsys.readouterr()
     csv = pd.read_csv(out / "compare.csv") if (out / "compare.csv").exists() else None
     return code, captured.out.splitlines(), captured.err, csv
@@ -84,13 +84,33 @@ def test_real_runs_compare_counts_exactly(runs, capsys):
 def test_identical_runs_are_all_same(runs, capsys, tmp_path):
     code, out, _, csv = compare(capsys, runs[0], runs[0], out=tmp_path / "out")
     assert code == 0
-    assert out[-1] == "compare: 0 better, 0 worse, 24 same"
+    assert out[-1] == "compare: 0 better, 0 worse, 26 same"
     assert set(csv.verdict) == {"same", "info"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "compare.csv", "compare.md", "compare_ratios.png"]
     md = (tmp_path / "out" / "compare.md").read_text()
-    assert "**compare: 0 better, 0 worse, 24 same** (exit status 0)" in md
+    assert "**compare: 0 better, 0 worse, 26 same** (exit status 0)" in md
     assert "![timing ratios B/A](compare_ratios.png)" in md
+
+
+def test_timings_are_paired_by_repeat_and_drift_is_named(runs, capsys, tmp_path):
+    code, out, _, csv = compare(capsys, *runs, out=tmp_path / "out")
+    assert any(line.startswith("note: the two runs were made at different times: drift")
+               and "bench ab" in line for line in out)
+    timing = csv[csv.kind == "timing"]
+    assert (timing.repeats == 3).all() and timing.ratio_mdd.notna().all()
+
+
+def test_too_few_repeats_are_not_comparable(runs, capsys, tmp_path):
+    def two(frame):
+        return frame[frame.repeat < 2]
+    a = doctor(runs[0], tmp_path / "a", requests=two, steps=two)
+    b = doctor(runs[1], tmp_path / "b", requests=two, steps=two)
+    code, out, _, csv = compare(capsys, a, b, out=tmp_path / "out")
+    timing = csv[csv.kind == "timing"]
+    assert set(timing.verdict) == {"not comparable"} and timing.ratio_ci_low.isna().all()
+    assert timing.note.str.startswith("too few repeats for an interval (2 paired").all()
+    assert timing.ratio_b_over_a.notna().all()  # the point is still there
 
 
 def add_decision(frame):
@@ -105,7 +125,7 @@ def test_extra_decision_collective_is_worse(runs, capsys, tmp_path):
     assert verdicts(csv, "decision_collectives_per_req") == {"worse"}
     assert verdicts(csv, "critical_collectives_per_req") == {"worse"}
     assert set(csv[csv.metric == "decision_collectives_per_req"].b_minus_a) == {1.0}
-    assert out[-1] == "compare: 0 better, 4 worse, 20 same"  # 2 configurations x 2 counts
+    assert out[-1] == "compare: 0 better, 4 worse, 22 same"  # 2 configurations x 2 counts
 
 
 def test_fewer_collectives_are_better_whatever_the_threshold(runs, capsys, tmp_path):
@@ -150,7 +170,7 @@ def test_doubled_ttft_is_worse_with_ci_excluding_1(runs, capsys, tmp_path):
     assert set(ttft.verdict) == {"worse"} and (ttft.ratio_ci_low > 1.05).all()
     assert np.allclose(ttft.ratio_b_over_a, 2.0)
     # overall and prefetch-class TTFT p50/p99 (this run has no bystanders), 2 configurations
-    assert out[-1] == "compare: 0 better, 8 worse, 16 same"
+    assert out[-1] == "compare: 0 better, 8 worse, 18 same"
 
 
 def test_halved_ttft_is_better(runs, capsys, tmp_path):
@@ -205,7 +225,7 @@ def test_row_on_one_side_is_listed(runs, capsys, tmp_path):
     assert any(line.startswith("only in A: pr36425/wait_complete") for line in out)
     assert "- only in A: pr36425/wait_complete" in (tmp_path / "out" / "compare.md").read_text()
     assert list(csv[csv.kind == "configuration"].verdict) == ["only in A"]
-    assert out[-1] == "compare: 0 better, 0 worse, 12 same"
+    assert out[-1] == "compare: 0 better, 0 worse, 13 same"
 
 
 def test_env_differences_warned_at_the_top(runs, capsys, tmp_path):
@@ -308,7 +328,7 @@ def test_bad_input_exits_2_with_one_line(runs, capsys, tmp_path, damage, message
 
 
 @pytest.mark.parametrize("argv", [[], ["only_one"], ["a", "b", "--threshold", "-1"],
-                                  ["a", "b", "--threshold", "nan"], ["a", "b", "--n-boot", "0"]])
+                                  ["a", "b", "--threshold", "nan"], ["a", "b", "--n-boot", "10"]])
 def test_bad_arguments_exit_2(capsys, argv):
     assert main_compare(argv) == 2
     err = capsys.readouterr().err

@@ -1,91 +1,75 @@
-"""The gate on REAL small runs: its own checks pass, a run becomes a baseline, a second clean
-run passes against it, and a commit whose poll got 4 ms slower (no collective added) fails
-on the quiet metrics: step time and ITL, which TTFT alone let through (issue 11)."""
+"""The gate, ab and bisect on REAL small runs of a scratch history (base, a harmless commit,
+a commit whose pr36425 poll sleeps 4 ms and adds no collective): a run of the base becomes
+the baseline (its commit the baseline revision), `bench gate --ab` runs that revision
+beside the tree it gates, passes the harmless commit and fails the slow one on step time
+while every exact count check holds; `bench bisect` names the slow commit."""
 
 import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from bench.commands.gate import main as main_gate
+from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 
-REPO = Path(__file__).resolve().parent.parent
-# The ci preset's own configuration (whose noise set the committed tolerances), two cells.
+# The ci preset's own configuration, narrowed to what the slow poll moves.
 RUN = ["--preset", "ci", "--protocols", "before,after", "--policies", "wait_complete"]
-IGNORE = shutil.ignore_patterns(".venv", ".git", "results", "__pycache__", ".*_cache",
-                                "*.egg-info")
-ANCHOR = '    name = "pr36425"\n\n    def vote(self, f: Facts) -> Vote:\n'
+AB = {"protocols": "after", "policies": "wait_complete", "blocks": 1, "repeats_per_block": 3}
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def bench_run(root: Path, out: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "bench", "run", *RUN, "--out", str(out)],
-                          cwd=root, capture_output=True, text=True, timeout=200)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-
-
-def slow_poll_commit(dst: Path) -> Path:
-    """A copy of this tree whose pr36425 poll sleeps 4 ms: a regression with no collective."""
-    shutil.copytree(REPO, dst, ignore=IGNORE)
-    path = dst / "hicache" / "protocols.py"
-    text = path.read_text()
-    assert ANCHOR in text, "the anchor moved: update the test's patch"
-    text = text.replace("from __future__ import annotations\n",
-                        "from __future__ import annotations\n\nimport time\n", 1)
-    path.write_text(text.replace(
-        ANCHOR, ANCHOR + "        time.sleep(0.004)  # the regression under test\n"))
-    return dst
+def ok(done, code=0):
+    assert done.returncode == code, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory):
-    root = tmp_path_factory.mktemp("real")
-    run, base = root / "run", root / "baseline"
-    bench_run(REPO, run)
-    assert main_gate([str(run), "--baseline", str(base), "--update-baseline"]) == 0
-    # The committed baseline's tolerances, measured from this machine's noise.
-    committed = json.loads((REPO / "results" / "baseline" / "gate.json").read_text())
-    settings = json.loads((base / "gate.json").read_text())
-    settings.update({k: committed[k] for k in ("tolerance", "quiet_tolerance", "tolerances")
-                     if k in committed})
-    (base / "gate.json").write_text(json.dumps(settings))
-    return root, run, base
+def history(tmp_path_factory):
+    root = tmp_path_factory.mktemp("history")
+    repo, base = scratch_repo(root / "repo")
+    clean = commit(repo, "docs: a harmless edit", harmless)
+    slow = commit(repo, "pr36425: the poll sleeps 4 ms", slow_poll(0.004))
+    git(repo, "checkout", "-q", base)
+    run, baseline = root / "base_run", root / "baseline"
+    ok(bench(repo, "run", *RUN, "--out", str(run)))
+    ok(bench(repo, "gate", str(run), "--baseline", str(baseline), "--update-baseline"))
+    settings = json.loads((baseline / "gate.json").read_text())
+    assert settings["ab"]["revision"] == base
+    settings["ab"].update(AB)  # two block runs: three paired repeats
+    (baseline / "gate.json").write_text(json.dumps(settings))
+    return root, repo, {"base": base, "clean": clean, "slow": slow}, run, baseline
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_clean_runs_pass(baseline, capsys):
-    root, run, base = baseline
-    assert json.loads((base / "gate.json").read_text())["source_run"] == "run"
-    (run / "microbench.json").write_text(json.dumps({"benchmarks": []}))
-    capsys.readouterr()
-    assert main_gate([str(run), "--baseline", str(base)]) == 0
-    out = capsys.readouterr().out
-    assert "microbench (information, not gated)" in out
-    again = root / "again"
-    bench_run(REPO, again)
-    assert main_gate([str(again), "--baseline", str(base)]) == 0, capsys.readouterr().out
-    out = capsys.readouterr().out
-    for check in ("prefetch_ttft_p50_ratio_vs_baseline", "bystander_ttft_p50_ratio_vs_baseline",
-                  "step_mean_ratio_vs_baseline", "itl_p50_ratio_vs_baseline"):
-        assert check in out
-    assert out.strip().endswith("OK")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_slow_poll_commit_fails_on_step_time(baseline, capsys):
-    root, _, base = baseline
-    slow = root / "slow"
-    bench_run(slow_poll_commit(root / "tree"), slow)
-    capsys.readouterr()
-    assert main_gate([str(slow), "--baseline", str(base)]) == 1
-    out = capsys.readouterr().out
-    failing = [line for line in out.splitlines()
-               if line.startswith(("step_mean_ratio_vs_baseline", "itl_p50_ratio_vs_baseline"))]
+def test_gate_ab_fails_the_slow_poll_on_step_time_only(history):
+    root, repo, commits, _, baseline = history
+    git(repo, "checkout", "-q", commits["slow"])
+    run = root / "slow_run"
+    ok(bench(repo, "run", *RUN, "--out", str(run)))
+    out = ok(bench(repo, "gate", str(run), "--baseline", str(baseline), "--ab"), 1).stdout
+    failing = [line for line in out.splitlines() if line.startswith("step_mean_ab")]
     assert failing and all("pr36425" in line for line in failing), out
-    # No collective was added: the exact count checks still hold (only failures are listed).
-    assert not any(line.startswith(("decision_exact", "per_poll_vs_baseline"))
-                   for line in out.splitlines())
+    # No collective was added: the exact count checks hold (only failures are listed).
+    assert not any(line.startswith(("decision_exact", "background_exact",
+                                    "per_poll_vs_baseline")) for line in out.splitlines())
+    assert "interleaved on this machine" in out and (run / "ab" / "ab.md").exists()
+
+
+def test_gate_ab_passes_a_harmless_commit(history):
+    root, repo, commits, base_run, baseline = history
+    git(repo, "checkout", "-q", commits["clean"])
+    run = root / "clean_run"
+    shutil.copytree(base_run, run)  # its counts are the base's: the edit touched docs only
+    out = ok(bench(repo, "gate", str(run), "--baseline", str(baseline), "--ab")).stdout
+    assert "step_mean_ab" in out and out.strip().endswith("OK")
+
+
+def test_bisect_names_the_slow_commit(history):
+    root, repo, commits, _, _ = history
+    done = ok(bench(repo, "bisect", commits["base"], commits["slow"], "--metric",
+                    "step_mean_ms", "--config", "pr36425/wait_complete", "--protocols",
+                    "after", "--policies", "wait_complete", "--repeats", "1",
+                    "--repeats-per-block", "3", "--no-verify", "--out", str(root / "bisect")))
+    lines = done.stdout.strip().splitlines()
+    assert any(line.startswith(f"bisect: step 1: {commits['clean'][:10]} docs: a harmless "
+                               "edit: same") for line in lines), done.stdout
+    assert lines[-1] == f"bisect: first bad commit {commits['slow']} pr36425: the poll " \
+                        "sleeps 4 ms"

@@ -8,6 +8,7 @@ plus a verdict.json written here.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -53,18 +54,23 @@ def test_rewrites_only_the_block_between_the_markers(tmp_path):
     assert text.startswith(f"{HEAD}{rx.BEGIN}\n") and text.endswith(f"{rx.END}{TAIL}")
     block = text[len(HEAD) + len(rx.BEGIN) + 1: -len(rx.END + TAIL)].splitlines()
     assert "old excerpt" not in block
-    # Provenance from env.json: the baseline is a ci run of commit 1c13b4e at TP2 on CPU.
-    assert block[0] == ("What `bench run` printed at commit 1c13b4e (2026-12-01T02:55:05+00:00),"
-                        " preset ci, TP2 x PP1 on cpu/gloo, 2 CPU cores:")
+    # Provenance from env.json: the committed baseline is a ci run at TP2 on CPU.
+    env = json.loads((REPO / "results" / "baseline" / "env.json").read_text())
+    assert block[0] == (f"What `bench run` printed at commit {env['git']['commit'][:7]} "
+                        f"({env['utc_time']}), preset ci, TP2 x PP1 on cpu/gloo, "
+                        f"{env['cpu_count']} CPU cores:")
     code = block[block.index("```") + 1: len(block) - 1]
-    assert block[-1] == "```" and code[0] == "Headline, ratios to pr27010 [95% CI]:"
+    assert block[-1] == "```" and code[0] == "Headline, ratios to pr27010 [95% CI over repeats]:"
     assert code[1].split()[:3] == ["protocol", "policy", "coll/req"]
-    # Six headline rows (3 protocols x 2 policies), a verdict line per policy, the run's line.
+    # Six headline rows (3 protocols x 2 policies), what the run resolves (or why it has no
+    # intervals), a verdict line per policy, the run's line.
     rows = [line.split()[:2] for line in code[2:8]]
     assert rows == [[p, pol] for pol in ("wait_complete", "timeout")
                     for p in ("pr27010", "pr36425", "step-clock")]
-    assert [line.split(":")[0] for line in code[8:10]] == ["- wait_complete", "- timeout"]
-    assert code[10:] == ["FAILED: ranks disagreed on 1 request(s)"]
+    assert code[8].startswith(("Resolvable differences", "No intervals"))
+    verdicts = [line.split(":")[0] for line in code if line.startswith("- ")]
+    assert verdicts == ["- wait_complete", "- timeout"]
+    assert code[-1] == "FAILED: ranks disagreed on 1 request(s)"
 
 
 def test_a_second_rewrite_changes_nothing(tmp_path):

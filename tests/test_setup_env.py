@@ -18,8 +18,11 @@ SETUP = REPO / "scripts" / "setup_env.sh"
 pytestmark = pytest.mark.slow  # each creates a venv and imports torch several times (~40 s)
 
 
-def _setup(venv: Path, python: str, *flags: str) -> subprocess.CompletedProcess:
+def _setup(venv: Path, python: str, *flags: str,
+           pythonpath: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": python, "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     return subprocess.run(["bash", str(SETUP), *flags, str(venv)], env=env, text=True,
                           capture_output=True, timeout=120)
 
@@ -29,12 +32,22 @@ def _bench_help(venv: Path, cwd: Path) -> subprocess.CompletedProcess:
                           cwd=cwd, text=True, capture_output=True, timeout=60)
 
 
+def no_scipy(tmp_path: Path) -> Path:
+    """A directory whose `scipy` fails to import, as on a node that lacks it."""
+    (tmp_path / "hide" / "scipy").mkdir(parents=True)
+    (tmp_path / "hide" / "scipy" / "__init__.py").write_text(
+        "raise ImportError('scipy hidden by the test')\n")
+    return tmp_path / "hide"
+
+
 @pytest.mark.timeout(200)
 def test_offline_setup_needs_no_pip(tmp_path):
+    # The GPU node as shipped: every dependency a run needs but scipy, no package index.
     venv = tmp_path / "venv"
-    done = _setup(venv, sys.executable)
+    done = _setup(venv, sys.executable, pythonpath=no_scipy(tmp_path))
     assert done.returncode == 0, done.stderr
     assert "no pip, no network" in done.stdout
+    assert "setup: scipy is not installed and cannot be installed here" in done.stdout
     assert not (venv / "bin" / "pip").exists()  # nothing could have been downloaded
     helptext = _bench_help(venv, tmp_path)  # outside the repository: the .pth finds it
     assert helptext.returncode == 0 and "--model" in helptext.stdout

@@ -1,17 +1,21 @@
-"""Metric math against hand-computed numbers (no process group)."""
+"""Metric math against hand-computed numbers (no process group): percentiles, per-repeat
+statistics and their between-repeat intervals (t and the two-stage bootstrap)."""
 
 import math
 
 import numpy as np
 import pytest
 
+from bench import stats
 from bench.stats import (
     Sample,
-    diff_of_means_ci,
+    bootstrap_ratio_interval,
+    diff_interval,
+    paired,
     per_repeat_ratios,
+    per_repeat_stat,
     percentile,
-    ratio_of_medians_ci,
-    ratio_of_percentiles_ci,
+    ratio_interval,
     weighted_percentile,
 )
 
@@ -61,71 +65,93 @@ def test_percentile_bad_method():
         percentile([1, 2], 50, "midpoint")
 
 
-X = {0: [10, 20, 30], 1: [40, 50, 60]}  # pooled median 35
-Y = {0: [10, 10, 10], 1: [20, 20, 20]}  # pooled median 15
+# ---- between-repeat intervals, by hand -------------------------------------------------------
+# Four paired repeats whose ratios x_r / y_r are 2, 2, 2e^0.1, 2e^-0.1: d_r = ln 2 + (0, 0, 0.1,
+# -0.1); mean ln 2, sd = sqrt(0.02 / 3) = 0.08165, se = 0.040825, t_{3, 0.975} = 3.182446.
+X4 = {0: 2.0, 1: 4.0, 2: 2 * math.exp(0.1) * 3, 3: 2 * math.exp(-0.1) * 5}
+Y4 = {0: 1.0, 1: 2.0, 2: 3.0, 3: 5.0}
+H4 = 3.182446 * math.sqrt(0.02 / 3) / 2
 
 
-def test_ratio_of_medians_point():
-    point, low, high = ratio_of_medians_ci(X, Y, n_boot=500)
-    assert point == pytest.approx(35 / 15)
-    assert low <= point <= high
+def test_ratio_interval_by_hand():
+    iv = ratio_interval(X4, Y4)
+    assert iv.point == pytest.approx(2.0)  # exp(mean d): the geometric mean of the ratios
+    assert iv.low == pytest.approx(2 * math.exp(-H4), rel=1e-6)
+    assert iv.high == pytest.approx(2 * math.exp(H4), rel=1e-6)
+    assert iv.half_width == pytest.approx(math.expm1(H4), rel=1e-6)  # about 13.9%
+    assert iv.n == 4 and iv.note == "" and iv.has_interval
 
 
-def test_ratio_of_medians_deterministic_per_seed():
-    assert ratio_of_medians_ci(X, Y, seed=3) == ratio_of_medians_ci(X, Y, seed=3)
-    rng = np.random.default_rng(1)
-    x = {r: rng.lognormal(size=50) for r in range(3)}
-    y = {r: rng.lognormal(size=50) for r in range(3)}
-    assert ratio_of_medians_ci(x, y, seed=0) != ratio_of_medians_ci(x, y, seed=1)
+def test_diff_interval_by_hand():
+    # differences 1, 2, 3, 6: mean 3, sd sqrt(14/3), t_{3, 0.975} = 3.182446
+    iv = diff_interval({0: 2.0, 1: 4.0, 2: 6.0, 3: 10.0}, {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0})
+    h = 3.182446 * math.sqrt(14 / 3) / 2
+    assert iv.point == pytest.approx(3.0)
+    assert (iv.low, iv.high) == pytest.approx((3 - h, 3 + h), rel=1e-6)
+    assert iv.half_width == pytest.approx(h, rel=1e-6)
 
 
-def test_ratio_ci_identical_constant_samples_is_degenerate():
-    same = {0: [5.0] * 4, 1: [5.0] * 4}
-    assert ratio_of_medians_ci(same, same, n_boot=100) == (1.0, 1.0, 1.0)
+def test_pairing_is_by_repeat_not_by_position():
+    # y's repeats listed in another order, plus one x lacks and one non-positive value:
+    # pairs are (0, 0), (1, 1), (3, 3) only.
+    x = {3: 8.0, 0: 2.0, 1: 3.0, 2: 0.0, 9: 1.0}
+    y = {0: 1.0, 1: 1.0, 2: 1.0, 3: 2.0, 4: 7.0}
+    assert paired(x, y, log=True) == pytest.approx([math.log(2), math.log(3), math.log(4)])
+    assert paired(x, y, log=False) == pytest.approx([1.0, 2.0, -1.0, 6.0])
+    assert ratio_interval(x, y).n == 3
 
 
-def test_ratio_ci_stratified_keeps_repeat_sizes():
-    # Repeat 0 of x is all 1s and repeat 1 all 3s, equal sizes: a stratified resample always
-    # holds three of each, so every bootstrap median is (1 + 3) / 2 = 2.
-    x = {0: [1.0, 1.0, 1.0], 1: [3.0, 3.0, 3.0]}
-    y = {0: [1.0, 1.0, 1.0], 1: [1.0, 1.0, 1.0]}
-    assert ratio_of_medians_ci(x, y, n_boot=200) == (2.0, 2.0, 2.0)
+def test_too_few_repeats_gives_the_point_and_refuses_an_interval():
+    iv = ratio_interval({0: 2.0, 1: 3.0}, {0: 1.0, 1: 1.0})
+    assert iv.point == pytest.approx(math.sqrt(6))  # exp(mean(ln 2, ln 3))
+    assert iv.low is None and iv.high is None and iv.half_width is None
+    assert iv.note == "too few repeats for an interval (2 paired, needs 3)"
+    assert not iv.has_interval
+    assert ratio_interval({0: 2.0}, {1: 1.0}).point is None  # nothing paired
 
 
-def test_ratio_ci_wider_at_higher_level():
-    rng = np.random.default_rng(7)
-    x = {r: rng.normal(100, 10, 40) for r in range(3)}
-    y = {r: rng.normal(100, 10, 40) for r in range(3)}
-    _, lo90, hi90 = ratio_of_medians_ci(x, y, level=0.90)
-    _, lo99, hi99 = ratio_of_medians_ci(x, y, level=0.99)
-    assert lo99 <= lo90 < hi90 <= hi99
+def test_repeats_that_differ_widely_give_a_wide_interval():
+    # The same median ratio 2 in both, but one set of repeats wanders (1.2x to 3.5x).
+    steady = ratio_interval({r: 2.0 * (1 + 0.01 * (-1) ** r) for r in range(6)},
+                            dict.fromkeys(range(6), 1.0))
+    wide = ratio_interval(dict(enumerate([1.2, 3.5, 1.5, 3.0, 2.0, 2.4])),
+                          dict.fromkeys(range(6), 1.0))
+    assert steady.half_width < 0.015 and wide.half_width > 0.4
+    assert wide.low < 1.6 and wide.high > 2.6
 
 
-def test_ratio_empty_sides_are_none():
-    assert ratio_of_medians_ci({}, Y) == (None, None, None)
-    assert ratio_of_medians_ci(X, {0: []}) == (None, None, None)
-    assert ratio_of_medians_ci(X, {0: [0.0, 0.0]}) == (None, None, None)  # undefined ratio
+def test_many_samples_per_repeat_do_not_narrow_the_interval():
+    # 1000 requests per repeat, tightly clustered around each repeat's own level: the interval
+    # is as wide as the spread of the levels, not of the requests.
+    rng = np.random.default_rng(0)
+    levels = [1.0, 1.3, 0.8, 1.1, 0.9, 1.2]
+    x = per_repeat_stat({r: lv * rng.normal(100, 1, 1000) for r, lv in enumerate(levels)},
+                        "p50")
+    y = per_repeat_stat({r: rng.normal(100, 1, 1000) for r in range(6)}, "p50")
+    assert ratio_interval(x, y).half_width > 0.15
 
 
-def test_ratio_bad_arguments():
+def test_no_scipy_gives_points_only(monkeypatch):
+    monkeypatch.setattr(stats, "_scipy_stats", lambda: None)
+    iv = ratio_interval(X4, Y4)
+    assert iv.point == pytest.approx(2.0) and iv.low is None
+    assert iv.note == "scipy is not installed"
+
+
+def test_level_must_be_a_probability():
     with pytest.raises(ValueError):
-        ratio_of_medians_ci(X, Y, level=1.5)
-    with pytest.raises(ValueError):
-        ratio_of_medians_ci(X, Y, n_boot=0)
+        ratio_interval(X4, Y4, level=1.5)
 
 
-def test_per_repeat_ratios():
-    got = per_repeat_ratios(X, Y)
-    assert got == {0: pytest.approx(2.0), 1: pytest.approx(2.5)}
+def test_per_repeat_stat_and_ratios():
+    by_repeat = {0: [10, 20, 30], 1: [40, 50, 60], 2: []}
+    assert per_repeat_stat(by_repeat, "p50") == {0: 20.0, 1: 50.0}
+    assert per_repeat_stat(by_repeat, "mean") == {0: 20.0, 1: 50.0}
+    assert per_repeat_ratios({0: 2.0, 1: 4.0, 2: 1.0}, {0: 1.0, 1: 1.0, 3: 1.0}) == \
+        {0: 2.0, 1: 4.0}
 
 
-def test_per_repeat_ratios_only_shared_nonempty_repeats():
-    got = per_repeat_ratios({0: [2.0], 1: [4.0], 2: []}, {0: [1.0], 2: [1.0], 3: [1.0]})
-    assert got == {0: 2.0}
-    assert all(not math.isnan(v) for v in got.values())
-
-
-# Percentile ratios with a (cluster) bootstrap: bench compare's B/A intervals.
+# ---- the two-stage bootstrap (cross-check) ----------------------------------------------------
 
 def test_weighted_percentile_equals_percentile_of_the_expanded_sample():
     values = np.array([1.0, 2.0, 3.0, 7.0])
@@ -137,101 +163,104 @@ def test_weighted_percentile_equals_percentile_of_the_expanded_sample():
     assert weighted_percentile(values, weights[:1], 50)[0] == pytest.approx(4.5)
 
 
-def test_percentile_ratio_point_by_hand():
-    a = Sample.flat({0: [10, 20, 30], 1: [40, 50, 60]})  # p50 35, p99 59.5
-    b = Sample.flat({0: [20, 40], 1: [60, 80, 100]})  # p50 60, p99 99.2
-    point, low, high = ratio_of_percentiles_ci(b, a, 50, n_boot=300)
-    assert point == pytest.approx(60 / 35) and low <= point <= high
-    assert ratio_of_percentiles_ci(b, a, 99, n_boot=300)[0] == pytest.approx(99.2 / 59.5)
+def test_bootstrap_of_constant_repeats_is_the_point():
+    # Every repeat's values are constant: the second stage changes nothing, and every
+    # repeat's ratio is 2, so every first-stage draw is 2 as well.
+    x = Sample.flat({r: [20.0] * 5 for r in range(4)})
+    y = Sample.flat({r: [10.0] * 3 for r in range(4)})
+    iv = bootstrap_ratio_interval(x, y, "p50", n_boot=200)
+    assert (iv.point, iv.low, iv.high) == pytest.approx((2.0, 2.0, 2.0))
 
 
-def test_percentile_ratio_constant_and_stratified_samples_are_degenerate():
-    ten, twenty = Sample.flat({0: [10.0] * 5}), Sample.flat({0: [20.0] * 3, 1: [20.0]})
-    assert ratio_of_percentiles_ci(twenty, ten, 99, n_boot=100) == (2.0, 2.0, 2.0)
-    # Equal-size strata of 1s and 3s: every stratified resample's median is 2.
-    x = Sample.flat({0: [1.0, 1.0, 1.0], 1: [3.0, 3.0, 3.0]})
-    assert ratio_of_percentiles_ci(x, Sample.flat({0: [1.0]}), 50, n_boot=200) == (2.0, 2.0, 2.0)
+def test_bootstrap_first_stage_by_hand():
+    # Constant within repeats, ratios 1, 2, 4 (d = 0, ln 2, ln 4): the first stage draws 3
+    # of them with replacement; the extreme draws are (1, 1, 1) and (4, 4, 4), and the
+    # point is exp(mean d) = 2. Every draw's mean lies within [0, ln 4].
+    x = Sample.flat({0: [1.0, 1.0], 1: [2.0, 2.0], 2: [4.0, 4.0]})
+    y = Sample.flat({0: [1.0], 1: [1.0], 2: [1.0]})
+    iv = bootstrap_ratio_interval(x, y, "mean", n_boot=2000, seed=1)
+    assert iv.point == pytest.approx(2.0)
+    assert 1.0 <= iv.low < 2.0 < iv.high <= 4.0
+    assert iv == bootstrap_ratio_interval(x, y, "mean", n_boot=2000, seed=1)  # seeded
 
 
-def test_percentile_ratio_resamples_whole_clusters():
-    # One unit per repeat: every resample draws that unit again, so the CI is the point.
-    x = Sample.clustered({0: [[1.0, 2.0, 3.0, 4.0]], 1: [[5.0, 6.0]]})
-    y = Sample.clustered({0: [[2.0, 2.0]]})
-    assert ratio_of_percentiles_ci(x, y, 50, n_boot=100) == (1.75, 1.75, 1.75)
-    # The same values as single units do vary.
-    flat = Sample.flat({0: [1.0, 2.0, 3.0, 4.0], 1: [5.0, 6.0]})
-    _, low, high = ratio_of_percentiles_ci(flat, y, 50, n_boot=200)
-    assert low < 1.75 < high
+def test_bootstrap_resamples_whole_clusters_within_repeats():
+    # One unit per repeat: the second stage draws that unit again, so only repeats vary.
+    x = Sample.clustered({r: [[1.0, 2.0, 3.0, 4.0]] for r in range(3)})
+    y = Sample.clustered({r: [[2.0, 2.0]] for r in range(3)})
+    iv = bootstrap_ratio_interval(x, y, "p50", n_boot=100)
+    assert (iv.point, iv.low, iv.high) == pytest.approx((1.25, 1.25, 1.25))
+    # The same values as single units do vary within the repeat.
+    flat = Sample.flat({r: [1.0, 2.0, 3.0, 4.0] for r in range(3)})
+    wide = bootstrap_ratio_interval(flat, y, "p50", n_boot=300)
+    assert wide.low < 1.25 < wide.high
 
 
-def test_percentile_ratio_deterministic_and_covers_a_known_factor():
+def test_bootstrap_agrees_with_t_on_lognormal_repeats():
     rng = np.random.default_rng(5)
-    a = Sample.flat({r: rng.lognormal(4, 0.2, 60) for r in range(3)})
-    b = Sample.flat({r: 2 * rng.lognormal(4, 0.2, 60) for r in range(3)})
-    got = ratio_of_percentiles_ci(b, a, 50, n_boot=1000, seed=3)
-    assert got == ratio_of_percentiles_ci(b, a, 50, n_boot=1000, seed=3)
-    assert got != ratio_of_percentiles_ci(b, a, 50, n_boot=1000, seed=4)
-    assert 1.8 < got[1] < 2.0 < got[2] < 2.2
+    level = rng.lognormal(0, 0.1, 8)  # each repeat's own level, shared by both sides
+    a = Sample.flat({r: level[r] * rng.lognormal(4, 0.2, 60) for r in range(8)})
+    b = Sample.flat({r: 2 * level[r] * rng.lognormal(4, 0.2, 60) * rng.lognormal(0, 0.05)
+                     for r in range(8)})
+    boot = bootstrap_ratio_interval(b, a, "p50", n_boot=2000, seed=3)
+    t = ratio_interval(b.per_repeat("p50"), a.per_repeat("p50"))
+    assert boot.point == pytest.approx(t.point)
+    assert 1.7 < boot.low < 2.0 < boot.high < 2.3
+    assert 0.5 < boot.half_width / t.half_width < 2.0
 
 
-def test_percentile_ratio_chunks_like_one_pass(monkeypatch):
-    import bench.stats
+def test_bootstrap_chunks_like_one_pass(monkeypatch):
+    a = Sample.flat({r: [1.0, 4.0, 9.0, 16.0, 2.0, 3.0] for r in range(3)})
+    b = Sample.flat({r: [5.0, 1.0, 7.0 + r] for r in range(3)})
+    whole = bootstrap_ratio_interval(b, a, "p90", n_boot=50, seed=1)
+    monkeypatch.setattr(stats, "MAX_CELLS", 7)  # one resample per chunk
+    again = bootstrap_ratio_interval(b, a, "p90", n_boot=50, seed=1)
+    assert (again.low, again.high) == pytest.approx((whole.low, whole.high))
 
-    a = Sample.flat({0: [1.0, 4.0, 9.0, 16.0], 1: [2.0, 3.0]})
-    b = Sample.flat({0: [5.0, 1.0, 7.0]})
-    whole = ratio_of_percentiles_ci(b, a, 90, n_boot=50, seed=1)
-    monkeypatch.setattr(bench.stats, "MAX_CELLS", 7)  # one resample per chunk
-    assert ratio_of_percentiles_ci(b, a, 90, n_boot=50, seed=1) == pytest.approx(whole)
 
-
-def test_percentile_ratio_empty_or_undefined_is_none():
-    a = Sample.flat({0: [1.0, 2.0]})
-    assert ratio_of_percentiles_ci(Sample.flat({}), a, 50) == (None, None, None)
-    assert ratio_of_percentiles_ci(a, Sample.clustered({0: [[], []]}), 50) == (None, None, None)
-    assert ratio_of_percentiles_ci(a, Sample.flat({0: [0.0]}), 50) == (None, None, None)
+def test_bootstrap_refuses_like_t():
+    two = Sample.flat({0: [1.0, 2.0], 1: [2.0, 3.0]})
+    iv = bootstrap_ratio_interval(two, two, "p50")
+    assert iv.low is None and "too few repeats" in iv.note
     with pytest.raises(ValueError):
-        ratio_of_percentiles_ci(a, a, 101)
+        bootstrap_ratio_interval(two, two, "median")
     with pytest.raises(ValueError):
-        ratio_of_percentiles_ci(a, a, 50, n_boot=0)
+        bootstrap_ratio_interval(two, two, "p50", n_boot=0)
 
 
 # ---- edges the mutation run found untested -------------------------------------------------
 
-@pytest.mark.parametrize("kw", [{"n_boot": 0}, {"level": 0.0}, {"level": 1.0}, {"q": -1},
-                                {"q": 100.5}])
-def test_percentile_ratio_refuses_bad_settings(kw):
-    x = Sample.flat({0: [1.0, 2.0]})
-    args = {"q": 50, "n_boot": 10, "level": 0.95, **kw}
+@pytest.mark.parametrize("kw", [{"n_boot": 0}, {"level": 0.0}, {"level": 1.0}])
+def test_bootstrap_refuses_bad_settings(kw):
+    x = Sample.flat({r: [1.0, 2.0] for r in range(3)})
     with pytest.raises(ValueError):
-        ratio_of_percentiles_ci(x, x, args["q"], n_boot=args["n_boot"], level=args["level"])
+        bootstrap_ratio_interval(x, x, "p50", **{"n_boot": 10, "level": 0.95, **kw})
 
 
-@pytest.mark.parametrize("kw", [{"n_boot": 1}, {"q": 0}, {"q": 100}, {"level": 0.5}])
-def test_percentile_ratio_accepts_the_edges(kw):
-    x = Sample.flat({0: [1.0, 2.0, 4.0]})
-    args = {"q": 50, "n_boot": 10, "level": 0.95, **kw}
-    point, low, high = ratio_of_percentiles_ci(x, x, args["q"], n_boot=args["n_boot"],
-                                               level=args["level"])
-    assert point == 1.0 and low is not None and low <= high  # one resample: any interval
+@pytest.mark.parametrize("kw", [{"n_boot": 1}, {"level": 0.5}])
+def test_bootstrap_accepts_the_edges(kw):
+    x = Sample.flat({r: [1.0, 2.0, 4.0] for r in range(3)})
+    iv = bootstrap_ratio_interval(x, x, "p50", **{"n_boot": 10, "level": 0.95, **kw})
+    assert iv.point == 1.0 and iv.low is not None and iv.low <= iv.high
 
 
-def test_percentile_ratio_ci_is_the_central_level_of_the_resamples():
-    """A wider level gives a wider interval; 50% and 95% on one sample, same seed."""
-    x = Sample.flat({0: list(np.linspace(1.0, 3.0, 40))})
-    y = Sample.flat({0: list(np.linspace(1.0, 2.0, 40))})
-    _, lo95, hi95 = ratio_of_percentiles_ci(x, y, 50, n_boot=400, level=0.95)
-    _, lo50, hi50 = ratio_of_percentiles_ci(x, y, 50, n_boot=400, level=0.50)
-    assert lo95 < lo50 < hi50 < hi95
-    # ~2.5% of the resamples lie below the 95% interval: it is not the 80% one
-    _, lo80, hi80 = ratio_of_percentiles_ci(x, y, 50, n_boot=400, level=0.80)
-    assert lo95 < lo80 and hi80 < hi95
+def test_bootstrap_interval_is_the_central_level_of_the_draws():
+    """A wider level gives a wider interval; 50%, 80% and 95% on one sample, same seed."""
+    rng = np.random.default_rng(2)
+    x = Sample.flat({r: list(rng.lognormal(0.3 * r, 0.3, 40)) for r in range(5)})
+    y = Sample.flat({r: list(rng.lognormal(0.0, 0.3, 40)) for r in range(5)})
+    lo95, hi95 = (lambda i: (i.low, i.high))(bootstrap_ratio_interval(x, y, "p50", 400, level=0.95))
+    lo80, hi80 = (lambda i: (i.low, i.high))(bootstrap_ratio_interval(x, y, "p50", 400, level=0.80))
+    lo50, hi50 = (lambda i: (i.low, i.high))(bootstrap_ratio_interval(x, y, "p50", 400, level=0.50))
+    assert lo95 < lo80 < lo50 < hi50 < hi80 < hi95
 
 
-def test_diff_of_means_with_one_side_empty_is_unknown():
-    assert diff_of_means_ci({}, {0: [1.0]}) == (None, None, None)
-    assert diff_of_means_ci({0: [1.0]}, {0: []}) == (None, None, None)
+def test_diff_interval_with_one_side_empty_is_unknown():
+    assert diff_interval({}, {0: 1.0}).point is None
+    assert diff_interval({0: 1.0}, {}).point is None
 
 
-def test_an_empty_sample_pools_to_nothing():
-    assert Sample.flat({}).pooled().size == 0
-    assert Sample.clustered({0: [[], []]}).pooled().size == 0
+def test_empty_units_and_repeats_are_dropped():
+    assert Sample.flat({0: [], 1: [2.0]}).values.keys() == {1}
+    assert Sample.clustered({0: [[], []]}).values == {}
+    assert Sample.clustered({0: [[], [1.0, 2.0], [3.0]]}).units[0].tolist() == [0, 0, 1]

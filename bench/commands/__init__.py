@@ -16,6 +16,12 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "gate": ("RUN_DIR", "CI perf gate against results/baseline", "bench.commands.gate"),
     "compare": ("RUN_A RUN_B", "two runs side by side: counts and timing ratios B/A",
                 "bench.commands.compare"),
+    "ab": ("REV_A REV_B", "two revisions interleaved on this machine: counts and B/A with "
+           "between-repeat intervals", "bench.commands.ab"),
+    "bisect": ("GOOD BAD --metric M", "the first commit that made a metric worse (ab at each "
+               "step)", "bench.commands.bisect"),
+    "noise": ("[--runs N]", "a preset's run-to-run noise: intervals and their coverage",
+              "bench.commands.noise"),
     "microbench": ("RUN_DIR", "micro-benchmarks (pytest-benchmark) saved with a run",
                    "bench.commands.microbench"),
     "project": ("RUN_DIR", "predicted step overhead and ITL inflation at TP 2-64, PP 1-4",

@@ -1,5 +1,5 @@
 """Usage: python -m bench compare RUN_A RUN_B [--metric NAME ...] [--threshold 0.05]
-                                          [--out DIR] [--n-boot 2000] [--seed 0]
+                                          [--out DIR]
 
 Two runs side by side: what a code change did to collective counts and timings.
 
@@ -11,11 +11,12 @@ race_guard, and page_size / model where both runs carry them). Per matched row:
   the collectives issued inside polls are judged per poll (decision/poll; critical = in-poll
   collectives per poll and completions per request), and step collectives per step kind
   when steps carry `kind`. polls/req itself is shown, never judged.
-- timings: ratio B/A of each metric's percentile with a 95% percentile-bootstrap CI; A and
-  B are resampled independently, stratified by repeat (requests, steps, or a request's ITL
-  gaps as one unit). worse: CI entirely above 1 + threshold; better: entirely below
-  1 - threshold; else same. The CI holds within-run noise only; the threshold absorbs
-  run-to-run drift.
+- timings: per repeat (one whole serve) each metric's statistic in A and in B, paired by
+  repeat (the same seed); ratio B/A = exp(mean of ln(b_r / a_r)) with a 95% t interval over
+  the paired repeats. worse: interval entirely above 1 + threshold; better: entirely below
+  1 - threshold; else same; not comparable with fewer than 3 paired repeats (or without
+  scipy). The runs were made at different times, so drift between them is not in the
+  intervals: `python -m bench ab REV_A REV_B` interleaves two revisions instead.
 Refused (exit 2, one line): different presets, layouts (tp, pp) or schema versions; bad
 input. env.json differences that make timings incomparable are warned about at the top.
 Writes compare.csv, compare.md and compare_ratios.png into --out (default
@@ -62,15 +63,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                              f"beyond 1 +- threshold (default {DEFAULT_THRESHOLD})")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="output directory (default results/compare_<A>_vs_<B>)")
-    parser.add_argument("--n-boot", type=int, default=2000, metavar="N",
-                        help="bootstrap resamples (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, metavar="N",
-                        help="bootstrap seed (default 0)")
     args = parser.parse_args(argv)
     if not (math.isfinite(args.threshold) and args.threshold >= 0):
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
-    if args.n_boot < 1:
-        raise UsageError(f"--n-boot must be >= 1, got {args.n_boot}")
     args.metric = _metric_list(args.metric)
     return args
 

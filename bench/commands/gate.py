@@ -1,9 +1,12 @@
-"""Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--update-baseline]
-                                   [--tolerance FLOAT]
+"""Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--ab]
+                                   [--update-baseline] [--tolerance FLOAT]
 
-CI perf gate: exact collective counts, correctness, and same-run timing ratios against a
-baseline (the checks: bench.gate). Exit 0: all checks hold; 1: a check failed (table on
-stdout); 2: bad input (one line on stderr).
+CI perf gate: exact collective counts and correctness of the run, and timings (the checks:
+bench.gate). With --ab the timings come from the baseline revision and this working tree run
+interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's `ab`); without it,
+from this run's ratios against the baseline's numbers. --update-baseline makes the run (its
+commit) the new baseline. Exit 0: all checks hold; 1: a check failed (table on stdout); 2:
+bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -17,17 +20,20 @@ PROG = "bench gate"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from bench.gate import DEFAULT_TOLERANCE
     from bench.gate_baseline import check_tolerance
+    from bench.gate_timing import DEFAULT_THRESHOLD
 
     parser = CliParser(prog=PROG, description=__doc__.splitlines()[3])
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
     parser.add_argument("--baseline", type=Path, default=Path("results/baseline"))
     parser.add_argument("--update-baseline", action="store_true",
                         help="after the run's own checks pass, make it the new baseline")
+    parser.add_argument("--ab", action="store_true",
+                        help="run the baseline revision beside this tree for the timings")
     parser.add_argument("--tolerance", type=float, default=None,
-                        help="allowed growth of the TTFT ratio over the baseline's "
-                             f"(default: the baseline's gate.json, else {DEFAULT_TOLERANCE})")
+                        help="one threshold for every timing metric: fail when the whole "
+                             "interval lies above 1 + it (default: gate.json's thresholds, "
+                             f"else {DEFAULT_THRESHOLD})")
     args = parser.parse_args(argv)
     if args.tolerance is not None:
         check_tolerance(args.tolerance, "--tolerance")

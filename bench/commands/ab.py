@@ -1,0 +1,105 @@
+"""Usage: python -m bench ab REV_A REV_B [--preset ci] [--repeats 6] [--threshold 0.05]
+                                  [--out DIR] [--seed 0] [--protocols P,..] [--policies P,..]
+                                  [--metric NAME ...] [--repeats-per-block 1]
+
+Did this commit make it better or worse? Both revisions on this machine, interleaved.
+
+REV_A and REV_B are git revisions (a sha, a branch, HEAD~2, ...), checked out as detached
+worktrees that share this environment, or WORKTREE: this working tree as it is, uncommitted
+changes included. Block k (k < --repeats) runs `bench run --preset P --repeats 1 --seed
+SEED+k` for each revision, A B in even blocks and B A in odd ones, so the two runs of a block
+see the same workload and storage noise and sit next to each other in time
+(--repeats-per-block R: each run makes R repeats, paired by (block, repeat); fewer process
+starts, pairs a run apart in time). Per
+configuration: the counts exactly over every block (compare's rules: any change is flagged),
+and per timing metric the ratio B/A paired by block, exp(mean of ln(b_k / a_k)) with a 95% t
+interval over the blocks; worse when the whole interval lies above 1 + threshold, better
+when below 1 - threshold, else same. Writes ab.md, ab.csv, ab_ratios.png and ab.json (the
+block order, every run's exit code) into --out (default results/ab_<A>_vs_<B>_<UTC time>),
+every block's run under runs/. The last line: `ab: N better, M worse, K same`.
+Exit 0: nothing worse; 1: something worse; 2: an unknown revision, HEAD with a dirty working
+tree, a revision that refuses the flags, or bad arguments (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import sys
+from pathlib import Path
+
+from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.compare import _metric_list
+
+PROG = "bench ab"
+DEFAULT_PRESET = "ci"
+DEFAULT_BLOCKS = 6
+
+
+def parser() -> CliParser:
+    p = CliParser(prog=PROG, description=__doc__.splitlines()[4],
+                  epilog="\n".join(__doc__.splitlines()[6:]),
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("rev_a", help="the revision before (or WORKTREE)")
+    p.add_argument("rev_b", help="the revision after (or WORKTREE)")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"bench run's preset "
+                   f"(default {DEFAULT_PRESET})")
+    p.add_argument("--repeats", type=int, default=DEFAULT_BLOCKS, metavar="N",
+                   help=f"blocks: one run per revision each (default {DEFAULT_BLOCKS}; an "
+                        "interval needs 3)")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="T",
+                   help="worse/better only when the whole 95%% interval lies beyond "
+                        "1 +- T (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="block k runs with seed SEED+k")
+    p.add_argument("--repeats-per-block", type=int, default=1, metavar="R",
+                   help="repeats of each block's runs (default 1)")
+    p.add_argument("--protocols", help="passed to every run (comma list)")
+    p.add_argument("--policies", help="passed to every run (comma list)")
+    p.add_argument("--metric", action="append", metavar="NAME",
+                   help="timing metrics to judge (default all; see bench compare)")
+    p.add_argument("--out", type=Path, metavar="DIR")
+    return p
+
+
+def build_plan(argv: list[str]):
+    from bench.ab import AbPlan
+    from bench.envinfo import REPO_DIR
+    from bench.revisions import resolve
+
+    args = parser().parse_args(argv)
+    if args.repeats < 1 or args.repeats_per_block < 1:
+        raise UsageError(f"--repeats and --repeats-per-block must be >= 1, got "
+                         f"{args.repeats} and {args.repeats_per_block}")
+    if not (math.isfinite(args.threshold) and args.threshold >= 0):
+        raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    metrics = _metric_list(args.metric)
+    a, b = resolve(args.rev_a, REPO_DIR), resolve(args.rev_b, REPO_DIR)
+    run_args = [x for flag, v in (("--protocols", args.protocols),
+                                  ("--policies", args.policies)) if v for x in (flag, v)]
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or REPO_DIR / "results" / f"ab_{a.short}_vs_{b.short}_{stamp}"
+    return AbPlan(a, b, args.preset, args.repeats, args.seed, args.repeats_per_block,
+                  args.threshold, tuple(run_args), tuple(metrics) if metrics else None, out)
+
+
+def _main(argv: list[str]) -> int:
+    from bench.ab import comparison, run_blocks, write_plan
+    from bench.compare_report import print_comparison, write_outputs
+
+    plan = build_plan(argv)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    print(f"ab: A = {plan.a.label}, B = {plan.b.label}: {plan.blocks} blocks of preset "
+          f"{plan.preset} {' '.join(plan.run_args)}, A B / B A alternating; results in "
+          f"{plan.out}", file=sys.stderr)
+    runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
+    comp = comparison(plan, runs)
+    written = write_outputs(comp, plan.out) + [write_plan(plan, runs)]
+    print_comparison(comp, written)
+    return 1 if comp.tally()["worse"] else 0
+
+
+def main(argv: list[str]) -> int:
+    """0 nothing worse, 1 something worse, 2 bad input (RevisionError and AbError are
+    ResultFileErrors, hence ValueErrors)."""
+    return run_verb(PROG, _main, argv, (ValueError, OSError))

@@ -1,0 +1,102 @@
+"""Usage: python -m bench bisect GOOD BAD --metric NAME [--config PROTOCOL/POLICY]
+                                      [--preset ci] [--repeats 6] [--repeats-per-block 1]
+                                      [--threshold 0.05] [--protocols P,..]
+                                      [--policies P,..] [--out DIR] [--no-verify]
+
+The first commit between GOOD and BAD that made a timing metric worse.
+
+A binary search over the commits after GOOD up to BAD (first parents, oldest first), with
+`bench ab GOOD COMMIT` at each step: a step is bad when the metric (of --config, or of any
+configuration) is worse than GOOD's, i.e. its whole 95% interval of B/A lies above
+1 + threshold. It first checks that BAD is worse (skip with --no-verify). Each step prints
+its verdict; the last line names the first bad commit. Every step's ab output is kept under
+--out (default results/bisect_<GOOD>_<BAD>_<UTC time>). The search assumes one change made
+the metric worse and it stayed so; an unlucky step (a false "same" or "worse") sends it the
+wrong way, so read the steps' intervals. Exit 0: found; 1: BAD is not worse than GOOD; 2: bad
+input (unknown revisions, GOOD not an ancestor of BAD, an unknown metric).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from bench.commands.common import CliParser, UsageError, run_verb
+
+PROG = "bench bisect"
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    from bench.commands.ab import DEFAULT_BLOCKS, DEFAULT_PRESET
+
+    p = CliParser(prog=PROG, description=__doc__.splitlines()[5],
+                  epilog="\n".join(__doc__.splitlines()[7:]),
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("good", help="a revision where the metric was fine")
+    p.add_argument("bad", help="a later revision where it is worse")
+    p.add_argument("--metric", required=True, help="a timing metric of bench compare, e.g. "
+                   "step_mean_ms")
+    p.add_argument("--config", metavar="PROTOCOL/POLICY",
+                   help="judge this configuration only (default: any)")
+    p.add_argument("--preset", default=DEFAULT_PRESET)
+    p.add_argument("--repeats", type=int, default=DEFAULT_BLOCKS, metavar="N",
+                   help="ab's blocks at each step")
+    p.add_argument("--repeats-per-block", type=int, default=1, metavar="R")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="T")
+    p.add_argument("--protocols")
+    p.add_argument("--policies")
+    p.add_argument("--out", type=Path, metavar="DIR")
+    p.add_argument("--no-verify", action="store_true",
+                   help="do not first check that BAD is worse than GOOD")
+    args = p.parse_args(argv)
+    from bench.commands.compare import _metric_list
+
+    _metric_list([args.metric])
+    if args.config is not None and args.config.count("/") != 1:
+        raise UsageError(f"--config must be PROTOCOL/POLICY, got {args.config!r}")
+    return args
+
+
+def _main(argv: list[str]) -> int:
+    from bench.bisect import ab_judge, search
+    from bench.commands.ab import build_plan
+    from bench.envinfo import REPO_DIR
+    from bench.revisions import commits_between, resolve, subject
+
+    args = _parse(argv)
+    ab_argv = [args.good, args.good, "--preset", args.preset, "--repeats", str(args.repeats),
+               "--repeats-per-block", str(args.repeats_per_block),
+               "--threshold", str(args.threshold), "--metric", args.metric,
+               *(["--protocols", args.protocols] if args.protocols else []),
+               *(["--policies", args.policies] if args.policies else [])]
+    base = build_plan(ab_argv)  # checks GOOD and the flags the way ab does
+    bad = resolve(args.bad, REPO_DIR)
+    commits = commits_between(base.a, bad, REPO_DIR)
+    if not commits:
+        raise UsageError(f"no commits after {base.a.label} up to {bad.label}")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or REPO_DIR / "results" / f"bisect_{base.a.short}_{bad.short}_{stamp}"
+    print(f"bisect: {len(commits)} commits after {base.a.label} up to {bad.label}; "
+          f"{args.metric}{' of ' + args.config if args.config else ''}, ab with "
+          f"{args.repeats} blocks of preset {args.preset} at each step; results in {out}")
+    judge = ab_judge(base, args.metric, args.config, out,
+                     log=lambda line: print(line, file=sys.stderr, flush=True))
+    n = [0]
+
+    def show(step) -> None:
+        n[0] += 1
+        print(f"bisect: step {n[0]}: {step.commit[:10]} {subject(step.commit, REPO_DIR)}: "
+              f"{step.verdict} ({step.detail})", flush=True)
+    first, _ = search(commits, judge, verify=not args.no_verify, log=show)
+    if first is None:
+        print(f"bisect: {bad.label} is not worse than {base.a.label} on {args.metric}: "
+              "nothing to bisect")
+        return 1
+    print(f"bisect: first bad commit {first} {subject(first, REPO_DIR)}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    return run_verb(PROG, _main, argv, (ValueError, OSError))

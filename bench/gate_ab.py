@@ -1,0 +1,50 @@
+"""`bench gate --ab`: the baseline revision (gate.json `ab.revision`) and this working tree,
+run interleaved on this machine by bench.ab with gate.json's `ab` settings, so that the
+gate's timing checks compare two revisions measured side by side instead of this machine
+against numbers recorded on another."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench.ab import AbPlan, comparison, run_blocks, write_plan
+from bench.compare import Comparison
+from bench.compare_report import write_outputs
+from bench.result_files import ResultFileError
+from bench.revisions import WORKTREE, Revision, RevisionError, resolve
+
+
+def gate_plan(settings: dict, out: Path) -> AbPlan:
+    """The A/B plan of gate.json's `ab`: A the baseline revision, B this working tree."""
+    from bench.envinfo import REPO_DIR
+
+    ab = settings.get("ab")
+    if ab is None:
+        raise ResultFileError("gate.json has no ab settings: record a baseline with "
+                              "--update-baseline first")
+    try:
+        a = resolve(ab["revision"], REPO_DIR)
+    except RevisionError as e:
+        raise RevisionError(f"the baseline revision is not usable here ({e}); in a shallow "
+                            "clone fetch it (git fetch --unshallow), or gate without "
+                            "--ab") from None
+    run_args = [x for key in ("protocols", "policies") if ab.get(key)
+                for x in (f"--{key}", ab[key])]
+    return AbPlan(a, Revision(WORKTREE, None), ab["preset"], ab.get("blocks", 2),
+                  per_block=ab.get("repeats_per_block", 1), run_args=tuple(run_args),
+                  out=out)
+
+
+def run_gate_ab(settings: dict, out: Path) -> tuple[Comparison, Path]:
+    """Run the A/B into `out` (ab.md, ab.csv, ab_ratios.png, ab.json, runs/)."""
+    plan = gate_plan(settings, out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"gate: timings: {plan.a.label} (A, the baseline revision) and this tree (B), "
+          f"{plan.blocks} blocks x {plan.per_block} repeats of preset {plan.preset} "
+          f"{' '.join(plan.run_args)}", file=sys.stderr, flush=True)
+    runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
+    comp = comparison(plan, runs)
+    write_outputs(comp, out)
+    write_plan(plan, runs)
+    return comp, out

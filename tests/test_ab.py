@@ -1,0 +1,194 @@
+"""bench ab and bench bisect without running the benchmark: the block order, pairing by
+block, verdicts on made-up runs, the binary search with a fake ab, and the revision checks
+on a scratch git repository."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import ab
+from bench.ab import AbPlan, Outcome, comparison, merged, run_blocks
+from bench.bisect import Step, search, step_of
+from bench.commands.ab import main as main_ab
+from bench.revisions import WORKTREE, Revision, RevisionError, commits_between, resolve
+from tests.test_gate import write_run
+from tests.test_gate_quiet import serving_requests, serving_steps
+
+TREE = Revision(WORKTREE, None)
+
+
+def test_blocks_alternate_a_b_then_b_a():
+    plan = AbPlan(TREE, TREE, "ci", 4, seed=10)
+    assert plan.order() == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b"),
+                            (3, "b"), (3, "a")]
+    cmd = plan.command(2, Path("/x"))
+    assert cmd[cmd.index("--seed") + 1] == "12" and cmd[cmd.index("--repeats") + 1] == "1"
+    assert cmd[cmd.index("--preset") + 1] == "ci"
+
+
+def fake_runner(factor=lambda side, k: 1.0, log=None):
+    """Writes a one-repeat run per block from the synthetic serving run: side B's step times
+    and ITL gaps scaled by factor(side, k)."""
+    def run(plan, k, side, root):
+        f = factor(side, k)
+        if log is not None:
+            log.append((k, side))
+
+        def slow(protocol, repeat):
+            return f
+        requests = serving_requests(slow)
+        steps = serving_steps(slow)
+        path = plan.run_dir(k, side)
+        write_run(path, requests[requests.repeat == k % 3].assign(repeat=0),
+                  steps[steps.repeat == k % 3].assign(repeat=0), with_summary=False)
+        return Outcome(path, 0, "OK (fake)", 0.0)
+    return run
+
+
+def test_runs_interleave_and_pair_by_block(tmp_path):
+    order = []
+    plan = AbPlan(TREE, TREE, "ci", 4, out=tmp_path)
+    runs = run_blocks(plan, fake_runner(log=order), log=lambda line: None)
+    assert order == plan.order()
+    a = merged(runs.a)
+    assert sorted(a.requests.repeat.unique()) == [0, 1, 2, 3]  # repeat k is block k
+    # Block k's rows are exactly its own run's.
+    assert (a.steps[a.steps.repeat == 2].step_ms.to_numpy() ==
+            pd_steps(runs.a[2].path).step_ms.to_numpy()).all()
+
+
+def pd_steps(path):
+    import pandas as pd
+
+    return pd.read_csv(path / "steps.csv")
+
+
+def test_merged_per_block_repeats_number_block_major(tmp_path):
+    write_run(tmp_path / "r0", serving_requests(), serving_steps(), with_summary=False)
+    write_run(tmp_path / "r1", serving_requests(), serving_steps(), with_summary=False)
+    outcomes = [Outcome(tmp_path / f"r{k}", 0, "", 0.0) for k in range(2)]
+    assert sorted(merged(outcomes, per_block=3).requests.repeat.unique()) == list(range(6))
+
+
+def verdicts(comp, metric):
+    return {f"{r['protocol']}/{r['policy']}": r["verdict"] for r in comp.rows
+            if r.get("metric") == metric}
+
+
+def test_b_slower_in_every_block_is_worse_and_counts_are_exact(tmp_path):
+    def factor(side, k):  # B 30% slower; the machine's speed drifts from block to block
+        return (1.3 if side == "b" else 1.0) * (1 + 0.05 * k)
+    plan = AbPlan(TREE, TREE, "ci", 4, out=tmp_path)
+    comp = comparison(plan, run_blocks(plan, fake_runner(factor), log=lambda line: None))
+    assert set(verdicts(comp, "step_mean_ms").values()) == {"worse"}
+    assert set(verdicts(comp, "itl_p50_ms").values()) == {"worse"}
+    assert set(verdicts(comp, "decision_collectives_per_req").values()) == {"same"}
+    row = next(r for r in comp.rows if r.get("metric") == "step_mean_ms")
+    assert row["ratio_b_over_a"] == pytest.approx(1.3, rel=0.02) and row["repeats"] == 4
+    assert comp.final_line().startswith("ab: 0 better, ")
+
+
+def test_same_code_is_same_and_too_few_blocks_say_so(tmp_path):
+    plan = AbPlan(TREE, TREE, "ci", 3, out=tmp_path / "three")
+    comp = comparison(plan, run_blocks(plan, fake_runner(), log=lambda line: None))
+    assert comp.tally()["worse"] == 0 and comp.tally()["better"] == 0
+    two = AbPlan(TREE, TREE, "ci", 2, out=tmp_path / "two")
+    comp = comparison(two, run_blocks(two, fake_runner(), log=lambda line: None))
+    timing = [r for r in comp.rows if r["kind"] == "timing"]
+    assert {r["verdict"] for r in timing} == {"not comparable"}
+    assert all(r["note"].startswith("too few repeats") for r in timing)
+
+
+def test_a_revision_that_writes_nothing_stops_ab(tmp_path):
+    def broken(plan, k, side, root):
+        return Outcome(plan.run_dir(k, side), 2, "bench run: unknown preset 'gate'", 0.0)
+    plan = AbPlan(Revision("old", "a" * 40), TREE, "gate", 2, out=tmp_path)
+    with pytest.raises(ab.AbError, match="refused the flags: bench run: unknown preset"):
+        ab.checked(plan.a, broken(plan, 0, "a", tmp_path))
+
+
+# ---- bisect's search, with a fake ab --------------------------------------------------------
+
+def fake_judge(commits, first_bad, asked):
+    def judge(commit):
+        asked.append(commit)
+        bad = commits.index(commit) >= commits.index(first_bad)
+        return Step(commit, "worse" if bad else "same", "")
+    return judge
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_search_finds_every_first_bad_commit(n):
+    commits = [f"c{i}" for i in range(n)]
+    for bad in commits:
+        asked = []
+        found, steps = search(commits, fake_judge(commits, bad, asked))
+        assert found == bad
+        assert asked[0] == commits[-1]  # BAD is checked first
+        assert len(asked) <= 1 + max(1, (n - 1).bit_length())
+        assert [s.commit for s in steps] == asked
+
+
+def test_search_stops_when_bad_is_not_worse():
+    asked = []
+    found, steps = search(["c0", "c1"], lambda c: asked.append(c) or Step(c, "same", ""))
+    assert found is None and asked == ["c1"]
+    found, _ = search(["c0", "c1", "c2"], fake_judge(["c0", "c1", "c2"], "c1", []),
+                      verify=False)
+    assert found == "c1"
+
+
+def test_step_reads_the_metric_of_the_configuration():
+    class Comp:
+        rows = [{"metric": "step_mean_ms", "protocol": "pr36425", "policy": "wait_complete",
+                 "verdict": "worse", "ratio_b_over_a": 1.2, "ratio_ci_low": 1.1,
+                 "ratio_ci_high": 1.3},
+                {"metric": "step_mean_ms", "protocol": "pr27010", "policy": "wait_complete",
+                 "verdict": "same", "ratio_b_over_a": 1.0, "ratio_ci_low": 0.9,
+                 "ratio_ci_high": 1.1}]
+    assert step_of("c", Comp(), "step_mean_ms", "pr27010/wait_complete").verdict == "same"
+    step = step_of("c", Comp(), "step_mean_ms", None)
+    assert step.verdict == "worse" and "B/A 1.200 [1.100, 1.300]" in step.detail
+    assert step_of("c", Comp(), "itl_p50_ms", None).verdict == "not comparable"
+
+
+# ---- revisions on a scratch repository ------------------------------------------------------
+
+def git(repo, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    git(tmp_path, "init", "-q")
+    for i in range(3):
+        (tmp_path / "f.txt").write_text(str(i))
+        git(tmp_path, "add", "f.txt")
+        git(tmp_path, "commit", "-qm", f"c{i}")
+    return tmp_path
+
+
+def test_revisions_resolve_refuse_and_list(scratch):
+    head = git(scratch, "rev-parse", "HEAD")
+    assert resolve("HEAD", scratch).sha == head
+    assert resolve(WORKTREE, scratch).sha is None
+    with pytest.raises(RevisionError, match="unknown revision 'nope'"):
+        resolve("nope", scratch)
+    first = resolve("HEAD~2", scratch)
+    assert [git(scratch, "log", "-1", "--format=%s", c)
+            for c in commits_between(first, resolve("HEAD", scratch), scratch)] == ["c1", "c2"]
+    with pytest.raises(RevisionError, match="not an ancestor"):
+        commits_between(resolve("HEAD", scratch), first, scratch)
+    (scratch / "f.txt").write_text("edited")
+    with pytest.raises(RevisionError, match="HEAD .* but the working tree has changes"):
+        resolve("HEAD", scratch)
+    assert resolve("HEAD~1", scratch).sha != head  # another commit: fine while dirty
+
+
+def test_unknown_revision_exits_2_with_one_line(capsys):
+    assert main_ab(["no-such-revision-xyz", WORKTREE]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown revision 'no-such-revision-xyz'" in err
+    assert main_ab([WORKTREE, WORKTREE, "--repeats", "0"]) == 2
