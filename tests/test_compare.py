@@ -462,7 +462,7 @@ def test_mixed_worse_and_better_run_exits_1(runs, capsys, tmp_path):
     b = doctor(runs[0], tmp_path / "b", requests=mixed)
     code, out, _, csv = compare(capsys, runs[0], b)
     assert code == 1
-    assert out[-1] == "compare: 2 better, 2 worse, 20 same"
+    assert out[-1] == "compare: 2 better, 2 worse, 22 same"
     decision = csv[csv.metric == "decision_collectives_per_req"]
     assert sorted(decision.verdict) == ["same", "worse"]
     n = int(decision[decision.verdict == "worse"].n_b.iloc[0])
@@ -470,9 +470,9 @@ def test_mixed_worse_and_better_run_exits_1(runs, capsys, tmp_path):
     assert verdicts(csv, "background_collectives_per_req") == {"better"}
 
 
-# ---- timing rows by hand (constant samples: the bootstrap CI is the point) ----------------
+# ---- timing rows by hand (constant per-repeat ratios: the t interval is the point) --------
 
-TTFT_P50 = TimingMetric("ttft_p50_ms", "requests", 50, ("ttft_ms",), ttft())
+TTFT_P50 = TimingMetric("ttft_p50_ms", "requests", "p50", ("ttft_ms",), ttft())
 
 
 def _ttft_frame(values_by_repeat: dict) -> pd.DataFrame:
@@ -483,19 +483,20 @@ def _ttft_frame(values_by_repeat: dict) -> pd.DataFrame:
 def _timing(a: pd.DataFrame | None, b: pd.DataFrame | None, present=(True, True)) -> list:
     frames = {("a", "requests"): a, ("b", "requests"): b}
     shown = {("a", TTFT_P50): present[0], ("b", TTFT_P50): present[1]}
-    return timing_rows([TTFT_P50], frames, shown, TimingOptions(threshold=0.25, n_boot=200))
+    return timing_rows([TTFT_P50], frames, shown, TimingOptions(threshold=0.25))
 
 
 @pytest.mark.parametrize(("b_value", "verdict"), [
     (20.0, "worse"), (12.6, "worse"), (12.4, "same"), (10.0, "same"), (7.6, "same"),
     (7.4, "better"), (4.0, "better")])  # threshold 0.25: worse above 12.5, better below 7.5
 def test_timing_rows_by_hand(b_value, verdict):
-    a = _ttft_frame({0: [10.0] * 3, 1: [10.0] * 2})
-    b = _ttft_frame({0: [b_value] * 2, 1: [b_value] * 2})
+    a = _ttft_frame({0: [10.0] * 3, 1: [10.0] * 2, 2: [10.0] * 2})
+    b = _ttft_frame({0: [b_value] * 2, 1: [b_value] * 2, 2: [b_value]})
     (row,) = _timing(a, b)
     assert row["verdict"] == verdict and row["note"] == ""
     assert (row["metric"], row["kind"], row["n_a"], row["n_b"]) == ("ttft_p50_ms", "timing",
-                                                                    5, 4)
+                                                                    7, 5)
+    assert row["repeats"] == 3 and row["ratio_mdd"] == pytest.approx(0.0)
     assert (row["a"], row["b"]) == (10.0, b_value)
     assert row["b_minus_a"] == pytest.approx(b_value - 10.0)
     ratio = b_value / 10.0
@@ -515,7 +516,10 @@ def test_timing_rows_that_cannot_be_compared():
     assert row["note"] == "no samples in B"
     assert _timing(None, None) == []  # no samples on either side: left out
     (row,) = _timing(_ttft_frame({0: [0.0, 0.0]}), a)
-    assert (row["verdict"], row["note"]) == ("not comparable", "ratio undefined (A's value is 0)")
+    assert (row["verdict"], row["note"]) == (
+        "not comparable", "ratio undefined (no repeat of both with a value > 0)")
+    (row,) = _timing(a, a)  # one paired repeat: the point, no interval, no verdict
+    assert row["verdict"] == "not comparable" and "too few repeats" in row["note"]
 
 
 # ---- count rows whole: every cell, the notes, and what cannot be judged -------------------
