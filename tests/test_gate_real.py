@@ -1,5 +1,5 @@
 """The gate, ab and bisect on REAL small runs of a scratch history (base, a harmless commit,
-a commit whose pr36425 poll sleeps 4 ms and adds no collective): a run of the base becomes
+a commit whose pr36425 poll sleeps 20 ms and adds no collective): a run of the base becomes
 the baseline (its commit the baseline revision), `bench gate --ab` runs that revision
 beside the tree it gates, passes the harmless commit and fails the slow one on step time
 while every exact count check holds; `bench bisect` names the slow commit."""
@@ -9,11 +9,18 @@ import shutil
 
 import pytest
 
+from bench.gate_timing import AB_METRICS
 from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 
 # The ci preset's own configuration, narrowed to what the slow poll moves.
 RUN = ["--preset", "ci", "--protocols", "before,after", "--policies", "wait_complete"]
-AB = {"protocols": "after", "policies": "wait_complete", "blocks": 1, "repeats_per_block": 3}
+AB = {"protocols": "after", "policies": "wait_complete", "blocks": 3, "repeats_per_block": 1}
+# Three interleaved blocks (A B, B A, A B), so a burst of load on this machine during one run
+# cannot pass for a regression. A whole run of the same code here can take 2.5x the step time
+# of the next, so with 3 pairs (t quantile 4.3) the tests check the mechanism on a 20 ms poll
+# (step time x5) against thresholds of 25% (the gate's power at its real thresholds, a few
+# tenths of a ms a poll: scripts/gate_power.py).
+THRESHOLD = 0.25
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
@@ -27,14 +34,15 @@ def history(tmp_path_factory):
     root = tmp_path_factory.mktemp("history")
     repo, base = scratch_repo(root / "repo")
     clean = commit(repo, "docs: a harmless edit", harmless)
-    slow = commit(repo, "pr36425: the poll sleeps 4 ms", slow_poll(0.004))
+    slow = commit(repo, "pr36425: the poll sleeps 20 ms", slow_poll(0.020))
     git(repo, "checkout", "-q", base)
     run, baseline = root / "base_run", root / "baseline"
     ok(bench(repo, "run", *RUN, "--out", str(run)))
     ok(bench(repo, "gate", str(run), "--baseline", str(baseline), "--update-baseline"))
     settings = json.loads((baseline / "gate.json").read_text())
     assert settings["ab"]["revision"] == base
-    settings["ab"].update(AB)  # two block runs: three paired repeats
+    settings["ab"].update(AB)  # three paired repeats
+    settings["thresholds"] = {name: THRESHOLD for name in AB_METRICS}
     (baseline / "gate.json").write_text(json.dumps(settings))
     return root, repo, {"base": base, "clean": clean, "slow": slow}, run, baseline
 
@@ -66,10 +74,10 @@ def test_bisect_names_the_slow_commit(history):
     root, repo, commits, _, _ = history
     done = ok(bench(repo, "bisect", commits["base"], commits["slow"], "--metric",
                     "step_mean_ms", "--config", "pr36425/wait_complete", "--protocols",
-                    "after", "--policies", "wait_complete", "--repeats", "1",
-                    "--repeats-per-block", "3", "--no-verify", "--out", str(root / "bisect")))
+                    "after", "--policies", "wait_complete", "--repeats", "3",
+                    "--threshold", str(THRESHOLD), "--no-verify", "--out", str(root / "bisect")))
     lines = done.stdout.strip().splitlines()
     assert any(line.startswith(f"bisect: step 1: {commits['clean'][:10]} docs: a harmless "
                                "edit: same") for line in lines), done.stdout
     assert lines[-1] == f"bisect: first bad commit {commits['slow']} pr36425: the poll " \
-                        "sleeps 4 ms"
+                        "sleeps 20 ms"
