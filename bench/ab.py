@@ -27,6 +27,7 @@ import pandas as pd
 
 from bench import verdict
 from bench.compare import Comparison, Run, compare, load_run
+from bench.report import NO_PLOTS
 from bench.result_files import ResultFileError, write_json_atomic
 from bench.revisions import Revision, checked_out
 
@@ -85,7 +86,7 @@ def run_one(plan: AbPlan, k: int, side: str, root: Path) -> Outcome:
     into console.log beside the results."""
     out = plan.run_dir(k, side).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, NO_PLOTS: "1", "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     t0 = time.monotonic()
     with open(out / "console.log", "w") as log:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 
 from bench import headline, trace_report
-from bench.plots import write_plots
 from bench.provenance import provenance_lines
 from bench.result_files import (
     clean_key,
@@ -44,6 +43,7 @@ from bench.verdict import (
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
 FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
+NO_PLOTS = "BENCH_NO_PLOTS"  # "1": `bench run` draws no plots (bench ab's block runs)
 
 
 def _n_text(summary: pd.DataFrame) -> str:
@@ -102,13 +102,16 @@ def divergence_lines(summary: pd.DataFrame, requests: pd.DataFrame,
     return lines
 
 
-def _plot_lines(plots: list[str]) -> list[str]:
+def _plot_lines(plots: list[str] | None) -> list[str]:
     titles = {"collectives_per_request.png": "Collectives per request by call site (rank 0)",
               "ttft_cdf.png": "TTFT CDF per policy",
               "ttft_breakdown.png": "TTFT breakdown (means)",
               "ttft_vs_rate.png": "TTFT vs arrival rate (p50 solid, p99 dashed)",
               "queue_over_time.png": "Waiting requests and step time over time (repeat 0)",
               "load_sweep.png": "TTFT per class, ITL p99 and step time against offered load"}
+    if plots is None:
+        return [f"Not drawn: {NO_PLOTS}=1 (as in bench ab's block runs); "
+                "`python -m bench report DIR` draws them."]
     if not plots:
         return ["No request rows: nothing to plot."]
     return [line for p in plots for line in (f"### {titles[p]}", "", f"![{titles[p]}]({p})", "")]
@@ -170,7 +173,8 @@ def verdict_lines(verdict: Verdict) -> list[str]:
     return [head, *(f"Note: {n}" for n in verdict.notes), ""]
 
 
-def render_report(run_dir: Path, summary: pd.DataFrame, method: str, plots: list[str],
+def render_report(run_dir: Path, summary: pd.DataFrame, method: str,
+                  plots: list[str] | None,
                   divergence: list[str], env: dict | None, calib: dict | None,
                   verdict: Verdict, tiers: list[str] = ()) -> str:
     """report.md's text."""
@@ -225,9 +229,10 @@ class RunReport:
     lead: list[str]  # the terminal's lead after the table
 
 
-def write_report(run_dir: Path, percentile_method: str = "linear") -> RunReport:
-    """Build summary.csv, the plots, verdict.json and report.md of `run_dir` from its result
-    files, once; returns what was built.
+def write_report(run_dir: Path, percentile_method: str = "linear",
+                 plots: bool = True) -> RunReport:
+    """Build summary.csv, the plots (unless `plots` is False), verdict.json and report.md of
+    `run_dir` from its result files, once; returns what was built.
 
     Raises ResultFileError when requests.csv (or another present result file) is unusable.
     """
@@ -246,11 +251,15 @@ def write_report(run_dir: Path, percentile_method: str = "linear") -> RunReport:
         details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
     verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements)
     verdict.write(run_dir)
-    plots = write_plots(run_dir, requests, summary, steps)
-    trace_plots, trace_files = trace_report.write_outputs(run_dir, requests, summary)
-    plots += trace_plots
+    drawn = None
+    if plots:
+        from bench.plots import write_plots  # matplotlib: only when drawing
+        drawn = write_plots(run_dir, requests, summary, steps)
+    trace_plots, trace_files = trace_report.write_outputs(run_dir, requests, summary, plots)
+    if drawn is not None:
+        drawn += trace_plots
     divergence = divergence_lines(summary, requests, failures, ranks, details)
-    text = render_report(run_dir, summary, percentile_method, plots, divergence, env,
+    text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
                          calibration, verdict,
                          trace_report.tier_lines(summary, requests, trace_files))
     write_text_atomic(run_dir / "report.md", text)

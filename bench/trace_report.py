@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 
 from bench import serving_json
-from bench.plots import ordered, protocol_color, save_figure
 from bench.tables import markdown_table
 from hicache.cost_model import POLICIES, PROTOCOLS
 
@@ -53,6 +52,8 @@ def plot_load_sweep(summary: pd.DataFrame, path: Path) -> None:
     panels per policy, one colour per protocol."""
     import matplotlib.pyplot as plt
 
+    from bench.plots import ordered, protocol_color, save_figure
+
     policies = ordered(summary["policy"].unique(), POLICIES)
     fig, axes = plt.subplots(len(policies), len(SWEEP_PANELS), squeeze=False,
                              figsize=(4.2 * len(SWEEP_PANELS), 3.4 * len(policies)))
@@ -72,12 +73,12 @@ def plot_load_sweep(summary: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
-def write_outputs(run_dir: Path, requests: pd.DataFrame,
-                  summary: pd.DataFrame) -> tuple[list[str], list[str]]:
+def write_outputs(run_dir: Path, requests: pd.DataFrame, summary: pd.DataFrame,
+                  plots: bool = True) -> tuple[list[str], list[str]]:
     """The trace replay's extra files (none for other workloads): (plots, the
     bench_serving JSON lines); the load-sweep plot when the run has more than one load."""
     files = serving_json.write(run_dir, requests)
-    if files and summary["rate_rps"].nunique() > 1:
+    if plots and files and summary["rate_rps"].nunique() > 1:
         plot_load_sweep(summary, run_dir / "load_sweep.png")
         return ["load_sweep.png"], files
     return [], files

@@ -2,6 +2,7 @@
 block, verdicts on made-up runs, the binary search with a fake ab, and the revision checks
 on a scratch git repository."""
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from bench import ab
 from bench.ab import AbPlan, Outcome, comparison, merged, run_blocks
 from bench.bisect import Step, search, step_of
 from bench.commands.ab import main as main_ab
+from bench.commands.gate import main as main_gate
 from bench.revisions import WORKTREE, Revision, RevisionError, commits_between, resolve
-from tests.test_gate import write_run
+from tests.test_gate import make_requests, make_steps, write_run
 from tests.test_gate_quiet import serving_requests, serving_steps
 
 TREE = Revision(WORKTREE, None)
@@ -106,6 +108,46 @@ def test_a_revision_that_writes_nothing_stops_ab(tmp_path):
     plan = AbPlan(Revision("old", "a" * 40), TREE, "gate", 2, out=tmp_path)
     with pytest.raises(ab.AbError, match="refused the flags: bench run: unknown preset"):
         ab.checked(plan.a, broken(plan, 0, "a", tmp_path))
+
+
+# ---- the gate on ab, with a fake ab ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """A consistent run and a baseline made from it (as tests/test_gate.py's)."""
+    root = tmp_path_factory.mktemp("gate_ab")
+    run = write_run(root / "run", make_requests(), make_steps())
+    assert main_gate([str(run), "--baseline", str(root / "baseline"), "--update-baseline"]) == 0
+    return run, root / "baseline"
+
+
+@pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
+def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tmp_path,
+                                                         monkeypatch, capsys):
+    """`bench gate --ab` judges the A/B's intervals (bench.gate_timing.ab_checks): this tree
+    30% slower in every block fails on step time and ITL, the same code passes; the exact
+    count checks of the run hold either way."""
+    from bench import gate
+
+    def fake_gate_ab(settings, out):
+        plan = AbPlan(TREE, TREE, "ci", 4, out=out)
+        factor = lambda side, k: slower if side == "b" else 1.0  # noqa: E731
+        return comparison(plan, run_blocks(plan, fake_runner(factor), log=print)), out
+    monkeypatch.setattr(gate, "run_gate_ab", fake_gate_ab)
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == code
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "interleaved on this machine" in out
+    if code:  # the failing checks are listed under a header line starting "check"
+        table = lines[lines.index(next(x for x in lines if x.startswith("check "))) + 1:]
+        failing = {x.split()[0] for x in table[:next(i for i, x in enumerate(table)
+                                                     if x.startswith("timings:"))]}
+        assert failing == {"step_mean_ab", "itl_p50_ab"}, out  # TTFT was not scaled
+        assert lines[-1].startswith("FAILED: ") and "ab: 0 better" in out
+    else:
+        assert "ab: 0 better, 0 worse" in out and lines[-1].endswith("OK"), out
 
 
 # ---- bisect's search, with a fake ab --------------------------------------------------------

@@ -1,11 +1,12 @@
 """The gate, ab and bisect on REAL small runs of a scratch history (base, a harmless commit,
 a commit whose pr36425 poll sleeps 20 ms and adds no collective): a run of the base becomes
 the baseline (its commit the baseline revision), `bench gate --ab` runs that revision
-beside the tree it gates, passes the harmless commit and fails the slow one on step time
-while every exact count check holds; `bench bisect` names the slow commit."""
+beside the tree it gates and fails the slow one on step time while every exact count check
+holds; `bench bisect` calls the harmless commit "same" (a real ab of base and harmless
+commit) and names the slow one. The gate's pass path on ab is run for real by `make gate`
+in CI, and judged on made-up A/Bs in tests/test_ab.py."""
 
 import json
-import shutil
 
 import pytest
 
@@ -44,11 +45,11 @@ def history(tmp_path_factory):
     settings["ab"].update(AB)  # three paired repeats
     settings["thresholds"] = {name: THRESHOLD for name in AB_METRICS}
     (baseline / "gate.json").write_text(json.dumps(settings))
-    return root, repo, {"base": base, "clean": clean, "slow": slow}, run, baseline
+    return root, repo, {"base": base, "clean": clean, "slow": slow}, baseline
 
 
 def test_gate_ab_fails_the_slow_poll_on_step_time_only(history):
-    root, repo, commits, _, baseline = history
+    root, repo, commits, baseline = history
     git(repo, "checkout", "-q", commits["slow"])
     run = root / "slow_run"
     ok(bench(repo, "run", *RUN, "--out", str(run)))
@@ -61,17 +62,8 @@ def test_gate_ab_fails_the_slow_poll_on_step_time_only(history):
     assert "interleaved on this machine" in out and (run / "ab" / "ab.md").exists()
 
 
-def test_gate_ab_passes_a_harmless_commit(history):
-    root, repo, commits, base_run, baseline = history
-    git(repo, "checkout", "-q", commits["clean"])
-    run = root / "clean_run"
-    shutil.copytree(base_run, run)  # its counts are the base's: the edit touched docs only
-    out = ok(bench(repo, "gate", str(run), "--baseline", str(baseline), "--ab")).stdout
-    assert "step_mean_ab" in out and out.strip().endswith("OK")
-
-
 def test_bisect_names_the_slow_commit(history):
-    root, repo, commits, _, _ = history
+    root, repo, commits, _ = history
     done = ok(bench(repo, "bisect", commits["base"], commits["slow"], "--metric",
                     "step_mean_ms", "--config", "pr36425/wait_complete", "--protocols",
                     "after", "--policies", "wait_complete", "--repeats", "3",

@@ -101,6 +101,34 @@ def test_single_rate_run_has_no_rate_plot(tmp_path):
     assert (run / "ttft_cdf.png").exists()
 
 
+def test_without_plots_the_report_says_so_and_draws_none(tmp_path):
+    """bench ab's block runs (BENCH_NO_PLOTS=1): the same summary, verdict and report, no
+    PNG, and the report says how to draw them."""
+    run = make_run(tmp_path / "bare", rates=(4.0,))
+    report = write_report(run, plots=False)
+    assert not list(run.glob("*.png")) and (run / "summary.csv").exists()
+    assert "Not drawn: BENCH_NO_PLOTS=1" in report.path.read_text()
+    drawn = write_report(run)
+    assert (run / "ttft_cdf.png").exists() and drawn.summary.equals(report.summary)
+
+
+def test_ab_block_runs_are_started_without_plots(tmp_path, monkeypatch):
+    import subprocess
+
+    from bench import ab
+    from bench.revisions import WORKTREE, Revision
+
+    seen = {}
+
+    def fake_run(cmd, cwd, env, stdout, stderr, timeout):
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    tree = Revision(WORKTREE, None)
+    ab.run_one(ab.AbPlan(tree, tree, "ci", 1, out=tmp_path), 0, "a", tmp_path)
+    assert seen["BENCH_NO_PLOTS"] == "1"
+
+
 def test_bad_input_exits_2(tmp_path, capsys):
     assert main_report([str(tmp_path / "missing")]) == 2
     assert main_report([str(tmp_path)]) == 2  # a directory without requests.csv

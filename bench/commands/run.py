@@ -351,7 +351,7 @@ def _run_local(plan: RunPlan) -> int:
 def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     """The end of every run, in this one process: summary, plots, verdict and report built
     once from the rows the ranks wrote, printed from the same objects."""
-    from bench.report import write_report  # matplotlib: imported once, at the end
+    from bench.report import NO_PLOTS, write_report  # matplotlib: imported once, at the end
     from bench.summarize import format_table
 
     took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
@@ -359,7 +359,7 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
         print(f"FAILED: {error or 'the ranks wrote no rows'} {took}")
         return 1
     try:
-        report = write_report(run_dir)
+        report = write_report(run_dir, plots=os.environ.get(NO_PLOTS) != "1")
     except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
         print(f"FAILED: could not build the report: {e} {took}")
         return 1
