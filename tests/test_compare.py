@@ -1,6 +1,7 @@
 """`bench compare` on two real small runs and on doctored copies of them."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -28,7 +29,8 @@ JUDGED_COUNTS = ["decision_collectives_per_req", "critical_collectives_per_req",
 
 def real_run(out: Path) -> Path:
     done = subprocess.run([sys.executable, "-m", "bench", "run", *RUN, "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=150)
+                          cwd=REPO, capture_output=True, text=True, timeout=150,
+                          env={**os.environ, "BENCH_NO_PLOTS": "1"})  # compare draws its own
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return out
 
