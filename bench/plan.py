@@ -179,19 +179,23 @@ def _pp(gpus: int) -> dict:
 
 
 def _trace(gpus: int) -> dict:
-    """The shipped excerpt, 300 requests served before (in storage), 40 replayed twice as
-    fast as they arrived, every tier on (write-through, SGLang's default): pr27010 /
-    pr36425 / step-clock under wait_complete and timeout. The budget holds the longest
-    prompt (121k tokens) on the device, and about 14 average ones."""
-    return {"tp": _tp(gpus), "repeats": 2, "trace": str(TRACE_EXCERPT), "trace_skip": 300,
-            "trace_requests": 40, "time_scales": (2.0,), "write_policy": "write_through",
-            "kv_budget_gib": 12.0, "protocols": ("pr27010", "pr36425", "step-clock"),
+    """The shipped excerpt, 300 requests served before (in storage), 32 replayed twice as
+    fast as they arrived, every tier on (write-through, SGLang's default): pr27010 and
+    pr36425 under wait_complete and timeout, 3 repeats (the fewest an interval needs) in
+    about 5 minutes on 2 cores. The budget holds the longest prompt (121k tokens) on the
+    device, and about 14 average ones."""
+    return {"tp": _tp(gpus), "repeats": 3, "trace": str(TRACE_EXCERPT), "trace_skip": 300,
+            "trace_requests": 32, "time_scales": (2.0,), "write_policy": "write_through",
+            "kv_budget_gib": 12.0, "protocols": ("pr27010", "pr36425"),
             "policies": ("wait_complete", "timeout")}
 
 
 def _trace_sweep(gpus: int) -> dict:
-    """The load sweep: the trace preset's window at 1, 2, 4 and 8 times its own rate."""
-    return {**_trace(gpus), "time_scales": (1.0, 2.0, 4.0, 8.0), "policies": ("timeout",)}
+    """The load sweep: the trace preset's excerpt, 40 requests at 1, 2, 4 and 8 times their
+    own rate, three protocols under timeout, 2 repeats (points only: about 11 minutes)."""
+    return {**_trace(gpus), "trace_requests": 40, "time_scales": (1.0, 2.0, 4.0, 8.0),
+            "repeats": 2, "protocols": ("pr27010", "pr36425", "step-clock"),
+            "policies": ("timeout",)}
 
 
 def _releases(gpus: int) -> dict:
@@ -224,11 +228,12 @@ PRESET_HELP = {
     "releases": "TP2 x PP2, buffer_only host memory, wait_complete: sglang-0.5.23 (the "
                 "PP-ticket path) vs sglang-0.5.19 (pr36425), pr27010 the reference, a burst "
                 "of 24 + 24 bystanders, 5 repeats",
-    "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 40 replayed at 2x), "
-             "device/host/storage tiers, pr27010 / pr36425 / step-clock, wait_complete and "
-             "timeout, 2 repeats",
-    "trace-sweep": "the trace preset at 1, 2, 4, 8 x its arrival rate (timeout): TTFT, ITL "
-                   "and step time against offered load",
+    "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 32 replayed at 2x), "
+             "device/host/storage tiers, pr27010 / pr36425, wait_complete and timeout, "
+             "3 repeats",
+    "trace-sweep": "the excerpt's 40 requests at 1, 2, 4, 8 x their arrival rate (timeout, "
+                   "pr27010 / pr36425 / step-clock, 2 repeats): TTFT, ITL and step time "
+                   "against offered load",
 }
 
 

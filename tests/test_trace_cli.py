@@ -62,13 +62,16 @@ def test_bad_trace_file_names_its_line(capsys, tmp_path):
 
 def test_trace_preset_plan():
     plan = build_plan(parser().parse_args(["--preset", "trace"]))
-    base = TraceSpec(str(TRACE_EXCERPT), 300, 40).base_rate_rps()
-    assert plan.trace == TraceSpec(str(TRACE_EXCERPT), 300, 40)
+    base = TraceSpec(str(TRACE_EXCERPT), 300, 32).base_rate_rps()
+    assert plan.trace == TraceSpec(str(TRACE_EXCERPT), 300, 32)
     assert plan.rates == (2 * base,) and plan.time_scale(plan.cells()[0]) == 2.0
     assert dict(plan.system)["write_policy"] == "write_through"
-    assert len(plan.cells()) == 12 and plan.threads_per_rank == 5
+    # 2 protocols x 2 policies x 3 repeats: the fewest repeats an interval needs.
+    assert len(plan.cells()) == 12 and plan.repeats == 3 and plan.threads_per_rank == 5
     sweep = build_plan(parser().parse_args(["--preset", "trace", "--time-scale", "1,2,4,8"]))
     assert [r / base for r in sweep.rates] == pytest.approx([1, 2, 4, 8])
+    preset = build_plan(parser().parse_args(["--preset", "trace-sweep"]))
+    assert preset.trace == TraceSpec(str(TRACE_EXCERPT), 300, 40) and len(preset.cells()) == 24
 
 
 def test_synthetic_presets_keep_the_write_path_off():
