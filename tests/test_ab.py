@@ -14,7 +14,7 @@ from bench.bisect import Step, search, step_of
 from bench.commands.ab import main as main_ab
 from bench.commands.gate import main as main_gate
 from bench.revisions import WORKTREE, Revision, RevisionError, commits_between, resolve
-from tests.test_gate import make_requests, make_steps, write_run
+from tests.test_gate import clean, write_run  # noqa: F401 (clean: the gate's fixture)
 from tests.test_gate_quiet import serving_requests, serving_steps
 
 TREE = Revision(WORKTREE, None)
@@ -112,17 +112,8 @@ def test_a_revision_that_writes_nothing_stops_ab(tmp_path):
 
 # ---- the gate on ab, with a fake ab ---------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    """A consistent run and a baseline made from it (as tests/test_gate.py's)."""
-    root = tmp_path_factory.mktemp("gate_ab")
-    run = write_run(root / "run", make_requests(), make_steps())
-    assert main_gate([str(run), "--baseline", str(root / "baseline"), "--update-baseline"]) == 0
-    return run, root / "baseline"
-
-
 @pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
-def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tmp_path,
+def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tmp_path,  # noqa: F811
                                                          monkeypatch, capsys):
     """`bench gate --ab` judges the A/B's intervals (bench.gate_timing.ab_checks): this tree
     30% slower in every block fails on step time and ITL, the same code passes; the exact
