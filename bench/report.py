@@ -251,13 +251,11 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
         details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
     verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements)
     verdict.write(run_dir)
-    drawn = None
+    trace_plots, trace_files = trace_report.write_outputs(run_dir, requests, summary, plots)
+    drawn = None  # None: not drawn (the report says so); [] when there is nothing to plot
     if plots:
         from bench.plots import write_plots  # matplotlib: only when drawing
-        drawn = write_plots(run_dir, requests, summary, steps)
-    trace_plots, trace_files = trace_report.write_outputs(run_dir, requests, summary, plots)
-    if drawn is not None:
-        drawn += trace_plots
+        drawn = write_plots(run_dir, requests, summary, steps) + trace_plots
     divergence = divergence_lines(summary, requests, failures, ranks, details)
     text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
                          calibration, verdict,

@@ -110,6 +110,17 @@ def test_a_revision_that_writes_nothing_stops_ab(tmp_path):
         ab.checked(plan.a, broken(plan, 0, "a", tmp_path))
 
 
+def test_block_runs_are_started_without_plots(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, cwd, env, stdout, stderr, timeout):
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0)
+    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+    ab.run_one(AbPlan(TREE, TREE, "ci", 1, out=tmp_path), 0, "a", tmp_path)
+    assert seen["BENCH_NO_PLOTS"] == "1"
+
+
 # ---- the gate on ab, with a fake ab ---------------------------------------------------------
 
 @pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])

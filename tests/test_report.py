@@ -112,23 +112,6 @@ def test_without_plots_the_report_says_so_and_draws_none(tmp_path):
     assert (run / "ttft_cdf.png").exists() and drawn.summary.equals(report.summary)
 
 
-def test_ab_block_runs_are_started_without_plots(tmp_path, monkeypatch):
-    import subprocess
-
-    from bench import ab
-    from bench.revisions import WORKTREE, Revision
-
-    seen = {}
-
-    def fake_run(cmd, cwd, env, stdout, stderr, timeout):
-        seen.update(env)
-        return subprocess.CompletedProcess(cmd, 0)
-    monkeypatch.setattr(ab.subprocess, "run", fake_run)
-    tree = Revision(WORKTREE, None)
-    ab.run_one(ab.AbPlan(tree, tree, "ci", 1, out=tmp_path), 0, "a", tmp_path)
-    assert seen["BENCH_NO_PLOTS"] == "1"
-
-
 def test_bad_input_exits_2(tmp_path, capsys):
     assert main_report([str(tmp_path / "missing")]) == 2
     assert main_report([str(tmp_path)]) == 2  # a directory without requests.csv
