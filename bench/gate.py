@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.gate_ab import run_gate_ab
+from bench.gate_ab import confirmation_seed, run_gate_ab
 from bench.gate_baseline import (
     check_comparable,
     load_baseline,
@@ -30,7 +30,13 @@ from bench.gate_baseline import (
     update_baseline,
 )
 from bench.gate_checks import EPS, Check, baseline_value, make_check
-from bench.gate_timing import AB_METRICS, DEFAULT_THRESHOLD, ab_checks, baseline_checks
+from bench.gate_timing import (
+    AB_METRICS,
+    DEFAULT_THRESHOLD,
+    ab_checks,
+    baseline_checks,
+    confirmed,
+)
 from bench.microbench import gate_note
 from bench.result_files import (
     ResultFileError,
@@ -277,10 +283,20 @@ def timing_checks(args: argparse.Namespace, summary: pd.DataFrame, baseline: pd.
             "drift between the two runs is not in the intervals: --ab runs the baseline "
             "revision beside this tree instead")
     comp, out = run_gate_ab(settings, args.run_dir / "ab")
-    return ab_checks(comp, limits), (
-        f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
-        f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
-        f"(thresholds {shown}; {out / 'ab.md'})")
+    checks = ab_checks(comp, limits)
+    line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
+            f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
+            f"(thresholds {shown}; {out / 'ab.md'})")
+    failed = sum(not c.passed for c in checks)
+    if not failed or args.no_confirm:
+        return checks, line
+    again, out2 = run_gate_ab(settings, args.run_dir / "ab_confirm",
+                              seed=confirmation_seed(settings))
+    checks = confirmed(checks, ab_checks(again, limits))
+    held = sum(not c.passed for c in checks)
+    return checks, (f"{line}\nconfirmation: {held} of {failed} failing timing checks failed "
+                    f"again in a second A/B of fresh blocks ({again.final_line()}; "
+                    f"{out2 / 'ab.md'})")
 
 
 def evaluate(args: argparse.Namespace) -> tuple[list[Check], str]:

@@ -1,7 +1,8 @@
 """`bench gate --ab`: the baseline revision (gate.json `ab.revision`) and this working tree,
 run interleaved on this machine by bench.ab with gate.json's `ab` settings, so that the
 gate's timing checks compare two revisions measured side by side instead of this machine
-against numbers recorded on another."""
+against numbers recorded on another. A timing check that fails is confirmed by a second A/B of
+as many fresh blocks (the next seeds), run after the first (bench.gate_timing.confirmed)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from bench.compare_report import write_outputs
 from bench.result_files import ResultFileError
 from bench.revisions import WORKTREE, Revision, RevisionError, resolve
 
+DEFAULT_BLOCKS = 2  # gate.json's `ab` without `blocks`
 
-def gate_plan(settings: dict, out: Path) -> AbPlan:
-    """The A/B plan of gate.json's `ab`: A the baseline revision, B this working tree."""
+
+def gate_plan(settings: dict, out: Path, seed: int = 0) -> AbPlan:
+    """The A/B plan of gate.json's `ab`: A the baseline revision, B this working tree, block
+    k's runs seeded seed + k."""
     from bench.envinfo import REPO_DIR
 
     ab = settings.get("ab")
@@ -31,17 +35,23 @@ def gate_plan(settings: dict, out: Path) -> AbPlan:
                             "--ab") from None
     run_args = [x for key in ("protocols", "policies") if ab.get(key)
                 for x in (f"--{key}", ab[key])]
-    return AbPlan(a, Revision(WORKTREE, None), ab["preset"], ab.get("blocks", 2),
-                  per_block=ab.get("repeats_per_block", 1), run_args=tuple(run_args),
-                  out=out)
+    return AbPlan(a, Revision(WORKTREE, None), ab["preset"], ab.get("blocks", DEFAULT_BLOCKS),
+                  seed=seed, per_block=ab.get("repeats_per_block", 1),
+                  run_args=tuple(run_args), out=out)
 
 
-def run_gate_ab(settings: dict, out: Path) -> tuple[Comparison, Path]:
+def confirmation_seed(settings: dict) -> int:
+    """The first seed after the first A/B's blocks: the confirming A/B's workloads are new."""
+    return int(settings["ab"].get("blocks", DEFAULT_BLOCKS))
+
+
+def run_gate_ab(settings: dict, out: Path, seed: int = 0) -> tuple[Comparison, Path]:
     """Run the A/B into `out` (ab.md, ab.csv, ab_ratios.png, ab.json, runs/)."""
-    plan = gate_plan(settings, out)
+    plan = gate_plan(settings, out, seed)
     out.mkdir(parents=True, exist_ok=True)
     print(f"gate: timings: {plan.a.label} (A, the baseline revision) and this tree (B), "
           f"{plan.blocks} blocks x {plan.per_block} repeats of preset {plan.preset} "
+          f"(seeds {plan.seed}..{plan.seed + plan.blocks - 1}) "
           f"{' '.join(plan.run_args)}", file=sys.stderr, flush=True)
     runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
     comp = comparison(plan, runs)

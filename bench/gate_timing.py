@@ -10,6 +10,13 @@ ratios (summary.csv), paired by repeat (the same seed), a t interval over the pa
 ratios, failing the same way. The two runs were made at different times, maybe on different
 machines: that drift is not in the interval, which is why make gate uses --ab.
 
+A timing check that fails on --ab is run again: a second A/B of as many fresh blocks (the next
+seeds), after the first, and the check fails the gate only when it fails there too
+(`confirmed`). Two interleaved A/Bs of the same code have put a whole step-time interval
+beyond its threshold (CI at ea0a21d: pr27010 1.132 [1.039, 1.233] with the serve path
+unchanged), so a failure must replicate before it stops a merge; a real regression fails
+both. The checks that passed the first A/B are not judged again.
+
 A check without an interval (fewer than 3 paired repeats, no scipy) passes with a note that
 says so; it is never judged on a point. The thresholds per metric come from `bench noise
 --update-gate` (the largest half-width its runs had); TTFT p50 is gated per request class
@@ -19,6 +26,7 @@ where the run has bystanders.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 
@@ -101,3 +109,27 @@ def ab_checks(comp: Comparison, thresholds: dict[str, float]) -> list[Check]:
         checks.append(judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
                             "the baseline revision's"))
     return [c for c in checks if c is not None]
+
+
+def _key(c: Check) -> tuple[str, str, str, str]:
+    return c.check, c.protocol, c.policy, c.layout
+
+
+def confirmed(first: list[Check], again: list[Check]) -> list[Check]:
+    """The first A/B's checks, each failure kept only where the second A/B (fresh blocks, run
+    after it) fails the same check too; one it does not confirm passes, with both intervals
+    in its note."""
+    second = {_key(c): c for c in again}
+    out = []
+    for c in first:
+        c2 = second.get(_key(c))
+        if c.passed:
+            out.append(c)
+        elif c2 is not None and not c2.passed:
+            out.append(replace(c, observed=f"{c.observed}; again {c2.observed}"))
+        else:
+            seen = c2.observed if c2 is not None else "no such configuration"
+            out.append(replace(c, passed=True, meaning="",
+                               note=f"failed the first A/B only, not confirmed by the second: "
+                                    f"{seen}"))
+    return out

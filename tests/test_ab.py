@@ -123,33 +123,98 @@ def test_block_runs_are_started_without_plots(tmp_path, monkeypatch):
 
 # ---- the gate on ab, with a fake ab ---------------------------------------------------------
 
+def fake_gate(monkeypatch, slower_in, calls):
+    """gate.run_gate_ab replaced by an A/B of 4 fake blocks whose B is slower_in(seed) times
+    A in every block (step times and ITL only); calls gets each A/B's seed."""
+    from bench import gate
+
+    def fake_gate_ab(settings, out, seed=0):
+        calls.append(seed)
+        plan = AbPlan(TREE, TREE, "ci", 4, seed=seed, out=out)
+        factor = lambda side, k: slower_in(seed) if side == "b" else 1.0  # noqa: E731
+        return comparison(plan, run_blocks(plan, fake_runner(factor), log=print)), out
+    monkeypatch.setattr(gate, "run_gate_ab", fake_gate_ab)
+
+
+def failing_rows(out: str) -> list[str]:
+    """The rows of the failing-checks table (between its "check" header and the "timings:"
+    line)."""
+    lines = out.splitlines()
+    table = lines[lines.index(next(x for x in lines if x.startswith("check "))) + 1:]
+    return table[:next(i for i, x in enumerate(table) if x.startswith("timings:"))]
+
+
+def failing_checks(out: str) -> set[str]:
+    return {x.split()[0] for x in failing_rows(out)}
+
+
 @pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
 def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tmp_path,  # noqa: F811
                                                          monkeypatch, capsys):
     """`bench gate --ab` judges the A/B's intervals (bench.gate_timing.ab_checks): this tree
-    30% slower in every block fails on step time and ITL, the same code passes; the exact
-    count checks of the run hold either way."""
-    from bench import gate
-
-    def fake_gate_ab(settings, out):
-        plan = AbPlan(TREE, TREE, "ci", 4, out=out)
-        factor = lambda side, k: slower if side == "b" else 1.0  # noqa: E731
-        return comparison(plan, run_blocks(plan, fake_runner(factor), log=print)), out
-    monkeypatch.setattr(gate, "run_gate_ab", fake_gate_ab)
+    30% slower in every block fails on step time and ITL, and the second A/B (the next
+    seeds, after the gate.json's blocks) confirms it; the same code passes without a second
+    A/B; the exact count checks of the run hold either way."""
+    calls = []
+    fake_gate(monkeypatch, lambda seed: slower, calls)
     run = tmp_path / "run"
     shutil.copytree(clean[0], run)
     assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == code
     out = capsys.readouterr().out
-    lines = out.splitlines()
     assert "interleaved on this machine" in out
-    if code:  # the failing checks are listed under a header line starting "check"
-        table = lines[lines.index(next(x for x in lines if x.startswith("check "))) + 1:]
-        failing = {x.split()[0] for x in table[:next(i for i, x in enumerate(table)
-                                                     if x.startswith("timings:"))]}
-        assert failing == {"step_mean_ab", "itl_p50_ab"}, out  # TTFT was not scaled
-        assert lines[-1].startswith("FAILED: ") and "ab: 0 better" in out
+    if code:
+        assert failing_checks(out) == {"step_mean_ab", "itl_p50_ab"}, out  # TTFT not scaled
+        assert calls == [0, 6]  # gate.json's 6 blocks, then seeds 6..
+        n = len(failing_rows(out))
+        assert f"confirmation: {n} of {n} failing timing checks failed again" in out
+        assert "; again 1.3" in out and str(run / "ab_confirm" / "ab.md") in out
+        assert out.splitlines()[-1].startswith("FAILED: ") and "ab: 0 better" in out
     else:
-        assert "ab: 0 better, 0 worse" in out and lines[-1].endswith("OK"), out
+        assert calls == [0] and "confirmation" not in out
+        assert "ab: 0 better, 0 worse" in out and out.splitlines()[-1].endswith("OK"), out
+
+
+def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(clean, tmp_path,  # noqa: F811
+                                                                 monkeypatch, capsys):
+    """A tree slower only in the first A/B (a burst of load on the machine) passes, each
+    check it failed there noted with the second A/B's interval; with --no-confirm the first
+    A/B alone decides."""
+    calls = []
+    fake_gate(monkeypatch, lambda seed: 1.3 if seed == 0 else 1.0, calls)
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == 0
+    out = capsys.readouterr().out
+    assert calls == [0, 6] and out.splitlines()[-1] == "OK", out
+    notes = [x for x in out.splitlines() if "not confirmed by the second" in x]
+    assert {x.split()[1] for x in notes} == {"step_mean_ab", "itl_p50_ab"}, out
+    assert f"confirmation: 0 of {len(notes)} failing timing checks failed again" in out
+    calls.clear()
+    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab", "--no-confirm"]) == 1
+    out = capsys.readouterr().out
+    assert calls == [0] and failing_checks(out) == {"step_mean_ab", "itl_p50_ab"}, out
+
+
+def test_the_confirming_ab_runs_the_next_seeds(tmp_path, monkeypatch):
+    """gate.json's 6 blocks are seeded 0..5; the confirming A/B's 6..11: new workloads."""
+    from bench import gate_ab
+
+    monkeypatch.setattr(gate_ab, "resolve", lambda name, repo: Revision(name, "0" * 40))
+    settings = {"ab": {"revision": "base", "preset": "queue", "blocks": 6,
+                       "protocols": "pr27010", "policies": "wait_complete"}}
+
+    def seeds(plan):
+        return [int((c := plan.command(k, tmp_path))[c.index("--seed") + 1])
+                for k in range(plan.blocks)]
+    first = gate_ab.gate_plan(settings, tmp_path)
+    again = gate_ab.gate_plan(settings, tmp_path, gate_ab.confirmation_seed(settings))
+    assert seeds(first) == [0, 1, 2, 3, 4, 5] and seeds(again) == [6, 7, 8, 9, 10, 11]
+    assert again.run_args == ("--protocols", "pr27010", "--policies", "wait_complete")
+
+
+def test_no_confirm_needs_ab(clean, capsys):  # noqa: F811
+    assert main_gate([str(clean[0]), "--baseline", str(clean[1]), "--no-confirm"]) == 2
+    assert "--no-confirm needs --ab" in capsys.readouterr().err
 
 
 # ---- bisect's search, with a fake ab --------------------------------------------------------

@@ -1,10 +1,10 @@
 """The gate, ab and bisect on REAL small runs of a scratch history (base, a harmless commit,
 a commit whose pr36425 poll sleeps 20 ms and adds no collective): a run of the base becomes
 the baseline (its commit the baseline revision), `bench gate --ab` runs that revision
-beside the tree it gates and fails the slow one on step time while every exact count check
-holds; `bench bisect` calls the harmless commit "same" (a real ab of base and harmless
-commit) and names the slow one. The gate's pass path on ab is run for real by `make gate`
-in CI, and judged on made-up A/Bs in tests/test_ab.py."""
+beside the tree it gates and fails the slow one on step time, confirmed by a second A/B,
+while every exact count check holds; `bench bisect` calls the harmless commit "same" (a real
+ab of base and harmless commit) and names the slow one. The gate's pass path on ab is run for
+real by `make gate` in CI, and judged on made-up A/Bs in tests/test_ab.py."""
 
 import json
 
@@ -60,6 +60,8 @@ def test_gate_ab_fails_the_slow_poll_on_step_time_only(history):
     assert not any(line.startswith(("decision_exact", "background_exact",
                                     "per_poll_vs_baseline")) for line in out.splitlines())
     assert "interleaved on this machine" in out and (run / "ab" / "ab.md").exists()
+    # A failing timing check stops the gate only after a second A/B of fresh blocks.
+    assert "failing timing checks failed again" in out and (run / "ab_confirm" / "ab.md").exists()
 
 
 def test_bisect_names_the_slow_commit(history):

@@ -1,12 +1,13 @@
-"""Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--ab]
+"""Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--ab [--no-confirm]]
                                    [--update-baseline] [--tolerance FLOAT]
 
 CI perf gate: exact collective counts and correctness of the run, and timings (the checks:
 bench.gate). With --ab the timings come from the baseline revision and this working tree run
-interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's `ab`); without it,
-from this run's ratios against the baseline's numbers. --update-baseline makes the run (its
-commit) the new baseline. Exit 0: all checks hold; 1: a check failed (table on stdout); 2:
-bad input (one line on stderr).
+interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's `ab`), and a timing
+check that fails there fails the gate only if a second A/B of fresh blocks (RUN_DIR/ab_confirm)
+fails it too; without it, from this run's ratios against the baseline's numbers.
+--update-baseline makes the run (its commit) the new baseline. Exit 0: all checks hold; 1: a
+check failed (table on stdout); 2: bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="after the run's own checks pass, make it the new baseline")
     parser.add_argument("--ab", action="store_true",
                         help="run the baseline revision beside this tree for the timings")
+    parser.add_argument("--no-confirm", action="store_true",
+                        help="with --ab: judge the first A/B alone, without running a second "
+                             "one to confirm a failing timing check")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="one threshold for every timing metric: fail when the whole "
                              "interval lies above 1 + it (default: gate.json's thresholds, "
                              f"else {DEFAULT_THRESHOLD})")
     args = parser.parse_args(argv)
+    if args.no_confirm and not args.ab:
+        parser.error("--no-confirm needs --ab")
     if args.tolerance is not None:
         check_tolerance(args.tolerance, "--tolerance")
     return args
