@@ -1,13 +1,14 @@
 """Usage: python -m bench gate RUN_DIR [--baseline results/baseline] [--ab [--no-confirm]]
                                    [--update-baseline] [--tolerance FLOAT]
 
-CI perf gate: exact collective counts and correctness of the run, and timings (the checks:
-bench.gate). With --ab the timings come from the baseline revision and this working tree run
-interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's `ab`), and a timing
-check that fails there fails the gate only if a second A/B of fresh blocks (RUN_DIR/ab_confirm)
-fails it too; without it, from this run's ratios against the baseline's numbers.
---update-baseline makes the run (its commit) the new baseline. Exit 0: all checks hold; 1: a
-check failed (table on stdout); 2: bad input (one line on stderr).
+CI perf gate: a run's exact collective counts and correctness, and its timings.
+
+The checks are bench.gate's. With --ab the timings come from the baseline revision and this
+working tree run interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's
+`ab`), and a timing check that fails there fails the gate only if a second A/B of fresh
+blocks (RUN_DIR/ab_confirm) fails it too; without it, from this run's ratios against the
+baseline's numbers. --update-baseline makes the run (its commit) the new baseline. Exit 0:
+all checks hold; 1: a check failed (table on stdout); 2: bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     from bench.gate_baseline import check_tolerance
     from bench.gate_timing import DEFAULT_THRESHOLD
 
-    parser = CliParser(prog=PROG, description=__doc__.splitlines()[3])
+    parser = CliParser(prog=PROG, description=__doc__.splitlines()[3],
+                       epilog="\n".join(__doc__.splitlines()[5:]))
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
     parser.add_argument("--baseline", type=Path, default=Path("results/baseline"))
     parser.add_argument("--update-baseline", action="store_true",
