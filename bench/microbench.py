@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.result_files import ResultFileError, read_json_object
+from bench.rundir.env import REPO_DIR
+from bench.rundir.files import ResultFileError, read_json_object
 
-REPO = Path(__file__).resolve().parent.parent
 JSON_NAME, MD_NAME = "microbench.json", "microbench.md"
 REFERENCE, HEADLINE = "pr27010", "pr36425"
 TIMEOUT_S = 600.0
@@ -153,7 +153,7 @@ def run_pytest(run_dir: Path) -> int:
            "tests/microbench", "--benchmark-enable", f"--benchmark-json={tmp}",
            "--benchmark-columns=median,iqr,rounds", "--benchmark-sort=name"]
     try:
-        code = subprocess.run(cmd, cwd=REPO, timeout=TIMEOUT_S).returncode
+        code = subprocess.run(cmd, cwd=REPO_DIR, timeout=TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:
         print(f"bench microbench: pytest ran past {TIMEOUT_S:.0f}s", file=sys.stderr)
         code = 1

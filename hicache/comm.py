@@ -42,7 +42,7 @@ PER_STEP_MIN = "per_step_min"
 MODEL_ALLREDUCE = "model_allreduce"
 CONSENSUS = "consensus"
 TICKET = "ticket"
-CALIBRATION = "calibration"  # the harness's latency probe (bench.calibrate); not a system site
+CALIBRATION = "calibration"  # the harness's latency probe (bench.run.calibrate); not a system site
 HARNESS_STOP = "harness_stop"  # the harness's end-of-serve agreement; not a system site
 SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
          MODEL_ALLREDUCE, CONSENSUS, TICKET)

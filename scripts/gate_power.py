@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.result_files import write_json_atomic  # noqa: E402
+from bench.rundir.files import write_json_atomic  # noqa: E402
 
 ANCHOR = '    name = "pr36425"\n\n    def vote(self, f: Facts) -> Vote:\n'
 GIT = ["git", "-c", "user.name=gate-power", "-c", "user.email=gate-power@localhost"]

@@ -8,7 +8,7 @@ run printed instead of a hand-pasted copy. The block between the two marker line
 
 becomes: one line naming the run (commit, time, preset, layout, device and backend, cores;
 from RUN_DIR/env.json), then, in a code block, the headline table and its verdict lines as
-`bench run` prints them (rebuilt from RUN_DIR/summary.csv by bench.headline) and the run's
+`bench run` prints them (rebuilt from RUN_DIR/summary.csv by bench.analysis.lead) and the run's
 OK/FAILED line (RUN_DIR/verdict.json; the console adds the seconds the run took, which no
 result file keeps). Nothing outside the markers changes.
 
@@ -25,9 +25,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench import headline, verdict  # noqa: E402
+from bench.analysis import lead as headline  # noqa: E402
+from bench.analysis import verdict  # noqa: E402
 from bench.commands.common import CliParser, UsageError  # noqa: E402
-from bench.result_files import (  # noqa: E402
+from bench.rundir.files import (  # noqa: E402
     ResultFileError,
     read_csv_checked,
     read_json_object,
@@ -52,7 +53,7 @@ def provenance(env: dict) -> str:
 
 
 def headline_lines(summary, calib: dict | None) -> list[str]:
-    """The console's headline table and its per-policy verdict lines (bench.headline)."""
+    """The console's headline table and its per-policy verdict lines (bench.analysis.lead)."""
     lead = headline.lead_text(summary, calib)
     starts = [i for i, line in enumerate(lead) if line.startswith(HEADLINE_START)]
     if not starts:

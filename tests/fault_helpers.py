@@ -1,7 +1,7 @@
 """Helpers for the divergence and fault tests: scenarios that stamp their start (pid and wall
 time) so a test can time detection from the start of the run and signal a rank from outside,
 and a scenario that returns a rank's error instead of raising it. The launcher that lets the
-surviving ranks end on their own when one rank dies is bench.launch.launch_to_end.
+surviving ranks end on their own when one rank dies is bench.run.launch.launch_to_end.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench.launch import LaunchError, launch
+from bench.run.launch import LaunchError, launch
 from hicache.comm import CollectiveCounter, CollectiveError, Comm, Layout
 from hicache.consensus import ConsensusChecker
 from hicache.system import setup_distributed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.launch import launch
+from bench.run.launch import launch
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from hicache.controller import KV, SIDECAR

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import ab
-from bench.ab import AbPlan, Outcome, comparison, merged, run_blocks
-from bench.bisect import Step, search, step_of
+from bench.ab import blocks as ab
+from bench.ab.bisect import Step, search, step_of
+from bench.ab.blocks import AbPlan, Outcome, comparison, merged, run_blocks
+from bench.ab.revisions import WORKTREE, Revision, RevisionError, commits_between, resolve
 from bench.commands.ab import main as main_ab
 from bench.commands.gate import main as main_gate
-from bench.revisions import WORKTREE, Revision, RevisionError, commits_between, resolve
 from tests.test_gate import clean, write_run  # noqa: F401 (clean: the gate's fixture)
 from tests.test_gate_quiet import serving_requests, serving_steps
 
@@ -126,7 +126,7 @@ def test_block_runs_are_started_without_plots(tmp_path, monkeypatch):
 def fake_gate(monkeypatch, slower_in, calls):
     """gate.run_gate_ab replaced by an A/B of 4 fake blocks whose B is slower_in(seed) times
     A in every block (step times and ITL only); calls gets each A/B's seed."""
-    from bench import gate
+    from bench.gate import evaluate as gate
 
     def fake_gate_ab(settings, out, seed=0):
         calls.append(seed)
@@ -151,7 +151,7 @@ def failing_checks(out: str) -> set[str]:
 @pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
 def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tmp_path,  # noqa: F811
                                                          monkeypatch, capsys):
-    """`bench gate --ab` judges the A/B's intervals (bench.gate_timing.ab_checks): this tree
+    """`bench gate --ab` judges the A/B's intervals (bench.gate.timing.ab_checks): this tree
     30% slower in every block fails on step time and ITL, and the second A/B (the next
     seeds, after the gate.json's blocks) confirms it; the same code passes without a second
     A/B; the exact count checks of the run hold either way."""
@@ -197,7 +197,7 @@ def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(clean, tmp_path
 
 def test_the_confirming_ab_runs_the_next_seeds(tmp_path, monkeypatch):
     """gate.json's 6 blocks are seeded 0..5; the confirming A/B's 6..11: new workloads."""
-    from bench import gate_ab
+    from bench.gate import ab as gate_ab
 
     monkeypatch.setattr(gate_ab, "resolve", lambda name, repo: Revision(name, "0" * 40))
     settings = {"ab": {"revision": "base", "preset": "queue", "blocks": 6,

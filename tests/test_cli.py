@@ -124,9 +124,9 @@ def test_budget_skew_with_a_real_forward_is_refused(capsys, tmp_path, monkeypatc
 
 
 def test_data_plane_facts_for_env_and_report():
-    from bench.plan import RunPlan
-    from bench.provenance import data_plane_lines
-    from bench.sink import data_plane
+    from bench.analysis.provenance import data_plane_lines
+    from bench.run.plan import RunPlan
+    from bench.run.sink import data_plane
 
     shared = data_plane(RunPlan(device="cuda", data_backend="gloo"))
     assert shared["data_backend"] == "gloo" and "not an NCCL measurement" in \

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.launch import launch
+from bench.run.launch import launch
 from hicache.comm import DECISION, HIT_GROUPS, HIT_QUERY, CollectiveCounter, Comm, Layout
 from hicache.system import setup_distributed
 

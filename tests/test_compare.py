@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from bench.commands.compare import main as main_compare
-from bench.compare_metrics import METRIC_NAMES, TimingMetric, counts, itl_gaps, ttft
-from bench.compare_rules import TimingOptions, count_rows, timing_rows, timing_verdict
-from bench.schema import SCHEMA_VERSION
+from bench.compare.metrics import METRIC_NAMES, TimingMetric, counts, itl_gaps, ttft
+from bench.compare.rules import TimingOptions, count_rows, timing_rows, timing_verdict
+from bench.rundir.schema import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = ["--preset", "ci", "--requests", "4", "--bystanders", "0", "--repeats", "3",

@@ -1,4 +1,4 @@
-"""Provenance (env.json) and the atomic writers of bench/result_files.py."""
+"""Provenance (env.json) and the atomic writers of bench/rundir/files.py."""
 
 import csv
 import json
@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from bench import envinfo
-from bench.result_files import atomic_open, write_csv_atomic, write_json_atomic
+from bench.rundir import env as envinfo
+from bench.rundir.files import atomic_open, write_csv_atomic, write_json_atomic
 
 WORLD = {"world_size": 2, "tp": 2, "pp": 1, "nnodes": 1}
 

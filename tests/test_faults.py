@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from bench.launch import launch_to_end
+from bench.run.launch import launch_to_end
 from hicache.cache import HiCache
 from hicache.comm import CollectiveCounter, CollectiveError, Comm, Groups, Layout
 from hicache.config import HiCacheConfig

@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.analysis.summarize import summarize
 from bench.commands.gate import main as main_gate
-from bench.gate import load_run
-from bench.result_files import write_csv_atomic, write_json_atomic
-from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from bench.summarize import summarize
+from bench.gate.evaluate import load_run
+from bench.rundir.files import write_csv_atomic, write_json_atomic
+from bench.rundir.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from hicache.cost_model import POLICIES, expected_per_request
 
 PROTOCOLS = ("pr27010", "pr36425", "step-clock")
@@ -384,7 +384,7 @@ def test_a_run_of_another_plan_is_refused(clean, tmp_path, capsys):
 
 
 def test_self_checks_of_the_ranks_are_gated(clean, tmp_path, capsys):
-    """ranks.csv's counter cross-check and host-slot check fail the gate (bench.verdict)."""
+    """ranks.csv's counter cross-check and host-slot check fail the gate (analysis.verdict)."""
     run = tmp_path / "run"
     shutil.copytree(clean[0], run)
     rows = [dict(CONFIG, protocol="pr36425", policy="timeout", repeat=0, rank=r,
@@ -414,7 +414,7 @@ def test_ab_without_a_usable_revision_exits_2(clean, tmp_path, capsys):
 
 
 def test_a_setting_off_and_a_setting_not_yet_recorded_are_one_plan():
-    from bench.plan import plan_differences
+    from bench.run.plan import plan_differences
 
     old = {"preset": "ci", "repeats": 1}  # written before `trace` existed
     new = {"preset": "ci", "repeats": 1, "trace": None, "out_dir": "x"}

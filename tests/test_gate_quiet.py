@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.schema import STEP_COLUMNS
+from bench.rundir.schema import STEP_COLUMNS
 from hicache.cost_model import POLICIES
 from tests.test_gate import CONFIG, PROTOCOLS, REPEATS, gate, make_requests, write_run
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bench.gate_timing import AB_METRICS
+from bench.gate.timing import AB_METRICS
 from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 
 # The ci preset's own configuration, narrowed to what the slow poll moves.

@@ -57,7 +57,7 @@ def test_summary_fails_on_a_failed_step_or_bad_pages(tmp_path):
 def test_run_prints_load_back_against_the_peak():
     import pandas as pd
 
-    from bench.report import load_back_line
+    from bench.analysis.report import load_back_line
 
     requests = pd.DataFrame({"load_back_gbps": [40.0, None, 45.0]})
     assert load_back_line(requests, {"h2d_peak_gbps": 50.0}) == (

@@ -14,7 +14,7 @@ from math import inf
 import pytest
 import torch
 
-from bench.launch import launch
+from bench.run.launch import launch
 from hicache.comm import MODEL_ALLREDUCE, CollectiveCounter, Comm, Groups, Layout
 from hicache.config import HiCacheConfig
 from hicache.gpu_model import GpuModel

@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench import headline, stats
-from bench.summarize import summarize
+from bench import stats
+from bench.analysis import lead as headline
+from bench.analysis.summarize import summarize
 from tests.test_gate_quiet import serving_requests, serving_steps
 
 

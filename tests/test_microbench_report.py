@@ -13,7 +13,7 @@ from bench.microbench import (
     load,
     poll_ratios,
 )
-from bench.result_files import ResultFileError
+from bench.rundir.files import ResultFileError
 
 # Median seconds per poll: timeout costs a collective in both; wait_complete only in pr27010.
 MEDIANS = {("pr27010", "wait_complete"): 400e-6, ("pr36425", "wait_complete"): 10e-6,

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from bench import noise
+from bench.ab import noise
+from bench.ab.noise import Estimate
 from bench.commands.noise import main as main_noise
-from bench.noise import Estimate
-from bench.result_files import write_csv_atomic
-from bench.schema import SUMMARY_COLUMNS
+from bench.rundir.files import write_csv_atomic
+from bench.rundir.schema import SUMMARY_COLUMNS
 
 
 def est(point, half):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.overhead import (
+from bench.analysis.overhead import (
     extra_step_ms,
     hop_ms,
     inflation,

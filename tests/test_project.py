@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from bench.commands.project import main as main_project
-from bench.envinfo import collect_env
-from bench.project_grid import (
+from bench.project.grid import (
     PPS,
     QS,
     TPS,
@@ -19,7 +18,8 @@ from bench.project_grid import (
     measured_rows,
     model_row,
 )
-from bench.result_files import write_csv_atomic, write_json_atomic
+from bench.rundir.env import collect_env
+from bench.rundir.files import write_csv_atomic, write_json_atomic
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.analysis.report import write_report
 from bench.commands.report import main as main_report
-from bench.envinfo import collect_env
-from bench.report import write_report
-from bench.result_files import write_csv_atomic, write_json_atomic
-from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
+from bench.rundir.env import collect_env
+from bench.rundir.files import write_csv_atomic, write_json_atomic
+from bench.rundir.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 from hicache.cost_model import expected_per_request
 
 PROTOCOLS = ("pr27010", "pr36425", "step-batched")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.trace import Histories, classes, read_trace, requests
+from bench.run.trace import Histories, classes, read_trace, requests
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from hicache.storage import StorageSpec

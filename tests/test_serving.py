@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.serving_metrics import (
+from bench.analysis.serving_metrics import (
     itl_gaps,
     overhead_cells,
     ratio_cells,

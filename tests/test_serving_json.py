@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from bench.serving_json import summary
+from bench.analysis.serving_json import summary
 
 
 def test_fields_by_hand():

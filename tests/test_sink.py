@@ -4,11 +4,11 @@ the one verdict that verdict.json, report.md and the console line share."""
 
 from __future__ import annotations
 
-from bench import verdict
+from bench.analysis import verdict
 from bench.commands.report import main as main_report
-from bench.plan import RunPlan
-from bench.schema import RANK_COLUMNS
-from bench.sink import ResultSink
+from bench.run.plan import RunPlan
+from bench.run.sink import ResultSink
+from bench.rundir.schema import RANK_COLUMNS
 from hicache.records import RequestStats, Stats
 
 

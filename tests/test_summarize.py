@@ -5,8 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from bench.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from bench.summarize import (
+from bench.analysis.summarize import (
     TABLE_HEADERS,
     expected_counts,
     format_table,
@@ -14,6 +13,7 @@ from bench.summarize import (
     table_headers,
     table_rows,
 )
+from bench.rundir.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
 
 CONFIG = dict(preset="t", tp=2, pp=1, world_size=2, device="cpu", backend="gloo",
               storage="sim", rate_rps=4.0, seed=0, page_size=64, extra_pool=False,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.trace import (
+from bench.run.trace import (
     BLOCK_TOKENS,
     TraceError,
     block_tokens,
@@ -112,6 +112,6 @@ def test_reuse_bound_from_the_file(tmp_path):
 
 
 def _parsed(ids, n_in):
-    from bench.trace import _parse
+    from bench.run.trace import _parse
 
     return _parse(json.dumps(_row(n_in=n_in, ids=ids)), 1, "x")

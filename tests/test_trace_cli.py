@@ -10,11 +10,11 @@ import math
 import pandas as pd
 import pytest
 
+from bench.analysis.serving_json import STATS
 from bench.commands.run import build_plan, parser
 from bench.commands.run import main as main_run
-from bench.plan import TRACE_EXCERPT
-from bench.serving_json import STATS
-from bench.trace import TraceSpec
+from bench.run.plan import TRACE_EXCERPT
+from bench.run.trace import TraceSpec
 
 
 def _trace(tmp_path, rows) -> str:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.workload import WorkloadSpec, build
+from bench.run.workload import WorkloadSpec, build
 from hicache.hashing import page_hashes
 
 
@@ -58,7 +58,7 @@ def test_burst_and_bystanders():
 
 
 def test_plan_sizes_storage_and_forward_from_the_model():
-    from bench.plan import Cell, RunPlan
+    from bench.run.plan import Cell, RunPlan
     from hicache.shapes import SHAPES
     from hicache.step_time import roofline
 

@@ -63,9 +63,9 @@ def parser() -> CliParser:
 
 
 def build_plan(argv: list[str]):
-    from bench.ab import AbPlan
-    from bench.envinfo import REPO_DIR
-    from bench.revisions import resolve
+    from bench.ab.blocks import AbPlan
+    from bench.ab.revisions import resolve
+    from bench.rundir.env import REPO_DIR
 
     args = parser().parse_args(argv)
     if args.repeats < 1 or args.repeats_per_block < 1:
@@ -84,8 +84,8 @@ def build_plan(argv: list[str]):
 
 
 def _main(argv: list[str]) -> int:
-    from bench.ab import comparison, run_blocks, write_plan
-    from bench.compare_report import print_comparison, write_outputs
+    from bench.ab.blocks import comparison, run_blocks, write_plan
+    from bench.compare.report import print_comparison, write_outputs
 
     plan = build_plan(argv)
     plan.out.mkdir(parents=True, exist_ok=True)

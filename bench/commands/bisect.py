@@ -60,10 +60,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.bisect import ab_judge, search
+    from bench.ab.bisect import ab_judge, search
+    from bench.ab.revisions import commits_between, resolve, subject
     from bench.commands.ab import build_plan
-    from bench.envinfo import REPO_DIR
-    from bench.revisions import commits_between, resolve, subject
+    from bench.rundir.env import REPO_DIR
 
     args = _parse(argv)
     ab_argv = [args.good, args.good, "--preset", args.preset, "--repeats", str(args.repeats),

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from bench.result_files import ResultFileError
+from bench.rundir.files import ResultFileError
 
 
 class UsageError(ValueError):

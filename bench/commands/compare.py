@@ -30,8 +30,8 @@ import math
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.compare import DEFAULT_THRESHOLD
-from bench.compare_metrics import METRIC_NAMES
+from bench.compare.comparison import DEFAULT_THRESHOLD
+from bench.compare.metrics import METRIC_NAMES
 
 PROG = "bench compare"
 
@@ -72,8 +72,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _main(argv: list[str]) -> int:
     # matplotlib (in compare_report) is imported only when there is something to write
-    from bench.compare import compare, load_run
-    from bench.compare_report import default_out, print_comparison, write_outputs
+    from bench.compare.comparison import compare, load_run
+    from bench.compare.report import default_out, print_comparison, write_outputs
 
     args = _parse(argv)
     comp = compare(load_run(args.run_a), load_run(args.run_b), args)

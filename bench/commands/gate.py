@@ -3,7 +3,7 @@
 
 CI perf gate: a run's exact collective counts and correctness, and its timings.
 
-The checks are bench.gate's. With --ab the timings come from the baseline revision and this
+The checks are bench.gate.evaluate's. With --ab the timings come from the baseline revision and this
 working tree run interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's
 `ab`), and a timing check that fails there fails the gate only if a second A/B of fresh
 blocks (RUN_DIR/ab_confirm) fails it too; without it, from this run's ratios against the
@@ -22,8 +22,8 @@ PROG = "bench gate"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from bench.gate_baseline import check_tolerance
-    from bench.gate_timing import DEFAULT_THRESHOLD
+    from bench.gate.baseline import check_tolerance
+    from bench.gate.timing import DEFAULT_THRESHOLD
 
     parser = CliParser(prog=PROG, description=__doc__.splitlines()[3],
                        epilog="\n".join(__doc__.splitlines()[5:]))
@@ -49,7 +49,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.gate import evaluate, format_checks
+    from bench.gate.evaluate import evaluate, format_checks
 
     checks, context = evaluate(_parse(argv))
     failed = [c for c in checks if not c.passed]

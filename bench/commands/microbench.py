@@ -20,7 +20,7 @@ from bench.microbench import (
     load,
     run_pytest,
 )
-from bench.result_files import write_text_atomic
+from bench.rundir.files import write_text_atomic
 
 PROG = "bench microbench"
 

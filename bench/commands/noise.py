@@ -56,7 +56,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def make_runs(args: argparse.Namespace, out: Path) -> tuple[list[Path], dict[str, float]]:
     """--runs runs of the preset into out/run_<i>; the 1-minute load average after each."""
-    from bench.envinfo import REPO_DIR
+    from bench.rundir.env import REPO_DIR
 
     extra = [x for f, v in (("--protocols", args.protocols), ("--policies", args.policies),
                             ("--repeats", args.repeats and str(args.repeats))) if v
@@ -77,9 +77,9 @@ def make_runs(args: argparse.Namespace, out: Path) -> tuple[list[Path], dict[str
 
 
 def _main(argv: list[str]) -> int:
-    from bench import noise
-    from bench.envinfo import REPO_DIR
-    from bench.noise_report import print_figures, update_gate, write_outputs
+    from bench.ab import noise
+    from bench.ab.noise_report import print_figures, update_gate, write_outputs
+    from bench.rundir.env import REPO_DIR
 
     args = _parse(argv)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

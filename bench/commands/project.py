@@ -7,7 +7,7 @@ inflation it implies, with the run's own measured points beside them. c, one sma
 all-reduce, is the mean of the run's calibration.json (a step pays the tail too, so the mean,
 not the median), or --latency-us: the latency of one small all-reduce over the run's TP ranks
 (over 2 ranks when the run has TP 1), e.g. one measured across nodes. Either is scaled to
-other TP sizes by --scaling (bench.overhead). The base decode step is --base-step-ms, else the
+other TP sizes by --scaling (analysis.overhead). The base decode step is --base-step-ms, else the
 median decode step of the run's rows that issue no decision collective.
 Writes projection.csv, projection.md and projection.png into --out (default
 RUN_DIR/projection). Projects the overhead model (docs/design.md section 8) to scales
@@ -20,8 +20,8 @@ import argparse
 import math
 from pathlib import Path
 
+from bench.analysis.overhead import SCALINGS
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.overhead import SCALINGS
 
 PROG = "bench project"
 
@@ -51,7 +51,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.project import project
+    from bench.project.projection import project
 
     args = _parse(argv)
     text, paths = project(args.run_dir, args.latency_us, args.scaling, args.base_step_ms,

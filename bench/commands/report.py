@@ -15,7 +15,7 @@ PROG = "bench report"
 
 
 def _main(argv: list[str]) -> int:
-    from bench.report import write_report  # matplotlib: only once the arguments are good
+    from bench.analysis.report import write_report  # matplotlib: only once the arguments are good
 
     parser = CliParser(prog=PROG, description=__doc__.splitlines()[2])
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.plan import (
+from bench.run.plan import (
     ALIASES,
     PRESET_HELP,
     PRESETS,
@@ -25,13 +25,13 @@ from bench.plan import (
     Cell,
     RunPlan,
 )
-from bench.workload import WorkloadSpec
+from bench.run.workload import WorkloadSpec
+from bench.rundir.env import REPO_DIR
 from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
 
-REPO = Path(__file__).resolve().parents[2]
 PROG = "bench run"
 
 
@@ -210,7 +210,8 @@ def _storage(args, preset: dict) -> StorageSpec:
         if getattr(args, flag) is not None:
             kw[key] = getattr(args, flag)
     try:
-        return StorageSpec(**kw, root=str(REPO / "results" / ".storage") if args.storage == "file"
+        root = str(REPO_DIR / "results" / ".storage")
+        return StorageSpec(**kw, root=root if args.storage == "file"
                            else None)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -256,7 +257,7 @@ def out_dir(args, preset: str) -> Path:
     else:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         sha = _short_sha()
-        path = REPO / "results" / f"{stamp}_{preset}_{sha}"
+        path = REPO_DIR / "results" / f"{stamp}_{preset}_{sha}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -269,7 +270,7 @@ def out_dir(args, preset: str) -> Path:
 
 def _short_sha() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, text=True,
                              capture_output=True, timeout=10)
         return out.stdout.strip() or "nogit"
     except (OSError, subprocess.SubprocessError):
@@ -278,7 +279,7 @@ def _short_sha() -> str:
 
 def resolve_plan(argv: list[str]) -> RunPlan:
     """The validated plan of a command line, resolved for this machine (UsageError if not)."""
-    from bench.launch import under_torchrun
+    from bench.run.launch import under_torchrun
 
     args = parser().parse_args(argv)
     plan = build_plan(args)
@@ -300,7 +301,7 @@ def resolve_plan(argv: list[str]) -> RunPlan:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.launch import under_torchrun
+    from bench.run.launch import under_torchrun
 
     plan = resolve_plan(argv)
     return _run_torchrun(plan) if under_torchrun() else _run_local(plan)
@@ -310,7 +311,7 @@ def _run_torchrun(plan: RunPlan) -> int:
     """Under torchrun: this process is one rank; rank 0 reports."""
     import torch.distributed as dist
 
-    from bench.worker import run_rank
+    from bench.run.worker import run_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     t0 = time.monotonic()
@@ -321,8 +322,8 @@ def _run_torchrun(plan: RunPlan) -> int:
 
 
 def _run_local(plan: RunPlan) -> int:
-    from bench.launch import LaunchError, launch
-    from bench.worker import run_rank
+    from bench.run.launch import LaunchError, launch
+    from bench.run.worker import run_rank
 
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
         print("bench run: warning: TORCH_DISTRIBUTED_DEBUG=DETAIL adds hidden collectives and "
@@ -351,8 +352,11 @@ def _run_local(plan: RunPlan) -> int:
 def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     """The end of every run, in this one process: summary, plots, verdict and report built
     once from the rows the ranks wrote, printed from the same objects."""
-    from bench.report import NO_PLOTS, write_report  # matplotlib: imported once, at the end
-    from bench.summarize import format_table
+    from bench.analysis.report import (  # matplotlib: imported once, at the end
+        NO_PLOTS,
+        write_report,
+    )
+    from bench.analysis.summarize import format_table
 
     took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
     if not (run_dir / "requests.csv").exists():  # not even one configuration finished
@@ -383,7 +387,7 @@ def _budget_s(plan: RunPlan) -> float:
 
 
 def _link_latest(path: Path) -> None:
-    latest = REPO / "results" / "latest"
+    latest = REPO_DIR / "results" / "latest"
     if path.parent != latest.parent:
         return
     tmp = latest.with_name(".latest.tmp")
@@ -397,7 +401,7 @@ def _record_failure(run_dir: Path, error: str) -> None:
     configurations that finished (their rows were written atomically)."""
     import json
 
-    from bench.result_files import write_csv_atomic
+    from bench.rundir.files import write_csv_atomic
 
     progress = run_dir / "progress.json"
     cell = json.loads(progress.read_text()) if progress.exists() else {}

@@ -1,4 +1,4 @@
-"""`bench run`'s workload and cache-tier flags: a trace replay (bench.trace) instead of the
+"""`bench run`'s workload and cache-tier flags: a trace replay (bench.run.trace) instead of the
 synthetic workload, its window and load, and the device tier's write path (hicache.tiers).
 Validated here, before any rank starts; a bad trace file is one line naming its line."""
 
@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 from bench.commands.common import UsageError
-from bench.plan import TRACE_EXCERPT
-from bench.trace import TraceError, TraceSpec
+from bench.run.plan import TRACE_EXCERPT
+from bench.run.trace import TraceError, TraceSpec
 from hicache.config import WRITE_POLICIES, HiCacheConfig
 
 SYNTHETIC_ONLY = ("requests", "rate", "bystanders", "bystander_rate", "output_tokens")

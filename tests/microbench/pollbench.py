@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from bench.launch import free_port
+from bench.run.launch import free_port
 from hicache.cache import HiCache
 from hicache.comm import COMPLETION, DECISION, Groups, Layout
 from hicache.config import HiCacheConfig

@@ -1,0 +1,197 @@
+"""`bench ab`'s engine: two revisions on one machine, interleaved, paired by block.
+
+Block k runs `bench run --preset P --repeats R --seed SEED+k` once for each revision (R = 1
+by default), in the order A B, B A, A B, ... (so a steady drift of the machine hits both
+alike and cancels in the pairs); the two runs of a block have the same seeds, so the same
+workloads and storage noise. Each side's runs are then read as one run whose repeat
+k * R + r is repeat r of block k, and compared as `bench compare` compares two runs
+(compare.comparison): exact counts over every block, timing ratios B/A paired by (block, repeat)
+with a t interval over those pairs. Only flags every revision since the
+serving regime understands are passed (--preset, --repeats, --seed, --out, --protocols,
+--policies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bench.ab.revisions import Revision, checked_out
+from bench.analysis import verdict
+from bench.analysis.report import NO_PLOTS
+from bench.compare.comparison import Comparison, Run, compare, load_run
+from bench.rundir.files import ResultFileError, write_json_atomic
+
+RUN_TIMEOUT_S = 1800.0  # one block's run; `bench run` bounds itself well below this
+DRIFT = ("A and B alternate block by block (A B, B A, ...) on this machine with the same "
+         "seeds, so drift that is steady over a block pair cancels; the intervals hold the "
+         "block-to-block variation")
+
+
+class AbError(ResultFileError):
+    """A revision whose runs cannot be compared (refused its flags, wrote no rows)."""
+
+
+@dataclass(frozen=True)
+class AbPlan:
+    a: Revision
+    b: Revision
+    preset: str
+    blocks: int
+    seed: int = 0
+    per_block: int = 1  # repeats of each run; pairs are (block, repeat)
+    threshold: float = 0.05
+    run_args: tuple[str, ...] = ()  # --protocols / --policies, passed to every run
+    metrics: tuple[str, ...] | None = None  # compare's --metric (None: all)
+    out: Path = Path("results/ab")
+
+    def order(self) -> list[tuple[int, str]]:
+        """(block, side) in the order they run: A B, B A, A B, ..."""
+        return [(k, side) for k in range(self.blocks)
+                for side in (("a", "b") if k % 2 == 0 else ("b", "a"))]
+
+    def run_dir(self, k: int, side: str) -> Path:
+        return self.out / "runs" / f"{k:02d}_{side}"
+
+    def command(self, k: int, out: Path) -> list[str]:
+        return [sys.executable, "-m", "bench", "run", "--preset", self.preset, "--repeats",
+                str(self.per_block), "--seed", str(self.seed + k), "--out", str(out),
+                *self.run_args]
+
+
+@dataclass
+class Outcome:
+    """One block run: where it wrote, its exit code, its last console line, its seconds."""
+
+    path: Path
+    code: int
+    last_line: str
+    seconds: float
+
+
+Runner = Callable[[AbPlan, int, str, Path], Outcome]  # (plan, block, side, root) -> outcome
+
+
+def run_one(plan: AbPlan, k: int, side: str, root: Path) -> Outcome:
+    """`bench run` of one block for one side, in `root` (that revision's tree), its console
+    into console.log beside the results."""
+    out = plan.run_dir(k, side).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, NO_PLOTS: "1", "PYTHONPATH": os.pathsep.join(
+        [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    t0 = time.monotonic()
+    with open(out / "console.log", "w") as log:
+        try:
+            code = subprocess.run(plan.command(k, out), cwd=root, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    lines = (out / "console.log").read_text(errors="replace").strip().splitlines()
+    return Outcome(out, code, lines[-1] if lines else "", time.monotonic() - t0)
+
+
+def checked(rev: Revision, outcome: Outcome) -> Outcome:
+    """The outcome, or AbError when the revision refused the flags or wrote nothing."""
+    if outcome.code == 2:
+        raise AbError(f"{rev.label}: bench run refused the flags: {outcome.last_line}")
+    if not (outcome.path / "requests.csv").exists():
+        raise AbError(f"{rev.label}: bench run wrote no rows (exit {outcome.code}): "
+                      f"{outcome.last_line}")
+    return outcome
+
+
+@dataclass
+class AbRuns:
+    """Every block's outcome per side, in block order."""
+
+    a: list[Outcome] = field(default_factory=list)
+    b: list[Outcome] = field(default_factory=list)
+
+
+def run_blocks(plan: AbPlan, runner: Runner = run_one,
+               log: Callable[[str], None] = print) -> AbRuns:
+    """Every block of both sides, interleaved; each revision checked out once."""
+    runs = AbRuns()
+    with checked_out(plan.a, _repo(), plan.out) as root_a, \
+            checked_out(plan.b, _repo(), plan.out) as root_b:
+        roots = {"a": root_a, "b": root_b}
+        for i, (k, side) in enumerate(plan.order()):
+            rev = plan.a if side == "a" else plan.b
+            outcome = checked(rev, runner(plan, k, side, roots[side]))
+            getattr(runs, side).append(outcome)
+            log(f"ab: [{i + 1:2d}/{2 * plan.blocks}] block {k} {side.upper()} "
+                f"{rev.label}: {outcome.last_line} ({outcome.seconds:.0f}s)")
+    return runs
+
+
+def _repo() -> Path:
+    from bench.rundir.env import REPO_DIR
+
+    return REPO_DIR
+
+
+def merged(outcomes: list[Outcome], per_block: int = 1) -> Run:
+    """One side's runs as one Run whose repeat k * per_block + r is repeat r of block k
+    (the pairing unit: A's and B's have the same seeds and ran next to each other)."""
+    parts = [load_run(o.path) for o in outcomes]
+
+    def renumbered(frame: pd.DataFrame, k: int) -> pd.DataFrame:
+        return frame.assign(repeat=k * per_block + frame["repeat"].astype(int))
+    requests = pd.concat([renumbered(p.requests, k) for k, p in enumerate(parts)],
+                         ignore_index=True)
+    steps = None
+    if all(p.steps is not None for p in parts):
+        steps = pd.concat([renumbered(p.steps, k) for k, p in enumerate(parts)],
+                          ignore_index=True)
+    return Run(outcomes[0].path.parent, parts[0].env, requests, steps)
+
+
+def failed_run_warnings(runs: AbRuns) -> list[str]:
+    """Block runs that did not pass their own checks: their counts and timings are suspect."""
+    out = []
+    for side, outcomes in (("A", runs.a), ("B", runs.b)):
+        for k, o in enumerate(outcomes):
+            v = verdict.read(o.path)
+            if (v is not None and not v.ok) or o.code != 0:
+                out.append(f"warning: block {k} of {side} did not pass its own checks: "
+                           f"{v.line if v is not None else o.last_line}")
+    return out
+
+
+def comparison(plan: AbPlan, runs: AbRuns) -> Comparison:
+    """B against A, paired by block, with ab's own context lines."""
+    opts = argparse.Namespace(threshold=plan.threshold,
+                              metric=list(plan.metrics) if plan.metrics else None)
+    comp = compare(merged(runs.a, plan.per_block), merged(runs.b, plan.per_block), opts)
+    comp.verb, comp.drift_note = "ab", DRIFT
+    comp.header = failed_run_warnings(runs) + comp.header
+    each = f"{plan.per_block} repeats" if plan.per_block > 1 else "1 repeat"
+    comp.run_lines = [f"{side} = {rev.label}: {plan.blocks} runs of preset {plan.preset} "
+                      f"({each} each, seeds {plan.seed}..{plan.seed + plan.blocks - 1}) in "
+                      f"{plan.out / 'runs'}" for side, rev in (("A", plan.a), ("B", plan.b))]
+    return comp
+
+
+def write_plan(plan: AbPlan, runs: AbRuns) -> Path:
+    """ab.json: the revisions, the block order and every run's exit code and seconds."""
+    def side(rev: Revision, outcomes: list[Outcome]) -> dict:
+        return {"name": rev.name, "commit": rev.sha, "runs": [
+            {"dir": str(o.path), "exit": o.code, "seconds": round(o.seconds, 1)}
+            for o in outcomes]}
+    path = plan.out / "ab.json"
+    write_json_atomic(path, {
+        "a": side(plan.a, runs.a), "b": side(plan.b, runs.b), "preset": plan.preset,
+        "blocks": plan.blocks, "repeats_per_block": plan.per_block, "seed": plan.seed,
+        "threshold": plan.threshold,
+        "run_args": list(plan.run_args), "order": [f"{k}{s}" for k, s in plan.order()],
+        "utc_time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+    return path

@@ -1,0 +1,213 @@
+"""The report's lead (docs/design.md section 8): what the overhead model expects, the
+headline table (each protocol against pr27010 in the same configuration), and the model's
+prediction next to the measurement, each closed by one sentence.
+
+All text is built from summary rows (bench.analysis.summarize), so it can be rebuilt from the CSVs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from bench.rundir.schema import REFERENCE_PROTOCOL
+from bench.tables import interval_text
+from hicache.cost_model import POLICIES, PROTOCOLS
+
+HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
+HEADLINE_POLICIES = ("wait_complete", "timeout")
+HEADLINE_HEADERS = ["protocol", "policy", "coll/req", "polls/step", "coll/step", "step ms",
+                    "step x", "ITL p50 x", "ITL p99 x", "TTFT p50 x prefetch",
+                    "TTFT p50 x bystander", "TTFT p99 x prefetch", "TTFT p99 x bystander"]
+RATIO_COLUMNS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "bystander_ttft_p50",
+                 "prefetch_ttft_p99", "bystander_ttft_p99"]
+LABELS = {"step_mean": "step", "itl_p50": "ITL p50", "itl_p99": "ITL p99",
+          "prefetch_ttft_p50": "TTFT p50 prefetch", "bystander_ttft_p50": "TTFT p50 bystander",
+          "prefetch_ttft_p99": "TTFT p99 prefetch", "bystander_ttft_p99": "TTFT p99 bystander"}
+MODEL_HEADERS = ["protocol", "policy", "polls/step", "c calib ms", "c in run ms",
+                 "predicted extra ms/step", "measured extra ms/step", "ITL x predicted",
+                 "ITL x measured", "agree"]
+
+
+def _f(v: object, fmt: str = ".2f") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, fmt)
+
+
+def _ratio(row: dict, name: str) -> str:
+    if row["protocol"] == REFERENCE_PROTOCOL and not pd.isna(row.get(f"{name}_ratio")):
+        return "1 (ref)"  # itself, repeat by repeat: exactly 1, no interval to give
+    return interval_text(row.get(f"{name}_ratio"), row.get(f"{name}_ratio_ci_low"),
+                         row.get(f"{name}_ratio_ci_high"))
+
+
+def resolution_lines(summary: pd.DataFrame) -> list[str]:
+    """What the run can resolve: per headline metric, the largest half-width (as a
+    fraction) of its 95% interval over the non-reference headline rows; or, once, why there
+    are no intervals."""
+    rows = [r for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES)
+            if r["protocol"] != REFERENCE_PROTOCOL]
+    notes = [r.get("interval_note") for r in rows if isinstance(r.get("interval_note"), str)
+             and r.get("interval_note")]
+    widths = {name: [r[f"{name}_ratio_mdd"] for r in rows
+                     if not pd.isna(r.get(f"{name}_ratio_mdd", math.nan))]
+              for name in RATIO_COLUMNS}
+    parts = [f"{LABELS[n]} {100 * max(w):.1f}%" for n, w in widths.items() if w]
+    if not parts:
+        return [f"No intervals: {notes[0]}." if notes else "No intervals."]
+    repeats = [int(r["step_mean_ratio_repeats"]) for r in rows
+               if not pd.isna(r.get("step_mean_ratio_repeats", math.nan))]
+    text = (f"Resolvable differences (the largest 95% half-width over these rows, "
+            f"{min(repeats) if repeats else '?'} paired repeats each): " + ", ".join(parts)
+            + "; a smaller difference is not resolved by this run.")
+    return [text] + ([f"Note: {notes[0]}."] if notes else [])
+
+
+def _pick(summary: pd.DataFrame, protocols: tuple, policies: tuple) -> list[dict]:
+    """Rows of `summary` for the protocols and policies present, in cost_model order."""
+    sub = summary[summary["protocol"].isin(protocols) & summary["policy"].isin(policies)]
+    rows = sub.to_dict("records")
+    return sorted(rows, key=lambda r: (POLICIES.index(r["policy"]),
+                                       PROTOCOLS.index(r["protocol"])))
+
+
+def headline_rows(summary: pd.DataFrame) -> list[list[str]]:
+    """The headline table's cells (HEADLINE_HEADERS); ratios are over pr27010's."""
+    out = []
+    for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES):
+        out.append([r["protocol"], r["policy"], _f(r["critical_collectives_per_req"]),
+                    _f(r["polls_per_step"], ".1f"), _f(r["critical_collectives_per_step"]),
+                    _f(r["step_mean_ms"], ".1f"),
+                    *[_ratio(r, name) for name in RATIO_COLUMNS]])
+    return out
+
+
+def model_rows(summary: pd.DataFrame) -> list[list[str]]:
+    """Predicted beside measured extra step time, for every row with a reference."""
+    out = []
+    for r in _pick(summary, PROTOCOLS, POLICIES):
+        if r.get("overhead_reference") in (None, "") or pd.isna(r["overhead_reference"]):
+            continue
+        agree = r["overhead_model_agrees"]
+        out.append([r["protocol"], r["policy"], _f(r["polls_per_step"], ".1f"),
+                    _f(r["c_ms"], ".3f"), _f(r["c_insitu_ms"], ".3f"),
+                    f"{_f(r['predicted_extra_step_ms'])} [{_f(r['predicted_extra_step_low_ms'])}"
+                    f", {_f(r['predicted_extra_step_high_ms'])}]",
+                    interval_text(r["measured_extra_step_ms"],
+                                  r["measured_extra_step_ci_low_ms"],
+                                  r["measured_extra_step_ci_high_ms"]),
+                    _f(r["predicted_itl_inflation"]), _f(r["measured_itl_inflation"]),
+                    "-" if agree is None or pd.isna(agree) else ("yes" if _true(agree)
+                                                                 else "NO")])
+    return out
+
+
+def _true(v: object) -> bool:
+    return v in (True, "True", "true", 1)
+
+
+def expected_step_ratio(summary: pd.DataFrame, protocol: str, policy: str
+                        ) -> tuple[float, float, float] | None:
+    """The model's step-time ratio of `protocol` over pr27010 under `policy`: (S + E_p) /
+    (S + E_pr27010), S the reference protocol's mean step, E the predicted extras; the band
+    takes each side's low and high prediction."""
+    rows = {r["protocol"]: r for r in summary[summary["policy"] == policy].to_dict("records")}
+    this, base = rows.get(protocol), rows.get(REFERENCE_PROTOCOL)
+    if this is None or base is None or pd.isna(this.get("overhead_reference")):
+        return None
+    ref = rows.get(this["overhead_reference"])
+    if ref is None or pd.isna(ref["step_mean_ms"]):
+        return None
+    s = ref["step_mean_ms"]
+
+    def ratio(lo: str, hi: str) -> float:
+        return (s + this[lo]) / (s + base[hi])
+    return (ratio("predicted_extra_step_ms", "predicted_extra_step_ms"),
+            ratio("predicted_extra_step_low_ms", "predicted_extra_step_high_ms"),
+            ratio("predicted_extra_step_high_ms", "predicted_extra_step_low_ms"))
+
+
+def expectation_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
+    """What the model expects from c and the polls, said before any measurement."""
+    if calib is None:
+        return ["No calibration.json: the run measured no c, so the model expects nothing."]
+    c = calib["allreduce"]
+    lines = [f"One control-plane all-reduce (TP{calib['tp']}, gloo, n={calib['n']}) took "
+             f"{c['mean_ms']:.3f} ms on average (p50 {c['p50_ms']:.3f}, p99 "
+             f"{c['p99_ms']:.3f}, mean 95% CI [{c['mean_ci_low_ms']:.3f}, "
+             f"{c['mean_ci_high_ms']:.3f}]) before the cells ran."]
+    for policy in HEADLINE_POLICIES:
+        band = expected_step_ratio(summary, "pr36425", policy)
+        rows = summary[(summary["protocol"] == REFERENCE_PROTOCOL)
+                       & (summary["policy"] == policy)].to_dict("records")
+        if band is None or not rows:
+            continue
+        r = rows[0]
+        lines.append(f"- {policy}: pr27010 polls {r['polls_per_step']:.1f} waiting requests "
+                     f"per step at one all-reduce each, so the model expects "
+                     f"+{r['predicted_extra_step_ms']:.1f} ms per step "
+                     f"[{r['predicted_extra_step_low_ms']:.1f}, "
+                     f"{r['predicted_extra_step_high_ms']:.1f}] and pr36425's step time at "
+                     f"{band[0]:.2f}x pr27010's [{band[1]:.2f}, {band[2]:.2f}].")
+    return lines
+
+
+def verdict_lines(summary: pd.DataFrame) -> list[str]:
+    """Per headline policy: the measured step ratio of pr36425 against the expected band."""
+    lines = []
+    for policy in HEADLINE_POLICIES:
+        band = expected_step_ratio(summary, "pr36425", policy)
+        rows = summary[(summary["protocol"] == "pr36425")
+                       & (summary["policy"] == policy)].to_dict("records")
+        if band is None or not rows or pd.isna(rows[0]["step_mean_ratio"]):
+            continue
+        r = rows[0]
+        low, high = r["step_mean_ratio_ci_low"], r["step_mean_ratio_ci_high"]
+        head = f"- {policy}: pr36425's step time is {r['step_mean_ratio']:.2f}x pr27010's"
+        if pd.isna(low) or pd.isna(high):
+            lines.append(f"{head} (no interval, see above).")
+            continue
+        excludes_one = high < 1 or low > 1
+        inside = low <= band[2] and high >= band[1]
+        lines.append(
+            f"{head} [{low:.2f}, {high:.2f}]: "
+            + ("the interval excludes 1" if excludes_one else "the interval includes 1")
+            + ("; within the band the model expected" if inside
+               else f"; outside the expected band [{band[1]:.2f}, {band[2]:.2f}]") + ".")
+    return lines
+
+
+def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
+    """The terminal's lead after the table: expectation, headline ratios, verdict, model."""
+    rows = headline_rows(summary)
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in [HEADLINE_HEADERS, *rows])
+              for i in range(len(HEADLINE_HEADERS))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in [HEADLINE_HEADERS, *rows]]
+    return ["", "Expected (overhead model):", *expectation_lines(summary, calib), "",
+            "Headline, ratios to pr27010 [95% CI over repeats]:", *table,
+            *resolution_lines(summary), *verdict_lines(summary),
+            agreement_sentence(summary)]
+
+
+def agreement_sentence(summary: pd.DataFrame) -> str:
+    """One sentence: for how many rows prediction and measurement agree, and why not."""
+    rows = [r for r in summary.to_dict("records")
+            if r.get("overhead_model_agrees") is not None
+            and not pd.isna(r["overhead_model_agrees"])]
+    if not rows:
+        why = {r.get("overhead_model_note") for r in summary.to_dict("records")
+               if not pd.isna(r.get("measured_extra_step_ms", math.nan))}
+        why.discard(None)
+        return ("No row has both a prediction and a measured interval to compare"
+                + (f" ({sorted(why)[0]})." if why else "."))
+    bad = [r for r in rows if not _true(r["overhead_model_agrees"])]
+    text = (f"Prediction and measurement agree (their intervals overlap) for "
+            f"{len(rows) - len(bad)} of {len(rows)} rows.")
+    for r in bad[:4]:
+        text += f" {r['protocol']}/{r['policy']}: {r['overhead_model_note']}."
+    return text

@@ -1,0 +1,267 @@
+"""A run directory's summary.csv, plots and report.md, built from its CSVs and env.json alone
+(`python -m bench report` and the end of `bench run`)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bench.analysis import lead as headline
+from bench.analysis import trace_tiers as trace_report
+from bench.analysis.provenance import provenance_lines
+from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
+from bench.analysis.verdict import (
+    KNOWN_HAZARD,
+    Verdict,
+    data_errors,
+    host_slot_leaks,
+    judge,
+    row_disagrees,
+    unexplained_disagreements,
+)
+from bench.rundir.files import (
+    clean_key,
+    read_csv_checked,
+    read_json_object,
+    write_csv_atomic,
+    write_text_atomic,
+)
+from bench.rundir.schema import (
+    DIVERGENCE_COLUMNS,
+    GROUP_KEYS,
+    OPTIONAL_COLUMNS,
+    REFERENCE_PROTOCOL,
+    REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    SUMMARY_COLUMNS,
+)
+from bench.tables import markdown_table
+
+PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
+                   "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
+FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
+NO_PLOTS = "BENCH_NO_PLOTS"  # "1": `bench run` draws no plots (bench ab's block runs)
+
+
+def _n_text(summary: pd.DataFrame) -> str:
+    """The sample count behind each row's percentiles."""
+    n = (summary["requests"] * summary["repeats"]).astype(int)
+    if n.empty:
+        return "no rows"
+    return f"n = {n.min()}" if n.min() == n.max() else f"n = {n.min()} to {n.max()}"
+
+
+def _label(row: dict) -> str:
+    return (f"{row['protocol']} / {row['policy']} (tp={row['tp']}, pp={row['pp']}, "
+            f"rate={row['rate_rps']}, storage={row['storage']})")
+
+
+def _bad_request_lines(g: pd.DataFrame, limit: int = 5) -> list[str]:
+    """The first requests of a group whose ranks disagreed or whose data was wrong."""
+    bad = g[unexplained_disagreements(g) | data_errors(g)]
+    lines = [f"  - request {r['rid']} (repeat {r['repeat']}): ranks_agree {r['ranks_agree']}, "
+             f"data_ok {r['data_ok']}" for r in bad.head(limit).to_dict("records")]
+    if len(bad) > limit:
+        lines.append(f"  - and {len(bad) - limit} more")
+    return lines
+
+
+def divergence_lines(summary: pd.DataFrame, requests: pd.DataFrame,
+                     failures: pd.DataFrame | None, ranks: pd.DataFrame | None,
+                     details: pd.DataFrame | None) -> list[str]:
+    """Rows whose ranks disagreed or whose data was wrong (with the sink's description of
+    each disagreement), rank self-check misses, known hazards, failed cells."""
+    lines, groups = [], config_groups(requests)
+    for row in summary.to_dict("records"):
+        if row_disagrees(row) or row["data_errors"] > 0:
+            lines.append(f"- {_label(row)}: ranks_agree {row['ranks_agree']}, "
+                         f"data_errors {row['data_errors']}")
+            lines += _bad_request_lines(groups[clean_key(tuple(row[k] for k in GROUP_KEYS))])
+    if details is not None:
+        lines += [f"- {r['protocol']} / {r['policy']}, repeat {r['repeat']}: {r['what']}"
+                  for r in details.head(20).to_dict("records")]
+    for row in host_slot_leaks(ranks).head(20).to_dict("records"):
+        lines.append(f"- rank {row.get('rank')} ({row.get('protocol')} / {row.get('policy')}, "
+                     f"repeat {row.get('repeat')}): {row['host_slots_unaccounted']} host "
+                     "slot(s) neither in the tree nor free at the end")
+    known = summary[summary["known_disagreements"] > 0] if "known_disagreements" in summary \
+        else summary.iloc[:0]
+    for row in known.to_dict("records"):
+        lines.append(f"- known hazard, not a failure: {_label(row)}: "
+                     f"{row['known_disagreements']} request(s) ended differently on different "
+                     f"PP stages; {KNOWN_HAZARD}")
+    if not lines:
+        lines = ["None: every row has ranks_agree True and data_errors 0."]
+    if failures is not None and not failures.empty:
+        lines += ["", "Failed cells (failures.csv):", "",
+                  markdown_table(FAILURE_COLUMNS,
+                                 failures[FAILURE_COLUMNS].astype(str).values.tolist())]
+    return lines
+
+
+def _plot_lines(plots: list[str] | None) -> list[str]:
+    titles = {"collectives_per_request.png": "Collectives per request by call site (rank 0)",
+              "ttft_cdf.png": "TTFT CDF per policy",
+              "ttft_breakdown.png": "TTFT breakdown (means)",
+              "ttft_vs_rate.png": "TTFT vs arrival rate (p50 solid, p99 dashed)",
+              "queue_over_time.png": "Waiting requests and step time over time (repeat 0)",
+              "load_sweep.png": "TTFT per class, ITL p99 and step time against offered load"}
+    if plots is None:
+        return [f"Not drawn: {NO_PLOTS}=1 (as in bench ab's block runs); "
+                "`python -m bench report DIR` draws them."]
+    if not plots:
+        return ["No request rows: nothing to plot."]
+    return [line for p in plots for line in (f"### {titles[p]}", "", f"![{titles[p]}]({p})", "")]
+
+
+def cpu_lines(env: dict | None, summary: pd.DataFrame) -> list[str]:
+    """Says so when the run's threads outnumber the cores: timings are then CPU-bound."""
+    cores = (env or {}).get("cpu_count")
+    world = ((env or {}).get("world") or {}).get("world_size")
+    per_rank = (env or {}).get("threads_per_rank")  # recorded by the run (schema 3 and later)
+    busy = summary["cores_busy"].max() if "cores_busy" in summary else math.nan
+    if not cores or not world or not per_rank:
+        return []
+    threads = world * per_rank
+    busy_text = "" if pd.isna(busy) else f"; the ranks kept up to {busy:.1f} cores busy"
+    if threads <= cores:
+        return [f"CPU: {world} ranks x {per_rank} threads fit in {cores} cores"
+                f"{busy_text}.", ""]
+    return [f"**Warning: CPU-bound.** {world} ranks x {per_rank} threads (scheduler, "
+            f"prefetch, IO, ack sync) exceed this machine's {cores} cores{busy_text}: "
+            "timings here are partly CPU-bound, not only collective-bound; compare ratios "
+            "within the run, not absolute times across machines.", ""]
+
+
+def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
+    """Expectation, headline table with its verdict, then the model against measurement."""
+    rows = headline.headline_rows(summary)
+    out = ["## What the overhead model expects", "",
+           *headline.expectation_lines(summary, calib), ""]
+    if rows:
+        out += ["## Headline: each protocol against pr27010", "",
+                markdown_table(headline.HEADLINE_HEADERS, rows), "",
+                "Ratios are over pr27010 in the same configuration of the same run. Per "
+                "repeat (one whole serve) each side's statistic is taken, paired with "
+                "pr27010's repeat of the same seed, and the point is the geometric mean of "
+                "the per-repeat ratios with a 95% t interval over them (docs/metrics.md, "
+                "\"Intervals\"); `step x` is the mean step time, ITL pools every inter-token "
+                "gap of a repeat, TTFT is split by request class (prefetch: prefix in "
+                "storage; bystander: nothing to fetch).", "",
+                *headline.resolution_lines(summary), "", *headline.verdict_lines(summary),
+                ""]
+    model = headline.model_rows(summary)
+    if model:
+        out += ["## The overhead model: predicted vs measured extra step time", "",
+                markdown_table(headline.MODEL_HEADERS, model), "",
+                "Predicted: polls per step x decision collectives per poll x c (calibrated "
+                "before the cells). Measured: scheduler host time per step (step minus "
+                "forward) over the reference protocol's, whose polls issue no collective "
+                "(`overhead_reference` in summary.csv). " + headline.agreement_sentence(summary),
+                ""]
+    return out
+
+
+def verdict_lines(verdict: Verdict) -> list[str]:
+    """report.md's verdict: the run's one OK/FAILED line (bench.analysis.verdict) and its notes."""
+    head = ("OK: every rank agreed, no data errors, every counter matched torch's and every "
+            "host slot was accounted for." if verdict.ok
+            else f"{verdict.line} (see Divergence / failures below).")
+    return [head, *(f"Note: {n}" for n in verdict.notes), ""]
+
+
+def render_report(run_dir: Path, summary: pd.DataFrame, method: str,
+                  plots: list[str] | None,
+                  divergence: list[str], env: dict | None, calib: dict | None,
+                  verdict: Verdict, tiers: list[str] = ()) -> str:
+    """report.md's text."""
+    return "\n".join([
+        f"# hicache-bench report: {run_dir.name}", "", "## Provenance", "",
+        *provenance_lines(env), "", *cpu_lines(env, summary), *verdict_lines(verdict),
+        *lead_lines(summary, calib), "## All configurations", "",
+        markdown_table(table_headers(summary), table_rows(summary)), "",
+        f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[method]}; "
+        f"{_n_text(summary)} requests per row. The ratio is median TTFT over "
+        f"{REFERENCE_PROTOCOL}'s in the same configuration of the same run, per repeat, "
+        "with a 95% t interval over the paired repeats; per-repeat ratios, each interval's "
+        "half-width (`_mdd`) and its repeat count are in summary.csv.", "",
+        "Collective counts are those issued by global rank 0 (PP stage 0, TP rank 0); "
+        "`ranks.csv` has every rank's counts by call site.", "", *tiers,
+        "## Plots", "", *_plot_lines(plots), "## Divergence / failures", "", *divergence, "",
+    ])
+
+
+def _required(columns: list[str]) -> list[str]:
+    return [c for c in columns if c not in OPTIONAL_COLUMNS]
+
+
+def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
+    return read_csv_checked(path, required) if path.exists() else None
+
+
+def _read_json(path: Path) -> dict | None:
+    return read_json_object(path) if path.exists() else None
+
+
+def load_back_line(requests: pd.DataFrame, env: dict | None) -> str | None:
+    """Achieved load-back GB/s against the host->device peak (GPU runs; None elsewhere)."""
+    peak = (env or {}).get("h2d_peak_gbps")
+    if not peak:
+        return None
+    gbps = sorted(v for v in requests.get("load_back_gbps", pd.Series(dtype=float)).dropna() if v)
+    if not gbps:
+        return f"load-back: none with bytes; host->device peak {peak} GB/s"
+    p50 = statistics.median(gbps)
+    return (f"load-back: p50 {p50:.1f} GB/s over {len(gbps)} load-backs "
+            f"({100 * p50 / peak:.0f}% of the host->device peak {peak} GB/s)")
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one build of a run's report produced, for the caller to print."""
+
+    path: Path  # report.md
+    summary: pd.DataFrame
+    verdict: Verdict
+    lead: list[str]  # the terminal's lead after the table
+
+
+def write_report(run_dir: Path, percentile_method: str = "linear",
+                 plots: bool = True) -> RunReport:
+    """Build summary.csv, the plots (unless `plots` is False), verdict.json and report.md of
+    `run_dir` from its result files, once; returns what was built.
+
+    Raises ResultFileError when requests.csv (or another present result file) is unusable.
+    """
+    run_dir = Path(run_dir)
+    requests = read_csv_checked(run_dir / "requests.csv", _required(REQUEST_COLUMNS))
+    steps = _read_optional(run_dir / "steps.csv", _required(STEP_COLUMNS))
+    steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
+    ranks = _read_optional(run_dir / "ranks.csv", [])
+    failures = _read_optional(run_dir / "failures.csv", FAILURE_COLUMNS)
+    details = _read_optional(run_dir / "divergence.csv", DIVERGENCE_COLUMNS)
+    calibration = _read_json(run_dir / "calibration.json")
+    env = _read_json(run_dir / "env.json")
+    summary = summarize(requests, steps, percentile_method, calibration, ranks)
+    write_csv_atomic(run_dir / "summary.csv", summary.to_dict("records"), SUMMARY_COLUMNS)
+    disagreements = [] if details is None else \
+        details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
+    verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements)
+    verdict.write(run_dir)
+    trace_plots, trace_files = trace_report.write_outputs(run_dir, requests, summary, plots)
+    drawn = None  # None: not drawn (the report says so); [] when there is nothing to plot
+    if plots:
+        from bench.analysis.plots import write_plots  # matplotlib: only when drawing
+        drawn = write_plots(run_dir, requests, summary, steps) + trace_plots
+    divergence = divergence_lines(summary, requests, failures, ranks, details)
+    text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
+                         calibration, verdict,
+                         trace_report.tier_lines(summary, requests, trace_files))
+    write_text_atomic(run_dir / "report.md", text)
+    lead = headline.lead_text(summary, calibration)
+    loaded = load_back_line(requests, env)
+    return RunReport(run_dir / "report.md", summary, verdict, lead + ([loaded] if loaded else []))

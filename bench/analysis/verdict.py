@@ -1,0 +1,180 @@
+"""Whether a run is OK: the one rule set behind the console line, report.md, the gate and
+compare, written into the run directory as verdict.json.
+
+A run FAILS when
+- the ranks ended a request's prefetch differently, except where pre27010's PP stages did
+  (each stage's TP ranks agreeing among themselves): pre27010 has no PP agreement by design
+  (SGLang #22607, docs/design.md section 5), so that is reported as a known hazard, not a
+  failure;
+- a request loaded prefix data that differs from storage;
+- a rank's own collective counter differs from torch's sequence numbers (ranks.csv
+  `crosscheck_ok`);
+- a rank ended a configuration with host slots neither in its radix tree nor free
+  (ranks.csv `host_slots_unaccounted`);
+- configurations the plan asked for have no rows (the run stopped early: failures.csv).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from pathlib import Path
+
+import pandas as pd
+
+from bench.rundir.files import (
+    ResultFileError,
+    as_bool,
+    is_true,
+    read_json_object,
+    write_json_atomic,
+)
+
+FILE = "verdict.json"
+KNOWN_HAZARD = ("pre27010 has no PP agreement (SGLang #22607): its PP stages may end a "
+                "prefetch differently")
+
+
+def known_hazard(protocol: object, disagreement: object) -> bool:
+    """A disagreement the protocol permits by design: pre27010's PP stages (each stage's TP
+    ranks agreeing among themselves). Every other disagreement is a failure."""
+    return protocol == "pre27010" and disagreement == "pp_stages"
+
+
+def unexplained_disagreements(g: pd.DataFrame) -> pd.Series:
+    """Rows whose ranks disagreed (or whose agreement is unknown), known hazards aside."""
+    bad = as_bool(g["ranks_agree"]) != True  # noqa: E712 - unknown is not agreement
+    if "disagreement" not in g:
+        return bad
+    known = [known_hazard(p, d) for p, d in zip(g["protocol"], g["disagreement"], strict=True)]
+    return bad & ~pd.Series(known, index=g.index, dtype=bool)
+
+
+def row_disagrees(row: dict) -> bool:
+    """A summary row whose ranks disagreed beyond the known hazard: unexplained ones
+    counted, or ranks_agree False with no known disagreement to account for it."""
+    known, unexplained = row.get("known_disagreements"), row.get("unexplained_disagreements")
+    if unexplained is not None and not pd.isna(unexplained) and unexplained > 0:
+        return True
+    return not is_true(row["ranks_agree"]) and not (
+        known is not None and not pd.isna(known) and known > 0)
+
+
+def data_errors(g: pd.DataFrame) -> pd.Series:
+    """Rows whose loaded data differed from storage."""
+    return as_bool(g["data_ok"]) == False  # noqa: E712 - unknown is not an error
+
+
+def crosscheck_misses(ranks: pd.DataFrame | None) -> pd.DataFrame:
+    """ranks.csv rows whose counter disagreed with torch's sequence numbers."""
+    if ranks is None or "crosscheck_ok" not in ranks:
+        return pd.DataFrame()
+    return ranks[as_bool(ranks["crosscheck_ok"]) == False]  # noqa: E712
+
+
+def host_slot_leaks(ranks: pd.DataFrame | None) -> pd.DataFrame:
+    """ranks.csv rows that ended with host slots neither in the tree nor free."""
+    if ranks is None or "host_slots_unaccounted" not in ranks:
+        return pd.DataFrame()
+    leaked = pd.to_numeric(ranks["host_slots_unaccounted"], errors="coerce").fillna(0)
+    return ranks[leaked > 0]
+
+
+def planned_cells(plan: dict | None) -> set[tuple]:
+    """(protocol, policy, rate, repeat) of every configuration env.json's plan asked for."""
+    if not plan or not all(k in plan for k in ("protocols", "policies", "rates", "repeats")):
+        return set()
+    return set(product(plan["protocols"], plan["policies"],
+                       [float(r) for r in plan["rates"]], range(int(plan["repeats"]))))
+
+
+def missing_cells(requests: pd.DataFrame, plan: dict | None) -> list[tuple]:
+    """Planned configurations with no request rows, in plan order."""
+    planned = planned_cells(plan)
+    if not planned:
+        return []
+    have = set(zip(requests["protocol"], requests["policy"],
+                   requests["rate_rps"].astype(float), requests["repeat"].astype(int),
+                   strict=True)) if len(requests) else set()
+    return sorted(planned - have, key=lambda c: (c[3], c[0], c[1], c[2]))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """OK, or FAILED with its reasons; notes are reported but fail nothing."""
+
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+    @property
+    def line(self) -> str:
+        return "OK" if self.ok else f"FAILED: {'; '.join(self.reasons)}"
+
+    def write(self, run_dir: Path) -> None:
+        write_json_atomic(Path(run_dir) / FILE, {"ok": self.ok, "line": self.line,
+                                                 "reasons": list(self.reasons),
+                                                 "notes": list(self.notes)})
+
+
+def read(run_dir: Path) -> Verdict | None:
+    """verdict.json of a run; None for runs written before it existed."""
+    path = Path(run_dir) / FILE
+    if not path.exists():
+        return None
+    data = read_json_object(path, ["reasons", "notes"])
+    if not all(isinstance(data[k], list) for k in ("reasons", "notes")):
+        raise ResultFileError(f"{path}: reasons and notes must be lists")
+    return Verdict(tuple(map(str, data["reasons"])), tuple(map(str, data["notes"])))
+
+
+def _where(row: dict) -> str:
+    return f"{row.get('protocol')}/{row.get('policy')} repeat {row.get('repeat')}"
+
+
+def _first(frame: pd.DataFrame, text) -> str:
+    more = f" (and {len(frame) - 1} more)" if len(frame) > 1 else ""
+    return text(frame.iloc[0].to_dict()) + more
+
+
+def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
+          plan: dict | None = None, failures: pd.DataFrame | None = None,
+          details: list[str] = ()) -> Verdict:
+    """The run's verdict from its request rows, rank rows, plan (env.json's `plan`) and
+    failures.csv; `details` (divergence.csv's disagreement lines) name what the first
+    disagreement was."""
+    reasons, notes = [], []
+    if failures is not None and len(failures):
+        reasons.append(f"the run stopped: {failures.iloc[0]['error']}")
+    if len(requests):
+        bad = unexplained_disagreements(requests)
+        known = int((as_bool(requests["ranks_agree"]) == False).sum() - bad.sum())  # noqa: E712
+        if bad.any():
+            row = requests[bad].iloc[0].to_dict()
+            first = details[0] if details else f"first: request {row['rid']} in {_where(row)}"
+            reasons.append(f"ranks disagreed on {int(bad.sum())} request(s) ({first})")
+        if known > 0:
+            notes.append(f"{known} request(s) of pre27010 ended differently on different PP "
+                         f"stages: {KNOWN_HAZARD} (reported, not a failure)")
+        if data_errors(requests).any():
+            reasons.append(f"{int(data_errors(requests).sum())} request(s) loaded data that "
+                           "differs from storage")
+    miss = crosscheck_misses(ranks)
+    if len(miss):
+        reasons.append(_first(miss, lambda r: f"rank {r.get('rank')}'s collective counter != "
+                                              f"torch's sequence numbers in {_where(r)}"))
+    leaks = host_slot_leaks(ranks)
+    if len(leaks):
+        reasons.append(_first(leaks, lambda r: f"rank {r.get('rank')}: "
+                                               f"{int(float(r['host_slots_unaccounted']))} host "
+                                               f"slot(s) neither in the tree nor free after "
+                                               f"{_where(r)}"))
+    absent = missing_cells(requests, plan)
+    if absent:
+        p, pol, rate, rep = absent[0]
+        reasons.append(f"{len(absent)} planned configuration(s) have no rows (first: {p}/{pol} "
+                       f"rate={rate:g} repeat {rep}; see failures.csv)")
+    return Verdict(tuple(reasons), tuple(notes))

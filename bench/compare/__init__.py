@@ -1,0 +1,1 @@
+"""Two runs side by side, paired by repeat: rows, metrics, rules, the report."""

@@ -1,0 +1,219 @@
+"""Two runs side by side: what a code change did to collective counts and timings (the
+engine of `python -m bench compare`, whose usage text, bench.commands.compare, says how
+rows are matched and judged)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bench.analysis import verdict
+from bench.compare.metrics import COUNT_COLUMNS, TIMING_METRICS, TimingMetric, counts
+from bench.compare.rules import TimingOptions, count_rows, timing_rows
+from bench.run.plan import plan_differences
+from bench.rundir.files import (
+    ResultFileError,
+    clean_key,
+    numeric_columns,
+    read_csv_checked,
+    read_json_object,
+)
+from bench.rundir.schema import CONFIG_COLUMNS, GROUP_KEYS, STEP_SITES
+from hicache.cost_model import POLICIES, PROTOCOLS
+
+DEFAULT_THRESHOLD = 0.05
+LEGACY_SCHEMA_VERSION = 2  # runs written before env.json recorded a schema_version
+RUN_LEVEL = ("preset", "world_size", "device", "backend", "seed")  # checked, warned or noted
+EXTRA_KEYS = [c for c in [*CONFIG_COLUMNS, "model"] if c not in GROUP_KEYS + list(RUN_LEVEL)]
+REQUEST_REQUIRED = GROUP_KEYS + ["repeat", "ttft_ms"] + COUNT_COLUMNS
+STEP_REQUIRED = GROUP_KEYS + ["repeat"] + STEP_SITES
+REQUEST_NUMERIC = ["tp", "pp", "repeat", "ttft_ms", *COUNT_COLUMNS]
+STEP_NUMERIC = ["tp", "pp", "repeat", "step_ms", *STEP_SITES]
+ENV_FACTS = {"host": ("host",), "CPU": ("cpu_model",), "CPU count": ("cpu_count",),
+             "torch": ("versions", "torch"), "NCCL": ("versions", "nccl"),
+             "device": ("world", "device"), "backend": ("backend",)}
+VERDICTS = ("better", "worse", "same")
+DRIFT = ("the two runs were made at different times: drift between them (the machine's "
+         "other load, its clock, its temperature) is not in these intervals; for a decision, "
+         "run both revisions interleaved with `python -m bench ab REV_A REV_B`")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory's env.json, requests.csv and steps.csv (None when absent)."""
+
+    path: Path
+    env: dict
+    requests: pd.DataFrame
+    steps: pd.DataFrame | None
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+    @property
+    def schema_version(self) -> object:
+        return self.env.get("schema_version", LEGACY_SCHEMA_VERSION)
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        return self.requests if name == "requests" else self.steps
+
+    def fact(self, *path: str) -> object:
+        """env.json value at `path`, None when absent."""
+        node: object = self.env
+        for k in path:
+            node = node.get(k) if isinstance(node, dict) else None
+        return node
+
+    def setting(self, name: str) -> object:
+        """A run-level setting (preset, tp, pp): env.json's plan, else the requests' column."""
+        value = self.fact("plan", name)
+        if value is None and name in self.requests and len(self.requests):
+            value = self.requests[name].iloc[0]
+        return clean_key((value,))[0]
+
+
+def load_run(path: Path) -> Run:
+    """A run directory, checked: env.json, requests.csv (required), steps.csv (optional)."""
+    if not path.is_dir():
+        raise ResultFileError(f"{path}: no such directory")
+    env = read_json_object(path / "env.json")
+    where = path / "requests.csv"
+    requests = numeric_columns(read_csv_checked(where, REQUEST_REQUIRED), REQUEST_NUMERIC,
+                               where, ["tp", "pp", "repeat", *COUNT_COLUMNS])
+    if requests.empty:
+        raise ResultFileError(f"{where}: no rows")
+    where, steps = path / "steps.csv", None
+    if where.exists():
+        steps = numeric_columns(read_csv_checked(where, STEP_REQUIRED), STEP_NUMERIC, where,
+                                ["tp", "pp", "repeat", *STEP_SITES])
+    return Run(path, env, requests, steps)
+
+
+def check_comparable(a: Run, b: Run) -> None:
+    """Raise ResultFileError (one line) when A and B cannot be compared row by row."""
+    if a.schema_version != b.schema_version:
+        raise ResultFileError(f"refused: result schema versions differ (A {a.schema_version}, "
+                              f"B {b.schema_version}); rerun the older one")
+    for name, what in (("preset", "presets"), ("tp", "layouts (tp)"), ("pp", "layouts (pp)")):
+        va, vb = a.setting(name), b.setting(name)
+        if va != vb:
+            raise ResultFileError(f"refused: the runs have different {what}: A {va}, B {vb}")
+
+
+def env_warnings(a: Run, b: Run) -> list[str]:
+    """env.json facts that differ and make timings incomparable."""
+    diffs = [f"{label} {a.fact(*p)} -> {b.fact(*p)}" for label, p in ENV_FACTS.items()
+             if a.fact(*p) != b.fact(*p)]
+    gpus = [[g.get("name") for g in (r.fact("gpu", "gpus") or [])] for r in (a, b)]
+    if gpus[0] != gpus[1]:
+        diffs.append(f"GPUs {gpus[0] or 'none'} -> {gpus[1] or 'none'}")
+    return [f"warning: timings may not be comparable: {'; '.join(diffs)}"] if diffs else []
+
+
+def verdict_warnings(a: Run, b: Run) -> list[str]:
+    """A run whose own verdict (verdict.json) is FAILED: its counts and timings are suspect."""
+    out = []
+    for side, run in (("A", a), ("B", b)):
+        v = verdict.read(run.path)
+        if v is not None and not v.ok:
+            out.append(f"warning: run {side} did not pass its own checks: {v.line}")
+    return out
+
+
+def plan_notes(a: Run, b: Run) -> list[str]:
+    """Plan settings that differ (what was changed on purpose, or explains one-sided rows)."""
+    diffs = plan_differences(a.fact("plan"), b.fact("plan"), "->")
+    return [f"note: plans differ: {'; '.join(diffs)}"] if diffs else []
+
+
+def match_keys(a: Run, b: Run) -> list[str]:
+    """GROUP_KEYS plus the other configuration columns both runs carry."""
+    return GROUP_KEYS + [c for c in EXTRA_KEYS if c in a.requests and c in b.requests]
+
+
+def _groups(frame: pd.DataFrame | None, keys: list[str], where: str) -> dict[tuple, pd.DataFrame]:
+    if frame is None:
+        return {}
+    missing = [k for k in keys if k not in frame]
+    if missing:
+        raise ResultFileError(f"{where}: missing columns {', '.join(missing)}")
+    return {clean_key(k): g for k, g in frame.groupby(keys, dropna=False, sort=False)}
+
+
+@dataclass
+class Comparison:
+    """Everything compare prints and writes; `rows` feed the table, the CSV and compare.md."""
+
+    a: Run
+    b: Run
+    keys: list[str]
+    threshold: float
+    rows: list[dict] = field(default_factory=list)
+    header: list[str] = field(default_factory=list)
+    verb: str = "compare"  # or "ab" (bench.ab.blocks): the final line and the report's title
+    drift_note: str = ""  # what the intervals leave out (compare: drift between the runs)
+    run_lines: list[str] = field(default_factory=list)  # where A and B came from (ab's own)
+
+    def tally(self) -> dict[str, int]:
+        return {v: sum(r["verdict"] == v for r in self.rows) for v in VERDICTS}
+
+    def final_line(self) -> str:
+        t = self.tally()
+        return f"{self.verb}: {t['better']} better, {t['worse']} worse, {t['same']} same"
+
+
+def reported_metrics(a: Run, b: Run, names: list[str] | None) -> tuple[list, dict]:
+    """Timing metrics to report (present in at least one run) and where each is present."""
+    cols = {(s, t): None if run.table(t) is None else run.table(t).columns
+            for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
+    present = {(s, m): m.present(cols[(s, m.table)]) for m in TIMING_METRICS for s in "ab"}
+    shown = [m for m in TIMING_METRICS
+             if (names is None or m.name in names) and (present[("a", m)] or present[("b", m)])
+             and (not m.shown_if or any(m.shown_if in cols[(s, m.table)] for s in "ab"))]
+    return shown, present
+
+
+def _order(key: tuple) -> tuple:
+    """Protocols and policies in cost_model order, then the other keys (numbers as numbers)."""
+    def index(seq: tuple, v: object) -> int:
+        return seq.index(v) if v in seq else len(seq)
+
+    def cell(v: object) -> tuple:
+        return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+    return (index(PROTOCOLS, key[0]), str(key[0]), index(POLICIES, key[1]), str(key[1]),
+            *(cell(v) for v in key[2:]))
+
+
+def _config_rows(key: tuple, groups: dict, metrics: list[TimingMetric], present: dict,
+                 timing: TimingOptions) -> list[dict]:
+    """Count and timing rows of one configuration, or one row saying which side has it."""
+    if key not in groups[("a", "requests")] or key not in groups[("b", "requests")]:
+        side = "B" if key in groups[("b", "requests")] else "A"
+        return [{"kind": "configuration", "verdict": f"only in {side}"}]
+    frames = {where: g.get(key) for where, g in groups.items()}  # None: no rows there
+    ca, cb = (counts(frames[(s, "requests")], frames[(s, "steps")]) for s in "ab")
+    n_steps = tuple(0 if frames[(s, "steps")] is None else len(frames[(s, "steps")])
+                    for s in "ab")
+    return count_rows(ca, cb, n_steps) + timing_rows(metrics, frames, present, timing)
+
+
+def compare(a: Run, b: Run, opts: argparse.Namespace) -> Comparison:
+    """Refuse incomparable runs, match A's and B's configurations, build every row."""
+    check_comparable(a, b)
+    keys = match_keys(a, b)
+    groups = {(s, t): _groups(run.table(t), keys, f"{run.path}/{t}.csv")
+              for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
+    metrics, present = reported_metrics(a, b, opts.metric)
+    timing = TimingOptions(opts.threshold)
+    comp = Comparison(a, b, keys, opts.threshold,
+                      header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b),
+                      drift_note=DRIFT)
+    for key in sorted(set(groups[("a", "requests")]) | set(groups[("b", "requests")]),
+                      key=_order):
+        cells = dict(zip(keys, key, strict=True))
+        comp.rows += [cells | row for row in _config_rows(key, groups, metrics, present, timing)]
+    return comp

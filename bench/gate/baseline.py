@@ -1,0 +1,132 @@
+"""The gate's committed baseline (results/baseline): its summary and gate.json settings,
+read and checked; updating it; and whether a run may be gated against it at all."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from bench.gate.checks import BASELINE_KEY
+from bench.run.plan import plan_differences
+from bench.rundir.files import (
+    ResultFileError,
+    numeric_columns,
+    read_csv_checked,
+    read_json_object,
+    write_csv_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
+from bench.rundir.schema import SUMMARY_COLUMNS
+
+BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010"]
+
+
+def check_comparable(run_env: dict, baseline_dir: Path) -> None:
+    """Refuse (ResultFileError, one line) a run whose plan is not the baseline's: its timing
+    ratios and tolerances were measured for that plan only."""
+    path = baseline_dir / "env.json"
+    if not path.exists() or "plan" not in run_env:
+        return  # a run or baseline from before plans were recorded: nothing to compare
+    diffs = plan_differences(run_env["plan"], read_json_object(path).get("plan"), "vs")
+    if diffs:
+        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise ResultFileError(f"refused: the run's plan differs from the baseline's "
+                              f"({path}): {'; '.join(diffs[:3])}{more}")
+
+
+def check_tolerance(value: object, where: str) -> float:
+    """A finite tolerance >= 0, else ResultFileError naming where it came from."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ResultFileError(f"{where}: tolerance must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """The baseline's summary (checked) and its gate.json settings ({} when absent)."""
+    path = baseline_dir / "summary.csv"
+    if not path.exists():
+        raise ResultFileError(f"{path}: no baseline (create one with --update-baseline)")
+    summary = read_csv_checked(path, BASELINE_KEY + BASELINE_NUMERIC[2:])
+    if summary.empty:
+        raise ResultFileError(f"{path}: baseline has no rows")
+    summary = numeric_columns(summary, BASELINE_NUMERIC, path, ["tp", "pp"])
+    return summary, read_settings(baseline_dir)
+
+
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ResultFileError(f"{where}: must be an integer >= 1, got {value!r}")
+    return value
+
+
+def check_ab(ab: object, where: str) -> dict:
+    """gate.json's `ab`: how `bench gate --ab` runs the baseline revision beside this tree."""
+    if not isinstance(ab, dict):
+        raise ResultFileError(f"{where}: ab must be an object")
+    for key in ("revision", "preset"):
+        if not isinstance(ab.get(key), str) or not ab[key]:
+            raise ResultFileError(f"{where}: ab.{key} must be a non-empty string")
+    for key in ("protocols", "policies"):
+        if key in ab and not isinstance(ab[key], str):
+            raise ResultFileError(f"{where}: ab.{key} must be a comma list")
+    for key in ("blocks", "repeats_per_block"):
+        _positive_int(ab.get(key, 1), f"{where} (ab.{key})")
+    return ab
+
+
+def read_settings(baseline_dir: Path) -> dict:
+    """The baseline's gate.json ({} when absent), its thresholds and ab settings checked."""
+    gate_json = baseline_dir / "gate.json"
+    if not gate_json.exists():
+        return {}
+    settings = read_json_object(gate_json)
+    per_metric = settings.get("thresholds", {})
+    if not isinstance(per_metric, dict):
+        raise ResultFileError(f"{gate_json}: thresholds must be an object")
+    for key, value in per_metric.items():
+        check_tolerance(value, f"{gate_json} (thresholds.{key})")
+    if "ab" in settings:
+        check_ab(settings["ab"], str(gate_json))
+    return settings
+
+
+# What `bench gate --ab` runs when gate.json names no other: the headline's burst of 48
+# (many waiting requests polled per step, so a slower poll shows) for the change the
+# benchmark is about (pr27010 -> pr36425) under wait_complete, six blocks of one repeat in
+# the order A B, B A, ...: each pair seconds apart, so drift cancels within the pair.
+DEFAULT_AB = {"preset": "queue", "protocols": "pr27010,pr36425",
+              "policies": "wait_complete", "blocks": 6, "repeats_per_block": 1}
+
+
+def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
+                    settings: dict, env: dict) -> str:
+    """Write the run's summary and env.json, and gate.json (the run's commit becomes the
+    revision `--ab` runs beside a gated tree), into the baseline directory; says what."""
+    env_path = run_dir / "env.json"
+    try:
+        env_text = env_path.read_text()
+        json.loads(env_text)
+    except (OSError, ValueError) as e:
+        raise ResultFileError(f"{env_path}: a baseline needs the run's env.json ({e})") from e
+    git = env.get("git") or {}
+    if not git.get("commit"):
+        raise ResultFileError(f"{env_path}: no git commit: the baseline needs a revision")
+    baseline_dir.mkdir(parents=True, exist_ok=True)
+    # Each file is replaced atomically; all inputs were read and checked before the first.
+    if (run_dir / "summary.csv").exists():  # a byte-for-byte copy of what was gated
+        write_text_atomic(baseline_dir / "summary.csv", (run_dir / "summary.csv").read_text())
+    else:
+        write_csv_atomic(baseline_dir / "summary.csv", summary.to_dict("records"),
+                         [c for c in SUMMARY_COLUMNS if c in summary.columns])
+    write_text_atomic(baseline_dir / "env.json", env_text)
+    ab = {**DEFAULT_AB, **settings.get("ab", {}), "revision": git["commit"]}
+    write_json_atomic(baseline_dir / "gate.json",
+                      {**settings, "ab": ab, "source_run": run_dir.resolve().name})
+    dirty = (" (its tree was dirty: the revision is its commit, not what ran; commit first)"
+             if git.get("dirty") else "")
+    return f"baseline updated: {baseline_dir}, revision {git['commit'][:10]}{dirty}"

@@ -1,0 +1,324 @@
+"""CI perf gate: exact collective counts, correctness, and same-run TTFT ratios vs a baseline
+(the engine of `python -m bench gate`, bench.commands.gate).
+
+Hard checks are exact (counts never depend on timing): measured decision and background
+collectives equal the analytic model (hicache.cost_model) for every request, every rank
+agreed, no data errors, and no protocol spends more decision collectives per poll than the
+committed baseline. The timing checks (bench.gate.timing) use between-repeat intervals: with
+--ab the baseline revision and this tree run interleaved on this machine (bench.ab.blocks) and each
+configuration's mean step time, ITL p50 and TTFT p50 per request class fails when its whole
+95% interval of B/A lies above 1 + the metric's threshold (gate.json, from bench noise);
+without --ab this run's ratios to pr27010 are held against the baseline's, paired by
+repeat. When the run directory holds microbench.json, the per-poll cost ratios are printed
+as information, never checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bench.analysis.summarize import (
+    background_collectives,
+    config_groups,
+    expected_counts,
+    summarize,
+)
+from bench.analysis.verdict import (
+    crosscheck_misses,
+    data_errors,
+    host_slot_leaks,
+    missing_cells,
+    row_disagrees,
+    unexplained_disagreements,
+)
+from bench.gate.ab import confirmation_seed, run_gate_ab
+from bench.gate.baseline import (
+    check_comparable,
+    load_baseline,
+    read_settings,
+    update_baseline,
+)
+from bench.gate.checks import EPS, Check, baseline_value, make_check
+from bench.gate.timing import (
+    AB_METRICS,
+    DEFAULT_THRESHOLD,
+    ab_checks,
+    baseline_checks,
+    confirmed,
+)
+from bench.microbench import gate_note
+from bench.rundir.files import (
+    ResultFileError,
+    clean_key,
+    numeric_columns,
+    read_csv_checked,
+    read_json_object,
+)
+from bench.rundir.schema import GROUP_KEYS, STEP_COLUMNS
+
+REQUIRED_REQUEST_COLUMNS = GROUP_KEYS + [
+    "repeat", "rid", "page_size", "polls", "decision_collectives", "hit_query_collectives",
+    "ack_collectives", "hit_tokens", "op_issued", "io_issued", "ranks_agree", "data_ok",
+]
+REQUIRED_SUMMARY_COLUMNS = GROUP_KEYS + [
+    "decision_collectives_per_req", "expected_decision_collectives_per_req",
+    "background_collectives_per_req", "expected_background_collectives_per_req",
+    "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_per_repeat",
+    "ranks_agree", "data_errors",
+]
+# Cells that must be numbers (empty allowed only where a value may be unknown).
+REQUEST_NUMERIC = ["tp", "pp", "page_size", "polls", "decision_collectives",
+                   "hit_query_collectives", "ack_collectives", "hit_tokens"]
+SUMMARY_NUMERIC = ["tp", "pp", "decision_collectives_per_req",
+                   "expected_decision_collectives_per_req", "background_collectives_per_req",
+                   "expected_background_collectives_per_req", "decision_collectives_per_poll",
+                   "ttft_p50_ratio_vs_pr27010", "data_errors"]
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(float(a) - float(b)) <= EPS
+
+
+def _count_meaning(site: str, protocol: str, expected: int, observed: int) -> str:
+    """One sentence on what a measured count differing from the model means."""
+    if site == "background":
+        more = "more" if observed > expected else "fewer"
+        return (f"{protocol}'s hit-query/ack threads issued {more} collectives than the model "
+                "(per hit query and per 128-page batch one MIN over TP, then PP for the ack "
+                "protocols; the final ack is free; one ticket broadcast on 0.5.23's PP-ticket "
+                "path): the background agreement changed")
+    if observed > expected and expected == 0:
+        return (f"{protocol} issued a collective in a poll that needs none: a collective was "
+                "added to the hot path")
+    if observed > expected:
+        return (f"{protocol} issued more decision collectives than polls x (T + P): a "
+                "collective was added to the hot path")
+    return (f"{protocol} issued fewer decision collectives than the model: a poll skipped its "
+            "rank agreement, or the counter misses a call site")
+
+
+def _exact_check(row: dict, g: pd.DataFrame, site: str) -> Check:
+    """Per request (exact) and per summary row: measured `site` collectives == the model."""
+    column = "decision_collectives" if site == "decision" else None
+    measured = g[column] if column else background_collectives(g)
+    expected = expected_counts(g)[site]
+    bad = measured.astype(int) != expected
+    name = f"{site}_exact"
+    if bad.any():
+        first = g[bad].iloc[0]
+        exp, obs = int(expected[bad].iloc[0]), int(measured[bad].iloc[0])
+        return make_check(row, name, False, expected=f"{exp} (rid {first['rid']}, repeat "
+                      f"{first['repeat']})", observed=f"{obs}; {int(bad.sum())} requests off",
+                      meaning=_count_meaning(site, row["protocol"], exp, obs))
+    got = row[f"{site}_collectives_per_req"]
+    want = row[f"expected_{site}_collectives_per_req"]
+    if not _close(got, want):
+        return make_check(row, name, False, expected=f"{want:.4f}/req", observed=f"{got:.4f}/req",
+                      meaning="summary.csv disagrees with requests.csv and the model: the "
+                              "summary is stale or was edited; rebuild it with bench report")
+    return make_check(row, name, True)
+
+
+def _agree_check(row: dict, g: pd.DataFrame) -> Check:
+    """Every request's ranks agreed, in requests.csv and in the summary row."""
+    bad = unexplained_disagreements(g)
+    if bad.any() or row_disagrees(row):
+        where = f" (first rid {g[bad].iloc[0]['rid']})" if bad.any() else ""
+        return make_check(row, "ranks_agree", False, expected="True",
+                      observed=f"False in {int(bad.sum())} of {len(g)} requests{where}",
+                      meaning="ranks reached different decisions or counts: the protocol is "
+                              "not rank-consistent (wrong answers or a hang in production)")
+    return make_check(row, "ranks_agree", True)
+
+
+def _data_check(row: dict, g: pd.DataFrame) -> Check:
+    """No request read wrong prefix data (checksum mismatch)."""
+    bad = int(data_errors(g).sum())
+    errors = max(bad, int(row["data_errors"]))
+    if errors:
+        return make_check(row, "data_errors", False, expected="0", observed=str(errors),
+                      meaning="load-back copied prefix pages with a wrong checksum: a completion "
+                              "race (e.g. PR #27550's extra pool) let a request use half-written "
+                              "data")
+    return make_check(row, "data_errors", True)
+
+
+def _self_checks(row: dict, ranks: pd.DataFrame | None) -> list[Check]:
+    """Each rank's own checks (analysis.verdict): its counter matched torch's sequence numbers,
+    and every host slot was in its tree or free at the end. Nothing to check without
+    ranks.csv."""
+    if ranks is None:
+        return []
+    miss, leaks = crosscheck_misses(ranks), host_slot_leaks(ranks)
+    out = [make_check(row, "counter_crosscheck", miss.empty, expected="every rank's counter "
+                      "== torch's sequence numbers", observed=f"{len(miss)} rank row(s) differ",
+                      meaning="" if miss.empty else "a collective bypassed the counted call "
+                      "sites (or was counted twice): the counts are not to be trusted")]
+    out.append(make_check(row, "host_slots", leaks.empty, expected="0 unaccounted",
+                          observed=f"{len(leaks)} rank row(s) with leaked slots",
+                          meaning="" if leaks.empty else "host slots ended neither in the "
+                          "radix tree nor free: a free was skipped (a leak)"))
+    return out
+
+
+def run_checks(requests: pd.DataFrame, summary: pd.DataFrame,
+               ranks: pd.DataFrame | None = None, plan: dict | None = None) -> list[Check]:
+    """The hard checks that need no baseline, for every summary row; `ranks` (ranks.csv) and
+    `plan` (env.json's) add the ranks' self-checks and the planned configurations."""
+    groups = config_groups(requests)
+    rank_groups = config_groups(ranks) if ranks is not None else {}
+    checks = []
+    for row in summary.to_dict("records"):
+        key = clean_key(tuple(row[k] for k in GROUP_KEYS))
+        g = groups.pop(key, requests.iloc[:0])
+        checks += [_exact_check(row, g, "decision"), _exact_check(row, g, "background"),
+                   _agree_check(row, g), _data_check(row, g)]
+        checks += _self_checks(row, None if ranks is None else
+                               rank_groups.get(key, ranks.iloc[:0]))
+    absent = missing_cells(requests, plan)
+    if absent:
+        p, pol, rate, rep = absent[0]
+        row = {"protocol": p, "policy": pol, "tp": "-", "pp": "-", "storage": "-",
+               "rate_rps": rate, "extra_pool": False}
+        checks.append(make_check(row, "configurations_complete", False,
+                                 expected="every planned configuration",
+                                 observed=f"{len(absent)} missing (first: repeat {rep})",
+                                 meaning="the run stopped before it finished (failures.csv)"))
+    for key in groups:  # requests the summary does not cover: a stale summary.csv
+        row = dict(zip(GROUP_KEYS, key, strict=True))
+        checks.append(make_check(row, "summary_covers_requests", False, expected="a summary row",
+                             observed="none", meaning="summary.csv is stale: rebuild it with "
+                                                      "bench report"))
+    return checks
+
+
+def per_poll_checks(summary: pd.DataFrame, baseline: pd.DataFrame) -> list[Check]:
+    """No more decision collectives per poll than the baseline, per layout."""
+    checks = []
+    for row in summary.to_dict("records"):
+        base = baseline_value(baseline, row, "decision_collectives_per_poll")
+        got = row["decision_collectives_per_poll"]
+        if math.isnan(base) or pd.isna(got):  # no baseline for this layout, or no polls
+            continue
+        ok = float(got) <= base + EPS
+        checks.append(make_check(
+            row, "per_poll_vs_baseline", ok, expected=f"<= {base:.4f}", observed=f"{got:.4f}",
+            meaning="" if ok else f"{row['protocol']} spends more decision collectives per "
+                                  "poll than the committed baseline: a collective was added "
+                                  "to every poll"))
+    return checks
+
+
+@dataclass(frozen=True)
+class GatedRun:
+    requests: pd.DataFrame
+    summary: pd.DataFrame
+    ranks: pd.DataFrame | None  # ranks.csv, when the run has one
+    env: dict  # env.json ({} for runs without one)
+
+
+def load_run(run_dir: Path) -> GatedRun:
+    """requests.csv, summary.csv (rebuilt with summarize when absent), ranks.csv and
+    env.json of a run."""
+    if not run_dir.is_dir():
+        raise ResultFileError(f"{run_dir}: no such directory")
+    ranks = (read_csv_checked(run_dir / "ranks.csv", [])
+             if (run_dir / "ranks.csv").exists() else None)
+    env = read_json_object(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
+    requests, summary = _load_tables(run_dir)
+    return GatedRun(requests, summary, ranks, env)
+
+
+def _load_tables(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    path = run_dir / "requests.csv"
+    requests = numeric_columns(read_csv_checked(path, REQUIRED_REQUEST_COLUMNS), REQUEST_NUMERIC,
+                        path, REQUEST_NUMERIC[:-1])
+    path = run_dir / "summary.csv"
+    if path.exists():
+        summary = read_csv_checked(path, REQUIRED_SUMMARY_COLUMNS)
+        return requests, numeric_columns(summary, SUMMARY_NUMERIC, path,
+                                         ["tp", "pp", "data_errors"])
+    steps_path = run_dir / "steps.csv"
+    steps = (read_csv_checked(steps_path, STEP_COLUMNS) if steps_path.exists()
+             else pd.DataFrame(columns=STEP_COLUMNS))
+    return requests, summarize(requests, steps)
+
+
+def format_checks(checks: list[Check]) -> str:
+    """Failing checks as a table; when none fail, a PASS count per check."""
+    failing = [c for c in checks if not c.passed]
+    if failing:
+        header = ["check", "protocol", "policy", "layout", "expected", "observed", "meaning"]
+        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed, c.meaning]
+                for c in failing]
+    else:
+        header = ["check", "rows", "result"]
+        names = list(dict.fromkeys(c.check for c in checks))
+        rows = [[n, str(sum(c.check == n for c in checks)), "PASS"] for n in names]
+    table = [header] + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]])
+             for r in table]
+    notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}): {c.observed}: {c.note}"
+             for c in checks if c.note]
+    return "\n".join(lines + notes)
+
+
+def thresholds(settings: dict, override: float | None) -> dict[str, float]:
+    """Each gated metric's threshold: --tolerance for all, else gate.json's `thresholds`
+    (bench noise --update-gate), else DEFAULT_THRESHOLD."""
+    if override is not None:
+        return dict.fromkeys(AB_METRICS, override)
+    return {m: settings.get("thresholds", {}).get(m, DEFAULT_THRESHOLD) for m in AB_METRICS}
+
+
+def timing_checks(args: argparse.Namespace, summary: pd.DataFrame, baseline: pd.DataFrame,
+                  settings: dict) -> tuple[list[Check], str]:
+    """The timing checks (bench.gate.timing) and one line on how they were made."""
+    limits = thresholds(settings, args.tolerance)
+    shown = ", ".join(f"{m} {limits[m]:g}" for m in AB_METRICS if m != "ttft")
+    if not args.ab:
+        return baseline_checks(summary, baseline, limits), (
+            f"timings against the baseline's numbers, paired by repeat (thresholds {shown}); "
+            "drift between the two runs is not in the intervals: --ab runs the baseline "
+            "revision beside this tree instead")
+    comp, out = run_gate_ab(settings, args.run_dir / "ab")
+    checks = ab_checks(comp, limits)
+    line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
+            f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
+            f"(thresholds {shown}; {out / 'ab.md'})")
+    failed = sum(not c.passed for c in checks)
+    if not failed or args.no_confirm:
+        return checks, line
+    again, out2 = run_gate_ab(settings, args.run_dir / "ab_confirm",
+                              seed=confirmation_seed(settings))
+    checks = confirmed(checks, ab_checks(again, limits))
+    held = sum(not c.passed for c in checks)
+    return checks, (f"{line}\nconfirmation: {held} of {failed} failing timing checks failed "
+                    f"again in a second A/B of fresh blocks ({again.final_line()}; "
+                    f"{out2 / 'ab.md'})")
+
+
+def evaluate(args: argparse.Namespace) -> tuple[list[Check], str]:
+    """Evaluate every check (and update the baseline when asked); returns checks and a line."""
+    run = load_run(args.run_dir)
+    summary = run.summary
+    checks = run_checks(run.requests, summary, run.ranks, run.env.get("plan"))
+    if args.update_baseline:
+        if all(c.passed for c in checks):
+            line = update_baseline(args.run_dir, args.baseline, summary,
+                                   read_settings(args.baseline), run.env)
+            return checks, line
+        return checks, "baseline NOT updated"
+    check_comparable(run.env, args.baseline)
+    baseline, settings = load_baseline(args.baseline)
+    timing, how = timing_checks(args, summary, baseline, settings)
+    checks += per_poll_checks(summary, baseline) + timing
+    # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
+    note = gate_note(args.run_dir)
+    return checks, f"{how}; baseline {args.baseline}" + (f"\n{note}" if note else "")

@@ -1,0 +1,135 @@
+"""The gate's timing checks, from between-repeat intervals (bench.stats), two ways.
+
+With `--ab` (make gate): the baseline revision (results/baseline/gate.json `ab.revision`)
+and this working tree run interleaved on this machine (bench.ab.blocks), so the machine's speed and
+its drift cancel; per configuration and gated metric the ratio B/A paired by block with its
+95% t interval fails when the whole interval lies above 1 + the metric's threshold.
+
+Without it: this run's per-repeat ratios to pr27010 against the baseline's own per-repeat
+ratios (summary.csv), paired by repeat (the same seed), a t interval over the paired log
+ratios, failing the same way. The two runs were made at different times, maybe on different
+machines: that drift is not in the interval, which is why make gate uses --ab.
+
+A timing check that fails on --ab is run again: a second A/B of as many fresh blocks (the next
+seeds), after the first, and the check fails the gate only when it fails there too
+(`confirmed`). Two interleaved A/Bs of the same code have put a whole step-time interval
+beyond its threshold (CI at ea0a21d: pr27010 1.132 [1.039, 1.233] with the serve path
+unchanged), so a failure must replicate before it stops a merge; a real regression fails
+both. The checks that passed the first A/B are not judged again.
+
+A check without an interval (fewer than 3 paired repeats, no scipy) passes with a note that
+says so; it is never judged on a point. The thresholds per metric come from `bench noise
+--update-gate` (the largest half-width its runs had); TTFT p50 is gated per request class
+where the run has bystanders.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pandas as pd
+
+from bench.compare.comparison import Comparison
+from bench.compare.rules import timing_verdict
+from bench.gate.checks import Check, baseline_match, make_check
+from bench.rundir.files import parse_list_cell
+from bench.rundir.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
+from bench.stats import Interval, ratio_interval
+
+DEFAULT_THRESHOLD = 0.05  # a metric gate.json has no threshold for
+# summary.csv's gated ratio metrics -> bench compare's (and ab's) timing metrics
+AB_METRICS = {"step_mean": "step_mean_ms", "itl_p50": "itl_p50_ms",
+              "prefetch_ttft_p50": "prefetch_ttft_p50_ms",
+              "bystander_ttft_p50": "bystander_ttft_p50_ms", "ttft": "ttft_p50_ms"}
+LABELS = {"ttft": "TTFT p50", "prefetch_ttft_p50": "prefetching requests' TTFT p50",
+          "bystander_ttft_p50": "bystanders' TTFT p50", "step_mean": "mean step time",
+          "itl_p50": "ITL p50"}
+
+
+def _observed(iv: Interval) -> str:
+    return f"{iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}], {iv.n} paired repeats"
+
+
+def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
+          against: str) -> Check | None:
+    """One timing check: fails only when the whole interval lies above 1 + threshold."""
+    if iv.point is None:
+        return None
+    bound = f"x {against}: fails when its interval lies above {1 + threshold:g}"
+    if not iv.has_interval:
+        return make_check(row, name, True, expected=bound, observed=f"{iv.point:.3f}",
+                          note=f"not judged: {iv.note}")
+    worse = timing_verdict(iv.low, iv.high, threshold) == "worse"
+    return make_check(
+        row, name, not worse, expected=bound, observed=_observed(iv),
+        meaning=f"{row['protocol']}'s {LABELS[metric]} grew beyond {1 + threshold:g}x "
+                f"{against}, its whole 95% interval above that: it got slower" if worse else "")
+
+
+def _gated(row: dict) -> list[str]:
+    """The gated metrics of a row: per request class where it has both classes."""
+    both = all(not pd.isna(row.get(f"{m}_ratio", math.nan)) for m in CLASS_TTFT_METRICS)
+    return [*QUIET_METRICS, *(CLASS_TTFT_METRICS if both else ["ttft"])]
+
+
+def _per_repeat(row: dict, metric: str) -> dict[int, float]:
+    column = "ttft_p50_ratio_per_repeat" if metric == "ttft" else f"{metric}_ratio_per_repeat"
+    return dict(enumerate(parse_list_cell(row.get(column), "summary.csv", column)))
+
+
+def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
+                    thresholds: dict[str, float]) -> list[Check]:
+    """This run's ratios to pr27010 against the baseline's, paired by repeat."""
+    checks = []
+    for row in summary.to_dict("records"):
+        base = baseline_match(baseline, row)
+        if row["protocol"] == REFERENCE_PROTOCOL or base is None:
+            continue
+        for m in _gated(row):
+            iv = ratio_interval(_per_repeat(row, m), _per_repeat(base, m))
+            checks.append(judge(row, f"{m}_ratio_vs_baseline", m, iv,
+                                thresholds.get(m, DEFAULT_THRESHOLD), "the baseline's"))
+    return [c for c in checks if c is not None]
+
+
+def ab_checks(comp: Comparison, thresholds: dict[str, float]) -> list[Check]:
+    """Every configuration's gated timing metrics of an A/B run: B (this tree) over A (the
+    baseline revision), paired by block."""
+    wanted = {v: k for k, v in AB_METRICS.items()}
+    if any(r.get("metric") == "prefetch_ttft_p50_ms" for r in comp.rows):
+        wanted.pop("ttft_p50_ms")  # gated per request class instead
+    checks = []
+    for row in comp.rows:
+        m = wanted.get(row.get("metric"))
+        if row.get("kind") != "timing" or m is None or row.get("ratio_b_over_a") is None:
+            continue
+        iv = Interval(row["ratio_b_over_a"], row.get("ratio_ci_low"), row.get("ratio_ci_high"),
+                      int(row.get("repeats") or 0), row.get("ratio_mdd"), row.get("note") or "")
+        checks.append(judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
+                            "the baseline revision's"))
+    return [c for c in checks if c is not None]
+
+
+def _key(c: Check) -> tuple[str, str, str, str]:
+    return c.check, c.protocol, c.policy, c.layout
+
+
+def confirmed(first: list[Check], again: list[Check]) -> list[Check]:
+    """The first A/B's checks, each failure kept only where the second A/B (fresh blocks, run
+    after it) fails the same check too; one it does not confirm passes, with both intervals
+    in its note."""
+    second = {_key(c): c for c in again}
+    out = []
+    for c in first:
+        c2 = second.get(_key(c))
+        if c.passed:
+            out.append(c)
+        elif c2 is not None and not c2.passed:
+            out.append(replace(c, observed=f"{c.observed}; again {c2.observed}"))
+        else:
+            seen = c2.observed if c2 is not None else "no such configuration"
+            out.append(replace(c, passed=True, meaning="",
+                               note=f"failed the first A/B only, not confirmed by the second: "
+                                    f"{seen}"))
+    return out

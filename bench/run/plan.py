@@ -1,0 +1,259 @@
+"""What one `bench run` does: the frozen plan every rank executes, and the named presets.
+
+Presets are small functions returning the plan fields they set; command-line flags
+override them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from bench.run import workload as synthetic
+from bench.run.trace import TraceSpec
+from bench.run.workload import Workload, WorkloadSpec
+from bench.rundir.env import REPO_DIR
+from hicache.config import HiCacheConfig
+from hicache.cost_model import POLICIES
+from hicache.shapes import get_shape
+from hicache.step_time import StepTimeModel, roofline
+from hicache.storage import StorageSpec
+
+# The five protocols the project compares: what "every protocol" means for a preset (the
+# default, ci and pp presets), so a protocol added for a release finding does not grow them.
+PROJECT_PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")
+# Release names for --protocols (docs/releases.md); sglang-0.5.23 is a protocol of its own.
+ALIASES = {"before": "pr27010", "after": "pr36425",
+           "sglang-0.5.18": "pre27010", "sglang-0.5.19": "pr36425"}
+THREADS_PER_RANK = 4  # scheduler, prefetch, IO and ack-sync threads can all be runnable
+WRITE_PATH_THREADS = 1  # the backup thread, runnable when a write policy is on
+# The trace shipped with the repository (traces/README.md): what `--preset trace` replays.
+TRACE_EXCERPT = REPO_DIR / "traces" / \
+    "mooncake_conversation_400.jsonl"
+
+
+@dataclass(frozen=True)
+class Cell:
+    index: int
+    repeat: int
+    rate_rps: float
+    policy: str
+    protocol: str
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    preset: str = "default"
+    protocols: tuple[str, ...] = PROJECT_PROTOCOLS
+    policies: tuple[str, ...] = POLICIES
+    rates: tuple[float, ...] = (16.0,)
+    repeats: int = 3
+    tp: int = 2
+    pp: int = 1
+    device: str = "cpu"  # resolved: cpu | cuda
+    data_backend: str = ""  # resolved: nccl | gloo (model all-reduces); "" = by device
+    seed: int = 0
+    model: str = "llama3-8b"  # hicache.shapes: KV bytes per page, the forward's time or shape
+    gpu: str = "h100"  # the GPU whose forward the CPU stand-in sleeps out; none: no sleep
+    step_ms: float | None = None  # overrides the modelled decode step's fixed part
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    # A trace replay instead of the synthetic workload; `rates` are then offered loads
+    # (time scale x the window's own rate).
+    trace: TraceSpec | None = None
+    storage: StorageSpec = field(default_factory=lambda: StorageSpec(latency_ms=2.0,
+                                                                     bandwidth_gbps=3.0))
+    system: tuple[tuple[str, object], ...] = ()  # HiCacheConfig overrides
+    out_dir: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def backend(self) -> str:
+        """The data-plane backend actually used (the control plane is always gloo)."""
+        return self.data_backend or ("nccl" if self.device == "cuda" else "gloo")
+
+    def cells(self) -> list[Cell]:
+        """Repeat-major and interleaved: every repeat runs every configuration once, with the
+        protocol order rotated per repeat, so slow drift of the machine hits all alike."""
+        cells = []
+        for rep in range(self.repeats):
+            protos = self.protocols[rep % len(self.protocols):] + \
+                self.protocols[: rep % len(self.protocols)]
+            for rate in self.rates:
+                for policy in self.policies:
+                    for proto in protos:
+                        cells.append(Cell(len(cells), rep, rate, policy, proto))
+        return cells
+
+    @property
+    def forward(self) -> str:
+        """What a step's forward is: real (CUDA), modelled on a GPU (CPU sleep), or none."""
+        if self.device != "cpu":
+            return "real"
+        return "none" if self.gpu == "none" else f"modelled:{self.gpu}"
+
+    def step_time(self) -> StepTimeModel:
+        """The CPU stand-in's forward time (none on CUDA: the forward there is real)."""
+        if self.device != "cpu" or self.gpu == "none":
+            return StepTimeModel()
+        model = roofline(get_shape(self.model), self.tp, self.gpu)
+        return model if self.step_ms is None else replace(model, decode_base_ms=self.step_ms)
+
+    def config(self, cell: Cell) -> HiCacheConfig:
+        cfg = HiCacheConfig(protocol=cell.protocol, policy=cell.policy, tp=self.tp,
+                            pp=self.pp, model=self.model, step_time=self.step_time(),
+                            **dict(self.system))
+        # Storage reads take the time of the model's KV bytes on one TP rank.
+        page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
+        return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),
+                                            kv_page_bytes=page_bytes))
+
+    def repeat_seed(self, cell: Cell) -> int:
+        """Common random numbers: one seed per repeat for the workload and the storage noise
+        (jitter, failures, missing pages), the same for every protocol within a repeat and
+        different across repeats, so repeats replicate and protocols pair."""
+        return self.seed * 1000 + cell.repeat
+
+    @property
+    def threads_per_rank(self) -> int:
+        writes = dict(self.system).get("write_policy", "none") != "none"
+        return THREADS_PER_RANK + (WRITE_PATH_THREADS if writes else 0)
+
+    @property
+    def workload_name(self) -> str:
+        return "synthetic" if self.trace is None else "trace"
+
+    def build_workload(self, cell: Cell) -> Workload:
+        """The cell's requests and what storage holds before them (identical on every
+        rank, and across the protocols of one repeat: paired comparisons)."""
+        if self.trace is not None:
+            return self.trace.workload(cell.rate_rps)
+        return synthetic.build(self.workload_for(cell))
+
+    def time_scale(self, cell: Cell) -> float | None:
+        return None if self.trace is None else cell.rate_rps / self.trace.base_rate_rps()
+
+    def workload_for(self, cell: Cell) -> WorkloadSpec:
+        # The same requests for every protocol within a repeat: paired comparisons.
+        return replace(self.workload, rate_rps=cell.rate_rps, seed=self.repeat_seed(cell))
+
+
+def _tp(gpus: int) -> int:
+    return min(gpus, 8) if gpus > 1 else 2
+
+
+def _queue(gpus: int) -> dict:
+    """docs/design.md section 8's regime: a burst of prefetching requests whose storage
+    reads queue up behind one IO thread, polled every step while bystanders decode beside
+    them. Six repeats: the unit an interval replicates over (docs/metrics.md, "Intervals")."""
+    return {"tp": _tp(gpus), "repeats": 6, "requests": 48, "rates": (math.inf,),
+            "bystanders": 48, "bystander_rate": 24.0,
+            "protocols": ("pr27010", "pr36425", "step-clock"),
+            "policies": ("wait_complete", "timeout")}
+
+
+def _default(gpus: int) -> dict:
+    """Every protocol and policy in the same ~5 minutes on 2 cores: more, shorter repeats
+    (a burst of 24, still a queue: see waiting and polled in steps.csv)."""
+    return {**_queue(gpus), "repeats": 6, "requests": 24, "bystanders": 24,
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
+
+
+def _ci(gpus: int) -> dict:
+    """The gate's counts run: every protocol and policy once. Its timings come from `bench
+    gate --ab`, which runs repeats of its own."""
+    return {**_queue(gpus), "tp": 2, "repeats": 1, "requests": 24, "bystanders": 24,
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
+
+
+def _sweep(gpus: int) -> dict:
+    return {"tp": _tp(gpus), "repeats": 2, "requests": 16,
+            "protocols": ("pr27010", "pr36425", "step-clock"),
+            "policies": ("wait_complete", "timeout"), "rates": (4.0, 8.0, 16.0, 32.0)}
+
+
+def _pp(gpus: int) -> dict:
+    return {"tp": 2, "pp": 2, "repeats": 2, "requests": 16}
+
+
+def _trace(gpus: int) -> dict:
+    """The shipped excerpt, 300 requests served before (in storage), 32 replayed twice as
+    fast as they arrived, every tier on (write-through, SGLang's default): pr27010 and
+    pr36425 under wait_complete and timeout, 3 repeats (the fewest an interval needs) in
+    about 5 minutes on 2 cores. The budget holds the longest prompt (121k tokens) on the
+    device, and about 14 average ones."""
+    return {"tp": _tp(gpus), "repeats": 3, "trace": str(TRACE_EXCERPT), "trace_skip": 300,
+            "trace_requests": 32, "time_scales": (2.0,), "write_policy": "write_through",
+            "kv_budget_gib": 12.0, "protocols": ("pr27010", "pr36425"),
+            "policies": ("wait_complete", "timeout")}
+
+
+def _trace_sweep(gpus: int) -> dict:
+    """The load sweep: the trace preset's excerpt, 40 requests at 1, 2, 4 and 8 times their
+    own rate, three protocols under timeout, 2 repeats (points only: about 11 minutes)."""
+    return {**_trace(gpus), "trace_requests": 40, "time_scales": (1.0, 2.0, 4.0, 8.0),
+            "repeats": 2, "protocols": ("pr27010", "pr36425", "step-clock"),
+            "policies": ("timeout",)}
+
+
+def _releases(gpus: int) -> dict:
+    """Issue 16's finding: at TP2 x PP2 with buffer_only host memory 0.5.23 takes the
+    PP-ticket path, whose polls all-reduce under wait_complete, where 0.5.19 (pr36425)
+    polls for free; pr27010 is the reference every ratio is taken against."""
+    return {**_queue(gpus), "tp": 2, "pp": 2, "repeats": 5, "requests": 24,
+            "bystanders": 24, "host_memory": "buffer_only", "policies": ("wait_complete",),
+            "protocols": ("pr27010", "pr36425", "sglang-0.5.23")}
+
+
+def _race(gpus: int) -> dict:
+    return {"tp": 2, "repeats": 1, "requests": 12, "protocols": ("pre27010", "pr36425"),
+            "policies": ("wait_complete",), "extra_pool": True,
+            "sidecar_page_ms": 5.0}
+
+
+PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
+           "race": _race, "releases": _releases, "trace": _trace, "trace-sweep": _trace_sweep}
+PRESET_HELP = {
+    "default": "make bench: a smaller queue scenario (24 + 24) for all protocols x policies, "
+               "6 repeats, TP = local GPUs (2 on CPU)",
+    "queue": "the headline: a burst of 48 prefetching requests plus 48 bystanders, "
+             "pr27010 / pr36425 / step-clock, wait_complete and timeout, 6 repeats",
+    "ci": "the gate's counts run: a smaller queue scenario (24 + 24), all protocols x "
+          "policies, 1 repeat",
+    "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
+    "pp": "TP2 x PP2 on 4 ranks",
+    "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
+    "releases": "TP2 x PP2, buffer_only host memory, wait_complete: sglang-0.5.23 (the "
+                "PP-ticket path) vs sglang-0.5.19 (pr36425), pr27010 the reference, a burst "
+                "of 24 + 24 bystanders, 5 repeats",
+    "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 32 replayed at 2x), "
+             "device/host/storage tiers, pr27010 / pr36425, wait_complete and timeout, "
+             "3 repeats",
+    "trace-sweep": "the excerpt's 40 requests at 1, 2, 4, 8 x their arrival rate (timeout, "
+                   "pr27010 / pr36425 / step-clock, 2 repeats): TTFT, ITL and step time "
+                   "against offered load",
+}
+
+
+def _flat(d: object, prefix: str = "") -> dict[str, object]:
+    """Nested dicts as one dict of dotted keys."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def plan_differences(a: dict | None, b: dict | None, sep: str) -> list[str]:
+    """'field a-value SEP b-value' for every setting two recorded plans (env.json's `plan`)
+    differ in, the output directory aside."""
+    fa, fb = _flat(a or {}), _flat(b or {})
+    # A setting recorded as None (off) and one not recorded at all (a plan written before the
+    # setting existed) are the same plan.
+    fa, fb = ({k: v for k, v in f.items() if v is not None} for f in (fa, fb))
+    return [f"{k} {fa.get(k, '(unset)')} {sep} {fb.get(k, '(unset)')}"
+            for k in sorted(set(fa) | set(fb))
+            if k != "out_dir" and fa.get(k, "(unset)") != fb.get(k, "(unset)")]

@@ -1,0 +1,234 @@
+"""Rank 0's result sink: turns each cell's gathered per-rank stats into rows (whether ranks
+agreed, data matched storage, the counter matched torch's, every host slot was in the tree or
+free at the end) and rewrites the CSVs atomically after every cell (a failure later in the
+run keeps every finished cell on disk). What the rows cannot say (how ranks disagreed, which
+group's count differed) goes to divergence.csv. The verdict is bench.analysis.verdict's.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from bench.run import calibrate
+from bench.run.plan import Cell, RunPlan
+from bench.run.trace import reuse_bounds
+from bench.rundir.env import collect_env
+from bench.rundir.files import list_cell, write_csv_atomic, write_json_atomic
+from bench.rundir.schema import (
+    DIVERGENCE_COLUMNS,
+    RANK_COLUMNS,
+    REQUEST_COLUMNS,
+    SCHEMA_VERSION,
+    STEP_COLUMNS,
+    TOKEN_COLUMNS,
+    WRITE_PATH_COLUMNS,
+)
+from bench.stats import percentile
+from hicache.comm import SITES
+from hicache.consensus import compare_decisions, describe_disagreements, disagreement_scope
+
+MS = 1000.0
+
+
+class ResultSink:
+    def __init__(self, plan: RunPlan, h2d: dict | None = None):
+        self.plan, self.dir, self.h2d = plan, Path(plan.out_dir), h2d or {}
+        self.requests: list[dict] = []
+        self.steps: list[dict] = []
+        self.ranks: list[dict] = []
+        self.problems: list[dict] = []  # divergence.csv: what the CSVs cannot say
+        self.calib: dict | None = None  # calibration.json, once measured
+        world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
+                 "device": plan.device, "backend": plan.backend}
+        debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
+        write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
+                                                  **data_plane(plan), **(h2d or {}),
+                                                  "schema_version": SCHEMA_VERSION,
+                                                  "threads_per_rank": plan.threads_per_rank,
+                                                  "torch_distributed_debug": debug,
+                                                  "plan": _plan_dict(plan)})
+
+    def calibration(self, per_rank: list[list[float]]) -> None:
+        """calibration.json: c, the control-plane all-reduce latency (bench.run.calibrate)."""
+        self.calib = calibrate.summarize(per_rank, self.plan.tp, self.plan.pp)
+        write_json_atomic(self.dir / "calibration.json", self.calib)
+        c = self.calib["allreduce"]
+        print(f"calibration: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
+              f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
+              f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
+
+    def begin(self, cell: Cell, total: int) -> None:
+        write_json_atomic(self.dir / "progress.json", {**cell.__dict__, "total": total})
+        scale = self.plan.time_scale(cell)
+        load = f"rate={cell.rate_rps:g}" if scale is None else \
+            f"rate={cell.rate_rps:.2f} (x{scale:g})"
+        print(f"[{cell.index + 1:3d}/{total}] {cell.protocol:<12} {cell.policy:<13} "
+              f"{load} repeat={cell.repeat} ...", end="", file=sys.stderr, flush=True)
+
+    def add(self, cell: Cell, gathered: list[dict]) -> None:
+        config = self._config(cell)
+        rows = self._request_rows(cell, config, gathered)
+        self.requests += rows
+        steps = [self._step_row(config, cell, s) for s in gathered[0]["steps"]]
+        self.steps += steps
+        self.ranks += [self._rank_row(config, cell, p) for p in gathered]
+        self._write()
+        ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
+        agree = all(r["ranks_agree"] for r in rows)
+        step_ms = statistics.fmean(s["step_ms"] for s in steps) if steps else float("nan")
+        polled = statistics.fmean(s["polled"] for s in steps) if steps else float("nan")
+        print(f" ttft p50 {statistics.median(ttft) if ttft else float('nan'):7.1f} ms, "
+              f"step {step_ms:5.1f} ms, polls/step {polled:5.1f}, "
+              f"decision/req {statistics.fmean(r['decision_collectives'] for r in rows):5.2f}"
+              f"{'' if agree else '  RANKS DISAGREE'}", file=sys.stderr, flush=True)
+
+    def _config(self, cell: Cell) -> dict:
+        p = self.plan
+        cfg = p.config(cell)
+        return {"preset": p.preset, "protocol": cell.protocol, "policy": cell.policy,
+                "tp": p.tp, "pp": p.pp, "world_size": p.world_size, "device": p.device,
+                "backend": p.backend, "model": p.model, "forward": p.forward,
+                "storage": p.storage.kind, "rate_rps": cell.rate_rps,
+                "seed": p.seed, "page_size": cfg.page_size, "extra_pool": cfg.extra_pool,
+                "race_guard": cfg.race_guard, "host_memory": cfg.host_memory,
+                "workload": p.workload_name, "time_scale": p.time_scale(cell),
+                "write_policy": cfg.write_policy}
+
+    def _request_rows(self, cell: Cell, config: dict, gathered: list[dict]) -> list[dict]:
+        logs = [p["decisions"] for p in gathered]
+        agree, _ = compare_decisions(logs)
+        scope = disagreement_scope(logs, self.plan.tp)
+        per_rank = [{r["rid"]: r for r in p["requests"]} for p in gathered]
+        rows = []
+        bounds = self._reuse_bounds()
+        t0 = min((r["arrival"] for r in gathered[0]["requests"]), default=0.0)
+        for r in gathered[0]["requests"]:
+            rid = r["rid"]
+            everywhere = [pr.get(rid) for pr in per_rank]
+            finished = all(x is not None and x["first_token"] is not None for x in everywhere)
+            errors = sum(x["data_errors"] for x in everywhere if x is not None)
+            rows.append({**config, "repeat": cell.repeat, **_timing(r, t0), **_decode(r),
+                         **_counts(r), "reuse_bound_tokens": bounds.get(rid),
+                         "ranks_agree": agree.get(rid, True) and finished,
+                         "disagreement": scope.get(rid, "" if finished else "ranks"),
+                         "data_ok": errors == 0})
+        for line in describe_disagreements(logs, self.plan.tp)[:3]:
+            self._problem(cell, "disagreement", line)
+        return rows
+
+    def _reuse_bounds(self) -> dict[str, int]:
+        """A trace's own bound on each request's reused tokens (bench.run.trace), by rid."""
+        if self.plan.trace is None:
+            return {}
+        rows = self.plan.trace.rows()
+        page = self.plan.config(self.plan.cells()[0]).page_size
+        bounds = reuse_bounds(rows, page)
+        return {f"t{r.line:05d}": b for r, b in zip(rows, bounds, strict=True)}
+
+    def _step_row(self, config: dict, cell: Cell, s: dict) -> dict:
+        row = {**config, "repeat": cell.repeat, "step": s["step"], "t_s": s["t"],
+               "kind": s["kind"], "step_ms": (s["t_end"] - s["t"]) * MS,
+               "forward_ms": s["forward_s"] * MS, "sync_ms": s["sync_s"] * MS,
+               "decision_sync_ms": s["decision_sync_s"] * MS}
+        for key in ("waiting", "prefetching", "polled", "scheduled", "running",
+                    "prefill_tokens", "context_tokens"):
+            row[key] = s[key]
+        for site in ("request_broadcast", "per_step_min", "model_allreduce", "decision",
+                     "completion", "pp_hop"):
+            row[site] = s.get(f"coll_{site}", 0)
+        return row
+
+    def _rank_row(self, config: dict, cell: Cell, p: dict) -> dict:
+        ok = all(a == b for a, b in p["crosscheck"].values())
+        if not ok:  # per group: (ops our counter saw, ops torch's sequence numbers saw)
+            self._problem(cell, "crosscheck", f"rank {p['rank']}'s counter != torch's sequence "
+                                              f"numbers: {p['crosscheck']}")
+        leaked = p.get("host_slots_unaccounted")
+        return {**config, "repeat": cell.repeat, "rank": p["rank"], "tp_rank": p["tp_rank"],
+                "pp_rank": p["pp_rank"], **{s: p["by_site"].get(s, 0) for s in SITES},
+                "crosscheck_ok": ok, "host_slots_unaccounted": leaked,
+                **{k: p.get("write_path", {}).get(k) for k in WRITE_PATH_COLUMNS},
+                "cpu_s": p["cpu_s"],
+                "wall_s": p["wall_s"]}
+
+    def _problem(self, cell: Cell, kind: str, what: str) -> None:
+        self.problems.append({"protocol": cell.protocol, "policy": cell.policy,
+                              "repeat": cell.repeat, "kind": kind, "what": what})
+
+    def _write(self) -> None:
+        if self.problems:
+            write_csv_atomic(self.dir / "divergence.csv", self.problems, DIVERGENCE_COLUMNS)
+        write_csv_atomic(self.dir / "requests.csv", self.requests, REQUEST_COLUMNS)
+        write_csv_atomic(self.dir / "steps.csv", self.steps, STEP_COLUMNS)
+        write_csv_atomic(self.dir / "ranks.csv", self.ranks, RANK_COLUMNS)
+
+    def finish(self) -> dict:
+        """The ranks' part of the run is over: its rows are on disk. The command builds the
+        summary, plots, verdict and report from them (bench.analysis.report.write_report)."""
+        (self.dir / "progress.json").unlink(missing_ok=True)
+        return {"dir": str(self.dir)}
+
+
+def _timing(r: dict, t0: float) -> dict:
+    """TTFT and its breakdown on rank 0's clock (ms). Unknown stays None."""
+    first, arrival = r["first_token"], r["arrival"]
+    ttft = None if first is None else (first - arrival) * MS
+    sched, enq, io_done, ready = r["scheduled"], r["enqueued"], r["io_done"], r["ready"]
+    io = lag = 0.0
+    if sched is not None and r["op_issued"]:
+        end = io_done if io_done is not None and io_done <= sched else ready
+        if end is not None:
+            io, lag = (end - enq) * MS, (sched - end) * MS
+    load, prefill = r["load_back_s"] * MS, r["prefill_s"] * MS
+    queue = None if ttft is None else ttft - io - lag - load - prefill
+    nbytes = r.get("load_back_bytes", 0)
+    gbps = nbytes / r["load_back_s"] / 1e9 if nbytes and r["load_back_s"] > 0 else None
+    return {"rid": r["rid"], "arrival_s": arrival - t0, "ttft_ms": ttft, "queue_ms": queue,
+            "prefetch_io_ms": io, "sched_lag_ms": lag, "sync_ms": r["sync_s"] * MS,
+            "load_back_ms": load, "prefill_ms": prefill, "load_back_bytes": nbytes,
+            "load_back_gbps": gbps}
+
+
+def _decode(r: dict) -> dict:
+    """The request's class, its end-to-end time and its inter-token latencies (ms)."""
+    gaps = [g * MS for g in r["itl_s"]]
+    end = None if r["finished"] is None else (r["finished"] - r["arrival"]) * MS
+    out = {"request_class": r["kind"], "output_tokens": len(gaps) + (r["first_token"] is not None),
+           "e2e_ms": end, "itl_ms": list_cell(gaps, ".3f")}
+    for q in (50, 90, 99):
+        out[f"itl_p{q}_ms"] = percentile(gaps, q)
+    out["itl_mean_ms"] = statistics.fmean(gaps) if gaps else None
+    return out
+
+
+def _counts(r: dict) -> dict:
+    return {"polls": r["polls"], "decision_collectives": r.get("coll_decision", 0),
+            "completion_collectives": r.get("coll_completion", 0),
+            "hit_query_collectives": r.get("coll_hit_query", 0),
+            "ack_collectives": r.get("coll_ack", 0),
+            "ticket_collectives": r.get("coll_ticket", 0), "pp_hops": r.get("coll_pp_hop", 0),
+            "terminated_by": r["terminated_by"], "op_issued": r["op_issued"],
+            "io_issued": r["io_issued"], "prefetch_requested_tokens": r["requested_tokens"],
+            "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"],
+            **{k: r[k] for k in TOKEN_COLUMNS if k in r}}
+
+
+def data_plane(plan: RunPlan) -> dict:
+    """env.json's data-plane facts: which backend carried the model all-reduces, and
+    whether that is an NCCL measurement (gloo on CUDA: ranks shared GPUs)."""
+    shared = plan.device == "cuda" and plan.backend == "gloo"
+    return {"data_backend": plan.backend, "model": plan.model,
+            "data_plane_note": ("gloo on CUDA: ranks share GPUs (rank r on GPU r % GPUs), "
+                                "model all-reduces staged through host memory; not an NCCL "
+                                "measurement") if shared else None}
+
+
+def _plan_dict(plan: RunPlan) -> dict:
+    d = {k: v for k, v in plan.__dict__.items()
+         if k not in ("workload", "storage", "system", "trace")}
+    d.update(workload=plan.workload.__dict__, storage=plan.storage.__dict__,
+             system=dict(plan.system), trace=plan.trace and plan.trace.__dict__)
+    return d

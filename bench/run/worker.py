@@ -1,0 +1,97 @@
+"""What every rank runs: the plan's cells in order, in lock-step; rank 0 gathers each
+cell's per-rank stats (off the timed path), checks agreement and data, and writes rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+
+import torch
+import torch.distributed as dist
+
+from bench.run import calibrate, workload
+from bench.run.plan import Cell, RunPlan
+from bench.run.sink import ResultSink
+from hicache.comm import Groups, Layout
+from hicache.loadback import h2d_peak
+from hicache.system import System, pick_device, setup_distributed
+
+log = logging.getLogger("bench")
+
+
+def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
+    """Entry point of one rank (spawned locally, or in-process under torchrun)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    layout = Layout(rank, plan.tp, plan.pp)
+    device = pick_device(plan.device, int(os.environ.get("LOCAL_RANK", rank)))
+    timeout = dict(plan.system).get("collective_timeout_s", 60.0)
+    groups = setup_distributed(layout, device, timeout, plan.backend)
+    # Measured once, before any configuration, by rank 0 (the others wait at the barrier).
+    sink = ResultSink(plan, h2d_peak(device)) if rank == 0 else None
+    # c for the overhead model, measured before any cell on quiet groups.
+    samples = _gather({"rank": rank, "c": calibrate.measure(layout, groups)}, world)
+    if sink:
+        sink.calibration([p["c"] for p in samples])
+    cells = plan.cells()
+    steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
+    for cell in cells:
+        if sink:
+            sink.begin(cell, len(cells))
+        payload = run_cell(plan, cell, layout, groups, device, steps)
+        gathered = _gather(payload, world)
+        if sink:
+            sink.add(cell, gathered)
+    return sink.finish() if sink else {}
+
+
+def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
+             device: torch.device, steps: list[int]) -> dict:
+    cfg = plan.config(cell)
+    spec = plan.workload_for(cell)
+    rank0 = layout.rank == 0
+    if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
+        short = replace(spec, output_tokens=min(4, spec.output_tokens))
+        warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
+        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps)
+    main = plan.build_workload(cell)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps)
+    return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
+            "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
+            "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
+            "crosscheck": system.crosscheck(),
+            "host_slots_unaccounted": stats.host_slots_unaccounted,
+            "write_path": stats.write_path,
+            # CPU seconds this rank's threads used while serving (and the wall time):
+            # together with the other ranks', how busy the machine's cores were.
+            "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0}
+
+
+def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int]):
+    system = System(cfg, layout, groups, device, seed)
+    system.populate(wl.histories)
+    _barrier(layout, device)  # all ranks start the timed region together
+    stats = system.run(wl.requests if rank0 else [], steps[0])
+    steps[0] += system.steps_run
+    _barrier(layout, device)
+    system.close()
+    return system, stats
+
+
+def _barrier(layout: Layout, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if layout.world_size > 1:
+        dist.barrier()
+
+
+def _gather(payload: dict, world: int) -> list[dict]:
+    if world == 1:
+        return [payload]
+    out = [None] * world if payload["rank"] == 0 else None
+    dist.gather_object(payload, out, dst=0)  # harness group, outside the timed region
+    return out
