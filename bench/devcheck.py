@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.rundir.rundir import RunDir
+
 DECODE_BATCHES = (1, 32)
 PREFILL_TOKENS = (512, 2048)
 LOAD_BACK_PAGES = 20  # one benchmark request's prefix: 1280 tokens of 64-token pages
@@ -138,10 +140,9 @@ def _last_line(path: Path) -> str:
 
 def _run_facts(run: Path) -> dict:
     """Decode-step and prefill medians and load-back GB/s of one bench run's CSVs."""
-    if not (run / "requests.csv").exists():
+    if not RunDir(run).has("requests"):
         return {}
-    req = pd.read_csv(run / "requests.csv")
-    steps = pd.read_csv(run / "steps.csv")
+    req, steps = RunDir(run).requests(), RunDir(run).steps()
     decode = steps.loc[steps["kind"] == "decode", "forward_ms"].dropna()
     gbps = req["load_back_gbps"].dropna() if "load_back_gbps" in req else pd.Series([])
     loaded = req["load_back_bytes"] if "load_back_bytes" in req else pd.Series([])
@@ -179,7 +180,7 @@ def _device_lines(dc: dict) -> list[str]:
 
 def _run_line(work: Path, step: str, peak) -> str:
     f = _run_facts(work / step)
-    env_path = work / step / "env.json"
+    env_path = RunDir(work / step).file("env")
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
     device = (env.get("world") or {}).get("device", "?")
     head = (f"  {STEPS[step]} [{env.get('model', '?')}, {device}/"

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import ResultFileError, read_json_object
+from bench.rundir.rundir import FILES
 
-JSON_NAME, MD_NAME = "microbench.json", "microbench.md"
+JSON_NAME, MD_NAME = FILES["microbench"], "microbench.md"
 REFERENCE, HEADLINE = "pr27010", "pr36425"
 TIMEOUT_S = 600.0
 US = 1e6

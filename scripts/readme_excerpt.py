@@ -25,15 +25,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.analysis import lead as headline  # noqa: E402
-from bench.analysis import verdict  # noqa: E402
+from bench.analysis import lead, verdict  # noqa: E402
 from bench.commands.common import CliParser, UsageError  # noqa: E402
 from bench.rundir.files import (  # noqa: E402
     ResultFileError,
-    read_csv_checked,
-    read_json_object,
     write_text_atomic,
 )
+from bench.rundir.rundir import RunDir  # noqa: E402
 
 BEGIN = "<!-- readme_excerpt: begin (python scripts/readme_excerpt.py RUN_DIR rewrites it) -->"
 END = "<!-- readme_excerpt: end -->"
@@ -54,21 +52,20 @@ def provenance(env: dict) -> str:
 
 def headline_lines(summary, calib: dict | None) -> list[str]:
     """The console's headline table and its per-policy verdict lines (bench.analysis.lead)."""
-    lead = headline.lead_text(summary, calib)
-    starts = [i for i, line in enumerate(lead) if line.startswith(HEADLINE_START)]
+    lines = lead.lead_text(summary, calib)
+    starts = [i for i, line in enumerate(lines) if line.startswith(HEADLINE_START)]
     if not starts:
         raise ResultFileError("summary.csv has no headline rows (pr27010, pr36425 or "
                               "step-clock under wait_complete or timeout)")
     # The table and its verdict lines; the agreement sentence after them is left out.
-    return lead[starts[0]: len(lead) - 1]
+    return lines[starts[0]: len(lines) - 1]
 
 
 def excerpt(run_dir: Path) -> list[str]:
     """The lines between the markers, from the run directory's files."""
-    env = read_json_object(run_dir / "env.json", ["git", "world"])
-    summary = read_csv_checked(run_dir / "summary.csv", ["protocol", "policy"])
-    calib_path = run_dir / "calibration.json"
-    calib = read_json_object(calib_path) if calib_path.exists() else None
+    run = RunDir(run_dir)
+    env = run.json("env", required=["git", "world"])
+    summary, calib = run.summary(), run.calibration()
     judged = verdict.read(run_dir)
     if judged is None:
         raise ResultFileError(f"{run_dir / verdict.FILE}: no such file (a run written "
@@ -89,7 +86,7 @@ def rewrite(readme_text: str, block: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = CliParser(prog="scripts/readme_excerpt.py", description=__doc__.splitlines()[2])
+    p = CliParser.from_doc("scripts/readme_excerpt.py", __doc__)
     p.add_argument("run_dir", type=Path, help="a results/<run> directory")
     p.add_argument("--readme", type=Path, default=REPO / "README.md")
     try:

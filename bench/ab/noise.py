@@ -22,8 +22,8 @@ import pandas as pd
 
 from bench.analysis.serving_metrics import RATIO_SOURCES, metric_sample
 from bench.analysis.summarize import config_groups
-from bench.rundir.files import read_csv_checked
-from bench.rundir.schema import GATED_METRICS, RATIO_METRICS, REFERENCE_PROTOCOL, STEP_COLUMNS
+from bench.rundir.rundir import RunDir
+from bench.rundir.schema import GATED_METRICS, RATIO_METRICS, REFERENCE_PROTOCOL
 from bench.stats import bootstrap_ratio_interval
 
 METRICS = [*RATIO_METRICS, "ttft_p50"]
@@ -64,7 +64,7 @@ def _config(row: dict) -> str:
 
 def from_summary(run_dir: Path) -> Estimates:
     """Every non-reference row's estimates of every metric, from summary.csv."""
-    summary = read_csv_checked(run_dir / "summary.csv", ["protocol", "policy"])
+    summary = RunDir(run_dir).summary()
     out = {}
     for row in summary.to_dict("records"):
         if row["protocol"] == REFERENCE_PROTOCOL:
@@ -80,8 +80,8 @@ def from_summary(run_dir: Path) -> Estimates:
 
 def from_bootstrap(run_dir: Path, n_boot: int = 1000) -> Estimates:
     """The two-stage bootstrap's estimates of the RATIO_METRICS, from the run's rows."""
-    requests = read_csv_checked(run_dir / "requests.csv", ["protocol", "policy", "repeat"])
-    steps = read_csv_checked(run_dir / "steps.csv", STEP_COLUMNS)
+    requests = RunDir(run_dir).requests()
+    steps = RunDir(run_dir).steps()
     groups, step_groups = config_groups(requests), config_groups(steps)
     out = {}
     for key, g in groups.items():

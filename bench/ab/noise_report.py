@@ -3,12 +3,12 @@ thresholds in gate.json, all from the same figures (bench.ab.noise)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from pathlib import Path
 
 from bench.ab import noise
 from bench.rundir.files import read_json_object, write_json_atomic, write_text_atomic
+from bench.rundir.rundir import RunDir, utc_time
 from bench.tables import markdown_table
 
 HEADERS = ["metric", "coverage", "pairs", "half-width median", "half-width max",
@@ -87,7 +87,7 @@ def write_outputs(out: Path, dirs: list[Path], runs: list[noise.Estimates], per_
 def update_gate(baseline: Path, per_metric: dict, dirs: list[Path], load: dict) -> Path:
     """The derived thresholds (and what they came from) into baseline/gate.json, keeping
     its other keys."""
-    path = baseline / "gate.json"
+    path = RunDir(baseline).file("gate")
     old = read_json_object(path) if path.exists() else {}
     summary = {m: {k: f[k] for k in ("coverage", "half_width_median", "half_width_max",
                                      "run_to_run_max", "repeats")}
@@ -98,5 +98,5 @@ def update_gate(baseline: Path, per_metric: dict, dirs: list[Path], load: dict) 
                              "noise_runs": [d.name for d in dirs],
                              "load_avg_1m_after_run": load or None,
                              "cpu_count": os.cpu_count(), "measured_at":
-                             dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+                             utc_time()})
     return path

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis import lead as headline
+from bench.analysis import lead
 from bench.analysis import trace_tiers as trace_report
 from bench.analysis.provenance import provenance_lines
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
@@ -25,17 +25,14 @@ from bench.analysis.verdict import (
 )
 from bench.rundir.files import (
     clean_key,
-    read_csv_checked,
-    read_json_object,
     write_csv_atomic,
     write_text_atomic,
 )
+from bench.rundir.rundir import RunDir
 from bench.rundir.schema import (
-    DIVERGENCE_COLUMNS,
+    FAILURE_COLUMNS,
     GROUP_KEYS,
-    OPTIONAL_COLUMNS,
     REFERENCE_PROTOCOL,
-    REQUEST_COLUMNS,
     STEP_COLUMNS,
     SUMMARY_COLUMNS,
 )
@@ -43,7 +40,6 @@ from bench.tables import markdown_table
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
-FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
 NO_PLOTS = "BENCH_NO_PLOTS"  # "1": `bench run` draws no plots (bench ab's block runs)
 
 
@@ -139,12 +135,12 @@ def cpu_lines(env: dict | None, summary: pd.DataFrame) -> list[str]:
 
 def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     """Expectation, headline table with its verdict, then the model against measurement."""
-    rows = headline.headline_rows(summary)
+    rows = lead.headline_rows(summary)
     out = ["## What the overhead model expects", "",
-           *headline.expectation_lines(summary, calib), ""]
+           *lead.expectation_lines(summary, calib), ""]
     if rows:
         out += ["## Headline: each protocol against pr27010", "",
-                markdown_table(headline.HEADLINE_HEADERS, rows), "",
+                markdown_table(lead.HEADLINE_HEADERS, rows), "",
                 "Ratios are over pr27010 in the same configuration of the same run. Per "
                 "repeat (one whole serve) each side's statistic is taken, paired with "
                 "pr27010's repeat of the same seed, and the point is the geometric mean of "
@@ -152,16 +148,16 @@ def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
                 "\"Intervals\"); `step x` is the mean step time, ITL pools every inter-token "
                 "gap of a repeat, TTFT is split by request class (prefetch: prefix in "
                 "storage; bystander: nothing to fetch).", "",
-                *headline.resolution_lines(summary), "", *headline.verdict_lines(summary),
+                *lead.resolution_lines(summary), "", *lead.band_lines(summary),
                 ""]
-    model = headline.model_rows(summary)
+    model = lead.model_rows(summary)
     if model:
         out += ["## The overhead model: predicted vs measured extra step time", "",
-                markdown_table(headline.MODEL_HEADERS, model), "",
+                markdown_table(lead.MODEL_HEADERS, model), "",
                 "Predicted: polls per step x decision collectives per poll x c (calibrated "
                 "before the cells). Measured: scheduler host time per step (step minus "
                 "forward) over the reference protocol's, whose polls issue no collective "
-                "(`overhead_reference` in summary.csv). " + headline.agreement_sentence(summary),
+                "(`overhead_reference` in summary.csv). " + lead.agreement_sentence(summary),
                 ""]
     return out
 
@@ -195,18 +191,6 @@ def render_report(run_dir: Path, summary: pd.DataFrame, method: str,
     ])
 
 
-def _required(columns: list[str]) -> list[str]:
-    return [c for c in columns if c not in OPTIONAL_COLUMNS]
-
-
-def _read_optional(path: Path, required: list[str]) -> pd.DataFrame | None:
-    return read_csv_checked(path, required) if path.exists() else None
-
-
-def _read_json(path: Path) -> dict | None:
-    return read_json_object(path) if path.exists() else None
-
-
 def load_back_line(requests: pd.DataFrame, env: dict | None) -> str | None:
     """Achieved load-back GB/s against the host->device peak (GPU runs; None elsewhere)."""
     peak = (env or {}).get("h2d_peak_gbps")
@@ -237,17 +221,15 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
 
     Raises ResultFileError when requests.csv (or another present result file) is unusable.
     """
-    run_dir = Path(run_dir)
-    requests = read_csv_checked(run_dir / "requests.csv", _required(REQUEST_COLUMNS))
-    steps = _read_optional(run_dir / "steps.csv", _required(STEP_COLUMNS))
+    run = RunDir(run_dir)
+    run_dir = run.path
+    requests = run.requests("report")
+    steps = run.steps("report", optional=True)
     steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
-    ranks = _read_optional(run_dir / "ranks.csv", [])
-    failures = _read_optional(run_dir / "failures.csv", FAILURE_COLUMNS)
-    details = _read_optional(run_dir / "divergence.csv", DIVERGENCE_COLUMNS)
-    calibration = _read_json(run_dir / "calibration.json")
-    env = _read_json(run_dir / "env.json")
+    ranks, failures, details = run.ranks(), run.failures(), run.divergence()
+    calibration, env = run.calibration(), run.env(optional=True)
     summary = summarize(requests, steps, percentile_method, calibration, ranks)
-    write_csv_atomic(run_dir / "summary.csv", summary.to_dict("records"), SUMMARY_COLUMNS)
+    write_csv_atomic(run.file("summary"), summary.to_dict("records"), SUMMARY_COLUMNS)
     disagreements = [] if details is None else \
         details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
     verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements)
@@ -261,7 +243,8 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
                          calibration, verdict,
                          trace_report.tier_lines(summary, requests, trace_files))
-    write_text_atomic(run_dir / "report.md", text)
-    lead = headline.lead_text(summary, calibration)
+    write_text_atomic(run.file("report"), text)
+    text_lead = lead.lead_text(summary, calibration)
     loaded = load_back_line(requests, env)
-    return RunReport(run_dir / "report.md", summary, verdict, lead + ([loaded] if loaded else []))
+    return RunReport(run.file("report"), summary, verdict,
+                     text_lead + ([loaded] if loaded else []))

@@ -29,8 +29,9 @@ from bench.rundir.files import (
     read_json_object,
     write_json_atomic,
 )
+from bench.rundir.rundir import FILES
 
-FILE = "verdict.json"
+FILE = FILES["verdict"]
 KNOWN_HAZARD = ("pre27010 has no PP agreement (SGLang #22607): its PP stages may end a "
                 "prefetch differently")
 

@@ -4,34 +4,23 @@ rows are matched and judged)."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from bench.analysis import verdict
-from bench.compare.metrics import COUNT_COLUMNS, TIMING_METRICS, TimingMetric, counts
+from bench.compare.metrics import TIMING_METRICS, TimingMetric, counts
 from bench.compare.rules import TimingOptions, count_rows, timing_rows
 from bench.run.plan import plan_differences
-from bench.rundir.files import (
-    ResultFileError,
-    clean_key,
-    numeric_columns,
-    read_csv_checked,
-    read_json_object,
-)
-from bench.rundir.schema import CONFIG_COLUMNS, GROUP_KEYS, STEP_SITES
+from bench.rundir.files import ResultFileError, clean_key
+from bench.rundir.rundir import LEGACY_SCHEMA_VERSION, RunDir
+from bench.rundir.schema import CONFIG_COLUMNS, GROUP_KEYS
 from hicache.cost_model import POLICIES, PROTOCOLS
 
 DEFAULT_THRESHOLD = 0.05
-LEGACY_SCHEMA_VERSION = 2  # runs written before env.json recorded a schema_version
 RUN_LEVEL = ("preset", "world_size", "device", "backend", "seed")  # checked, warned or noted
 EXTRA_KEYS = [c for c in [*CONFIG_COLUMNS, "model"] if c not in GROUP_KEYS + list(RUN_LEVEL)]
-REQUEST_REQUIRED = GROUP_KEYS + ["repeat", "ttft_ms"] + COUNT_COLUMNS
-STEP_REQUIRED = GROUP_KEYS + ["repeat"] + STEP_SITES
-REQUEST_NUMERIC = ["tp", "pp", "repeat", "ttft_ms", *COUNT_COLUMNS]
-STEP_NUMERIC = ["tp", "pp", "repeat", "step_ms", *STEP_SITES]
 ENV_FACTS = {"host": ("host",), "CPU": ("cpu_model",), "CPU count": ("cpu_count",),
              "torch": ("versions", "torch"), "NCCL": ("versions", "nccl"),
              "device": ("world", "device"), "backend": ("backend",)}
@@ -78,19 +67,11 @@ class Run:
 
 def load_run(path: Path) -> Run:
     """A run directory, checked: env.json, requests.csv (required), steps.csv (optional)."""
-    if not path.is_dir():
-        raise ResultFileError(f"{path}: no such directory")
-    env = read_json_object(path / "env.json")
-    where = path / "requests.csv"
-    requests = numeric_columns(read_csv_checked(where, REQUEST_REQUIRED), REQUEST_NUMERIC,
-                               where, ["tp", "pp", "repeat", *COUNT_COLUMNS])
+    run = RunDir(path).check_dir()
+    env, requests = run.env(), run.requests("compare")
     if requests.empty:
-        raise ResultFileError(f"{where}: no rows")
-    where, steps = path / "steps.csv", None
-    if where.exists():
-        steps = numeric_columns(read_csv_checked(where, STEP_REQUIRED), STEP_NUMERIC, where,
-                                ["tp", "pp", "repeat", *STEP_SITES])
-    return Run(path, env, requests, steps)
+        raise ResultFileError(f"{run.file('requests')}: no rows")
+    return Run(path, env, requests, run.steps("compare", optional=True))
 
 
 def check_comparable(a: Run, b: Run) -> None:
@@ -201,15 +182,17 @@ def _config_rows(key: tuple, groups: dict, metrics: list[TimingMetric], present:
     return count_rows(ca, cb, n_steps) + timing_rows(metrics, frames, present, timing)
 
 
-def compare(a: Run, b: Run, opts: argparse.Namespace) -> Comparison:
-    """Refuse incomparable runs, match A's and B's configurations, build every row."""
+def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
+            metrics: list[str] | None = None) -> Comparison:
+    """Refuse incomparable runs, match A's and B's configurations, build every row (timing
+    `metrics` by name, all present when None; `threshold` as compare's --threshold)."""
     check_comparable(a, b)
     keys = match_keys(a, b)
     groups = {(s, t): _groups(run.table(t), keys, f"{run.path}/{t}.csv")
               for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
-    metrics, present = reported_metrics(a, b, opts.metric)
-    timing = TimingOptions(opts.threshold)
-    comp = Comparison(a, b, keys, opts.threshold,
+    metrics, present = reported_metrics(a, b, metrics)
+    timing = TimingOptions(threshold)
+    comp = Comparison(a, b, keys, threshold,
                       header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b),
                       drift_note=DRIFT)
     for key in sorted(set(groups[("a", "requests")]) | set(groups[("b", "requests")]),

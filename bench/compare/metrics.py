@@ -18,13 +18,11 @@ import numpy as np
 import pandas as pd
 
 from bench.rundir.files import parse_gaps
-from bench.rundir.schema import STEP_SITES
+from bench.rundir.schema import COUNT_COLUMNS, STEP_SITES
 from bench.stats import Sample
 
 CLASS_COLUMN = "request_class"  # absent in runs before the serving regime: all "prefetch"
 DEFAULT_CLASS = "prefetch"
-COUNT_COLUMNS = ["polls", "decision_collectives", "completion_collectives", "pp_hops",
-                 "hit_query_collectives", "ack_collectives"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,19 @@ TIMING_METRICS = (
     TimingMetric("decode_step_p99_ms", "steps", "p99", ("step_ms",), decode_steps),
 )
 METRIC_NAMES = tuple(m.name for m in TIMING_METRICS)
+
+
+def metric_list(values: list[str] | None) -> list[str] | None:
+    """Timing metric names (each value may be comma-separated), checked against the registry
+    (ValueError names the unknown ones); None for none asked."""
+    if not values:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METRIC_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown --metric {', '.join(unknown) or '(empty)'}; choose from "
+                         f"{', '.join(METRIC_NAMES)}")
+    return names
 
 
 @dataclass(frozen=True)

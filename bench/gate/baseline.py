@@ -20,6 +20,7 @@ from bench.rundir.files import (
     write_json_atomic,
     write_text_atomic,
 )
+from bench.rundir.rundir import RunDir
 from bench.rundir.schema import SUMMARY_COLUMNS
 
 BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010"]
@@ -28,7 +29,7 @@ BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio
 def check_comparable(run_env: dict, baseline_dir: Path) -> None:
     """Refuse (ResultFileError, one line) a run whose plan is not the baseline's: its timing
     ratios and tolerances were measured for that plan only."""
-    path = baseline_dir / "env.json"
+    path = RunDir(baseline_dir).file("env")
     if not path.exists() or "plan" not in run_env:
         return  # a run or baseline from before plans were recorded: nothing to compare
     diffs = plan_differences(run_env["plan"], read_json_object(path).get("plan"), "vs")
@@ -48,7 +49,7 @@ def check_tolerance(value: object, where: str) -> float:
 
 def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
     """The baseline's summary (checked) and its gate.json settings ({} when absent)."""
-    path = baseline_dir / "summary.csv"
+    path = RunDir(baseline_dir).file("summary")
     if not path.exists():
         raise ResultFileError(f"{path}: no baseline (create one with --update-baseline)")
     summary = read_csv_checked(path, BASELINE_KEY + BASELINE_NUMERIC[2:])
@@ -81,7 +82,7 @@ def check_ab(ab: object, where: str) -> dict:
 
 def read_settings(baseline_dir: Path) -> dict:
     """The baseline's gate.json ({} when absent), its thresholds and ab settings checked."""
-    gate_json = baseline_dir / "gate.json"
+    gate_json = RunDir(baseline_dir).file("gate")
     if not gate_json.exists():
         return {}
     settings = read_json_object(gate_json)
@@ -107,7 +108,7 @@ def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
                     settings: dict, env: dict) -> str:
     """Write the run's summary and env.json, and gate.json (the run's commit becomes the
     revision `--ab` runs beside a gated tree), into the baseline directory; says what."""
-    env_path = run_dir / "env.json"
+    env_path = RunDir(run_dir).file("env")
     try:
         env_text = env_path.read_text()
         json.loads(env_text)
@@ -118,14 +119,15 @@ def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
         raise ResultFileError(f"{env_path}: no git commit: the baseline needs a revision")
     baseline_dir.mkdir(parents=True, exist_ok=True)
     # Each file is replaced atomically; all inputs were read and checked before the first.
-    if (run_dir / "summary.csv").exists():  # a byte-for-byte copy of what was gated
-        write_text_atomic(baseline_dir / "summary.csv", (run_dir / "summary.csv").read_text())
+    run, base = RunDir(run_dir), RunDir(baseline_dir)
+    if run.has("summary"):  # a byte-for-byte copy of what was gated
+        write_text_atomic(base.file("summary"), run.file("summary").read_text())
     else:
-        write_csv_atomic(baseline_dir / "summary.csv", summary.to_dict("records"),
+        write_csv_atomic(base.file("summary"), summary.to_dict("records"),
                          [c for c in SUMMARY_COLUMNS if c in summary.columns])
-    write_text_atomic(baseline_dir / "env.json", env_text)
+    write_text_atomic(base.file("env"), env_text)
     ab = {**DEFAULT_AB, **settings.get("ab", {}), "revision": git["commit"]}
-    write_json_atomic(baseline_dir / "gate.json",
+    write_json_atomic(base.file("gate"),
                       {**settings, "ab": ab, "source_run": run_dir.resolve().name})
     dirty = (" (its tree was dirty: the revision is its commit, not what ran; commit first)"
              if git.get("dirty") else "")

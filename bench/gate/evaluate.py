@@ -15,7 +15,6 @@ as information, never checked.
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,31 +52,10 @@ from bench.gate.timing import (
 )
 from bench.microbench import gate_note
 from bench.rundir.files import (
-    ResultFileError,
     clean_key,
-    numeric_columns,
-    read_csv_checked,
-    read_json_object,
 )
+from bench.rundir.rundir import RunDir
 from bench.rundir.schema import GROUP_KEYS, STEP_COLUMNS
-
-REQUIRED_REQUEST_COLUMNS = GROUP_KEYS + [
-    "repeat", "rid", "page_size", "polls", "decision_collectives", "hit_query_collectives",
-    "ack_collectives", "hit_tokens", "op_issued", "io_issued", "ranks_agree", "data_ok",
-]
-REQUIRED_SUMMARY_COLUMNS = GROUP_KEYS + [
-    "decision_collectives_per_req", "expected_decision_collectives_per_req",
-    "background_collectives_per_req", "expected_background_collectives_per_req",
-    "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_per_repeat",
-    "ranks_agree", "data_errors",
-]
-# Cells that must be numbers (empty allowed only where a value may be unknown).
-REQUEST_NUMERIC = ["tp", "pp", "page_size", "polls", "decision_collectives",
-                   "hit_query_collectives", "ack_collectives", "hit_tokens"]
-SUMMARY_NUMERIC = ["tp", "pp", "decision_collectives_per_req",
-                   "expected_decision_collectives_per_req", "background_collectives_per_req",
-                   "expected_background_collectives_per_req", "decision_collectives_per_poll",
-                   "ttft_p50_ratio_vs_pr27010", "data_errors"]
 
 
 def _close(a: float, b: float) -> bool:
@@ -225,28 +203,14 @@ class GatedRun:
 def load_run(run_dir: Path) -> GatedRun:
     """requests.csv, summary.csv (rebuilt with summarize when absent), ranks.csv and
     env.json of a run."""
-    if not run_dir.is_dir():
-        raise ResultFileError(f"{run_dir}: no such directory")
-    ranks = (read_csv_checked(run_dir / "ranks.csv", [])
-             if (run_dir / "ranks.csv").exists() else None)
-    env = read_json_object(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
-    requests, summary = _load_tables(run_dir)
-    return GatedRun(requests, summary, ranks, env)
-
-
-def _load_tables(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    path = run_dir / "requests.csv"
-    requests = numeric_columns(read_csv_checked(path, REQUIRED_REQUEST_COLUMNS), REQUEST_NUMERIC,
-                        path, REQUEST_NUMERIC[:-1])
-    path = run_dir / "summary.csv"
-    if path.exists():
-        summary = read_csv_checked(path, REQUIRED_SUMMARY_COLUMNS)
-        return requests, numeric_columns(summary, SUMMARY_NUMERIC, path,
-                                         ["tp", "pp", "data_errors"])
-    steps_path = run_dir / "steps.csv"
-    steps = (read_csv_checked(steps_path, STEP_COLUMNS) if steps_path.exists()
-             else pd.DataFrame(columns=STEP_COLUMNS))
-    return requests, summarize(requests, steps)
+    run = RunDir(run_dir).check_dir()
+    requests = run.requests("gate")
+    summary = run.summary("gate", optional=True)
+    if summary is None:
+        steps = run.steps(optional=True)
+        summary = summarize(requests, pd.DataFrame(columns=STEP_COLUMNS) if steps is None
+                            else steps)
+    return GatedRun(requests, summary, run.ranks(), run.env(optional=True) or {})
 
 
 def format_checks(checks: list[Check]) -> str:
@@ -277,7 +241,19 @@ def thresholds(settings: dict, override: float | None) -> dict[str, float]:
     return {m: settings.get("thresholds", {}).get(m, DEFAULT_THRESHOLD) for m in AB_METRICS}
 
 
-def timing_checks(args: argparse.Namespace, summary: pd.DataFrame, baseline: pd.DataFrame,
+@dataclass(frozen=True)
+class GateOptions:
+    """What `bench gate` was asked (bench.commands.gate unpacks its command line into it)."""
+
+    run_dir: Path
+    baseline: Path = Path("results/baseline")
+    ab: bool = False  # timings from an A/B of the baseline revision beside this tree
+    confirm: bool = True  # with ab: a failing timing check must fail a second A/B too
+    tolerance: float | None = None  # one threshold for every timing metric
+    update_baseline: bool = False
+
+
+def timing_checks(args: GateOptions, summary: pd.DataFrame, baseline: pd.DataFrame,
                   settings: dict) -> tuple[list[Check], str]:
     """The timing checks (bench.gate.timing) and one line on how they were made."""
     limits = thresholds(settings, args.tolerance)
@@ -293,7 +269,7 @@ def timing_checks(args: argparse.Namespace, summary: pd.DataFrame, baseline: pd.
             f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
             f"(thresholds {shown}; {out / 'ab.md'})")
     failed = sum(not c.passed for c in checks)
-    if not failed or args.no_confirm:
+    if not failed or not args.confirm:
         return checks, line
     again, out2 = run_gate_ab(settings, args.run_dir / "ab_confirm",
                               seed=confirmation_seed(settings))
@@ -304,7 +280,7 @@ def timing_checks(args: argparse.Namespace, summary: pd.DataFrame, baseline: pd.
                     f"{out2 / 'ab.md'})")
 
 
-def evaluate(args: argparse.Namespace) -> tuple[list[Check], str]:
+def evaluate(args: GateOptions) -> tuple[list[Check], str]:
     """Evaluate every check (and update the baseline when asked); returns checks and a line."""
     run = load_run(args.run_dir)
     summary = run.summary

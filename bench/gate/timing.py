@@ -34,6 +34,7 @@ from bench.compare.comparison import Comparison
 from bench.compare.rules import timing_verdict
 from bench.gate.checks import Check, baseline_match, make_check
 from bench.rundir.files import parse_list_cell
+from bench.rundir.rundir import FILES
 from bench.rundir.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
 from bench.stats import Interval, ratio_interval
 
@@ -75,7 +76,7 @@ def _gated(row: dict) -> list[str]:
 
 def _per_repeat(row: dict, metric: str) -> dict[int, float]:
     column = "ttft_p50_ratio_per_repeat" if metric == "ttft" else f"{metric}_ratio_per_repeat"
-    return dict(enumerate(parse_list_cell(row.get(column), "summary.csv", column)))
+    return dict(enumerate(parse_list_cell(row.get(column), FILES["summary"], column)))
 
 
 def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,

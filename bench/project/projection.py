@@ -3,7 +3,6 @@ the engine of `python -m bench project` (usage and method: bench.commands.projec
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from bench.rundir.files import (
     write_csv_atomic,
     write_text_atomic,
 )
+from bench.rundir.rundir import RunDir, utc_time
 from bench.tables import markdown_table
 from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll
 
@@ -51,7 +51,7 @@ def _positive_number(value: object) -> bool:
 
 def read_calibration(run_dir: Path) -> dict:
     """calibration.json, with its TP checked; ResultFileError when unusable."""
-    path = run_dir / "calibration.json"
+    path = RunDir(run_dir).file("calibration")
     if not path.is_file():
         raise ResultFileError(f"{path}: no such file (the run predates calibration)")
     calib = read_json_object(path)
@@ -111,7 +111,7 @@ def latency(calib: dict, latency_us: float | None) -> tuple[float, int, str]:
 
 def read_summary(run_dir: Path) -> pd.DataFrame | None:
     """summary.csv's measured columns as numbers (missing columns empty); None when absent."""
-    path = run_dir / "summary.csv"
+    path = RunDir(run_dir).file("summary")
     if not path.exists():
         return None
     frame = read_csv_checked(path, ["protocol", "policy", "tp", "pp"])
@@ -225,7 +225,7 @@ def render(run_dir: Path, env: dict | None, a: Assumptions, rows: list[dict],
     return "\n".join([
         f"# Projected decision-collective overhead: {run_dir.resolve().name}", "",
         "## Provenance", "", "The run:", "", *provenance_lines(env), "",
-        f"Projected {datetime.now(timezone.utc).isoformat(timespec='seconds')} by `bench "
+        f"Projected {utc_time()} by `bench "
         f"project`, code at commit {code.get('commit') or 'unknown'}"
         f"{' (dirty working tree)' if code.get('dirty') else ''}.", "",
         "## Assumptions", "", *assumption_lines(a), "",
@@ -264,8 +264,7 @@ def assumption_lines(a: Assumptions) -> list[str]:
 
 
 def _read_env(run_dir: Path) -> dict | None:
-    path = run_dir / "env.json"
-    return read_json_object(path) if path.exists() else None
+    return RunDir(run_dir).env(optional=True)
 
 
 def project(run_dir: Path, latency_us: float | None, scaling: str,

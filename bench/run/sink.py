@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-from pathlib import Path
 
 from bench.run import calibrate
 from bench.run.plan import Cell, RunPlan
 from bench.run.trace import reuse_bounds
 from bench.rundir.env import collect_env
 from bench.rundir.files import list_cell, write_csv_atomic, write_json_atomic
+from bench.rundir.rundir import RunDir
 from bench.rundir.schema import (
     DIVERGENCE_COLUMNS,
     RANK_COLUMNS,
@@ -35,7 +35,8 @@ MS = 1000.0
 
 class ResultSink:
     def __init__(self, plan: RunPlan, h2d: dict | None = None):
-        self.plan, self.dir, self.h2d = plan, Path(plan.out_dir), h2d or {}
+        self.plan, self.h2d = plan, h2d or {}
+        self.run = RunDir(plan.out_dir)
         self.requests: list[dict] = []
         self.steps: list[dict] = []
         self.ranks: list[dict] = []
@@ -44,7 +45,7 @@ class ResultSink:
         world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
                  "device": plan.device, "backend": plan.backend}
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
-        write_json_atomic(self.dir / "env.json", {**collect_env(plan.backend, world),
+        write_json_atomic(self.run.file("env"), {**collect_env(plan.backend, world),
                                                   **data_plane(plan), **(h2d or {}),
                                                   "schema_version": SCHEMA_VERSION,
                                                   "threads_per_rank": plan.threads_per_rank,
@@ -54,14 +55,14 @@ class ResultSink:
     def calibration(self, per_rank: list[list[float]]) -> None:
         """calibration.json: c, the control-plane all-reduce latency (bench.run.calibrate)."""
         self.calib = calibrate.summarize(per_rank, self.plan.tp, self.plan.pp)
-        write_json_atomic(self.dir / "calibration.json", self.calib)
+        write_json_atomic(self.run.file("calibration"), self.calib)
         c = self.calib["allreduce"]
         print(f"calibration: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
               f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
               f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
 
     def begin(self, cell: Cell, total: int) -> None:
-        write_json_atomic(self.dir / "progress.json", {**cell.__dict__, "total": total})
+        write_json_atomic(self.run.file("progress"), {**cell.__dict__, "total": total})
         scale = self.plan.time_scale(cell)
         load = f"rate={cell.rate_rps:g}" if scale is None else \
             f"rate={cell.rate_rps:.2f} (x{scale:g})"
@@ -160,16 +161,16 @@ class ResultSink:
 
     def _write(self) -> None:
         if self.problems:
-            write_csv_atomic(self.dir / "divergence.csv", self.problems, DIVERGENCE_COLUMNS)
-        write_csv_atomic(self.dir / "requests.csv", self.requests, REQUEST_COLUMNS)
-        write_csv_atomic(self.dir / "steps.csv", self.steps, STEP_COLUMNS)
-        write_csv_atomic(self.dir / "ranks.csv", self.ranks, RANK_COLUMNS)
+            write_csv_atomic(self.run.file("divergence"), self.problems, DIVERGENCE_COLUMNS)
+        write_csv_atomic(self.run.file("requests"), self.requests, REQUEST_COLUMNS)
+        write_csv_atomic(self.run.file("steps"), self.steps, STEP_COLUMNS)
+        write_csv_atomic(self.run.file("ranks"), self.ranks, RANK_COLUMNS)
 
     def finish(self) -> dict:
         """The ranks' part of the run is over: its rows are on disk. The command builds the
         summary, plots, verdict and report from them (bench.analysis.report.write_report)."""
-        (self.dir / "progress.json").unlink(missing_ok=True)
-        return {"dir": str(self.dir)}
+        (self.run.file("progress")).unlink(missing_ok=True)
+        return {"dir": str(self.run.path)}
 
 
 def _timing(r: dict, t0: float) -> dict:

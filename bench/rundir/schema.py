@@ -9,6 +9,9 @@ REFERENCE_PROTOCOL = "pr27010"  # "before": every ratio is taken against it
 # One summary row per configuration group: a protocol x policy cell of one layout, storage,
 # rate and extra-pool setting, pooled over repeats.
 GROUP_KEYS = ["protocol", "policy", "tp", "pp", "storage", "rate_rps", "extra_pool", "race_guard"]
+# Per-request collective counts by call site (rank 0), compared exactly.
+COUNT_COLUMNS = ["polls", "decision_collectives", "completion_collectives", "pp_hops",
+                 "hit_query_collectives", "ack_collectives"]
 STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]  # per-step collectives
 
 # Configuration echoed in every result row. host_memory is one value per run (a plan
@@ -59,6 +62,9 @@ RANK_COLUMNS = CONFIG_COLUMNS + [
     "ack", "ticket", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
     "crosscheck_ok", "host_slots_unaccounted", *WRITE_PATH_COLUMNS, "cpu_s", "wall_s",
 ]
+
+# A cell that failed: its configuration and the first line of its error (failures.csv).
+FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
 
 # What the rows cannot say: how ranks disagreed, which group's count differed from torch's.
 DIVERGENCE_COLUMNS = ["protocol", "policy", "repeat", "kind", "what"]
