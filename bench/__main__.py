@@ -28,9 +28,14 @@ def main(argv: list[str]) -> int:
     return importlib.import_module(VERBS[verb][2]).main(rest)
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The process's entry point: `python -m bench` and the `hicache-bench` console script."""
     try:
         sys.exit(main(sys.argv[1:]))
     except BrokenPipeError:  # e.g. `| head`: the reader left; no traceback for that
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    entry()

@@ -83,3 +83,13 @@ def test_every_relative_link_resolves():
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 bad.append(f"{page.relative_to(REPO)}: {target}: no heading with that anchor")
     assert not bad, "\n".join(bad)
+
+
+def test_the_options_page_is_the_parsers_own():
+    """docs/options.md is generated from the verbs' parsers (scripts/options_doc.py)."""
+    from bench.commands.options_doc import options_markdown
+
+    text = options_markdown()
+    assert "| `--preset` | `default` |" in text and "## `bench gate RUN_DIR`" in text
+    assert (REPO / "docs" / "options.md").read_text() == text, \
+        "docs/options.md is stale: run python scripts/options_doc.py"

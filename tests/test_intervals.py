@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from bench import stats
-from bench.analysis import lead as headline
+from bench.analysis import lead
 from bench.analysis.summarize import summarize
 from tests.test_gate_quiet import serving_requests, serving_steps
 
@@ -36,7 +36,7 @@ def test_summary_has_intervals_half_widths_and_repeat_counts(frames):
 
 
 def test_headline_states_what_the_run_resolves(frames):
-    lines = headline.resolution_lines(summarize(*frames))
+    lines = lead.resolution_lines(summarize(*frames))
     assert lines[0].startswith("Resolvable differences (the largest 95% half-width over "
                                "these rows, 3 paired repeats each): step ")
     assert "ITL p50" in lines[0]
@@ -55,7 +55,7 @@ def test_without_scipy_points_counts_and_verdicts_stay_and_intervals_go(frames, 
     pd.testing.assert_frame_equal(without[counts], with_scipy[counts])
     points = ["step_mean_ratio", "itl_p50_ratio", "prefetch_ttft_p50_ratio"]
     assert np.allclose(without[points], with_scipy[points])
-    lead = headline.lead_text(without, None)
-    said = [line for line in lead if "scipy is not installed" in line]
+    lines = lead.lead_text(without, None)
+    said = [line for line in lines if "scipy is not installed" in line]
     assert said == ["No intervals: scipy is not installed."]
     assert "[no CI]" in "\n".join(lead)

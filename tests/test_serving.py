@@ -10,10 +10,10 @@ import pytest
 
 from bench.analysis.serving_metrics import (
     itl_gaps,
-    overhead_cells,
-    ratio_cells,
+    overhead_columns,
+    ratio_columns,
     reference_protocol,
-    serving_cells,
+    serving_columns,
 )
 from bench.stats import stat_value
 
@@ -42,7 +42,7 @@ SA = steps("pr27010", [10.0, 20.0, 30.0, 40.0], [5.0, 5.0, 5.0, 5.0], [2, 2, 4, 
 
 def test_itl_pooling_and_class_ttft():
     assert itl_gaps(A["itl_ms"]).tolist() == [10, 20, 30, 40, 50, 60]
-    cells = serving_cells(A, SA, cores_busy=1.5)
+    cells = serving_columns(A, SA, cores_busy=1.5)
     assert cells["itl_p50_ms"] == pytest.approx(35.0)  # linear between 30 and 40
     assert cells["itl_mean_ms"] == pytest.approx(35.0)
     assert cells["prefetch_ttft_p50_ms"] == pytest.approx(150.0)
@@ -74,7 +74,7 @@ def test_ratio_cells_against_a_run_twice_as_slow():
     slow = A.assign(ttft_ms=A["ttft_ms"] * 2,
                     itl_ms=["20;40", "60", "", "80;100;120"], protocol="pr36425")
     drift = {0: 1.0, 1: 1.1, 2: 0.95}  # the machine drifts; both sides of a repeat alike
-    cells, intervals = ratio_cells(repeats(slow, 3, drift.get),
+    cells, intervals = ratio_columns(repeats(slow, 3, drift.get),
                                    repeats(SA.assign(step_ms=SA["step_ms"] * 2), 3, drift.get),
                                    repeats(A, 3, drift.get), repeats(SA, 3, drift.get))
     for name in ("step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50",
@@ -86,10 +86,10 @@ def test_ratio_cells_against_a_run_twice_as_slow():
     assert cells["step_mean_ratio_mdd"] == pytest.approx(0.0, abs=1e-12)
     assert cells["step_mean_ratio_per_repeat"] == "2.0000;2.0000;2.0000"
     assert all(iv.has_interval for iv in intervals)
-    one, _ = ratio_cells(slow, SA.assign(step_ms=SA["step_ms"] * 2), A, SA)  # one repeat
+    one, _ = ratio_columns(slow, SA.assign(step_ms=SA["step_ms"] * 2), A, SA)  # one repeat
     assert one["step_mean_ratio"] == pytest.approx(2.0)
     assert math.isnan(one["step_mean_ratio_ci_low"]) and one["step_mean_ratio_repeats"] == 1
-    empty, _ = ratio_cells(A, SA, None, None)
+    empty, _ = ratio_columns(A, SA, None, None)
     assert math.isnan(empty["itl_p50_ratio"]) and empty["itl_p50_ratio_repeats"] == 0
 
 
@@ -98,7 +98,7 @@ def test_ratio_cells_pair_each_repeat_with_the_references_own():
     # every repeat: the per-repeat ratios alternate and the interval is wide.
     ref = repeats(SA, 4)
     x = repeats(SA, 4, lambda r: 2.0 if r % 2 == 0 else 1.0)
-    cells, _ = ratio_cells(repeats(A, 4), x, repeats(A, 4), ref)
+    cells, _ = ratio_columns(repeats(A, 4), x, repeats(A, 4), ref)
     assert cells["step_mean_ratio_per_repeat"] == "2.0000;1.0000;2.0000;1.0000"
     assert cells["step_mean_ratio"] == pytest.approx(math.sqrt(2))
     assert cells["step_mean_ratio_mdd"] > 0.5
@@ -125,7 +125,7 @@ def test_overhead_prediction_and_measurement():
     s = repeats(SA, 3, columns=())
     ref_s = repeats(ref_s, 3, columns=())
     ref_s["step_ms"] = ref_s["step_ms"] + ref_s["repeat"].map({0: 0.0, 1: 0.1, 2: -0.1})
-    out = overhead_cells(row, s, ref, ref_s, CALIB)
+    out = overhead_columns(row, s, ref, ref_s, CALIB)
     # 2 polls per step x 1 all-reduce x 0.5 ms = 1.0 ms, band from c's CI: [0.8, 1.2]
     assert out["predicted_extra_step_ms"] == pytest.approx(1.0)
     assert (out["predicted_extra_step_low_ms"], out["predicted_extra_step_high_ms"]) == \
@@ -137,7 +137,7 @@ def test_overhead_prediction_and_measurement():
     assert out["measured_itl_inflation"] == pytest.approx(2.0)
     assert out["overhead_model_agrees"] is False
     assert "more than its collectives" in out["overhead_model_note"]
-    none = overhead_cells(row, s, None, None, CALIB)
+    none = overhead_columns(row, s, None, None, CALIB)
     assert none["overhead_model_agrees"] is None and math.isnan(none["measured_extra_step_ms"])
 
 
@@ -152,14 +152,14 @@ def test_measured_extra_step_is_paired_by_repeat():
     ref_s = repeats(steps("step-clock", [10.0, 10.0], [5.0, 5.0], [3, 3], [0, 0]), 3,
                     columns=())
     ref_s["step_ms"] = 5.0 + 5.0 * ref_s["repeat"].map(drift)
-    out = overhead_cells(row, s, ref, ref_s, CALIB)
+    out = overhead_columns(row, s, ref, ref_s, CALIB)
     # differences 15, 30, 45: mean 30, sd 15, t_{2, 0.975} = 4.302653
     h = 4.302653 * 15 / math.sqrt(3)
     assert out["measured_extra_step_ms"] == pytest.approx(30.0)
     assert (out["measured_extra_step_ci_low_ms"], out["measured_extra_step_ci_high_ms"]) == \
         pytest.approx((30 - h, 30 + h), rel=1e-6)
     assert out["measured_extra_step_repeats"] == 3
-    one = overhead_cells(row, SA, ref, steps("step-clock", [8.0, 12.0], [5.0, 5.0], [3, 3],
+    one = overhead_columns(row, SA, ref, steps("step-clock", [8.0, 12.0], [5.0, 5.0], [3, 3],
                                              [0, 0]), CALIB)
     assert one["overhead_model_agrees"] is None and "too few repeats" in \
         one["overhead_model_note"]

@@ -13,8 +13,7 @@ serving regime understands are passed (--preset, --repeats, --seed, --out, --pro
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from bench.analysis import verdict
 from bench.analysis.report import NO_PLOTS
 from bench.compare.comparison import Comparison, Run, compare, load_run
 from bench.rundir.files import ResultFileError, write_json_atomic
+from bench.rundir.rundir import RunDir, utc_time
 
 RUN_TIMEOUT_S = 1800.0  # one block's run; `bench run` bounds itself well below this
 DRIFT = ("A and B alternate block by block (A B, B A, ...) on this machine with the same "
@@ -68,6 +68,33 @@ class AbPlan:
                 *self.run_args]
 
 
+DEFAULT_PRESET = "ci"
+DEFAULT_BLOCKS = 6
+
+
+def make_plan(rev_a: str, rev_b: str, preset: str = DEFAULT_PRESET,
+              blocks: int = DEFAULT_BLOCKS, seed: int = 0, per_block: int = 1,
+              threshold: float = 0.05, protocols: str | None = None,
+              policies: str | None = None, metrics: list[str] | None = None,
+              out: Path | None = None) -> AbPlan:
+    """The plan of `bench ab REV_A REV_B` (and of each bisect step); ValueError (one line)
+    for bad settings, RevisionError for an unknown or dirty revision."""
+    from bench.ab.revisions import resolve
+    from bench.rundir.env import REPO_DIR
+
+    if blocks < 1 or per_block < 1:
+        raise ValueError(f"--repeats and --repeats-per-block must be >= 1, got {blocks} "
+                         f"and {per_block}")
+    if not (math.isfinite(threshold) and threshold >= 0):
+        raise ValueError(f"--threshold must be a finite number >= 0, got {threshold}")
+    a, b = resolve(rev_a, REPO_DIR), resolve(rev_b, REPO_DIR)
+    run_args = [x for flag, v in (("--protocols", protocols), ("--policies", policies))
+                if v for x in (flag, v)]
+    out = out or RunDir.new("ab", a.short, "vs", b.short).path
+    return AbPlan(a, b, preset, blocks, seed, per_block, threshold, tuple(run_args),
+                  tuple(metrics) if metrics else None, out)
+
+
 @dataclass
 class Outcome:
     """One block run: where it wrote, its exit code, its last console line, its seconds."""
@@ -103,7 +130,7 @@ def checked(rev: Revision, outcome: Outcome) -> Outcome:
     """The outcome, or AbError when the revision refused the flags or wrote nothing."""
     if outcome.code == 2:
         raise AbError(f"{rev.label}: bench run refused the flags: {outcome.last_line}")
-    if not (outcome.path / "requests.csv").exists():
+    if not RunDir(outcome.path).has("requests"):
         raise AbError(f"{rev.label}: bench run wrote no rows (exit {outcome.code}): "
                       f"{outcome.last_line}")
     return outcome
@@ -169,9 +196,8 @@ def failed_run_warnings(runs: AbRuns) -> list[str]:
 
 def comparison(plan: AbPlan, runs: AbRuns) -> Comparison:
     """B against A, paired by block, with ab's own context lines."""
-    opts = argparse.Namespace(threshold=plan.threshold,
-                              metric=list(plan.metrics) if plan.metrics else None)
-    comp = compare(merged(runs.a, plan.per_block), merged(runs.b, plan.per_block), opts)
+    comp = compare(merged(runs.a, plan.per_block), merged(runs.b, plan.per_block),
+                   plan.threshold, list(plan.metrics) if plan.metrics else None)
     comp.verb, comp.drift_note = "ab", DRIFT
     comp.header = failed_run_warnings(runs) + comp.header
     each = f"{plan.per_block} repeats" if plan.per_block > 1 else "1 repeat"
@@ -193,5 +219,5 @@ def write_plan(plan: AbPlan, runs: AbRuns) -> Path:
         "blocks": plan.blocks, "repeats_per_block": plan.per_block, "seed": plan.seed,
         "threshold": plan.threshold,
         "run_args": list(plan.run_args), "order": [f"{k}{s}" for k, s in plan.order()],
-        "utc_time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+        "utc_time": utc_time()})
     return path

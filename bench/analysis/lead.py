@@ -154,7 +154,7 @@ def expectation_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     return lines
 
 
-def verdict_lines(summary: pd.DataFrame) -> list[str]:
+def band_lines(summary: pd.DataFrame) -> list[str]:
     """Per headline policy: the measured step ratio of pr36425 against the expected band."""
     lines = []
     for policy in HEADLINE_POLICIES:
@@ -190,7 +190,7 @@ def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
              for r in [HEADLINE_HEADERS, *rows]]
     return ["", "Expected (overhead model):", *expectation_lines(summary, calib), "",
             "Headline, ratios to pr27010 [95% CI over repeats]:", *table,
-            *resolution_lines(summary), *verdict_lines(summary),
+            *resolution_lines(summary), *band_lines(summary),
             agreement_sentence(summary)]
 
 

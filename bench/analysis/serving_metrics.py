@@ -82,7 +82,7 @@ def _pct(values: np.ndarray, stat: str) -> float:
     return float(stat_value(values, stat)) if values.size else math.nan
 
 
-def _ttft_class_cells(g: pd.DataFrame) -> dict:
+def _ttft_class_columns(g: pd.DataFrame) -> dict:
     out = {}
     for klass in CLASSES:
         ttft = g.loc[_classes(g) == klass, "ttft_ms"].dropna().to_numpy(float)
@@ -92,7 +92,7 @@ def _ttft_class_cells(g: pd.DataFrame) -> dict:
     return out
 
 
-def _step_cells(s: pd.DataFrame | None) -> dict:
+def _step_columns(s: pd.DataFrame | None) -> dict:
     keys = ("step_mean_ms", "step_p50_ms", "step_p99_ms", "decode_step_p50_ms",
             "decode_step_p99_ms", "host_ms_per_step", "polls_per_step",
             "critical_collectives_per_step", "decision_sync_ms_per_step", "waiting_p50",
@@ -121,10 +121,10 @@ def _throughput(g: pd.DataFrame, s: pd.DataFrame | None) -> float:
     return float(g["output_tokens"].sum() / seconds) if seconds > 0 else math.nan
 
 
-def serving_cells(g: pd.DataFrame, s: pd.DataFrame | None, cores_busy: float) -> dict:
+def serving_columns(g: pd.DataFrame, s: pd.DataFrame | None, cores_busy: float) -> dict:
     """Absolute serving metrics of a group: TTFT per class, ITL, steps, queue, throughput."""
     gaps = itl_gaps(g["itl_ms"]) if "itl_ms" in g else np.array([])
-    out = _ttft_class_cells(g) | _step_cells(s)
+    out = _ttft_class_columns(g) | _step_columns(s)
     out["output_tok_per_s"] = _throughput(g, s)
     for stat in ("p50", "p90", "p99"):
         out[f"itl_{stat}_ms"] = _pct(gaps, stat)
@@ -133,7 +133,7 @@ def serving_cells(g: pd.DataFrame, s: pd.DataFrame | None, cores_busy: float) ->
     return out
 
 
-def interval_cells(name: str, iv: Interval) -> dict:
+def interval_columns(name: str, iv: Interval) -> dict:
     """`name`, `_ci_low`, `_ci_high`, `_mdd` (the half-width: what the run can resolve) and
     `_repeats` (paired repeats behind it); unknown is NaN."""
     return {name: _nan(iv.point), f"{name}_ci_low": _nan(iv.low),
@@ -168,7 +168,7 @@ def metric_sample(g: pd.DataFrame | None, s: pd.DataFrame | None, name: str) -> 
     return Sample.flat(by_repeat(g, s, source, klass))
 
 
-def ratio_cells(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | None,
+def ratio_columns(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | None,
                 ref_s: pd.DataFrame | None) -> tuple[dict, list[Interval]]:
     """Each RATIO_METRICS metric over pr27010's in the same configuration: per repeat the
     metric of each side, paired by repeat, and the t interval of the log ratios; also the
@@ -178,7 +178,7 @@ def ratio_cells(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | Non
         x, y = metric_per_repeat(g, s, name), metric_per_repeat(ref, ref_s, name)
         iv = ratio_interval(x, y)
         intervals.append(iv)
-        out |= interval_cells(f"{name}_ratio", iv)
+        out |= interval_columns(f"{name}_ratio", iv)
         out[f"{name}_ratio_per_repeat"] = list_cell(per_repeat_ratios(x, y).values()) \
             or math.nan
     return out, intervals
@@ -225,7 +225,7 @@ def _predicted(row: dict, s: pd.DataFrame, calib: dict) -> dict:
             "predicted_extra_step_high_ms": predict[2]}
 
 
-def overhead_cells(row: dict, s: pd.DataFrame | None, ref: dict | None,
+def overhead_columns(row: dict, s: pd.DataFrame | None, ref: dict | None,
                    ref_s: pd.DataFrame | None, calib: dict | None) -> dict:
     """Predicted extra step time (from c and the row's polls) beside the measured one, and
     the ITL inflation each implies; `ref` is the reference protocol's serving cells. The

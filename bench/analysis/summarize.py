@@ -16,10 +16,10 @@ import pandas as pd
 
 from bench.analysis.serving_metrics import (
     interval_note,
-    overhead_cells,
-    ratio_cells,
+    overhead_columns,
+    ratio_columns,
     reference_protocol,
-    serving_cells,
+    serving_columns,
 )
 from bench.analysis.verdict import data_errors, unexplained_disagreements
 from bench.rundir.files import as_bool, clean_key, is_true, list_cell
@@ -84,7 +84,7 @@ def _by_repeat(g: pd.DataFrame, column: str) -> dict[int, np.ndarray]:
     return {int(r): s[column].dropna().to_numpy(float) for r, s in g.groupby("repeat")}
 
 
-def _count_cells(g: pd.DataFrame) -> dict:
+def _count_columns(g: pd.DataFrame) -> dict:
     """Per-request collective counts, measured and expected."""
     exp = expected_counts(g)
     polls = g["polls"].sum()
@@ -101,7 +101,7 @@ def _count_cells(g: pd.DataFrame) -> dict:
     }
 
 
-def _step_cells(steps: pd.DataFrame | None, n_requests: int) -> dict:
+def _step_columns(steps: pd.DataFrame | None, n_requests: int) -> dict:
     """Per-step collectives (broadcast, per-step MIN, model), per step and per request."""
     if steps is None or steps.empty:
         return {"step_collectives_per_step": math.nan, "step_collectives_per_req": math.nan,
@@ -114,7 +114,7 @@ def _step_cells(steps: pd.DataFrame | None, n_requests: int) -> dict:
     }
 
 
-def _ttft_cells(g: pd.DataFrame, method: str) -> dict:
+def _ttft_columns(g: pd.DataFrame, method: str) -> dict:
     """TTFT percentiles (pooled over repeats) and the median scheduler lag."""
     ttft = g["ttft_ms"].dropna().to_numpy(float)
 
@@ -128,7 +128,7 @@ def _ttft_cells(g: pd.DataFrame, method: str) -> dict:
     }
 
 
-def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> tuple[dict, list[Interval]]:
+def _ratio_columns(g: pd.DataFrame, ref: pd.DataFrame | None) -> tuple[dict, list[Interval]]:
     """TTFT p50 ratio vs the reference protocol's group: per repeat the median TTFT of each
     side, paired by repeat, its t interval and the per-repeat ratios."""
     x = per_repeat_stat(_by_repeat(g, "ttft_ms"), "p50")
@@ -143,7 +143,7 @@ def _ratio_cells(g: pd.DataFrame, ref: pd.DataFrame | None) -> tuple[dict, list[
             or math.nan}, [iv]
 
 
-def tier_cells(g: pd.DataFrame) -> dict:
+def tier_columns(g: pd.DataFrame) -> dict:
     """Each source's share of all prompt tokens (requests.csv's token columns), and the
     trace's own bound on the reused share; unknown (runs before these columns) is NaN."""
     if "prompt_tokens" not in g or not g["prompt_tokens"].sum() > 0:
@@ -157,7 +157,7 @@ def tier_cells(g: pd.DataFrame) -> dict:
     return out
 
 
-def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
+def _config_columns(key: tuple, g: pd.DataFrame) -> dict:
     """Group key plus the layout columns that are constant within a group."""
     cells = dict(zip(GROUP_KEYS, key, strict=True))
     for col in ("world_size", "device", "backend", "model", "forward"):
@@ -170,7 +170,7 @@ def _config_cells(key: tuple, g: pd.DataFrame) -> dict:
     return cells
 
 
-def _check_cells(g: pd.DataFrame, method: str) -> dict:
+def _check_columns(g: pd.DataFrame, method: str) -> dict:
     """Correctness columns: every row's ranks agreed, how many disagreements were a known
     hazard, and how many rows had bad data."""
     bad = as_bool(g["ranks_agree"]) != True  # noqa: E712
@@ -219,17 +219,17 @@ def summarize(
     rows = {}
     for key, g in groups.items():
         s, ref = step_groups.get(key), refs.get(key[1:])
-        ttft, ttft_iv = _ratio_cells(g, groups.get(ref))
-        serving, serving_iv = ratio_cells(g, s, groups.get(ref), step_groups.get(ref))
-        rows[key] = (_config_cells(key, g) | _count_cells(g) | _step_cells(s, len(g))
-                     | _ttft_cells(g, percentile_method) | tier_cells(g) | ttft
-                     | serving_cells(g, s, busy.get(key)) | serving
-                     | _check_cells(g, percentile_method)
+        ttft, ttft_iv = _ratio_columns(g, groups.get(ref))
+        serving, serving_iv = ratio_columns(g, s, groups.get(ref), step_groups.get(ref))
+        rows[key] = (_config_columns(key, g) | _count_columns(g) | _step_columns(s, len(g))
+                     | _ttft_columns(g, percentile_method) | tier_columns(g) | ttft
+                     | serving_columns(g, s, busy.get(key)) | serving
+                     | _check_columns(g, percentile_method)
                      | {"interval_note": interval_note(ttft_iv + serving_iv)})
     for key, row in rows.items():
         name = reference_protocol({k[0] for k in groups if k[1:] == key[1:]}, key[1])
         ref = (name, *key[1:])
-        row |= overhead_cells(row, step_groups.get(key), rows.get(ref), step_groups.get(ref),
+        row |= overhead_columns(row, step_groups.get(key), rows.get(ref), step_groups.get(ref),
                               calibration)
     out = sorted(rows.values(), key=_order)
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)

@@ -23,24 +23,18 @@ tree, a revision that refuses the flags, or bad arguments (one line on stderr).
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import math
 import sys
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
-from bench.commands.compare import _metric_list
+from bench.ab.blocks import DEFAULT_BLOCKS, DEFAULT_PRESET
+from bench.commands.common import CliParser, run_verb
+from bench.compare.metrics import metric_list
 
 PROG = "bench ab"
-DEFAULT_PRESET = "ci"
-DEFAULT_BLOCKS = 6
 
 
 def parser() -> CliParser:
-    p = CliParser(prog=PROG, description=__doc__.splitlines()[4],
-                  epilog="\n".join(__doc__.splitlines()[6:]),
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser.from_doc(PROG, __doc__)
     p.add_argument("rev_a", help="the revision before (or WORKTREE)")
     p.add_argument("rev_b", help="the revision after (or WORKTREE)")
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"bench run's preset "
@@ -58,29 +52,19 @@ def parser() -> CliParser:
     p.add_argument("--policies", help="passed to every run (comma list)")
     p.add_argument("--metric", action="append", metavar="NAME",
                    help="timing metrics to judge (default all; see bench compare)")
-    p.add_argument("--out", type=Path, metavar="DIR")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="results folder (default results/ab_<A>_vs_<B>_<UTC time>)")
     return p
 
 
 def build_plan(argv: list[str]):
-    from bench.ab.blocks import AbPlan
-    from bench.ab.revisions import resolve
-    from bench.rundir.env import REPO_DIR
+    """ab's command line, unpacked once into the engine's plan."""
+    from bench.ab.blocks import make_plan
 
     args = parser().parse_args(argv)
-    if args.repeats < 1 or args.repeats_per_block < 1:
-        raise UsageError(f"--repeats and --repeats-per-block must be >= 1, got "
-                         f"{args.repeats} and {args.repeats_per_block}")
-    if not (math.isfinite(args.threshold) and args.threshold >= 0):
-        raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
-    metrics = _metric_list(args.metric)
-    a, b = resolve(args.rev_a, REPO_DIR), resolve(args.rev_b, REPO_DIR)
-    run_args = [x for flag, v in (("--protocols", args.protocols),
-                                  ("--policies", args.policies)) if v for x in (flag, v)]
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO_DIR / "results" / f"ab_{a.short}_vs_{b.short}_{stamp}"
-    return AbPlan(a, b, args.preset, args.repeats, args.seed, args.repeats_per_block,
-                  args.threshold, tuple(run_args), tuple(metrics) if metrics else None, out)
+    return make_plan(args.rev_a, args.rev_b, args.preset, args.repeats, args.seed,
+                     args.repeats_per_block, args.threshold, args.protocols, args.policies,
+                     metric_list(args.metric), args.out)
 
 
 def _main(argv: list[str]) -> int:

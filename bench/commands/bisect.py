@@ -19,7 +19,6 @@ input (unknown revisions, GOOD not an ancestor of BAD, an unknown metric).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -29,31 +28,32 @@ PROG = "bench bisect"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from bench.commands.ab import DEFAULT_BLOCKS, DEFAULT_PRESET
+    from bench.ab.blocks import DEFAULT_BLOCKS, DEFAULT_PRESET
 
-    p = CliParser(prog=PROG, description=__doc__.splitlines()[5],
-                  epilog="\n".join(__doc__.splitlines()[7:]),
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser.from_doc(PROG, __doc__)
     p.add_argument("good", help="a revision where the metric was fine")
     p.add_argument("bad", help="a later revision where it is worse")
     p.add_argument("--metric", required=True, help="a timing metric of bench compare, e.g. "
                    "step_mean_ms")
     p.add_argument("--config", metavar="PROTOCOL/POLICY",
                    help="judge this configuration only (default: any)")
-    p.add_argument("--preset", default=DEFAULT_PRESET)
+    p.add_argument("--preset", default=DEFAULT_PRESET, help="bench run's preset for ab's blocks")
     p.add_argument("--repeats", type=int, default=DEFAULT_BLOCKS, metavar="N",
                    help="ab's blocks at each step")
-    p.add_argument("--repeats-per-block", type=int, default=1, metavar="R")
-    p.add_argument("--threshold", type=float, default=0.05, metavar="T")
-    p.add_argument("--protocols")
-    p.add_argument("--policies")
-    p.add_argument("--out", type=Path, metavar="DIR")
+    p.add_argument("--repeats-per-block", type=int, default=1, metavar="R",
+                   help="repeats of each block's runs")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="T",
+                   help="ab's: worse only when the whole 95%% interval lies above 1 + T")
+    p.add_argument("--protocols", help="passed to every run (comma list)")
+    p.add_argument("--policies", help="passed to every run (comma list)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="results folder (default results/bisect_<GOOD>_<BAD>_<UTC time>)")
     p.add_argument("--no-verify", action="store_true",
                    help="do not first check that BAD is worse than GOOD")
     args = p.parse_args(argv)
-    from bench.commands.compare import _metric_list
+    from bench.compare.metrics import metric_list
 
-    _metric_list([args.metric])
+    metric_list([args.metric])
     if args.config is not None and args.config.count("/") != 1:
         raise UsageError(f"--config must be PROTOCOL/POLICY, got {args.config!r}")
     return args
@@ -61,23 +61,20 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _main(argv: list[str]) -> int:
     from bench.ab.bisect import ab_judge, search
+    from bench.ab.blocks import make_plan
     from bench.ab.revisions import commits_between, resolve, subject
-    from bench.commands.ab import build_plan
     from bench.rundir.env import REPO_DIR
+    from bench.rundir.rundir import RunDir
 
     args = _parse(argv)
-    ab_argv = [args.good, args.good, "--preset", args.preset, "--repeats", str(args.repeats),
-               "--repeats-per-block", str(args.repeats_per_block),
-               "--threshold", str(args.threshold), "--metric", args.metric,
-               *(["--protocols", args.protocols] if args.protocols else []),
-               *(["--policies", args.policies] if args.policies else [])]
-    base = build_plan(ab_argv)  # checks GOOD and the flags the way ab does
+    base = make_plan(args.good, args.good, args.preset, args.repeats, 0,
+                     args.repeats_per_block, args.threshold, args.protocols, args.policies,
+                     [args.metric])  # checks GOOD and the settings the way ab does
     bad = resolve(args.bad, REPO_DIR)
     commits = commits_between(base.a, bad, REPO_DIR)
     if not commits:
         raise UsageError(f"no commits after {base.a.label} up to {bad.label}")
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO_DIR / "results" / f"bisect_{base.a.short}_{bad.short}_{stamp}"
+    out = args.out or RunDir.new("bisect", base.a.short, bad.short).path
     print(f"bisect: {len(commits)} commits after {base.a.label} up to {bad.label}; "
           f"{args.metric}{' of ' + args.config if args.config else ''}, ab with "
           f"{args.repeats} blocks of preset {args.preset} at each step; results in {out}")

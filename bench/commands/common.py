@@ -15,20 +15,41 @@ class UsageError(ValueError):
     """Bad command-line arguments; the message is one line."""
 
 
+class RunFailed(RuntimeError):
+    """A run the verb started failed its own checks or died: exit 1 (not bad input), with
+    the message as one line on stderr."""
+
+
 class CliParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2 by the caller) instead of exiting."""
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see --help)")
 
+    @classmethod
+    def from_doc(cls, prog: str, doc: str, **kw) -> CliParser:
+        """A parser whose --help is the module's usage text: its paragraphs (split at blank
+        lines, never at a line index), the `Usage:` one left to argparse, the first of the
+        rest as the description and the others as the epilog, as written."""
+        paragraphs = [p for p in doc.strip().split("\n\n") if p.strip()]
+        if paragraphs and paragraphs[0].startswith("Usage:"):
+            paragraphs = paragraphs[1:]
+        description = paragraphs[0] if paragraphs else None
+        epilog = "\n\n".join(paragraphs[1:]) or None
+        kw.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return cls(prog=prog, description=description, epilog=epilog, **kw)
+
 
 def run_verb(prog: str, body: Callable[[list[str]], int], argv: list[str],
              bad_input: tuple[type[BaseException], ...] = (UsageError, ResultFileError)) -> int:
     """`body(argv)`'s exit code; an exception of `bad_input` (bad arguments, an unusable
     result file, and whatever else the verb names) is one line `prog: message` on stderr
-    and exit code 2."""
+    and exit code 2; a RunFailed is that line and exit code 1."""
     try:
         return body(argv)
+    except RunFailed as e:
+        print(f"{prog}: {e}".splitlines()[0], file=sys.stderr)
+        return 1
     except bad_input as e:
         print(f"{prog}: {e}".splitlines()[0], file=sys.stderr)
         return 2

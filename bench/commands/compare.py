@@ -31,27 +31,13 @@ from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.compare.comparison import DEFAULT_THRESHOLD
-from bench.compare.metrics import METRIC_NAMES
+from bench.compare.metrics import METRIC_NAMES, metric_list
 
 PROG = "bench compare"
 
 
-def _metric_list(values: list[str] | None) -> list[str] | None:
-    """--metric values (repeatable, comma-separated), checked against the registry."""
-    if not values:
-        return None
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    unknown = [n for n in names if n not in METRIC_NAMES]
-    if unknown or not names:
-        raise UsageError(f"unknown --metric {', '.join(unknown) or '(empty)'}; choose from "
-                         f"{', '.join(METRIC_NAMES)}")
-    return names
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = CliParser(prog=PROG, description=__doc__.splitlines()[3],
-                       epilog="\n".join(__doc__.splitlines()[5:]),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CliParser.from_doc(PROG, __doc__)
     parser.add_argument("run_a", type=Path, help="the run before (a results/<run> directory)")
     parser.add_argument("run_b", type=Path, help="the run after")
     parser.add_argument("--metric", action="append", metavar="NAME",
@@ -66,7 +52,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not (math.isfinite(args.threshold) and args.threshold >= 0):
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
-    args.metric = _metric_list(args.metric)
+    try:
+        args.metric = metric_list(args.metric)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return args
 
 
@@ -76,7 +65,7 @@ def _main(argv: list[str]) -> int:
     from bench.compare.report import default_out, print_comparison, write_outputs
 
     args = _parse(argv)
-    comp = compare(load_run(args.run_a), load_run(args.run_b), args)
+    comp = compare(load_run(args.run_a), load_run(args.run_b), args.threshold, args.metric)
     written = write_outputs(comp, args.out or default_out(comp))
     print_comparison(comp, written)
     return 1 if comp.tally()["worse"] else 0

@@ -17,14 +17,14 @@ PROG = "bench devcheck"
 
 
 def _main(argv: list[str]) -> int:
-    p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[4])
+    p = CliParser.from_doc(f"python -m {PROG}", __doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure")
     m.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    m.add_argument("--model", default="llama3-8b")
-    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--model", default="llama3-8b", help="the model shape of the forward")
+    m.add_argument("--out", type=Path, required=True, help="where devcheck.json goes")
     s = sub.add_parser("summary")
-    s.add_argument("work_dir", type=Path)
+    s.add_argument("work_dir", type=Path, help="scripts/gpu_check.sh's work folder")
     args = p.parse_args(argv)
     from bench.devcheck import measure, summary_lines  # torch only once the arguments are good
 

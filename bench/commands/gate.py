@@ -25,10 +25,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     from bench.gate.baseline import check_tolerance
     from bench.gate.timing import DEFAULT_THRESHOLD
 
-    parser = CliParser(prog=PROG, description=__doc__.splitlines()[3],
-                       epilog="\n".join(__doc__.splitlines()[5:]))
+    parser = CliParser.from_doc(PROG, __doc__)
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
-    parser.add_argument("--baseline", type=Path, default=Path("results/baseline"))
+    parser.add_argument("--baseline", type=Path, default=Path("results/baseline"),
+                        help="the committed baseline: summary.csv, env.json, gate.json")
     parser.add_argument("--update-baseline", action="store_true",
                         help="after the run's own checks pass, make it the new baseline")
     parser.add_argument("--ab", action="store_true",
@@ -49,9 +49,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.gate.evaluate import evaluate, format_checks
+    from bench.gate.evaluate import GateOptions, evaluate, format_checks
 
-    checks, context = evaluate(_parse(argv))
+    args = _parse(argv)
+    checks, context = evaluate(GateOptions(
+        run_dir=args.run_dir, baseline=args.baseline, ab=args.ab, confirm=not args.no_confirm,
+        tolerance=args.tolerance, update_baseline=args.update_baseline))
     failed = [c for c in checks if not c.passed]
     print(format_checks(checks))
     print(context)

@@ -26,7 +26,7 @@ PROG = "bench microbench"
 
 
 def _main(argv: list[str]) -> int:
-    parser = CliParser(prog=PROG, description=__doc__.splitlines()[2])
+    parser = CliParser.from_doc(PROG, __doc__)
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
     parser.add_argument("--no-run", action="store_true",
                         help=f"only rebuild {MD_NAME} from the run's {JSON_NAME}")

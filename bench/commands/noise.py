@@ -18,38 +18,37 @@ Exit 0: every metric's coverage reached 80%; 1: some did not; 2: bad input.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, RunFailed, UsageError, run_verb
+from bench.rundir.rundir import RunDir
 
 PROG = "bench noise"
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = CliParser(prog=PROG, description=__doc__.splitlines()[4],
-                  epilog="\n".join(__doc__.splitlines()[6:]),
-                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CliParser.from_doc(PROG, __doc__)
     p.add_argument("--runs", type=int, default=3, help="runs to make (default 3)")
-    p.add_argument("--preset", default="queue")
+    p.add_argument("--preset", default="queue", help="bench run's preset for every run")
     p.add_argument("--repeats", type=int, help="repeats of every run (default: the preset's)")
     p.add_argument("--from", dest="runs_from", type=Path, nargs="+", metavar="RUN_DIR",
                    help="read these runs instead of making new ones")
-    p.add_argument("--protocols")
-    p.add_argument("--policies")
+    p.add_argument("--protocols", help="passed to every run (comma list)")
+    p.add_argument("--policies", help="passed to every run (comma list)")
     p.add_argument("--bootstrap", action="store_true",
                    help="also check the two-stage bootstrap's intervals")
     p.add_argument("--update-gate", type=Path, metavar="BASELINE_DIR",
                    help="write the derived thresholds into BASELINE_DIR/gate.json")
-    p.add_argument("--out", type=Path, metavar="DIR")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="results folder (default results/noise_<preset>_<UTC time>)")
     args = p.parse_args(argv)
     if (args.runs_from and len(args.runs_from) < 2) or (not args.runs_from and args.runs < 2):
         raise UsageError("noise needs at least 2 runs")
     for d in args.runs_from or []:
-        if not (d / "summary.csv").exists():
+        if not RunDir(d).has("summary"):
             raise UsageError(f"{d}: no summary.csv (not a finished run)")
     return args
 
@@ -69,8 +68,8 @@ def make_runs(args: argparse.Namespace, out: Path) -> tuple[list[Path], dict[str
         done = subprocess.run(cmd, cwd=REPO_DIR, capture_output=True, text=True)
         last = (done.stdout.strip().splitlines() or [""])[-1]
         print(f"noise: run {i + 1}/{args.runs}: {last}", file=sys.stderr, flush=True)
-        if done.returncode != 0 or not (run / "summary.csv").exists():
-            raise UsageError(f"run {i} failed (exit {done.returncode}): {last or done.stderr}")
+        if done.returncode != 0 or not RunDir(run).has("summary"):
+            raise RunFailed(f"run {i} failed (exit {done.returncode}): {last or done.stderr}")
         dirs.append(run)
         load[run.name] = round(os.getloadavg()[0], 2)
     return dirs, load
@@ -79,11 +78,9 @@ def make_runs(args: argparse.Namespace, out: Path) -> tuple[list[Path], dict[str
 def _main(argv: list[str]) -> int:
     from bench.ab import noise
     from bench.ab.noise_report import print_figures, update_gate, write_outputs
-    from bench.rundir.env import REPO_DIR
 
     args = _parse(argv)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or REPO_DIR / "results" / f"noise_{args.preset}_{stamp}"
+    out = args.out or RunDir.new("noise", args.preset).path
     out.mkdir(parents=True, exist_ok=True)
     dirs, load = (args.runs_from, {}) if args.runs_from else make_runs(args, out)
     runs = [noise.from_summary(d) for d in dirs]

@@ -17,7 +17,7 @@ PROG = "bench report"
 def _main(argv: list[str]) -> int:
     from bench.analysis.report import write_report  # matplotlib: only once the arguments are good
 
-    parser = CliParser(prog=PROG, description=__doc__.splitlines()[2])
+    parser = CliParser.from_doc(PROG, __doc__)
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")
     parser.add_argument("--percentile-method", choices=PERCENTILE_METHODS, default="linear")
     args = parser.parse_args(argv)

@@ -7,7 +7,6 @@ rank died), 2 bad input.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import subprocess
 import sys
@@ -17,35 +16,69 @@ from pathlib import Path
 
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.run import options
 from bench.run.plan import (
     ALIASES,
     PRESET_HELP,
     PRESETS,
-    PROJECT_PROTOCOLS,
-    Cell,
     RunPlan,
 )
-from bench.run.workload import WorkloadSpec
 from bench.rundir.env import REPO_DIR
+from bench.rundir.rundir import RunDir
+from bench.rundir.schema import FAILURE_COLUMNS
 from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
-from hicache.storage import StorageSpec
 
 PROG = "bench run"
+GROUPS = {  # --help's sections: title -> what they set
+    'what runs': 'the protocols and policies of the cells, and how often',
+    'layout and device': "ranks, the model's shape and where its forward runs",
+    'synthetic workload': 'the queue burst and its bystanders (the synthetic presets)',
+    'trace replay and cache tiers': 'a Mooncake-format trace instead of the synthetic workload',
+    'storage': 'the storage tier the prefetches read',
+    'system': 'HiCache settings',
+    'hazards and faults': 'reproduce a known hazard or kill a rank',
+    'output': None,
+}
+
+
+def _group(p: CliParser, title: str):
+    """The add_argument of --help's section `title`."""
+    return p.add_argument_group(title, GROUPS[title]).add_argument
 
 
 def parser() -> CliParser:
-    p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
-    a = p.add_argument
+    p = CliParser.from_doc(f"python -m {PROG}", __doc__)
+    a = _group(p, 'what runs')
     a("--preset", default="default", choices=sorted(PRESETS),
       help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
     a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases: "
       f"{', '.join(f'{k}={v}' for k, v in ALIASES.items())}; docs/releases.md)")
     a("--policies", help=f"comma list of {', '.join(POLICIES)}")
+    a("--repeats", type=int, help="repeats of every cell: whole serves, the unit an interval "
+      "is taken over (the preset's)")
+    a("--seed", type=int, default=0, help="repeat r runs workload and storage noise of seed "
+      "SEED+r, the same for every protocol")
+    a = _group(p, 'layout and device')
+    a("--tp", type=int, help="tensor-parallel ranks (the preset's; 2 on CPU)")
+    a("--pp", type=int, help="pipeline stages (1)")
     a("--nproc", type=int, help="ranks to launch locally (default tp*pp)")
-    a("--tp", type=int)
-    a("--pp", type=int)
+    a("--device", choices=("auto", "cpu", "cuda"), default="auto",
+      help="auto: cuda when every local rank has a GPU (and NCCL), else cpu")
+    a("--data-backend", choices=("nccl", "gloo"),
+      help="model all-reduces: nccl (default on CUDA, one GPU per rank) or gloo (the only one "
+      "on CPU; on CUDA lets ranks share GPUs, rank r on GPU r %% GPUs: not an NCCL measurement)")
+    a("--model", choices=sorted(SHAPES), help="model shape (llama3-8b): KV bytes per page; "
+      "the forward's modelled time on CPU, its real shape on CUDA")
+    a("--gpu", choices=(*GPUS, "none"), help="GPU whose forward the CPU stand-in sleeps out "
+      "(h100); none: steps last their CPU work")
+    a("--step-ms", type=float, help="the modelled decode step's fixed part, ms (default: "
+      "the model's roofline on --gpu, e.g. 4.5 for llama3-8b at TP2 on h100)")
+    a("--kv-budget-gib", type=float,
+      help="real KV pages (CUDA, non-toy model): GiB of each of the host (pinned) and device "
+      "KV pools per rank; page counts follow from it (default 4)")
+    a = _group(p, 'synthetic workload')
     a("--requests", type=int, help="measured requests per configuration and repeat")
     a("--rate", type=float, help="Poisson arrival rate of the prefetching requests, "
       "requests/s; inf = a burst")
@@ -53,20 +86,12 @@ def parser() -> CliParser:
     a("--bystander-rate", type=float, help="their Poisson arrival rate, requests/s")
     a("--output-tokens", type=int, help="tokens every request generates (64)")
     a("--max-running", type=int, help="running batch bound, max_running_requests (256)")
-    a("--model", choices=sorted(SHAPES), help="model shape (llama3-8b): KV bytes per page; "
-      "the forward's modelled time on CPU, its real shape on CUDA")
-    a("--gpu", choices=(*GPUS, "none"), help="GPU whose forward the CPU stand-in sleeps out "
-      "(h100); none: steps last their CPU work")
-    a("--repeats", type=int)
-    a("--seed", type=int, default=0)
-    a("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    a("--data-backend", choices=("nccl", "gloo"),
-      help="model all-reduces: nccl (default on CUDA, one GPU per rank) or gloo (the only one "
-      "on CPU; on CUDA lets ranks share GPUs, rank r on GPU r %% GPUs: not an NCCL measurement)")
-    a("--kv-budget-gib", type=float,
-      help="real KV pages (CUDA, non-toy model): GiB of each of the host (pinned) and device "
-      "KV pools per rank; page counts follow from it (default 4)")
-    a("--storage", choices=("sim", "file"), default="sim")
+    a = _group(p, 'trace replay and cache tiers')
+    trace_flags.add_flags(a)
+    a = _group(p, 'storage')
+    a("--storage", choices=("sim", "file"), default="sim",
+      help="sim: pages in memory, reads timed by the latency and bandwidth below; file: "
+      "real files under results/.storage")
     a("--storage-latency-ms", type=float, help="per 128-page batch read (2)")
     a("--storage-gbps", type=float, help="storage read bandwidth per rank, GB/s (3, Mooncake "
       "over TCP); a batch costs latency + its KV bytes / bandwidth")
@@ -74,38 +99,22 @@ def parser() -> CliParser:
     a("--fail-rate", type=float, help="probability that a storage batch read fails")
     a("--stall-ms", type=float, help="extra delay of every storage read (a stalling tier)")
     a("--extra-pool", action="store_true", help="read a side-car pool after the KV pages")
+    a = _group(p, 'system')
     a("--host-memory", choices=HOST_MEMORY, help="cache (default): host memory is an L2 "
       "tier; buffer_only: staging for one load-back, and with --pp > 1 sglang-0.5.23's "
       "PP-ticket path (docs/releases.md)")
-    a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
-    a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
-    a("--step-ms", type=float, help="the modelled decode step's fixed part, ms (default: "
-      "the model's roofline on --gpu, e.g. 4.5 for llama3-8b at TP2 on h100)")
     a("--consensus", action="store_true",
       help="online rank-consensus checker (docs/design.md section 6)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
+    a = _group(p, 'hazards and faults')
+    a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
+    a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
-    a("--kill-step", type=int)
-    trace_flags.add_flags(a)
+    a("--kill-step", type=int, help="the process-wide step at which --kill-rank exits")
+    a = _group(p, 'output')
     a("--out", type=Path, help="results directory (default results/<UTC>_<preset>_<sha>)")
     return p
-
-
-def _list(text: str | None, allowed: tuple[str, ...], what: str, aliases=None) -> tuple:
-    if text is None:
-        return ()
-    items = [(aliases or {}).get(x.strip(), x.strip()) for x in text.split(",") if x.strip()]
-    bad = [x for x in items if x not in allowed]
-    if bad or not items:
-        raise UsageError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
-                         f"{', '.join(allowed)}")
-    return tuple(dict.fromkeys(items))
-
-
-def _positive(name: str, value, allow_zero: bool = False) -> None:
-    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
-        raise UsageError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
 def resolve_device(kind: str, ranks_here: int, data_backend: str | None = None) -> str:
@@ -138,107 +147,11 @@ def resolve_data_backend(device: str, asked: str | None) -> str:
 
 
 def build_plan(args) -> RunPlan:
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    preset = PRESETS[args.preset](gpus if args.device != "cpu" else 0)
-    for name in ("requests", "repeats", "tp", "pp", "nproc", "kill_step", "output_tokens",
-                 "max_running", "bystander_rate", "storage_gbps"):
-        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=name == "kill_step")
-    for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate",
-                 "bystanders"):
-        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
-    _positive("timeout-base", args.timeout_base, allow_zero=True)
-    _positive("step-ms", args.step_ms, allow_zero=True)
-    _positive("collective-timeout", args.collective_timeout)
-    _positive("kv-budget-gib", args.kv_budget_gib)
-    tp, pp = args.tp or preset.get("tp", 2), args.pp or preset.get("pp", 1)
-    world = tp * pp
-    if args.nproc is not None and args.nproc != world:
-        raise UsageError(f"--nproc {args.nproc} does not match --tp {tp} x --pp {pp} = {world}")
-    if args.kill_rank is not None and not 0 <= args.kill_rank < world:
-        raise UsageError(f"--kill-rank {args.kill_rank} is not a rank of a {world}-rank run")
-    rates = preset.get("rates", (16.0,))
-    if args.rate is not None:
-        _positive("rate", args.rate)
-        rates = (args.rate,)
-    trace, offered, tiers = trace_flags.trace_settings(args, preset)
-    storage = _storage(args, preset)
-    system = {**tiers, **_system(args, preset)}
-    protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
-        preset.get("protocols", PROJECT_PROTOCOLS)
-    policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
-    plan = RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
-                   rates=tuple(offered or rates),
-                   repeats=args.repeats or preset.get("repeats", 3),
-                   tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
-                   gpu=args.gpu or "h100", step_ms=args.step_ms,
-                   workload=_workload(args, preset), trace=trace, storage=storage,
-                   system=tuple(sorted(system.items())))
-    _check_configs(plan)
-    return plan
-
-
-def _check_configs(plan: RunPlan) -> None:
-    """Every protocol x policy's system configuration is valid (e.g. buffer_only host
-    memory for a protocol whose releases have none), before any rank starts."""
-    for proto in plan.protocols:
-        for policy in plan.policies:
-            try:
-                plan.config(Cell(0, 0, plan.rates[0], policy, proto))
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-
-
-def _workload(args, preset: dict) -> WorkloadSpec:
-    def pick(flag: str, key: str, default):
-        value = getattr(args, flag)
-        return preset.get(key, default) if value is None else value
-
-    return WorkloadSpec(requests=pick("requests", "requests", 32),
-                        bystanders=pick("bystanders", "bystanders", 0),
-                        bystander_rate_rps=pick("bystander_rate", "bystander_rate", 20.0),
-                        output_tokens=pick("output_tokens", "output_tokens", 64))
-
-
-def _storage(args, preset: dict) -> StorageSpec:
-    kw = {"kind": args.storage, "latency_ms": 2.0, "bandwidth_gbps": 3.0,
-          "sidecar_page_ms": preset.get("sidecar_page_ms", 0.0)}
-    for flag, key in (("storage_latency_ms", "latency_ms"), ("storage_gbps", "bandwidth_gbps"),
-                      ("jitter", "jitter"),
-                      ("fail_rate", "fail_rate"), ("stall_ms", "stall_ms")):
-        if getattr(args, flag) is not None:
-            kw[key] = getattr(args, flag)
+    """The parsed command line, unpacked once into RunOptions, resolved to a plan."""
     try:
-        root = str(REPO_DIR / "results" / ".storage")
-        return StorageSpec(**kw, root=root if args.storage == "file"
-                           else None)
-    except ValueError as e:
+        return options.build_plan(options.RunOptions.from_values(vars(args)))
+    except options.OptionError as e:
         raise UsageError(str(e)) from None
-
-
-def _system(args, preset: dict) -> dict:
-    s = {}
-    if args.extra_pool or preset.get("extra_pool"):
-        s["extra_pool"] = True
-    host_memory = args.host_memory or preset.get("host_memory")
-    if host_memory is not None:
-        s["host_memory"] = host_memory
-    if args.no_race_guard:
-        s["race_guard"] = False
-    for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
-                      ("max_running", "max_running_requests"),
-                      ("collective_timeout", "collective_timeout_s"),
-                      ("kill_rank", "kill_rank"), ("kill_step", "kill_step")):
-        if getattr(args, flag) is not None:
-            s[key] = getattr(args, flag)
-    if args.consensus:
-        s["consensus_check"] = True
-    if args.kv_budget_gib is not None:
-        s["kv_budget_gib"] = args.kv_budget_gib
-    if args.budget_skew is not None and not args.budget_skew < 1:
-        raise UsageError(f"--budget-skew must be < 1, got {args.budget_skew}")
-    return s
 
 
 def _check_model_on_device(plan: RunPlan) -> None:
@@ -255,9 +168,7 @@ def out_dir(args, preset: str) -> Path:
     if args.out is not None:
         path = args.out
     else:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        sha = _short_sha()
-        path = REPO_DIR / "results" / f"{stamp}_{preset}_{sha}"
+        path = RunDir.new("run", preset, _short_sha()).path
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -338,7 +249,7 @@ def _run_local(plan: RunPlan) -> int:
         print(f"bench run: note: {plan.world_size} ranks x {plan.threads_per_rank} threads exceed "
               f"{cores} cores: timings are partly CPU-bound, not only collective-bound "
               "(the report says so too); compare ratios within the run", file=sys.stderr)
-    _link_latest(Path(plan.out_dir))
+    RunDir(plan.out_dir).link_latest()
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     try:
@@ -359,7 +270,7 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     from bench.analysis.summarize import format_table
 
     took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
-    if not (run_dir / "requests.csv").exists():  # not even one configuration finished
+    if not RunDir(run_dir).has("requests"):  # not even one configuration finished
         print(f"FAILED: {error or 'the ranks wrote no rows'} {took}")
         return 1
     try:
@@ -386,16 +297,6 @@ def _budget_s(plan: RunPlan) -> float:
     return 60.0 + per_cell * len(plan.cells())
 
 
-def _link_latest(path: Path) -> None:
-    latest = REPO_DIR / "results" / "latest"
-    if path.parent != latest.parent:
-        return
-    tmp = latest.with_name(".latest.tmp")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(path.name)
-    os.replace(tmp, latest)  # atomic: results/latest always points at a whole directory
-
-
 def _record_failure(run_dir: Path, error: str) -> None:
     """failures.csv names the configuration that was running; the report is built from the
     configurations that finished (their rows were written atomically)."""
@@ -403,12 +304,12 @@ def _record_failure(run_dir: Path, error: str) -> None:
 
     from bench.rundir.files import write_csv_atomic
 
-    progress = run_dir / "progress.json"
+    run = RunDir(run_dir)
+    progress = run.file("progress")
     cell = json.loads(progress.read_text()) if progress.exists() else {}
-    write_csv_atomic(run_dir / "failures.csv",
+    write_csv_atomic(run.file("failures"),
                      [{"protocol": cell.get("protocol"), "policy": cell.get("policy"),
-                       "repeat": cell.get("repeat"), "error": error}],
-                     ["protocol", "policy", "repeat", "error"])
+                       "repeat": cell.get("repeat"), "error": error}], FAILURE_COLUMNS)
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,280 @@
+"""`bench run`'s options, unpacked once from its command line (bench.commands.run), and
+the plan they resolve to: every value is validated here, before any rank starts. A bad value
+is an OptionError, one line naming the flag."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
+from bench.run.trace import TraceError, TraceSpec
+from bench.run.workload import WorkloadSpec
+from bench.rundir.env import REPO_DIR
+from hicache.config import HiCacheConfig
+from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.storage import StorageSpec
+
+SYNTHETIC_ONLY = ("requests", "rate", "bystanders", "bystander_rate", "output_tokens")
+
+
+class OptionError(ValueError):
+    """A bad option value; the message is one line naming the flag."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Every option of `bench run` (None: not given, the preset's or the default value)."""
+
+    preset: str = "default"
+    protocols: str | None = None
+    policies: str | None = None
+    nproc: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    requests: int | None = None
+    rate: float | None = None
+    bystanders: int | None = None
+    bystander_rate: float | None = None
+    output_tokens: int | None = None
+    max_running: int | None = None
+    model: str | None = None
+    gpu: str | None = None
+    repeats: int | None = None
+    seed: int = 0
+    device: str = "auto"
+    data_backend: str | None = None
+    kv_budget_gib: float | None = None
+    storage: str = "sim"
+    storage_latency_ms: float | None = None
+    storage_gbps: float | None = None
+    jitter: float | None = None
+    fail_rate: float | None = None
+    stall_ms: float | None = None
+    extra_pool: bool = False
+    host_memory: str | None = None
+    no_race_guard: bool = False
+    budget_skew: float | None = None
+    timeout_base: float | None = None
+    step_ms: float | None = None
+    consensus: bool = False
+    collective_timeout: float | None = None
+    kill_rank: int | None = None
+    kill_step: int | None = None
+    workload: str | None = None
+    trace: Path | None = None
+    trace_skip: int | None = None
+    trace_requests: int | None = None
+    time_scale: str | None = None
+    write_policy: str | None = None
+    page_size: int | None = None
+    unbounded_pools: bool = False
+    out: Path | None = None
+
+    @classmethod
+    def from_values(cls, values: dict) -> RunOptions:
+        """The options from a parsed command line's values (unknown names are a bug)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - names)
+        assert not unknown, f"RunOptions lacks fields for {unknown}"
+        return cls(**values)
+
+
+def _list(text: str | None, allowed: tuple[str, ...], what: str, aliases=None) -> tuple:
+    if text is None:
+        return ()
+    items = [(aliases or {}).get(x.strip(), x.strip()) for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise OptionError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                         f"{', '.join(allowed)}")
+    return tuple(dict.fromkeys(items))
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise OptionError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def build_plan(args: RunOptions) -> RunPlan:
+    """The plan the options ask for, every value checked (OptionError when one is bad)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    preset = PRESETS[args.preset](gpus if args.device != "cpu" else 0)
+    for name in ("requests", "repeats", "tp", "pp", "nproc", "kill_step", "output_tokens",
+                 "max_running", "bystander_rate", "storage_gbps"):
+        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=name == "kill_step")
+    for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate",
+                 "bystanders"):
+        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
+    _positive("timeout-base", args.timeout_base, allow_zero=True)
+    _positive("step-ms", args.step_ms, allow_zero=True)
+    _positive("collective-timeout", args.collective_timeout)
+    _positive("kv-budget-gib", args.kv_budget_gib)
+    tp, pp = args.tp or preset.get("tp", 2), args.pp or preset.get("pp", 1)
+    world = tp * pp
+    if args.nproc is not None and args.nproc != world:
+        raise OptionError(f"--nproc {args.nproc} does not match --tp {tp} x --pp {pp} = {world}")
+    if args.kill_rank is not None and not 0 <= args.kill_rank < world:
+        raise OptionError(f"--kill-rank {args.kill_rank} is not a rank of a {world}-rank run")
+    rates = preset.get("rates", (16.0,))
+    if args.rate is not None:
+        _positive("rate", args.rate)
+        rates = (args.rate,)
+    trace, offered, tiers = trace_settings(args, preset)
+    storage = _storage(args, preset)
+    system = {**tiers, **_system(args, preset)}
+    protocols = _list(args.protocols, PROTOCOLS, "protocol", ALIASES) or \
+        preset.get("protocols", PROJECT_PROTOCOLS)
+    policies = _list(args.policies, POLICIES, "policy") or preset.get("policies", POLICIES)
+    plan = RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
+                   rates=tuple(offered or rates),
+                   repeats=args.repeats or preset.get("repeats", 3),
+                   tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
+                   gpu=args.gpu or "h100", step_ms=args.step_ms,
+                   workload=_workload(args, preset), trace=trace, storage=storage,
+                   system=tuple(sorted(system.items())))
+    _check_configs(plan)
+    return plan
+
+
+def _check_configs(plan: RunPlan) -> None:
+    """Every protocol x policy's system configuration is valid (e.g. buffer_only host
+    memory for a protocol whose releases have none), before any rank starts."""
+    for proto in plan.protocols:
+        for policy in plan.policies:
+            try:
+                plan.config(Cell(0, 0, plan.rates[0], policy, proto))
+            except ValueError as e:
+                raise OptionError(str(e)) from None
+
+
+def _workload(args, preset: dict) -> WorkloadSpec:
+    def pick(flag: str, key: str, default):
+        value = getattr(args, flag)
+        return preset.get(key, default) if value is None else value
+
+    return WorkloadSpec(requests=pick("requests", "requests", 32),
+                        bystanders=pick("bystanders", "bystanders", 0),
+                        bystander_rate_rps=pick("bystander_rate", "bystander_rate", 20.0),
+                        output_tokens=pick("output_tokens", "output_tokens", 64))
+
+
+def _storage(args, preset: dict) -> StorageSpec:
+    kw = {"kind": args.storage, "latency_ms": 2.0, "bandwidth_gbps": 3.0,
+          "sidecar_page_ms": preset.get("sidecar_page_ms", 0.0)}
+    for flag, key in (("storage_latency_ms", "latency_ms"), ("storage_gbps", "bandwidth_gbps"),
+                      ("jitter", "jitter"),
+                      ("fail_rate", "fail_rate"), ("stall_ms", "stall_ms")):
+        if getattr(args, flag) is not None:
+            kw[key] = getattr(args, flag)
+    try:
+        root = str(REPO_DIR / "results" / ".storage")
+        return StorageSpec(**kw, root=root if args.storage == "file"
+                           else None)
+    except ValueError as e:
+        raise OptionError(str(e)) from None
+
+
+def _system(args, preset: dict) -> dict:
+    s = {}
+    if args.extra_pool or preset.get("extra_pool"):
+        s["extra_pool"] = True
+    host_memory = args.host_memory or preset.get("host_memory")
+    if host_memory is not None:
+        s["host_memory"] = host_memory
+    if args.no_race_guard:
+        s["race_guard"] = False
+    for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
+                      ("max_running", "max_running_requests"),
+                      ("collective_timeout", "collective_timeout_s"),
+                      ("kill_rank", "kill_rank"), ("kill_step", "kill_step")):
+        if getattr(args, flag) is not None:
+            s[key] = getattr(args, flag)
+    if args.consensus:
+        s["consensus_check"] = True
+    if args.kv_budget_gib is not None:
+        s["kv_budget_gib"] = args.kv_budget_gib
+    if args.budget_skew is not None and not args.budget_skew < 1:
+        raise OptionError(f"--budget-skew must be < 1, got {args.budget_skew}")
+    return s
+
+
+
+def trace_settings(args, preset: dict) -> tuple[TraceSpec | None, tuple | None, dict]:
+    """(trace window or None, offered rates or None = the synthetic ones, HiCacheConfig
+    overrides for the tiers)."""
+    kind = args.workload or ("trace" if args.trace or "trace" in preset else "synthetic")
+    if kind == "synthetic":
+        for flag in ("trace", "trace_skip", "trace_requests", "time_scale"):
+            if getattr(args, flag) is not None:
+                raise OptionError(f"--{flag.replace('_', '-')} needs --workload trace")
+        if args.unbounded_pools:
+            raise OptionError("--unbounded-pools needs --workload trace (pools sized to it)")
+        return None, None, _tiers(args, args.write_policy or "none", preset)
+    for flag in SYNTHETIC_ONLY:
+        if getattr(args, flag) is not None:
+            raise OptionError(f"--{flag.replace('_', '-')} sets the synthetic workload; a "
+                             f"trace sets its own (--trace-requests, --time-scale)")
+    spec = _spec(args, preset)
+    scales = _scales(args.time_scale, preset.get("time_scales", (1.0,)))
+    base = spec.base_rate_rps()
+    if not math.isfinite(base):
+        raise OptionError(f"{spec.path}: the replayed requests all arrive at once; a time scale "
+                         f"needs arrivals spread in time")
+    system = _tiers(args, args.write_policy or preset.get("write_policy", "write_through"),
+                    preset)
+    if args.unbounded_pools:
+        system.update(_unbounded(spec, system))
+    return spec, tuple(s * base for s in scales), system
+
+
+def _spec(args, preset: dict) -> TraceSpec:
+    path = args.trace or Path(preset.get("trace", TRACE_EXCERPT))
+    skip = preset.get("trace_skip", 0) if args.trace_skip is None else args.trace_skip
+    limit = preset.get("trace_requests") if args.trace_requests is None else args.trace_requests
+    if skip < 0:
+        raise OptionError(f"--trace-skip must be >= 0, got {skip}")
+    if limit is not None and limit < 1:
+        raise OptionError(f"--trace-requests must be >= 1, got {limit}")
+    spec = TraceSpec(str(path), skip, limit)
+    try:
+        spec.rows()  # read and validated once here; the ranks read the same file
+    except TraceError as e:
+        raise OptionError(str(e)) from None
+    return spec
+
+
+def _scales(text: str | None, default: tuple) -> tuple[float, ...]:
+    if text is None:
+        return tuple(default)
+    try:
+        scales = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise OptionError(f"--time-scale takes numbers, e.g. 1,2,4,8; got {text!r}") from None
+    if not scales or not all(math.isfinite(s) and s > 0 for s in scales):
+        raise OptionError(f"--time-scale values must be finite and > 0, got {text!r}")
+    return tuple(dict.fromkeys(scales))
+
+
+def _tiers(args, policy: str, preset: dict) -> dict:
+    # Off (the synthetic presets' default) adds nothing, so their plans read as before.
+    out = {} if policy == "none" else {"write_policy": policy}
+    if args.page_size is not None:
+        if args.page_size < 1:
+            raise OptionError(f"--page-size must be >= 1, got {args.page_size}")
+        out["page_size"] = args.page_size
+    if policy != "none" and "kv_budget_gib" in preset:
+        out["kv_budget_gib"] = preset["kv_budget_gib"]
+    return out
+
+
+def _unbounded(spec: TraceSpec, system: dict) -> dict:
+    if system.get("write_policy", "none") == "none":
+        raise OptionError("--unbounded-pools needs a write policy (the device tier)")
+    rows, page = spec.rows()[spec.skip:], system.get("page_size", HiCacheConfig().page_size)
+    pages = sum(r.input_length // page + 1 for r in rows)  # every page the replay can hold
+    return {"unbounded_pools": True, "device_pool_pages": pages, "host_pool_pages": pages,
+            "kv_bytes": "synthetic"}

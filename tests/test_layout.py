@@ -1,0 +1,141 @@
+"""The house holds (docs/design.md section 1): hicache/ never imports bench/; bench/run/ (the
+online half) and bench/analysis/ (the offline half) never import each other; bench/commands/
+import engines, never one another (common and trace_flags are the commands' own shared
+parts); argparse Namespaces stay in commands/; nothing outside bench/rundir/ names a run
+directory's files; and the rooms' imports form no circle."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_COMMAND_PARTS = {"bench.commands.common", "bench.commands.trace_flags"}
+RUN_FILES = re.compile(r"""(?<!["'])["'](requests|steps|ranks|summary|failures|divergence)"""
+                       r"""\.csv["']|(?<!["'])["'](env|calibration|progress|verdict)\.json["']""")
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _modules(top: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((REPO / top).rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at any depth of the file (lazy imports count)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def _room(module: str) -> str | None:
+    """hicache is one room; bench's packages one room each; bench's top modules their own."""
+    parts = module.split(".")
+    if parts[0] == "hicache":
+        return "hicache"
+    if parts[0] != "bench":
+        return None
+    return ".".join(parts[:2]) if len(parts) > 1 else "bench"
+
+
+MODULES = {**_modules("hicache"), **_modules("bench")}
+
+
+def _edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        deps = {i for i in _imports(path) if i in MODULES}
+        edges[name] = deps
+    return edges
+
+
+def test_hicache_never_imports_bench():
+    bad = [f"{m} imports {d}" for m, deps in _edges().items() if m.startswith("hicache")
+           for d in deps if d.startswith("bench")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_online_and_offline_halves_never_import_each_other():
+    bad = [f"{m} imports {d}" for m, deps in _edges().items() for d in deps
+           if {_room(m), _room(d)} == {"bench.run", "bench.analysis"}]
+    assert not bad, "\n".join(bad)
+
+
+def test_commands_import_engines_never_one_another():
+    bad = [f"{m} imports {d}" for m, deps in _edges().items() if m.startswith("bench.commands.")
+           for d in deps if d.startswith("bench.commands.") and d != m
+           and d not in SHARED_COMMAND_PARTS]
+    assert not bad, "\n".join(bad)
+
+
+def test_namespaces_stay_in_commands():
+    bad = [f"{p.relative_to(REPO)}:{n}" for m, p in MODULES.items()
+           if m.startswith("bench") and not m.startswith("bench.commands")
+           for n, line in enumerate(p.read_text().splitlines(), 1) if "Namespace" in line]
+    assert not bad, "argparse.Namespace outside bench/commands/:\n" + "\n".join(bad)
+
+
+def test_only_rundir_names_a_run_directorys_files():
+    bad = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for m, p in MODULES.items()
+           if m.startswith("bench") and not m.startswith("bench.rundir")
+           for n, line in enumerate(p.read_text().splitlines(), 1) if RUN_FILES.search(line)]
+    assert not bad, "open run files through bench.rundir.rundir.RunDir:\n" + "\n".join(bad)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of `graph` (as a path), None when it has none."""
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = 2
+        return None
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_rooms_form_no_circle_and_the_floors_stay_few():
+    rooms: dict[str, set[str]] = {}
+    for m, deps in _edges().items():
+        rooms.setdefault(_room(m), set()).update(
+            r for d in deps if (r := _room(d)) not in (None, _room(m)))
+    rooms.pop("bench", None)  # bench/__init__ and __main__: the door, above every room
+    assert _cycle(rooms) is None, f"an import circle between rooms: {_cycle(rooms)}"
+    floors: dict[str, int] = {}
+
+    def floor(room: str) -> int:
+        if room not in floors:
+            floors[room] = 1 + max((floor(d) for d in rooms.get(room, ()) if d in rooms),
+                                   default=0)
+        return floors[room]
+    assert max(map(floor, rooms)) <= 7, {r: floor(r) for r in sorted(rooms)}
+
+
+def test_the_cycle_finder_finds_a_planted_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_file_pattern_finds_a_planted_name_and_passes_prose():
+    assert RUN_FILES.search('run_dir / "requests.csv"')
+    assert RUN_FILES.search("path = d / 'env.json'")
+    assert not RUN_FILES.search('"""summary.csv\'s columns"""')
