@@ -58,4 +58,4 @@ def test_without_scipy_points_counts_and_verdicts_stay_and_intervals_go(frames, 
     lines = lead.lead_text(without, None)
     said = [line for line in lines if "scipy is not installed" in line]
     assert said == ["No intervals: scipy is not installed."]
-    assert "[no CI]" in "\n".join(lead)
+    assert "[no CI]" in "\n".join(lines)
