@@ -84,6 +84,8 @@ def parser() -> CliParser:
       "the model's roofline on --gpu, e.g. 4.5 for llama3-8b at TP2 on h100)")
     a("--consensus", action="store_true",
       help="online rank-consensus checker (docs/design.md section 6)")
+    a("--timeline", action="store_true", help="record every collective, poll, storage "
+      "batch and copy per thread, for `python -m bench timeline` (docs/timeline.md)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int)
@@ -234,6 +236,8 @@ def _system(args, preset: dict) -> dict:
             s[key] = getattr(args, flag)
     if args.consensus:
         s["consensus_check"] = True
+    if args.timeline:
+        s["timeline"] = True
     if args.kv_budget_gib is not None:
         s["kv_budget_gib"] = args.kv_budget_gib
     if args.budget_skew is not None and not args.budget_skew < 1:
