@@ -188,3 +188,14 @@ def test_a_run_without_a_timeline_is_exit_2(tmp_path, capsys):
     assert timeline_main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "recorded no timeline" in err and "--timeline" in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_without_perfetto_the_png_is_written_and_exit_2(run_dir, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "perfetto.trace_builder.proto_builder", None)
+    (run_dir / "timeline.png").unlink(missing_ok=True)
+    out = run_dir / "none.pftrace"
+    assert timeline_main([str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "perfetto package is not installed" in err and err.count("\n") == 1
+    assert (run_dir / "timeline.png").exists() and not out.exists()

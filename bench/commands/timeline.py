@@ -28,6 +28,7 @@ def parser() -> CliParser:
 
 def _main(argv: list[str]) -> int:
     from bench.timeline.outputs import write_outputs
+    from bench.timeline.summary import site_table
 
     args = parser().parse_args(argv)
     if not args.run_dir.is_dir():
@@ -40,6 +41,7 @@ def _main(argv: list[str]) -> int:
                         for r, o in enumerate(tl.offsets) if r > 0)
     print(f"{PROG}: cell {tl.label}, steps {tl.window[0]}:{tl.window[1]}, {len(tl.slices)} "
           f"slices; clock offsets to rank 0: {offsets or 'one rank'}")
+    print("\n".join(site_table(tl)))
     print(f"wrote {done.figure}")
     if done.trace is None:
         print(f"{PROG}: cannot write the trace: {done.missing}", file=sys.stderr)
