@@ -79,7 +79,8 @@ class ResultSink:
         self._write()
         for p in gathered:  # the timeline, when recorded: a file per rank, kept per cell
             if p.get("timeline") is not None:
-                write_events(self.dir, cell.__dict__, {"rank": p["rank"], **p["timeline"]})
+                write_events(Path(self.plan.out_dir), cell.__dict__,
+                             {"rank": p["rank"], **p["timeline"]})
         ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
         agree = all(r["ranks_agree"] for r in rows)
         step_ms = statistics.fmean(s["step_ms"] for s in steps) if steps else float("nan")
