@@ -199,3 +199,39 @@ def test_without_perfetto_the_png_is_written_and_exit_2(run_dir, monkeypatch, ca
     err = capsys.readouterr().err
     assert "perfetto package is not installed" in err and err.count("\n") == 1
     assert (run_dir / "timeline.png").exists() and not out.exists()
+
+
+@pytest.mark.slow
+def test_the_figure_shows_pr27010s_poll_collectives_and_none_in_pr36425(run_dir):
+    from bench.timeline import load
+    from bench.timeline.outputs import pair_panels
+
+    record = load.load_cell(run_dir, load.find_cell(run_dir, "pr36425/wait_complete/0"))
+    before, after = pair_panels(run_dir, record)
+    assert (before.protocol, after.protocol) == ("pr27010", "pr36425")
+    for rank in (0, 1):
+        polls = before.of_kind("poll", rank)
+        decisions = [s for s in before.of_kind("collective", rank) if s.name == "decision"]
+        assert polls and len(decisions) == len(polls)  # one MAX in every poll
+        inside = [s for s in decisions if any(p.start <= s.start <= s.end <= p.end
+                                              for p in polls)]
+        assert len(inside) == len(decisions)
+        assert after.of_kind("poll", rank)
+        assert not [s for s in after.of_kind("collective", rank)
+                    if s.name in ("decision", "completion")]
+
+
+@pytest.mark.slow
+def test_the_report_shows_the_figure_when_the_run_recorded_a_timeline(run_dir, tmp_path):
+    from bench.analysis.report import write_report
+
+    write_report(run_dir)
+    assert "## Where a step's time goes" in (run_dir / "report.md").read_text()
+    assert (run_dir / "timeline.png").exists()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("requests.csv", "steps.csv", "ranks.csv", "env.json", "calibration.json"):
+        (plain / name).write_bytes((run_dir / name).read_bytes())
+    write_report(plain)
+    assert "Where a step's time goes" not in (plain / "report.md").read_text()
+    assert not (plain / "timeline.png").exists()

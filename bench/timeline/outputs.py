@@ -49,6 +49,13 @@ def write_outputs(run_dir: Path, cell: str | None, steps: str | None,
 def write_pair_figure(run_dir: Path, record: CellRecord, path: Path,
                       window: tuple[int, int] | None = None) -> Path:
     """The figure of `record`'s cell, beside its pair's cell when the run recorded it."""
+    return figure.write_figure(path, pair_panels(run_dir, record, window))
+
+
+def pair_panels(run_dir: Path, record: CellRecord,
+                window: tuple[int, int] | None = None) -> list[slices.Timeline]:
+    """The figure's panels: `record`'s cell and its pair's (PAIR order), each cut to
+    `window` or, by default, to a few steps from the first that polled."""
     records = [record]
     other = load.find_pair_cell(run_dir, record, PAIR)
     if other is not None:
@@ -59,7 +66,7 @@ def write_pair_figure(run_dir: Path, record: CellRecord, path: Path,
         w = window if window is not None and window[1] <= r.steps else \
             figure.figure_window(r.ranks[0]["steps"])
         panels.append(slices.build(r, w))
-    return figure.write_figure(path, panels)
+    return panels
 
 
 def report_figure(run_dir: Path) -> str | None:
