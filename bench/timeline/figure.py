@@ -47,7 +47,8 @@ def write_figure(path: Path, panels: list[Timeline]) -> Path:
                 if any(x.kind == k for tl in panels for x in tl.slices)]
     handles.append(Patch(facecolor="none", hatch="////", edgecolor="black",
                          label="wait for a peer"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(8, len(handles)),
+    fig.legend(handles=handles, loc="outside lower center",
+               ncol=min(4 * len(panels), len(handles)),
                fontsize=7, frameon=False)
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png", dpi=110)

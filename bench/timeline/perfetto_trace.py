@@ -4,7 +4,8 @@ TrackEvents, built with the `perfetto` package's trace builder; open it in ui.pe
 One process track per rank, a thread track per thread (scheduler, prefetch, IO, ack sync,
 backup, consensus) and one for the requests' milestones, counter tracks for the waiting,
 prefetching and running requests; a slice's arguments are debug annotations, a request's
-path is one flow per rank. Timestamps are nanoseconds from just before the window.
+path is one flow per rank. Timestamps are nanoseconds on rank 0's clock, from 1 ms before
+the window's earliest slice (a background thread's event may begin before its first step).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class _Writer:
         from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackEvent
 
         self.b, self.tl, self.TE = builder, tl, TrackEvent
-        self.base = tl.t0
+        self.base = min([tl.t0, *(s.start for s in tl.slices)])
 
     def ns(self, t: float) -> int:
         return LEAD_NS + round((t - self.base) * 1e9)

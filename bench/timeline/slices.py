@@ -51,7 +51,7 @@ class Timeline:
     offsets: list[Offset]
     slices: list[Slice]
     counters: list[tuple[int, str, float, int]]  # (rank, name, time, value)
-    t0: float  # the window's start on rank 0's clock
+    t0: float  # the window's start: rank 0's first step of it
 
     def of_kind(self, kind: str, rank: int | None = None) -> list[Slice]:
         return [s for s in self.slices if s.kind == kind and rank in (None, s.rank)]
@@ -70,7 +70,7 @@ def build(record: CellRecord, window: tuple[int, int]) -> Timeline:
                     slices += _slices(r, thread, e, offsets[r].seconds, waited[r], rank, flows)
         slices += _milestones(r, rank, offsets[r].seconds, lo, hi, flows)
         counters += _counters(r, rank, offsets[r].seconds, window)
-    t0 = min((s.start for s in slices), default=0.0)
+    t0 = _window_times(record.ranks[0], window)[0]  # rank 0's clock is the reference
     return Timeline(record.label, record.cell["protocol"], window, offsets, slices, counters,
                     t0)
 
