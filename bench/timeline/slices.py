@@ -114,34 +114,41 @@ def _slices(r: int, thread: str, e: list, off: float, waited: dict, rank: dict,
 
 def _describe(e: list, rank: dict) -> tuple[str, dict, str | None]:
     """The slice's name, its arguments and the request it belongs to (or None)."""
-    kind, dur_ms = e[0], (e[2] - e[1]) * 1e3
-    if kind == STEP:
-        s = rank["steps"][e[3]] if e[3] < len(rank["steps"]) else {}
-        batch = s.get("scheduled", 0) if s.get("kind") == "prefill" else s.get("running", 0)
-        return (f"step {e[3]} {s.get('kind', '')}", {"step": e[3], "kind": s.get("kind", ""),
-                "batch": batch, "polled": s.get("polled", 0), "duration_ms": dur_ms}, None)
-    if kind == COLLECTIVE:
-        op, site, group, rid, step = e[3:8]
-        return (site, {"op": op, "site": site, "group": group, "rid": rid or "",
-                       "step": step, "duration_ms": dur_ms}, rid)
-    if kind == POLL:
-        return (f"poll {e[3]}", {"rid": e[3], "outcome": e[4],
-                                 "protocol": rank["cell"]["protocol"]}, e[3])
-    if kind == FORWARD:
-        return "forward", {"new_tokens": e[3], "decode_requests": e[4]}, None
-    if kind == LOAD_BACK:
-        return f"load_back {e[3]}", {"rid": e[3], "bytes": e[4]}, e[3]
-    if kind == HOST_COPY:
-        return "host copy", {"pages": e[3], "bytes": e[4]}, None
-    if kind == READ:
-        return (f"read {e[4]} {e[6]}/{e[5]}p", {"rid": e[3], "pool": e[4], "pages": e[5],
-                                                "pages_read": e[6], "bytes": e[7]}, e[3])
-    if kind == WRITE:
-        return f"write {e[4]}/{e[3]}p", {"pages": e[3], "pages_written": e[4],
-                                          "bytes": e[5]}, None
-    if kind == EXISTS:
-        return f"exists {e[5]}/{e[4]}p", {"rid": e[3], "pages": e[4], "present": e[5]}, e[3]
-    return kind, {}, None
+    describe = _DESCRIBE.get(e[0])
+    return describe(e, rank) if describe else (e[0], {}, None)
+
+
+def _step(e: list, rank: dict) -> tuple[str, dict, None]:
+    s = rank["steps"][e[3]] if e[3] < len(rank["steps"]) else {}
+    kind = s.get("kind", "")
+    batch = s.get("scheduled", 0) if kind == "prefill" else s.get("running", 0)
+    return (f"step {e[3]} {kind}", {"step": e[3], "kind": kind, "batch": batch,
+                                    "polled": s.get("polled", 0),
+                                    "duration_ms": (e[2] - e[1]) * 1e3}, None)
+
+
+def _collective(e: list, rank: dict) -> tuple[str, dict, str | None]:
+    op, site, group, rid, step = e[3:8]
+    return site, {"op": op, "site": site, "group": group, "rid": rid or "", "step": step,
+                  "duration_ms": (e[2] - e[1]) * 1e3}, rid
+
+
+_DESCRIBE = {
+    STEP: _step,
+    COLLECTIVE: _collective,
+    POLL: lambda e, rank: (f"poll {e[3]}", {"rid": e[3], "outcome": e[4],
+                                            "protocol": rank["cell"]["protocol"]}, e[3]),
+    FORWARD: lambda e, _: ("forward", {"new_tokens": e[3], "decode_requests": e[4]}, None),
+    LOAD_BACK: lambda e, _: (f"load_back {e[3]}", {"rid": e[3], "bytes": e[4]}, e[3]),
+    HOST_COPY: lambda e, _: ("host copy", {"pages": e[3], "bytes": e[4]}, None),
+    READ: lambda e, _: (f"read {e[4]} {e[6]}/{e[5]}p", {"rid": e[3], "pool": e[4],
+                                                         "pages": e[5], "pages_read": e[6],
+                                                         "bytes": e[7]}, e[3]),
+    WRITE: lambda e, _: (f"write {e[4]}/{e[3]}p", {"pages": e[3], "pages_written": e[4],
+                                                    "bytes": e[5]}, None),
+    EXISTS: lambda e, _: (f"exists {e[5]}/{e[4]}p", {"rid": e[3], "pages": e[4],
+                                                      "present": e[5]}, e[3]),
+}
 
 
 def _milestones(r: int, rank: dict, off: float, lo: float, hi: float,
