@@ -118,7 +118,7 @@ def _trace(path: Path):
         d = p.track_descriptor
         if p.HasField("track_descriptor") and d.HasField("thread"):
             pid_of[d.uuid], name_of[d.uuid] = d.thread.pid, d.thread.thread_name
-    begins = []
+    begins, instants = [], []
     depth = Counter()
     for p in trace.packet:
         ev = p.track_event
@@ -128,12 +128,14 @@ def _trace(path: Path):
             depth[ev.track_uuid] += 1
             args = {a.name: a.string_value or a.int_value for a in ev.debug_annotations}
             begins.append((pid_of[ev.track_uuid] - 1000, name_of[ev.track_uuid],
-                           ev.categories[0], ev.name, args))
+                           ev.categories[0], ev.name, args, list(ev.flow_ids)))
+        elif ev.type == TrackEvent.TYPE_INSTANT:
+            instants.append((pid_of[ev.track_uuid] - 1000, ev.name, list(ev.flow_ids)))
         elif ev.type == TrackEvent.TYPE_SLICE_END:
             depth[ev.track_uuid] -= 1
             assert depth[ev.track_uuid] >= 0, "a slice ended that never began"
     assert not +depth, "a slice never ended"
-    return begins
+    return begins, instants
 
 
 @pytest.mark.slow
@@ -143,21 +145,31 @@ def test_trace_holds_every_counted_collective_and_every_step(run_dir, protocol, 
     out = run_dir / f"{protocol}.pftrace"
     assert timeline_main([str(run_dir), "--cell", cell, "--out", str(out)]) == 0
     assert "ui.perfetto.dev" in capsys.readouterr().out
-    begins = _trace(out)
+    begins, instants = _trace(out)
     requests = pd.read_csv(run_dir / "requests.csv")
     requests = requests[requests.protocol == protocol]
-    found = Counter((a["rid"], a["site"]) for r, _, kind, _, a in begins
+    found = Counter((a["rid"], a["site"]) for r, _, kind, _, a, _ in begins
                     if r == 0 and kind == "collective" and a["rid"])
     want = Counter({(row.rid, site): getattr(row, col) for row in requests.itertuples()
                     for site, col in COUNT_COLUMNS.items() if getattr(row, col)})
     assert sum(want.values()) > 0 and found == want
     steps = pd.read_csv(run_dir / "steps.csv")
     steps = steps[steps.protocol == protocol]
-    drawn = {a["step"]: a["kind"] for r, thread, kind, _, a in begins
+    drawn = {a["step"]: a["kind"] for r, thread, kind, _, a, _ in begins
              if r == 0 and kind == "step"}
     assert drawn == dict(zip(steps.step, steps.kind, strict=True))
-    polls = sum(1 for r, _, kind, _, _ in begins if r == 0 and kind == "poll")
+    polls = sum(1 for r, _, kind, _, _, _ in begins if r == 0 and kind == "poll")
     assert polls == requests.polls.sum()  # one poll slice per poll that found it ongoing
+    # Each request's flow on rank 0 runs from its arrival through its load-back to its first
+    # token (one id, the same on all three).
+    flow = {name.split()[-1]: ids for r, name, ids in instants
+            if r == 0 and name.startswith("arrival")}
+    tokens = {name.split()[-1]: ids for r, name, ids in instants
+              if r == 0 and name.startswith("first token")}
+    loads = {a["rid"]: ids for r, _, kind, _, a, ids in begins if r == 0 and kind == "load_back"}
+    assert set(flow) == set(tokens) == set(loads) == set(requests.rid)
+    assert all(flow[rid] == tokens[rid] == loads[rid] and len(flow[rid]) == 1 for rid in flow)
+    assert len({ids[0] for ids in flow.values()}) == len(flow)  # one flow per request
 
 
 @pytest.mark.slow
@@ -165,7 +177,7 @@ def test_a_window_keeps_only_its_steps(run_dir):
     out = run_dir / "window.pftrace"
     assert timeline_main([str(run_dir), "--cell", "pr27010/wait_complete/0", "--steps", "2:5",
                           "--out", str(out)]) == 0
-    steps = [a["step"] for r, _, kind, _, a in _trace(out) if kind == "step"]
+    steps = [a["step"] for r, _, kind, _, a, _ in _trace(out)[0] if kind == "step"]
     assert sorted(steps) == [2, 2, 3, 3, 4, 4]  # both ranks
     assert (run_dir / "timeline.png").stat().st_size > 10_000
 

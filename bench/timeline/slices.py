@@ -160,7 +160,9 @@ def _milestones(r: int, rank: dict, off: float, lo: float, hi: float,
         points = [("arrival", q["arrival"] + off), ("enqueued", q["enqueued"]),
                   ("ready", q["ready"]), ("first token", q["first_token"])]
         for what, t in points:
-            if t is not None and lo <= t <= hi:
+            # An arrival shows with its enqueue: a burst arrives before the first step starts.
+            seen = q["enqueued"] if what == "arrival" else t
+            if t is not None and seen is not None and lo <= seen <= hi:
                 out.append(Slice(r, REQUESTS_TRACK, t - off, t - off, f"{what} {q['rid']}",
                                  "milestone", {"rid": q["rid"], "milestone": what},
                                  flows.through(q["rid"], what)))
