@@ -58,7 +58,8 @@ class HiCache:
         tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
                                cfg.collective_timeout_s / 2) if self.ticketed else None)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
-                                          cfg.page_size, self.protocol.uses_acks, tickets)
+                                          cfg.page_size, self.protocol.uses_acks, tickets,
+                                          stats.events)
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
                             self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
                       if cfg.tiers else None)

@@ -32,6 +32,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from hicache.events import COLLECTIVE, EventLog
+
 DECISION = "decision"
 COMPLETION = "completion"
 HIT_QUERY = "hit_query"
@@ -127,10 +129,12 @@ class Groups:
 
 
 class CollectiveCounter:
-    """Counts every collective at its call site; thread-safe (four threads record)."""
+    """Counts every collective at its call site; thread-safe (four threads record). With a
+    timeline (`events`, a hicache.events.EventLog) each call is also one event of its thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: EventLog | None = None) -> None:
         self._lock = threading.Lock()
+        self.events = events
         self.step = -1  # set by the scheduler at the top of each step
         self.by_site: Counter[str] = Counter()
         self.by_rid: dict[str, Counter[str]] = defaultdict(Counter)
@@ -140,7 +144,10 @@ class CollectiveCounter:
         self.sched_seconds_by_rid: dict[str, float] = defaultdict(float)
         self.sched_seconds_by_step_site: dict[int, Counter[str]] = defaultdict(Counter)
 
-    def record(self, site: str, group: str, raw_ops: int, rid: str | None, seconds: float):
+    def record(self, site: str, group: str, raw_ops: int, rid: str | None, seconds: float,
+               start: float | None = None, op: str = "all_reduce"):
+        if self.events is not None and start is not None:
+            self.events.span(COLLECTIVE, start, start + seconds, op, site, group, rid, self.step)
         with self._lock:
             self.by_site[site] += 1
             self.raw_by_group[group] += raw_ops
@@ -203,12 +210,12 @@ class Comm:
         pg, stage = self.groups.pg["pp_cpu"], self.layout.pp_rank
         if stage > 0:
             self._run(lambda: dist.recv(t, group_src=stage - 1, group=pg), PP_HOP, "pp_cpu",
-                      1, rid)
+                      1, rid, "recv")
         if stage + 1 < self.layout.pp:
             # Send a copy: the caller may reuse `t` before the send completes.
             buf = t.clone()
             self._run(lambda: self._sends.append(dist.isend(buf, group_dst=stage + 1, group=pg)),
-                      PP_HOP, "pp_cpu", 1, rid)
+                      PP_HOP, "pp_cpu", 1, rid, "isend")
 
     def drain_sends(self) -> None:
         """Wait for the PP hop sends of the last step (backpressure on a lagging stage)."""
@@ -248,13 +255,15 @@ class Comm:
             dist.broadcast(buf, group_src=0, group=pg)
             return buf
 
-        buf = self._run(bcast, site, group, lambda out: 1 if out is None else 2, rid)
+        buf = self._run(bcast, site, group, lambda out: 1 if out is None else 2, rid,
+                        "broadcast")
         if source:
             return obj
         return None if buf is None else pickle.loads(buf.numpy().tobytes())
 
-    def _run(self, fn, site: str, group: str, raw_ops, rid: str | None):
-        """Runs one collective (`raw_ops` torch ops, or a function of fn's result)."""
+    def _run(self, fn, site: str, group: str, raw_ops, rid: str | None, op: str = "all_reduce"):
+        """Runs one collective (`raw_ops` torch ops, or a function of fn's result); `op`
+        names it on the timeline."""
         t0 = time.monotonic()
         try:
             out = fn()
@@ -266,5 +275,5 @@ class Comm:
                 f"{f' for request {rid}' if rid else ''}: {str(e).splitlines()[0][:300]}"
             ) from e
         raw = raw_ops(out) if callable(raw_ops) else raw_ops
-        self.counter.record(site, group, raw, rid, time.monotonic() - t0)
+        self.counter.record(site, group, raw, rid, time.monotonic() - t0, t0, op)
         return out

@@ -54,6 +54,9 @@ class HiCacheConfig:
     # --hicache-ratio, 2.0 by default in cache mode); 1 without it (kv_budget_gib each).
     host_ratio: float = 2.0
     consensus_check: bool = False  # SGLang's @rank_consensus, off by default
+    # Record the timeline (hicache.events: every collective, poll, storage batch and copy,
+    # stamped), for `bench timeline`; off by default (docs/timeline.md, "Cost").
+    timeline: bool = False
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
     kill_rank: int = -1  # fault injection: this rank exits at kill_step

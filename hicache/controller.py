@@ -49,6 +49,7 @@ import torch.distributed as dist
 
 from hicache.comm import ACK, ACK_GROUPS, HIT_GROUPS, HIT_QUERY, Comm
 from hicache.cost_model import IO_BATCH_PAGES
+from hicache.events import EXISTS, READ, WRITE, EventLog
 from hicache.hashing import page_hashes
 from hicache.pools import PagePool
 from hicache.pp_ticket import STOP, TicketRelay
@@ -114,10 +115,11 @@ class BackupOp:
 class CacheController:
     def __init__(self, comm: Comm, storage: Storage, host_kv: PagePool,
                  host_sidecar: PagePool | None, page_size: int, uses_acks: bool,
-                 tickets: TicketRelay | None = None):
+                 tickets: TicketRelay | None = None, events: EventLog | None = None):
         self.comm, self.storage, self.page_size = comm, storage, page_size
         self.host_kv, self.host_sidecar, self.uses_acks = host_kv, host_sidecar, uses_acks
         self.tickets = tickets  # 0.5.23's PP-ticket path, else None
+        self.events = events  # the timeline (hicache.events), or None: nothing recorded
         # Background groups: TP then PP after PR #27010 (the ack protocols), TP before.
         self.hit_groups = HIT_GROUPS if uses_acks else HIT_GROUPS[:1]
         self.prefetch_queue: queue.Queue = queue.Queue()
@@ -166,7 +168,7 @@ class CacheController:
     def _local_hit(self, op: PrefetchOp) -> int:
         op.hashes = page_hashes(op.tokens, self.page_size, op.prior_hash)
         # An op a poll already ended is not queried, but still reduced (its peers are).
-        return 0 if op.terminated.is_set() else self._storage_hit(op.hashes)
+        return 0 if op.terminated.is_set() else self._storage_hit(op.hashes, op.rid)
 
     def _agreed_hit(self, op: PrefetchOp, local: int) -> int:
         hit = torch.tensor([local], dtype=torch.int64)
@@ -190,11 +192,14 @@ class CacheController:
                 op.terminated.set()  # read nothing; its final ack still makes it ready
             self.io_queue.put(op)
 
-    def _storage_hit(self, hashes: list[str]) -> int:
+    def _storage_hit(self, hashes: list[str], rid: str) -> int:
         hit = 0
         for i in range(0, len(hashes), IO_BATCH_PAGES):
             batch = hashes[i: i + IO_BATCH_PAGES]
+            t0 = time.monotonic()
             n = self.storage.batch_exists(batch)
+            if self.events is not None:
+                self.events.span(EXISTS, t0, time.monotonic(), rid, len(batch), n)
             hit += n
             if n < len(batch):
                 break  # stop at the first miss
@@ -278,7 +283,11 @@ class CacheController:
         """Reads pages i..i+n of the op into their host slots; returns how many leading
         pages landed (the rest of the batch is not written)."""
         staging = torch.empty((n, pool.page_elems), dtype=pool.data.dtype)
+        t0 = time.monotonic()
         got = self.storage.batch_get(op.hash_value[i: i + n], pool.name, staging)
+        if self.events is not None:
+            self.events.span(READ, t0, time.monotonic(), op.rid, pool.name, n, got.pages,
+                             got.pages * pool.page_bytes)
         if got.error is not None:
             op.io_error = got.error
         if got.pages:
@@ -328,7 +337,11 @@ class CacheController:
             slots = op.slots[i: i + IO_BATCH_PAGES]
             # The slots are pinned until this op's ack is drained: no writer touches them.
             rows = self.host_kv.data.index_select(0, torch.tensor(slots, dtype=torch.int64))
+            t0 = time.monotonic()
             written = self.storage.batch_set(op.hashes[i: i + IO_BATCH_PAGES], KV, rows)
+            if self.events is not None:
+                self.events.span(WRITE, t0, time.monotonic(), len(slots), written,
+                                 written * self.host_kv.page_bytes)
             op.written_pages += written
             if written < len(slots):
                 break

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from hicache.comm import COMPLETION, DECISION, PP_HOP, CollectiveCounter
+from hicache.events import EventLog
 
 CRITICAL_SITES = (DECISION, COMPLETION, PP_HOP)  # the poll's own collectives
 
@@ -78,6 +79,21 @@ class Stats:
     # The write path (hicache.tiers), after the run: pages copied device -> host, written
     # to storage; empty when the device tier is off.
     write_path: dict[str, int] = field(default_factory=dict)
+    # The timeline (hicache.events), when the run records one: every collective, poll,
+    # storage batch and copy of every thread, stamped. None: nothing is recorded.
+    events: EventLog | None = None
+
+    def __post_init__(self) -> None:
+        self.counter.events = self.events  # the counter stamps every collective it counts
+
+    def timeline(self) -> dict | None:
+        """What the timeline needs of this rank, picklable: every thread's events, and the
+        steps and requests with their own (unrounded) stamps. None without a timeline."""
+        if self.events is None:
+            return None
+        return {"threads": self.events.dump(), "steps": [asdict(s) for s in self.steps],
+                "requests": [{k: v for k, v in asdict(r).items() if k != "token_times"}
+                             for r in self.requests.values()]}
 
     def request_rows(self) -> list[dict]:
         rows = []

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from hicache.cache import HiCache
 from hicache.comm import REQUEST_BROADCAST, Comm, Layout
 from hicache.config import HiCacheConfig
+from hicache.events import FORWARD, LOAD_BACK, POLL, STEP
 from hicache.records import RequestStats, Stats, StepStats
 from hicache.toy_model import Model
 
@@ -70,9 +71,12 @@ class Scheduler:
                                 r.kind))
             msg = self.comm.broadcast_object(
                 {"now": now, "reqs": arrived, "all_arrived": not pending}, REQUEST_BROADCAST)
+            last = self._step(step, msg)
+            if self.stats.events is not None:  # the step on this rank's own clock
+                self.stats.events.span(STEP, now, time.monotonic(), step)
             # The agreed inputs say the serve is over; a PP stage whose own queue drain lags
             # (pre27010 at PP > 1 drains stage-locally) may still hold work: step on for it.
-            if self._step(step, msg) and self.comm.all_idle(self._busy()):
+            if last and self.comm.all_idle(self._busy()):
                 return step + 1
             if self.layout.rank == 0 and not self._busy():
                 time.sleep(min(idle_sleep_s, max(0.0, t0 + pending[0].arrival_offset_s - now))
@@ -119,7 +123,7 @@ class Scheduler:
             if len(batch) >= free or used >= self.horizon:
                 break  # the batch is full (this rank's horizon may be skewed: #30760)
             rec.polled += rid in self.cache.ongoing
-            if not self.cache.check_prefetch_progress(rid):
+            if not self._poll(rid):
                 continue  # still prefetching: skipped, polled again next step
             tokens = self.cache.prompts[rid]
             extend = len(tokens) - self.cache.cached_tokens(rid)
@@ -129,6 +133,18 @@ class Scheduler:
             used += extend
         return batch
 
+    def _poll(self, rid: str) -> bool:
+        """check_prefetch_progress; with a timeline, a poll of an ongoing prefetch is an
+        event: pending (polled again next step), or how it ended (poll, revoked)."""
+        events = self.stats.events
+        if events is None or rid not in self.cache.ongoing:
+            return self.cache.check_prefetch_progress(rid)
+        t0 = time.monotonic()
+        ready = self.cache.check_prefetch_progress(rid)
+        outcome = self.stats.requests[rid].terminated_by if ready else "pending"
+        events.span(POLL, t0, time.monotonic(), rid, outcome)
+        return ready
+
     def _prefill(self, batch: list[str], rec: StepStats) -> None:
         loaded, new_tokens = [], 0
         for rid in batch:
@@ -136,6 +152,9 @@ class Scheduler:
             st = self.stats.requests[rid]
             st.scheduled = time.monotonic()
             dev, st.load_back_s = self.cache.load_back(rid)
+            if self.stats.events is not None:
+                self.stats.events.span(LOAD_BACK, st.scheduled, time.monotonic(), rid,
+                                       st.load_back_bytes)
             loaded.append(dev)
             new_tokens += st.computed_tokens
         rec.kind, rec.scheduled, rec.prefill_tokens = "prefill", len(batch), new_tokens
@@ -179,6 +198,8 @@ class Scheduler:
             time.sleep(rest)
         done = time.monotonic()
         rec.forward_s = done - t0
+        if self.stats.events is not None:
+            self.stats.events.span(FORWARD, t0, done, new_tokens, decode_reqs)
         return done
 
     def _check_faults(self, step: int, process_step: int) -> None:

@@ -17,6 +17,7 @@ from hicache.comm import Comm, Groups, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import ConsensusChecker
 from hicache.controller import KV, SIDECAR
+from hicache.events import EventLog
 from hicache.gpu_model import GpuModel
 from hicache.hashing import page_hashes
 from hicache.records import Stats
@@ -61,7 +62,7 @@ class System:
     def __init__(self, cfg: HiCacheConfig, layout: Layout, groups: Groups,
                  device: torch.device, seed: int = 0):
         self.cfg, self.layout, self.groups = cfg, layout, groups
-        self.stats = Stats()
+        self.stats = Stats(events=EventLog() if cfg.timeline else None)
         self.comm = Comm(layout, groups, self.stats.counter)
         self.storage = make_storage(cfg.storage, layout.rank, layout.tp_rank)
         self.consensus = (ConsensusChecker(self.comm, cfg.consensus_interval_s)

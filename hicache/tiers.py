@@ -28,12 +28,14 @@ Only the scheduler thread uses this class; the backup thread is the controller's
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
 from hicache.controller import KV, BackupOp, CacheController
+from hicache.events import HOST_COPY
 from hicache.hashing import page_hashes
 from hicache.pools import PagePool, expected_rows
 from hicache.radix_tree import MatchResult, RadixTree
@@ -131,9 +133,13 @@ class Tiers:
         slots = self._alloc_host(node.num_pages)
         if slots is None:
             return False
+        t0 = time.monotonic()
         for h, d in zip(self.host.tensors(), self.dev.tensors(), strict=True):
             index = torch.tensor(node.dev, dtype=torch.int64, device=d.device)
             h[slots] = d.index_select(0, index).to(h.device)  # waits for the copy
+        if self.controller.events is not None:
+            self.controller.events.span(HOST_COPY, t0, time.monotonic(), len(slots),
+                                        len(slots) * self.host.page_bytes)
         self.tree.set_host(node, slots)
         self.host_copied_pages += len(slots)
         op = BackupOp(list(node.hashes), list(slots))

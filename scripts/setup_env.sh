@@ -3,9 +3,10 @@
 #
 # Creates the project's environment in VENV_DIR (default .venv) so that `make bench` runs,
 # using $PYTHON (default python3). Runtime dependencies: torch, numpy, pandas, matplotlib,
-# nvidia-ml-py (pynvml), scipy. A run needs all but scipy: without it (a GPU node as shipped,
-# no package index) runs complete with exact counts and verdicts and empty intervals, and
-# setup says so instead of failing. Three cases, decided by what $PYTHON already imports:
+# nvidia-ml-py (pynvml), scipy, perfetto. A run needs all but scipy and perfetto: without
+# scipy (a GPU node as shipped, no package index) runs complete with exact counts and
+# verdicts and empty intervals, without perfetto `bench timeline` writes no trace (its PNG
+# still), and setup says so instead of failing. Three cases, decided by what $PYTHON already imports:
 # 1. Everything (a GPU node as shipped: CUDA torch, no package index, no ruff): no network,
 #    no pip, no build. The venv sees $PYTHON's packages (--system-site-packages, plus a .pth
 #    naming $PYTHON's site-packages when $PYTHON is itself a venv) and the project is put on
@@ -98,6 +99,14 @@ ensure_scipy() {  # the intervals' t quantiles (bench.stats); a pip-made venv ge
     "counts and verdicts, and every interval is empty (\"scipy is not installed\")"
 }
 
+ensure_perfetto() {  # `bench timeline`'s trace writer; a pip-made venv gets it
+  "$VENV/bin/python" -c "import perfetto.trace_builder.proto_builder" >/dev/null 2>&1 && return 0
+  if [[ -x "$VENV/bin/pip" ]] && "$VENV/bin/python" "${PIP[@]}" perfetto; then return 0; fi
+  echo "setup: perfetto is not installed and cannot be installed here: runs complete (with" \
+    "--timeline too); \`bench timeline\` writes its PNG but no trace"
+}
+
 ensure_scipy
+ensure_perfetto
 if ((DEV)); then install_dev; fi
 "$VENV/bin/python" -c "import torch, hicache, bench; print('setup: torch', torch.__version__, 'cuda', torch.cuda.is_available())"

@@ -32,22 +32,26 @@ def _bench_help(venv: Path, cwd: Path) -> subprocess.CompletedProcess:
                           cwd=cwd, text=True, capture_output=True, timeout=60)
 
 
-def no_scipy(tmp_path: Path) -> Path:
-    """A directory whose `scipy` fails to import, as on a node that lacks it."""
-    (tmp_path / "hide" / "scipy").mkdir(parents=True)
-    (tmp_path / "hide" / "scipy" / "__init__.py").write_text(
-        "raise ImportError('scipy hidden by the test')\n")
+def no_scipy(tmp_path: Path, *also: str) -> Path:
+    """A directory whose `scipy` (and the packages `also` names) fail to import, as on a
+    node that lacks them."""
+    for name in ("scipy", *also):
+        (tmp_path / "hide" / name).mkdir(parents=True)
+        (tmp_path / "hide" / name / "__init__.py").write_text(
+            f"raise ImportError('{name} hidden by the test')\n")
     return tmp_path / "hide"
 
 
 @pytest.mark.timeout(200)
 def test_offline_setup_needs_no_pip(tmp_path):
-    # The GPU node as shipped: every dependency a run needs but scipy, no package index.
+    # The GPU node as shipped: every dependency a run needs but scipy and perfetto, no
+    # package index.
     venv = tmp_path / "venv"
-    done = _setup(venv, sys.executable, pythonpath=no_scipy(tmp_path))
+    done = _setup(venv, sys.executable, pythonpath=no_scipy(tmp_path, "perfetto"))
     assert done.returncode == 0, done.stderr
     assert "no pip, no network" in done.stdout
     assert "setup: scipy is not installed and cannot be installed here" in done.stdout
+    assert "setup: perfetto is not installed and cannot be installed here" in done.stdout
     assert not (venv / "bin" / "pip").exists()  # nothing could have been downloaded
     helptext = _bench_help(venv, tmp_path)  # outside the repository: the .pth finds it
     assert helptext.returncode == 0 and "--model" in helptext.stdout

@@ -239,10 +239,15 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     if plots:
         from bench.analysis.plots import write_plots  # matplotlib: only when drawing
         drawn = write_plots(run_dir, requests, summary, steps) + trace_plots
+    timeline = []  # with a recorded timeline: the figure of a few steps (bench.timeline)
+    if plots:
+        from bench.timeline.outputs import report_lines
+        timeline = report_lines(run_dir)
     divergence = divergence_lines(summary, requests, failures, ranks, details)
     text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
                          calibration, verdict,
-                         trace_report.tier_lines(summary, requests, trace_files))
+                         trace_report.tier_lines(summary, requests, trace_files)
+                         + timeline)
     write_text_atomic(run.file("report"), text)
     text_lead = lead.lead_text(summary, calibration)
     loaded = load_back_line(requests, env)

@@ -26,6 +26,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
                    "bench.commands.microbench"),
     "project": ("RUN_DIR", "predicted step overhead and ITL inflation at TP 2-64, PP 1-4",
                 "bench.commands.project"),
+    "timeline": ("RUN_DIR [--cell P/POLICY/R] [--steps A:B]", "a run's per-rank timeline: "
+                 "timeline.pftrace (ui.perfetto.dev) and a PNG", "bench.commands.timeline"),
     "devcheck": ("...", "device checks of scripts/gpu_check.sh (H2D, load-back, forward)",
                  "bench.commands.devcheck"),
 }

@@ -106,6 +106,8 @@ def parser() -> CliParser:
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
     a("--consensus", action="store_true",
       help="online rank-consensus checker (docs/design.md section 6)")
+    a("--timeline", action="store_true", help="record every collective, poll, storage "
+      "batch and copy per thread, for `python -m bench timeline` (docs/timeline.md)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a = _group(p, 'hazards and faults')
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")

@@ -70,6 +70,7 @@ class RunOptions:
     write_policy: str | None = None
     page_size: int | None = None
     unbounded_pools: bool = False
+    timeline: bool = False
     out: Path | None = None
 
     @classmethod
@@ -195,6 +196,8 @@ def _system(args, preset: dict) -> dict:
             s[key] = getattr(args, flag)
     if args.consensus:
         s["consensus_check"] = True
+    if args.timeline:
+        s["timeline"] = True
     if args.kv_budget_gib is not None:
         s["kv_budget_gib"] = args.kv_budget_gib
     if args.budget_skew is not None and not args.budget_skew < 1:

@@ -26,6 +26,7 @@ from bench.rundir.schema import (
     TOKEN_COLUMNS,
     WRITE_PATH_COLUMNS,
 )
+from bench.rundir.timeline import write_events
 from bench.stats import percentile
 from hicache.comm import SITES
 from hicache.consensus import compare_decisions, describe_disagreements, disagreement_scope
@@ -77,6 +78,10 @@ class ResultSink:
         self.steps += steps
         self.ranks += [self._rank_row(config, cell, p) for p in gathered]
         self._write()
+        for p in gathered:  # the timeline, when recorded: a file per rank, kept per cell
+            if p.get("timeline") is not None:
+                write_events(self.run.path, cell.__dict__,
+                             {"rank": p["rank"], **p["timeline"]})
         ttft = [r["ttft_ms"] for r in rows if r["ttft_ms"] is not None]
         agree = all(r["ranks_agree"] for r in rows)
         step_ms = statistics.fmean(s["step_ms"] for s in steps) if steps else float("nan")

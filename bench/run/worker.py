@@ -61,6 +61,7 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     cpu0, wall0 = time.process_time(), time.monotonic()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps)
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
+            "timeline": _timeline(stats, layout, groups),
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
             "crosscheck": system.crosscheck(),
@@ -69,6 +70,17 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             # CPU seconds this rank's threads used while serving (and the wall time):
             # together with the other ranks', how busy the machine's cores were.
             "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0}
+
+
+def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:
+    """This rank's timeline of the cell (None unless recorded) with the member ranks of
+    its groups, so ranks' collectives can be matched (the harness's default group: all)."""
+    record = stats.timeline()
+    if record is None:
+        return None
+    members = {**groups.ranks, "default": list(range(layout.world_size))}
+    return {**record, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
+            "groups": members}
 
 
 def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int]):

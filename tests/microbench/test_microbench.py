@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 import pytest
 import torch
 
+from hicache.comm import CollectiveCounter
 from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll
+from hicache.events import EventLog
 from hicache.hashing import page_hashes
 from hicache.radix_tree import RadixTree
 from tests.microbench.pollbench import RID, TP, PollGroup, counts, install_pending, more
@@ -132,3 +135,31 @@ def test_hash_chain(benchmark):
     out = benchmark(page_hashes, tokens, PAGE)
     assert len(out) == 64
     benchmark.extra_info.update(kind="hash_chain", pages=64, page_size=PAGE)
+
+
+@pytest.mark.parametrize("timeline", [False, True])
+def test_collective_record(benchmark, timeline):
+    """The counter's record of one collective, without and with the timeline (the event the
+    timeline adds: docs/timeline.md, "Cost"); 1000 calls per round."""
+    counter = CollectiveCounter(EventLog() if timeline else None)
+
+    def target():
+        for _ in range(1000):
+            counter.record("decision", "tp_cpu", 1, "r0", 0.001, 5.0)
+
+    benchmark.pedantic(target, rounds=50, iterations=1, warmup_rounds=2)
+    benchmark.extra_info.update(kind="collective_record", timeline=timeline, calls=1000)
+
+
+def test_event_span(benchmark):
+    """One EventLog.span with two clock reads, as a poll or storage read records it; 1000
+    per round (the timeline's cost per event on the recording thread)."""
+    log = EventLog()
+
+    def target():
+        for _ in range(1000):
+            t0 = time.monotonic()
+            log.span("read", t0, time.monotonic(), "r0", "kv", 128, 128, 65536)
+
+    benchmark.pedantic(target, rounds=50, iterations=1, warmup_rounds=2)
+    benchmark.extra_info.update(kind="event_span", calls=1000)
