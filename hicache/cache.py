@@ -113,6 +113,25 @@ class HiCache:
         held = self.tree.match(tokens).pages + len(self.staged.get(rid, ([], []))[0])
         return min(held, (len(tokens) - 1) // self.page) * self.page
 
+    # ---- device room: what the walk checks before it schedules a request --------------------
+
+    @property
+    def max_input_tokens(self) -> int:
+        """SGLang's max_req_input_len: a prompt this long or longer is refused (or cut to it)."""
+        return self.prefill.max_input_tokens
+
+    def device_room(self) -> int:
+        """Device pages a prefill can take now: free ones, and unlocked cached ones."""
+        return self.dev_kv.available if self.tiers is None else self.tiers.device_room()
+
+    def device_pages_needed(self, rid: str, cached: int) -> int:
+        """Device pages its load-back would take of device_room() if scheduled now
+        (`cached`: cached_tokens(rid)); without the device tier only the loaded prefix."""
+        if self.tiers is None:
+            return cached // self.page
+        tokens = self.prompts[rid]
+        return self.tiers.pages_needed(tokens, self.tree.match(tokens))
+
     # ---- load-back host->device (hicache.prefill_pages) -------------------------------------
 
     def load_back(self, rid: str) -> tuple[list[int], float]:

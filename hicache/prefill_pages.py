@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from hicache.hashing import page_hashes
-from hicache.kv_layout import KVLayout
+from hicache.kv_layout import KVLayout, max_input_tokens
 from hicache.loadback import LoadBack
 from hicache.pools import PagePool, verify_pages
 from hicache.radix_tree import MatchResult
@@ -32,6 +32,8 @@ class PrefillPages:
         self.host_kv, self.dev_kv = pairs[0]
         self.loader = LoadBack(device)
         self._placed: dict[str, tuple[list[str], int]] = {}  # rid -> (page hashes, device hit)
+        # Every rank sizes its pool from the same configuration: the same limit everywhere.
+        self.max_input_tokens = max_input_tokens(self.dev_kv.num_pages, page)
 
     def load_back(self, rid: str, tokens: list[int], m: MatchResult, base_pages: int,
                   staged: tuple[list[int], list[str]]) -> tuple[list[int], float]:

@@ -33,6 +33,8 @@ def add_flags(a) -> None:
     a("--page-size", type=int, help="tokens per KV page (64: a trace block is 8 pages)")
     a("--unbounded-pools", action="store_true", help="device and host pools hold the whole "
       "replay, nothing is evicted (a check: reuse then equals the trace's own bound)")
+    a("--allow-auto-truncate", action="store_true", help="a prompt longer than the device "
+      "KV pool holds is cut to the longest that fits (SGLang's flag), not refused")
 
 
 def trace_settings(args, preset: dict) -> tuple[TraceSpec | None, tuple | None, dict]:
@@ -94,6 +96,8 @@ def _scales(text: str | None, default: tuple) -> tuple[float, ...]:
 def _tiers(args, policy: str, preset: dict) -> dict:
     # Off (the synthetic presets' default) adds nothing, so their plans read as before.
     out = {} if policy == "none" else {"write_policy": policy}
+    if args.allow_auto_truncate:
+        out["allow_auto_truncate"] = True
     if args.page_size is not None:
         if args.page_size < 1:
             raise UsageError(f"--page-size must be >= 1, got {args.page_size}")
