@@ -49,13 +49,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.gate.evaluate import evaluate, format_checks
+    from bench.gate.evaluate import evaluate, format_checks, last_line
 
     checks, context = evaluate(_parse(argv))
     failed = [c for c in checks if not c.passed]
     print(format_checks(checks))
     print(context)
-    print("OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks")
+    print(last_line(checks))
     return 1 if failed else 0
 
 
