@@ -1,6 +1,7 @@
 """Scheduler-thread side of HiCache: prefix match, prefetch issue, per-step events, the
-poll (`check_prefetch_progress`), finalisation and load-back (the copy itself:
-`hicache.loadback`; page sizes and pool page counts: `hicache.kv_layout`).
+poll (`check_prefetch_progress`) and finalisation; load-back and the prefill's device
+pages: `hicache.prefill_pages` (the copy itself: `hicache.loadback`; page sizes and pool
+page counts: `hicache.kv_layout`).
 
 Everything here runs on the scheduler thread, in lock-step with the other ranks; the
 collectives it issues go through `Comm` on the scheduler's groups (`tp_cpu`, `pp_cpu`).
@@ -19,16 +20,15 @@ from hicache.config import HiCacheConfig
 from hicache.consensus import rank_consensus
 from hicache.controller import SIDECAR, CacheController, PrefetchOp
 from hicache.cost_model import ticket_path
-from hicache.hashing import page_hashes
 from hicache.kv_layout import kv_layout
-from hicache.loadback import LoadBack
-from hicache.pools import PagePool, verify_pages
+from hicache.pools import PagePool
 from hicache.pp_ticket import TicketRelay
+from hicache.prefill_pages import PrefillPages
 from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
 from hicache.storage import Storage
-from hicache.tiers import Tiers, token_sources
+from hicache.tiers import Tiers
 
 
 class HiCache:
@@ -63,7 +63,6 @@ class HiCache:
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
                             self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
                       if cfg.tiers else None)
-        self._placed: dict[str, tuple[list[str], int]] = {}  # rid -> (page hashes, device hit)
         self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
@@ -71,7 +70,8 @@ class HiCache:
         self.tokens_in_flight = 0
         self._tails: list[tuple[PrefetchOp, list[int]]] = []  # freed once their IO stopped
         self.step_stamp = 0.0
-        self.loader = LoadBack(device)
+        self.prefill = PrefillPages(cfg.page_size, layout.rank, stats, kv, self.pairs,
+                                    self.tiers, device)
 
     # ---- arrival: prefix match and prefetch issue --------------------------------------------
 
@@ -114,58 +114,37 @@ class HiCache:
         held = self.tree.match(tokens).pages + len(self.staged.get(rid, ([], []))[0])
         return min(held, (len(tokens) - 1) // self.page) * self.page
 
-    # ---- load-back host->device ---------------------------------------------------------------
+    # ---- device room: what the walk checks before it schedules a request --------------------
+
+    @property
+    def max_input_tokens(self) -> int:
+        """SGLang's max_req_input_len: a prompt this long or longer is refused (or cut to it)."""
+        return self.prefill.max_input_tokens
+
+    def device_room(self) -> int:
+        """Device pages a prefill can take now: free ones, and unlocked cached ones."""
+        return self.dev_kv.available if self.tiers is None else self.tiers.device_room()
+
+    def device_pages_needed(self, rid: str, cached: int) -> int:
+        """Device pages its load-back would take of device_room() if scheduled now
+        (`cached`: cached_tokens(rid)); without the device tier only the loaded prefix."""
+        if self.tiers is None:
+            return cached // self.page
+        tokens = self.prompts[rid]
+        return self.tiers.pages_needed(tokens, self.tree.match(tokens))
+
+    # ---- load-back host->device (hicache.prefill_pages) -------------------------------------
 
     def load_back(self, rid: str) -> tuple[list[int], float]:
-        """Device pages for the prompt before its prefill: the host-resident prefix is
-        copied to fresh device pages (with the device tier: after the device hit, and the
-        pages to compute get theirs too). Returns the device pages and the copy's time."""
+        """Device pages for the prompt before its prefill, and the copy's time."""
         tokens = self.prompts[rid]
         m = self._match_and_lock(rid, tokens)
-        staged, staged_hashes = self.staged.pop(rid, ([], []))
-        if self.tiers is not None:
-            (dev, hit, src), hashes = self.tiers.place(tokens, m), m.hashes
-        else:
-            src, hashes = m.slots + staged, m.hashes + staged_hashes
-            hit, src = 0, src[: min(len(src), (len(tokens) - 1) // self.page)]
-            dev = self._alloc_device(rid, len(src))
-        usable, st = hit + len(src), self.stats.requests[rid]
-        seconds, st.load_back_bytes = self.loader.copy(self.pairs, src, dev[hit:usable])
-        st.loaded_tokens = len(src) * self.page
-        sources = token_sources(len(tokens), self.page, self.matches[rid][0].pages,
-                                st.prefetched_tokens // self.page, hit, usable)
-        for name, value in sources.items():
-            setattr(st, name, value)
-        st.data_errors += self._verify(tokens, hashes[:usable], dev[:usable])
-        self.host_kv.free(staged)  # buffer_only: the staging has served its one load-back
-        if self.tiers is not None:
-            self._placed[rid] = (self.tiers.computed(tokens, m, dev, usable), hit)
-        return dev, seconds
-
-    def _alloc_device(self, rid: str, pages: int) -> list[int]:
-        dev = self.dev_kv.alloc(pages)
-        if dev is None:
-            raise RuntimeError(f"device pool exhausted loading {pages} pages for {rid} "
-                               f"({self.dev_kv.num_pages} pages of {self.kv.page_bytes} bytes; "
-                               f"a larger kv_budget_gib holds more)")
-        return dev
-
-    def _verify(self, tokens, hashes: list[str], dev: list[int]) -> int:
-        """Pages whose loaded bytes or hash chain differ from storage (off the timed path)."""
-        want = page_hashes(tokens[: len(hashes) * self.page], self.page)
-        bad = sum(a != b for a, b in zip(want, hashes, strict=True))
-        for _, devp in self.pairs:
-            bad += verify_pages(devp, dev, want, self.layout.rank)
-        return bad
+        staged = self.staged.pop(rid, ([], []))
+        return self.prefill.load_back(rid, tokens, m, self.matches[rid][0].pages, staged)
 
     def cache_prefill(self, rid: str, dev: list[int]) -> None:
-        """After the prefill: with the device tier its pages stay cached on the device
-        (and start toward the host and storage); without, the device pages go back."""
-        if self.tiers is None:
-            self.dev_kv.free(dev)
-            return
-        hashes, hit = self._placed.pop(rid)
-        self.tiers.cache_prefill(self.prompts[rid], hashes, dev, hit)
+        """After the prefill: the device pages are cached (device tier) or go back."""
+        self.prefill.cache_prefill(rid, self.prompts[rid], dev)
 
     def writes_pending(self) -> bool:
         """Host copies or storage writes not yet acked (the run goes on until they are)."""

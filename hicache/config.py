@@ -59,6 +59,10 @@ class HiCacheConfig:
     timeline: bool = False
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
+    # A prompt of max_input_tokens or more (the device pool's, hicache.prefill_pages) is
+    # refused, as SGLang's validate_input_length does; True cuts it to that length instead
+    # (SGLang's --allow-auto-truncate).
+    allow_auto_truncate: bool = False
     kill_rank: int = -1  # fault injection: this rank exits at kill_step
     kill_step: int = -1
     storage: StorageSpec = field(default_factory=StorageSpec)

@@ -71,3 +71,24 @@ def _budget_pages(cfg: HiCacheConfig, page: int) -> tuple[int, int]:
         raise ValueError(f"kv_budget_gib {cfg.kv_budget_gib} holds no {cfg.model} page of "
                          f"{page / 2**20:.1f} MiB (page_size {cfg.page_size}, TP {cfg.tp})")
     return host, dev
+
+
+def max_input_tokens(device_pages: int, page: int) -> int:
+    """SGLang 0.5.23's max_req_input_len (tp_worker.py): min(context_len - 1, kv_capacity -
+    1) - 5, with the device pool's tokens as the capacity (the model here has no context
+    length of its own). A prompt of this length or more is refused (validate_input_length)."""
+    return device_pages * page - 1 - 5
+
+
+def budget_holding(cfg: HiCacheConfig, device: torch.device, tokens: int) -> float | None:
+    """The kv_budget_gib whose device pool admits a prompt of `tokens`; None where the
+    budget does not size the pool (synthetic pages without the device tier, unbounded
+    pools) or device_pool_pages caps it below that."""
+    pages = -(-(tokens + 7) // cfg.page_size)  # tokens < pages * page - 6
+    real = real_kv_bytes(cfg, device)
+    if pages > cfg.device_pool_pages or cfg.unbounded_pools or not (real or cfg.tiers):
+        return None
+    page = get_shape(cfg.model).kv_bytes_per_page(cfg.page_size, cfg.tp)
+    if real:
+        page = max(page, cfg.kv_page_elems * SIGNATURE_BYTES_PER_ELEM)
+    return pages * page / 2**30

@@ -293,6 +293,22 @@ class RadixTree:
     def device_pages(self) -> int:
         return self._device_total
 
+    def evictable_device_pages(self) -> int:
+        """Device pages no request locks: evict_device can free them all (an unlocked node
+        has no locked descendant, so its device subtree goes leaf by leaf)."""
+        return sum(n.num_pages for n in self._nodes()
+                   if n is not self.root and n.dev is not None and n.lock_ref == 0)
+
+    def unlocked_device_pages_on_path(self, node: _Node) -> int:
+        """Device pages on the path root..node that no request locks yet: locking `node`
+        takes them out of evictable_device_pages."""
+        pages = 0
+        while node is not None and node is not self.root:
+            if node.dev is not None and node.lock_ref == 0:
+                pages += node.num_pages
+            node = node.parent
+        return pages
+
     def evict_device(self, num_pages: int, write_back=None) -> tuple[list[int], list[int]]:
         """Free at least `num_pages` device pages from LRU unlocked device leaves, whole
         nodes (SGLang evict_device_leaf); returns (device slots, host slots) freed. A leaf

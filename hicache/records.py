@@ -32,7 +32,8 @@ class RequestStats:
     finished: float | None = None  # its last token
     polls: int = 0  # calls that found the prefetch still ongoing
     # poll (a poll stopped it, possibly before its hit was agreed) | ack (final ack) |
-    # revoked (hit below threshold or no host memory) | none (no prefetch issued)
+    # revoked (hit below threshold or no host memory) | none (no prefetch issued) |
+    # rejected (its prompt reaches the pool's max_input_tokens: never served)
     terminated_by: str = "none"
     op_issued: bool = False
     io_issued: bool = False

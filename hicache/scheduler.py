@@ -42,6 +42,25 @@ class Running:
     left: int  # tokens it has still to generate
 
 
+class _Room:
+    """The device pages one walk may still give out (SGLang PrefillAdder's
+    rem_total_tokens): the free pages first; the cached ones are counted only when a
+    request needs more (counting them walks the tree)."""
+
+    def __init__(self, cache: HiCache):
+        self.cache, self.claimed, self.pages = cache, 0, None
+
+    def take(self, pages: int) -> bool:
+        want = self.claimed + pages
+        if want > self.cache.dev_kv.available:
+            if self.pages is None:
+                self.pages = self.cache.device_room()
+            if want > self.pages:
+                return False
+        self.claimed = want
+        return True
+
+
 class Scheduler:
     def __init__(self, cfg: HiCacheConfig, layout: Layout, comm: Comm, cache: HiCache,
                  model: Model, stats: Stats):
@@ -94,8 +113,10 @@ class Scheduler:
         for rid, tokens, arrival, output_tokens, kind in msg["reqs"]:
             self.stats.requests[rid] = RequestStats(rid, arrival, kind, output_tokens,
                                                     enqueued=time.monotonic())
-            self.waiting.append(rid)
-            self.cache.admit(rid, tokens, stamp)
+            tokens = self._validate_length(rid, tokens)
+            if tokens is not None:
+                self.waiting.append(rid)
+                self.cache.admit(rid, tokens, stamp)
         busy = self._busy()
         any_busy = self.cache.check_hicache_events(stamp, busy)
         rec = StepStats(step, stamp, waiting=len(self.waiting), running=len(self.running),
@@ -112,13 +133,28 @@ class Scheduler:
         # Stop on agreed inputs only, so every rank leaves the loop at the same step.
         return msg["all_arrived"] and not any_busy
 
+    def _validate_length(self, rid: str, tokens: list[int]) -> list[int] | None:
+        """SGLang's validate_input_length (0.5.23 managers/utils.py): a prompt of
+        max_input_tokens or more can never fit the device pool, so it is refused at once
+        (None), or cut to that length under allow_auto_truncate. Decided from the broadcast
+        request and the pool size the configuration gives every rank: all ranks alike."""
+        limit = self.cache.max_input_tokens
+        if len(tokens) < limit:
+            return tokens
+        if self.cfg.allow_auto_truncate:
+            return tokens[:limit]
+        st = self.stats.requests[rid]
+        st.terminated_by, st.prompt_tokens = "rejected", len(tokens)
+        self.stats.decisions[rid] = ("rejected", 0, None)  # compared across ranks
+        return None
+
     def _walk(self, rec: StepStats) -> list[str]:
         """SGLang's get_new_batch_prefill: no walk, so no polls, when nothing waits or no
         request slot is free; the walk stops at the slot limit and at the token budget."""
         free = self.cfg.max_running_requests - len(self.running)
         if not self.waiting or free <= 0:
             return []
-        batch, used = [], 0
+        batch, used, room, blocked = [], 0, _Room(self.cache), 0
         for rid in list(self.waiting):
             if len(batch) >= free or used >= self.horizon:
                 break  # the batch is full (this rank's horizon may be skewed: #30760)
@@ -126,11 +162,21 @@ class Scheduler:
             if not self._poll(rid):
                 continue  # still prefetching: skipped, polled again next step
             tokens = self.cache.prompts[rid]
-            extend = len(tokens) - self.cache.cached_tokens(rid)
+            cached = self.cache.cached_tokens(rid)
+            extend = len(tokens) - cached
             if batch and used + extend > self.cfg.max_prefill_tokens:
                 break  # stop walking at the first request that does not fit
+            if not room.take(self.cache.device_pages_needed(rid, cached)):
+                if batch or self.cache.writes_pending():
+                    break  # waits for pages the batch or the write path hold (NO_TOKEN)
+                blocked += 1
+                continue  # locked by requests behind it only: they go first
             batch.append(rid)
             used += extend
+        if blocked == len(self.waiting):
+            raise RuntimeError(f"rank {self.layout.rank}: device pool deadlock: none of the "
+                               f"{blocked} waiting requests fits beside the device pages the "
+                               f"others' prefix locks hold (a larger kv_budget_gib holds more)")
         return batch
 
     def _poll(self, rid: str) -> bool:

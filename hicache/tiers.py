@@ -87,6 +87,18 @@ class Tiers:
         new = self.alloc_device(len(tokens) // self.page - hit)
         return m.dev_slots[:hit] + new, hit, host_src
 
+    def pages_needed(self, tokens: list[int], m: MatchResult) -> int:
+        """What placing the prompt now takes from device_room(): the new pages, and the
+        unlocked device pages of its hit, which its lock makes unevictable."""
+        usable = min(m.pages, (len(tokens) - 1) // self.page)
+        hit = min(m.device_pages, usable)
+        return len(tokens) // self.page - hit + self.tree.unlocked_device_pages_on_path(m.node)
+
+    def device_room(self) -> int:
+        """Device pages a placement can have: the free ones and every unlocked cached one
+        (unbounded pools evict none: a placement past the free ones fails, as it did)."""
+        return self.dev.available + self.tree.evictable_device_pages()
+
     def alloc_device(self, pages: int) -> list[int]:
         slots = self.dev.alloc(pages)
         if slots is None:

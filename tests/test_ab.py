@@ -20,20 +20,31 @@ from tests.test_gate_quiet import serving_requests, serving_steps
 TREE = Revision(WORKTREE, None)
 
 
-def test_blocks_alternate_a_b_then_b_a():
+def test_the_order_in_each_block_is_drawn_from_the_seed_and_balanced():
+    orders = {}
+    for seed in range(20):
+        plan = AbPlan(TREE, TREE, "ci", 6, seed=seed)
+        firsts = plan.first_sides()
+        assert sorted(firsts) == ["a"] * 3 + ["b"] * 3  # as many A B blocks as B A
+        assert plan.order() == [(k, s) for k, f in enumerate(firsts)
+                                for s in (f, "b" if f == "a" else "a")]
+        assert AbPlan(TREE, TREE, "ci", 6, seed=seed).first_sides() == firsts  # the seed's
+        orders[seed] = tuple(firsts)
+    assert len(set(orders.values())) > 5  # drawn, not a fixed alternation
+    odd = AbPlan(TREE, TREE, "ci", 5, seed=3).first_sides()
+    assert abs(odd.count("a") - odd.count("b")) == 1
     plan = AbPlan(TREE, TREE, "ci", 4, seed=10)
-    assert plan.order() == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b"),
-                            (3, "b"), (3, "a")]
     cmd = plan.command(2, Path("/x"))
     assert cmd[cmd.index("--seed") + 1] == "12" and cmd[cmd.index("--repeats") + 1] == "1"
     assert cmd[cmd.index("--preset") + 1] == "ci"
 
 
-def fake_runner(factor=lambda side, k: 1.0, log=None):
+def fake_runner(factor=lambda side, k: 1.0, log=None, second=1.0):
     """Writes a one-repeat run per block from the synthetic serving run: side B's step times
-    and ITL gaps scaled by factor(side, k)."""
+    and ITL gaps scaled by factor(side, k), and the run second in its block's by `second`
+    (a planted order effect: as if that run slept)."""
     def run(plan, k, side, root):
-        f = factor(side, k)
+        f = factor(side, k) * (second if plan.first_sides()[k] != side else 1.0)
         if log is not None:
             log.append((k, side))
 
@@ -113,10 +124,10 @@ def test_a_revision_that_writes_nothing_stops_ab(tmp_path):
 def test_block_runs_are_started_without_plots(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_run(cmd, cwd, env, stdout, stderr, timeout):
+    def fake_run(cmd, cwd, env, log, timeout):
         seen.update(env)
-        return subprocess.CompletedProcess(cmd, 0)
-    monkeypatch.setattr(ab.subprocess, "run", fake_run)
+        return 0, 0
+    monkeypatch.setattr(ab.procs, "run_in_session", fake_run)
     ab.run_one(AbPlan(TREE, TREE, "ci", 1, out=tmp_path), 0, "a", tmp_path)
     assert seen["BENCH_NO_PLOTS"] == "1"
 
@@ -301,3 +312,93 @@ def test_unknown_revision_exits_2_with_one_line(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown revision 'no-such-revision-xyz'" in err
     assert main_ab([WORKTREE, WORKTREE, "--repeats", "0"]) == 2
+
+
+# ---- the order effect, the blocks' sides, the rank tests -------------------------------------
+
+def _ab_md(tmp_path, comp):
+    from bench.compare.report import write_outputs
+
+    write_outputs(comp, tmp_path / "out")
+    import pandas as pd
+
+    return (tmp_path / "out" / "ab.md").read_text(), pd.read_csv(tmp_path / "out" / "ab.csv")
+
+
+def test_a_planted_order_effect_is_reported_and_b_over_a_stays_clean(tmp_path):
+    plan = AbPlan(TREE, TREE, "ci", 6, seed=4, out=tmp_path / "ab")
+    comp = comparison(plan, run_blocks(plan, fake_runner(second=1.3), log=lambda line: None))
+    md, csv = _ab_md(tmp_path, comp)
+    step = csv[(csv.metric == "step_mean_ms") & (csv.kind == "timing")]
+    assert step.second_over_first.to_numpy() == pytest.approx(1.3, rel=0.02)
+    assert (step.order_ci_low > 1).all()
+    assert step.ratio_b_over_a.to_numpy() == pytest.approx(1.0, abs=0.02)  # balanced order
+    assert set(step.verdict) == {"same"}
+    assert "Order effect: " in md and "flagged" in md
+    line = next(x for x in md.splitlines() if x.startswith("Order effect: "))
+    assert int(line.split()[2]) >= 2  # step_mean_ms and itl_p50_ms, per configuration
+    assert "order effect: the run second in a block is 1.30" in md
+    assert any("order effect" in h for h in comp.header)  # and on the console
+
+
+def test_no_order_effect_no_warning(tmp_path):
+    plan = AbPlan(TREE, TREE, "ci", 6, seed=4, out=tmp_path / "ab")
+    comp = comparison(plan, run_blocks(plan, fake_runner(), log=lambda line: None))
+    md, _ = _ab_md(tmp_path, comp)
+    assert "Order effect: 0 gated metric(s) flagged." in md
+    assert not any("order effect" in h or "favour" in h for h in comp.header)
+
+
+def test_every_block_on_one_side_is_flagged(tmp_path):
+    def factor(side, k):  # B slower in every block, by a little that varies
+        return 1.0 + (0.01 + 0.002 * k if side == "b" else 0.0)
+    plan = AbPlan(TREE, TREE, "ci", 6, seed=1, out=tmp_path / "ab")
+    comp = comparison(plan, run_blocks(plan, fake_runner(factor), log=lambda line: None))
+    md, csv = _ab_md(tmp_path, comp)
+    step = csv[(csv.metric == "step_mean_ms") & (csv.kind == "timing")]
+    assert (step.blocks_favour_a == 6).all() and (step.blocks_favour_b == 0).all()
+    assert "all 6 blocks favour A" in md
+    assert step.wilcoxon_p.to_numpy() == pytest.approx(0.03125)  # exact, 6 of 6 one way
+    assert step.sign_p.to_numpy() == pytest.approx(0.03125)
+
+
+def test_block_runs_are_logged_with_their_times_in_ab_csv_and_md(tmp_path):
+    plan = AbPlan(TREE, TREE, "ci", 3, seed=2, out=tmp_path / "ab")
+    runs = run_blocks(plan, fake_runner(), log=lambda line: None)
+    for o in runs.a + runs.b:
+        o.start_utc, o.end_utc = "2026-12-02T06:00:00+00:00", "2026-12-02T06:01:00+00:00"
+    md, csv = _ab_md(tmp_path, comparison(plan, runs))
+    blocks = csv[csv.kind == "block"]
+    assert list(zip(blocks.block, blocks.side.str.lower(), strict=True)) == plan.order()
+    assert list(blocks.position) == ["first", "second"] * 3
+    assert (blocks.start_utc == "2026-12-02T06:00:00+00:00").all()
+    assert "## Block runs" in md
+
+
+def test_rank_tests():
+    from bench.ab.order import rank_tests
+
+    w, s = rank_tests([1.1, 1.2, 0.9, 1.05, 0.95, 1.3])
+    assert 0.1 < w < 1 and s == pytest.approx(0.6875)  # 4 of 6 above: binomial two-sided
+    assert rank_tests([1.0, 1.0]) == (None, None)
+
+
+def test_a_run_in_its_session_is_waited_for_until_its_leftovers_are_gone(tmp_path):
+    from bench.ab import procs
+
+    with open(tmp_path / "log", "w") as log:  # the child outlives its parent by 1 s
+        code, lingered = procs.run_in_session(["sh", "-c", "sleep 1 & exit 0"], tmp_path,
+                                              {"PATH": "/usr/bin:/bin"}, log, 30.0)
+    assert code == 0 and lingered == 1
+
+
+def test_worktree_is_snapshotted_with_its_changes_and_untracked_files(scratch):
+    from bench.ab.revisions import checked_out
+
+    (scratch / "f.txt").write_text("edited")
+    (scratch / "new.txt").write_text("untracked")
+    with checked_out(TREE, scratch, scratch / "snap") as tree:
+        assert tree != scratch
+        assert (tree / "f.txt").read_text() == "edited"
+        assert (tree / "new.txt").read_text() == "untracked"
+    assert not tree.exists()

@@ -240,17 +240,26 @@ def test_threshold_from_gate_json_and_flag(clean, tmp_path, capsys):
     assert gate(run, baseline, "--tolerance", "0.25") == 1
 
 
-def test_too_few_repeats_are_not_judged(clean, tmp_path, capsys):
-    def two_repeats(frame):
-        frame = frame[frame.repeat < 2]
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_too_few_repeats_are_not_judged_and_not_a_pass(clean, tmp_path, capsys, repeats):
+    def few(frame):
+        frame = frame[frame.repeat < repeats]
         return triple_ttft(range(REPEATS))(frame)
     baseline = tmp_path / "baseline"
-    run = doctored(clean, tmp_path, two_repeats)
+    run = doctored(clean, tmp_path, few)
     assert gate(run, baseline, "--update-baseline") == 0
+    capsys.readouterr()
     assert gate(doctored(clean, tmp_path / "slow", triple_ttft(range(REPEATS))), baseline,
-                "--tolerance", "0") == 0
+                "--tolerance", "0") == 0  # tripled TTFTs, yet nothing to judge them on
     out = capsys.readouterr().out
-    assert "not judged: too few repeats for an interval (2 paired, needs 3)" in out
+    why = f"too few repeats for an interval ({repeats} paired, needs 3)"
+    assert f"not judged: {why}" in out
+    row = next(x for x in out.splitlines() if x.startswith("ttft_ratio_vs_baseline"))
+    assert row.split()[-1] != "PASS" and f"NOT JUDGED ({why})" in row
+    assert not any(x.startswith("ttft_ratio_vs_baseline") and x.endswith("PASS")
+                   for x in out.splitlines())
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("OK, but ") and "timing check(s) NOT JUDGED" in last and why in last
 
 
 def test_update_refused_when_hard_checks_fail(clean, tmp_path, capsys):

@@ -1,21 +1,25 @@
 """`bench ab`'s engine: two revisions on one machine, interleaved, paired by block.
 
 Block k runs `bench run --preset P --repeats R --seed SEED+k` once for each revision (R = 1
-by default), in the order A B, B A, A B, ... (so a steady drift of the machine hits both
-alike and cancels in the pairs); the two runs of a block have the same seeds, so the same
-workloads and storage noise. Each side's runs are then read as one run whose repeat
-k * R + r is repeat r of block k, and compared as `bench compare` compares two runs
-(compare.comparison): exact counts over every block, timing ratios B/A paired by (block, repeat)
-with a t interval over those pairs. Only flags every revision since the
-serving regime understands are passed (--preset, --repeats, --seed, --out, --protocols,
---policies).
+by default); which side runs first in a block is drawn from the seed, balanced (as many
+A B blocks as B A ones), so neither side is favoured by running first or second, and a
+steady drift of the machine hits both alike and cancels in the pairs; the two runs of a
+block have the same seeds, so the same workloads and storage noise. Both sides run from
+equivalent trees (detached worktrees; WORKTREE is snapshotted into one too), with the same
+environment, and each run starts only once every process of the run before has gone
+(bench.ab.procs). The order effect is reported (bench.ab.order). Each side's runs are
+then read as one run whose repeat k * R + r is repeat r of block k, and compared as `bench
+compare` compares two runs (compare.comparison): exact counts over every block, timing
+ratios B/A paired by (block, repeat) with a t interval over those pairs. Only flags every
+revision since the serving regime understands are passed (--preset, --repeats, --seed,
+--out, --protocols, --policies).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import subprocess
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.ab import order as order_effect
+from bench.ab import procs
 from bench.ab.revisions import Revision, checked_out
 from bench.analysis import verdict
 from bench.analysis.report import NO_PLOTS
@@ -32,8 +38,9 @@ from bench.rundir.files import ResultFileError, write_json_atomic
 from bench.rundir.rundir import RunDir, utc_time
 
 RUN_TIMEOUT_S = 1800.0  # one block's run; `bench run` bounds itself well below this
-DRIFT = ("A and B alternate block by block (A B, B A, ...) on this machine with the same "
-         "seeds, so drift that is steady over a block pair cancels; the intervals hold the "
+DRIFT = ("A and B run side by side in every block on this machine with the same seeds, "
+         "first or second as drawn from the seed (balanced), so drift that is steady over a "
+         "block pair cancels and running first favours neither side; the intervals hold the "
          "block-to-block variation")
 
 
@@ -54,10 +61,18 @@ class AbPlan:
     metrics: tuple[str, ...] | None = None  # compare's --metric (None: all)
     out: Path = Path("results/ab")
 
+    def first_sides(self) -> list[str]:
+        """Per block, the side that runs first: half the blocks each (the odd one out a
+        coin), in an order drawn from the seed."""
+        rng = random.Random(f"bench-ab-order:{self.seed}")
+        sides = ["a", "b"] * (self.blocks // 2) + [rng.choice("ab")] * (self.blocks % 2)
+        rng.shuffle(sides)
+        return sides
+
     def order(self) -> list[tuple[int, str]]:
-        """(block, side) in the order they run: A B, B A, A B, ..."""
-        return [(k, side) for k in range(self.blocks)
-                for side in (("a", "b") if k % 2 == 0 else ("b", "a"))]
+        """(block, side) in the order they run."""
+        return [(k, side) for k, first in enumerate(self.first_sides())
+                for side in (first, "b" if first == "a" else "a")]
 
     def run_dir(self, k: int, side: str) -> Path:
         return self.out / "runs" / f"{k:02d}_{side}"
@@ -97,12 +112,17 @@ def make_plan(rev_a: str, rev_b: str, preset: str = DEFAULT_PRESET,
 
 @dataclass
 class Outcome:
-    """One block run: where it wrote, its exit code, its last console line, its seconds."""
+    """One block run: where it wrote, its exit code, its last console line, its seconds,
+    its start and end (UTC, ISO), and its processes still alive after it exited (waited
+    for, or ended: bench.ab.procs)."""
 
     path: Path
     code: int
     last_line: str
     seconds: float
+    start_utc: str = ""
+    end_utc: str = ""
+    lingered: int = 0
 
 
 Runner = Callable[[AbPlan, int, str, Path], Outcome]  # (plan, block, side, root) -> outcome
@@ -115,15 +135,13 @@ def run_one(plan: AbPlan, k: int, side: str, root: Path) -> Outcome:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, NO_PLOTS: "1", "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    t0 = time.monotonic()
+    start, t0 = utc_time(), time.monotonic()
     with open(out / "console.log", "w") as log:
-        try:
-            code = subprocess.run(plan.command(k, out), cwd=root, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            code = 124
+        code, lingered = procs.run_in_session(plan.command(k, out), root, env, log,
+                                              RUN_TIMEOUT_S)
     lines = (out / "console.log").read_text(errors="replace").strip().splitlines()
-    return Outcome(out, code, lines[-1] if lines else "", time.monotonic() - t0)
+    return Outcome(out, code, lines[-1] if lines else "", time.monotonic() - t0, start,
+                   utc_time(), lingered)
 
 
 def checked(rev: Revision, outcome: Outcome) -> Outcome:
@@ -156,7 +174,10 @@ def run_blocks(plan: AbPlan, runner: Runner = run_one,
             outcome = checked(rev, runner(plan, k, side, roots[side]))
             getattr(runs, side).append(outcome)
             log(f"ab: [{i + 1:2d}/{2 * plan.blocks}] block {k} {side.upper()} "
-                f"{rev.label}: {outcome.last_line} ({outcome.seconds:.0f}s)")
+                f"{rev.label}: {outcome.last_line} ({outcome.seconds:.0f}s, "
+                f"{outcome.start_utc} .. {outcome.end_utc})")
+            if outcome.lingered:
+                log(f"ab: warning: {outcome.lingered} process(es) of that run outlived it")
     return runs
 
 
@@ -199,7 +220,12 @@ def comparison(plan: AbPlan, runs: AbRuns) -> Comparison:
     comp = compare(merged(runs.a, plan.per_block), merged(runs.b, plan.per_block),
                    plan.threshold, list(plan.metrics) if plan.metrics else None)
     comp.verb, comp.drift_note = "ab", DRIFT
-    comp.header = failed_run_warnings(runs) + comp.header
+    comp.header = failed_run_warnings(runs) + comp.header + lingered_warnings(runs)
+    b_first = [first == "b" for first in plan.first_sides()]
+    order_effect.annotate(comp, dict(enumerate(b_first)), plan.per_block)
+    comp.sections += block_section(plan, runs)
+    comp.extra_rows += block_rows(plan, runs)
+    comp.extra_columns += BLOCK_COLUMNS
     each = f"{plan.per_block} repeats" if plan.per_block > 1 else "1 repeat"
     comp.run_lines = [f"{side} = {rev.label}: {plan.blocks} runs of preset {plan.preset} "
                       f"({each} each, seeds {plan.seed}..{plan.seed + plan.blocks - 1}) in "
@@ -207,11 +233,51 @@ def comparison(plan: AbPlan, runs: AbRuns) -> Comparison:
     return comp
 
 
+BLOCK_COLUMNS = ["block", "side", "position", "start_utc", "end_utc", "seconds", "exit",
+                 "lingered"]
+
+
+def _timeline(plan: AbPlan, runs: AbRuns) -> list[dict]:
+    """Every block run in the order they ran (ab.csv's `block` rows)."""
+    out = []
+    for k, side in plan.order():
+        o = getattr(runs, side)[k]
+        position = "first" if plan.first_sides()[k] == side else "second"
+        out.append({"block": k, "side": side.upper(), "position": position,
+                    "start_utc": o.start_utc, "end_utc": o.end_utc,
+                    "seconds": round(o.seconds, 1), "exit": o.code, "lingered": o.lingered})
+    return out
+
+
+def block_rows(plan: AbPlan, runs: AbRuns) -> list[dict]:
+    return [{"metric": f"block {r['block']} {r['side']}", "kind": "block", **r}
+            for r in _timeline(plan, runs)]
+
+
+def block_section(plan: AbPlan, runs: AbRuns) -> list[str]:
+    from bench.tables import markdown_table
+
+    rows = [[str(r["block"]), r["side"], r["position"], r["start_utc"], r["end_utc"],
+             f"{r['seconds']:g}", str(r["exit"]), str(r["lingered"])]
+            for r in _timeline(plan, runs)]
+    return ["## Block runs", "", "In the order they ran; `lingered`: processes of the run "
+            "still alive when it exited (the next run started only after they had gone).", "",
+            markdown_table(["block", "side", "position", "start (UTC)", "end (UTC)",
+                            "seconds", "exit", "lingered"], rows), ""]
+
+
+def lingered_warnings(runs: AbRuns) -> list[str]:
+    return [f"warning: block {k} of {side}: {o.lingered} process(es) outlived the run"
+            for side, outcomes in (("A", runs.a), ("B", runs.b))
+            for k, o in enumerate(outcomes) if o.lingered]
+
+
 def write_plan(plan: AbPlan, runs: AbRuns) -> Path:
     """ab.json: the revisions, the block order and every run's exit code and seconds."""
     def side(rev: Revision, outcomes: list[Outcome]) -> dict:
         return {"name": rev.name, "commit": rev.sha, "runs": [
-            {"dir": str(o.path), "exit": o.code, "seconds": round(o.seconds, 1)}
+            {"dir": str(o.path), "exit": o.code, "seconds": round(o.seconds, 1),
+             "start_utc": o.start_utc, "end_utc": o.end_utc, "lingered": o.lingered}
             for o in outcomes]}
     path = plan.out / "ab.json"
     write_json_atomic(path, {

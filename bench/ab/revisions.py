@@ -1,8 +1,11 @@
 """Git revisions for `bench ab` and `bench bisect`: resolve a name to a commit, check the
 working tree, check a commit out as a detached worktree, list the commits between two.
 
-WORKTREE names the working tree as it is, uncommitted changes included (it is run in place,
-never checked out); every other name must resolve to a commit.
+WORKTREE names the working tree as it is, uncommitted changes included: it is snapshotted
+into a detached worktree (HEAD, its diff and its untracked files that git does not ignore)
+as every commit is checked out into one, so both sides of an A/B run from equivalent
+trees (same layout, no results/ or bytecode caches of earlier runs); every other name must
+resolve to a commit.
 """
 
 from __future__ import annotations
@@ -79,20 +82,39 @@ def resolve(name: str, repo: Path) -> Revision:
 
 @contextmanager
 def checked_out(rev: Revision, repo: Path, where: Path | None = None) -> Iterator[Path]:
-    """A directory holding `rev`: the repository itself for WORKTREE, else a detached git
-    worktree (removed again afterwards) in `where` or a temporary directory."""
-    if rev.sha is None:
-        yield repo
-        return
+    """A detached git worktree holding `rev` (for WORKTREE: a snapshot of the working tree
+    as it is now), in `where` or a temporary directory, removed again afterwards."""
+    if where is not None:
+        Path(where).mkdir(parents=True, exist_ok=True)
     parent = Path(tempfile.mkdtemp(prefix="bench-ab-", dir=where))
     path = parent / rev.short
-    git(["worktree", "add", "--detach", "--quiet", str(path), rev.sha], repo)
+    git(["worktree", "add", "--detach", "--quiet", str(path), rev.sha or "HEAD"], repo)
     try:
+        if rev.sha is None:
+            snapshot(repo, path)
         yield path
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=repo,
                        capture_output=True, timeout=GIT_TIMEOUT_S)
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def snapshot(repo: Path, tree: Path) -> None:
+    """Makes `tree` (a worktree at HEAD) hold what `repo`'s working tree holds: its changes
+    to tracked files and its untracked files that git does not ignore."""
+    diff = git(["diff", "HEAD", "--binary"], repo)
+    if diff.strip():
+        try:
+            subprocess.run(["git", "apply", "--whitespace=nowarn"], cwd=tree, input=diff,
+                           text=True, check=True, capture_output=True, timeout=GIT_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise RevisionError(f"could not snapshot the working tree: {e}") from None
+    for name in git(["ls-files", "--others", "--exclude-standard", "-z"], repo).split("\0"):
+        src = repo / name
+        # Not the snapshots themselves (an --out inside the tree), nor nested repositories.
+        if name and src.is_file() and tree.parent.resolve() not in src.resolve().parents:
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, tree / name)
 
 
 def commits_between(good: Revision, bad: Revision, repo: Path) -> list[str]:

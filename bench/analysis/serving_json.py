@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.analysis.verdict import served
 from bench.rundir.files import parse_gaps, write_text_atomic
 
 STATS = ("mean", "median", "std", "p90", "p95", "p99")
@@ -38,7 +39,9 @@ def _stats(name: str, values_ms: np.ndarray) -> dict:
 
 
 def summary(g: pd.DataFrame) -> dict:
-    """bench_serving's result fields for one repeat's requests (rows of requests.csv)."""
+    """bench_serving's result fields for one repeat's requests (rows of requests.csv);
+    `completed` counts the served ones, as bench_serving does (rejected ones fail there)."""
+    g = served(g)
     start = float(g["arrival_s"].min())
     end = float((g["arrival_s"] + g["e2e_ms"] / 1e3).max())
     duration = end - start

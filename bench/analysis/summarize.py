@@ -21,7 +21,7 @@ from bench.analysis.serving_metrics import (
     reference_protocol,
     serving_columns,
 )
-from bench.analysis.verdict import data_errors, unexplained_disagreements
+from bench.analysis.verdict import data_errors, rejected, served, unexplained_disagreements
 from bench.rundir.files import as_bool, clean_key, is_true, list_cell
 from bench.rundir.schema import (
     GROUP_KEYS,
@@ -167,6 +167,7 @@ def _config_columns(key: tuple, g: pd.DataFrame) -> dict:
     repeats = g["repeat"].nunique()
     cells["repeats"] = repeats
     cells["requests"] = int(round(len(g) / repeats)) if repeats else 0
+    cells["rejected_requests"] = int(rejected(g).sum())  # all repeats
     return cells
 
 
@@ -217,14 +218,15 @@ def summarize(
     refs = {k[1:]: k for k in groups if k[0] == REFERENCE_PROTOCOL}
     busy = cores_busy(ranks)
     rows = {}
-    for key, g in groups.items():
+    for key, whole in groups.items():
+        g = served(whole)  # the refused requests have no timings, tokens or collectives
         s, ref = step_groups.get(key), refs.get(key[1:])
         ttft, ttft_iv = _ratio_columns(g, groups.get(ref))
         serving, serving_iv = ratio_columns(g, s, groups.get(ref), step_groups.get(ref))
-        rows[key] = (_config_columns(key, g) | _count_columns(g) | _step_columns(s, len(g))
+        rows[key] = (_config_columns(key, whole) | _count_columns(g) | _step_columns(s, len(g))
                      | _ttft_columns(g, percentile_method) | tier_columns(g) | ttft
                      | serving_columns(g, s, busy.get(key)) | serving
-                     | _check_columns(g, percentile_method)
+                     | _check_columns(whole, percentile_method)
                      | {"interval_note": interval_note(ttft_iv + serving_iv)})
     for key, row in rows.items():
         name = reference_protocol({k[0] for k in groups if k[1:] == key[1:]}, key[1])

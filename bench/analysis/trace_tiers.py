@@ -17,11 +17,15 @@ SWEEP_PANELS = [("prefetch_ttft", "TTFT, prefetch class (ms)"),
                 ("bystander_ttft", "TTFT, bystander class (ms)"),
                 ("itl_p99_ms", "ITL p99 (ms)"), ("step_mean_ms", "mean step time (ms)")]
 TIER_HEADERS = ["protocol", "policy", "offered req/s", "x", "device", "host", "storage",
-                "computed", "reuse bound"]
+                "computed", "reuse bound", "rejected"]
 
 
 def _pct(v: object) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
+
+
+def _count(v: object) -> str:
+    return "-" if v is None or pd.isna(v) else str(int(v))  # runs before the column: "-"
 
 
 def tier_lines(summary: pd.DataFrame, requests: pd.DataFrame, files: list[str]) -> list[str]:
@@ -34,7 +38,8 @@ def tier_lines(summary: pd.DataFrame, requests: pd.DataFrame, files: list[str]) 
     rows = [[r["protocol"], r["policy"], f"{r['rate_rps']:.2f}",
              "-" if pd.isna(scale.get(r["rate_rps"])) else f"{scale[r['rate_rps']]:g}",
              *(_pct(r[f"{k}_ratio"]) for k in ("device_hit", "host_hit", "storage_hit",
-                                               "computed", "reuse_bound"))]
+                                               "computed", "reuse_bound")),
+             _count(r.get("rejected_requests"))]
             for r in summary.to_dict("records")]
     return ["## Cache tiers", "",
             "Where the prompt tokens came from at scheduling, as shares of all prompt tokens "
@@ -42,7 +47,9 @@ def tier_lines(summary: pd.DataFrame, requests: pd.DataFrame, files: list[str]) 
             "by the request's own prefetch, computed_tokens); the reuse bound is the trace's "
             "own (leading blocks seen in an earlier request, skipped ones included, capped at "
             "input_length - 1, whole pages): device + host + storage reach it with unbounded "
-            "pools.", "", markdown_table(TIER_HEADERS, rows), "",
+            "pools. Rejected: requests refused as longer than the device pool holds (all "
+            "repeats; their tokens are not in the shares).", "",
+            markdown_table(TIER_HEADERS, rows), "",
             *([f"bench_serving's result fields per repeat: {', '.join(files)} (docs/usage.md "
                "says which compare with a real engine's)", ""] if files else [])]
 

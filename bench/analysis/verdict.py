@@ -12,6 +12,8 @@ A run FAILS when
 - a rank ended a configuration with host slots neither in its radix tree nor free
   (ranks.csv `host_slots_unaccounted`);
 - configurations the plan asked for have no rows (the run stopped early: failures.csv).
+Requests refused for their length (terminated_by `rejected`) are counted in a note: the
+system refused them as SGLang does, and served the rest.
 """
 
 from __future__ import annotations
@@ -59,6 +61,20 @@ def row_disagrees(row: dict) -> bool:
         return True
     return not is_true(row["ranks_agree"]) and not (
         known is not None and not pd.isna(known) and known > 0)
+
+
+def rejected(g: pd.DataFrame) -> pd.Series:
+    """Rows refused at arrival: a prompt the device KV pool can never hold (SGLang's
+    validate_input_length). Served by no rank, so absent from every timing and token figure;
+    counted, and no failure."""
+    if "terminated_by" not in g:
+        return pd.Series(False, index=g.index)
+    return g["terminated_by"] == "rejected"
+
+
+def served(g: pd.DataFrame) -> pd.DataFrame:
+    """The rows of requests that were served (every one but the rejected)."""
+    return g[~rejected(g)]
 
 
 def data_errors(g: pd.DataFrame) -> pd.Series:
@@ -141,6 +157,16 @@ def _first(frame: pd.DataFrame, text) -> str:
     return text(frame.iloc[0].to_dict()) + more
 
 
+def _rejected_note(refused: pd.DataFrame) -> str:
+    cells = refused.groupby(["protocol", "policy", "repeat"], sort=False).size()
+    per = ", ".join(f"{p}/{pol} repeat {rep}: {n}" for (p, pol, rep), n in cells.items())
+    longest = int(pd.to_numeric(refused["prompt_tokens"], errors="coerce").max())
+    return (f"{len(refused)} request(s) rejected: longer than the device KV pool holds "
+            f"(SGLang's validate_input_length; the longest {longest} tokens; {per}); "
+            f"served by no rank, counted, not a failure (--kv-budget-gib holds more, "
+            f"--allow-auto-truncate cuts them)")
+
+
 def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
           plan: dict | None = None, failures: pd.DataFrame | None = None,
           details: list[str] = ()) -> Verdict:
@@ -160,6 +186,9 @@ def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
         if known > 0:
             notes.append(f"{known} request(s) of pre27010 ended differently on different PP "
                          f"stages: {KNOWN_HAZARD} (reported, not a failure)")
+        refused = requests[rejected(requests)]
+        if len(refused):
+            notes.append(_rejected_note(refused))
         if data_errors(requests).any():
             reasons.append(f"{int(data_errors(requests).sum())} request(s) loaded data that "
                            "differs from storage")

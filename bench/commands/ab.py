@@ -6,16 +6,21 @@ Did this commit make it better or worse? Both revisions on this machine, interle
 
 REV_A and REV_B are git revisions (a sha, a branch, HEAD~2, ...), checked out as detached
 worktrees that share this environment, or WORKTREE: this working tree as it is, uncommitted
-changes included. Block k (k < --repeats) runs `bench run --preset P --repeats 1 --seed
-SEED+k` for each revision, A B in even blocks and B A in odd ones, so the two runs of a block
-see the same workload and storage noise and sit next to each other in time
+changes included (snapshotted into a worktree too, so both sides run from equivalent trees).
+Block k (k < --repeats) runs `bench run --preset P --repeats 1 --seed SEED+k` for each
+revision, which first drawn from --seed (as many blocks A B as B A), each run only once the
+one before has left no process behind, so the two runs of a block see the same workload
+and storage noise and sit next to each other in time
 (--repeats-per-block R: each run makes R repeats, paired by (block, repeat); fewer process
 starts, pairs a run apart in time). Per
 configuration: the counts exactly over every block (compare's rules: any change is flagged),
 and per timing metric the ratio B/A paired by block, exp(mean of ln(b_k / a_k)) with a 95% t
-interval over the blocks; worse when the whole interval lies above 1 + threshold, better
-when below 1 - threshold, else same. Writes ab.md, ab.csv, ab_ratios.png and ab.json (the
-block order, every run's exit code) into --out (default results/ab_<A>_vs_<B>_<UTC time>),
+interval over the blocks, and beside it the Wilcoxon signed-rank and sign tests; worse when
+the whole interval lies above 1 + threshold, better when below 1 - threshold, else same.
+Per gated metric the order effect (the run second in a block over the first, warned when
+its interval excludes 1) and the blocks' sides (flagged when all favour one side). Writes
+ab.md, ab.csv, ab_ratios.png and ab.json (the block order, every run's exit code, start
+and end) into --out (default results/ab_<A>_vs_<B>_<UTC time>),
 every block's run under runs/. The last line: `ab: N better, M worse, K same`.
 Exit 0: nothing worse; 1: something worse; 2: an unknown revision, HEAD with a dirty working
 tree, a revision that refuses the flags, or bad arguments (one line on stderr).
@@ -73,9 +78,10 @@ def _main(argv: list[str]) -> int:
 
     plan = build_plan(argv)
     plan.out.mkdir(parents=True, exist_ok=True)
+    order = " ".join(f"{s.upper()}{'B' if s == 'a' else 'A'}" for s in plan.first_sides())
     print(f"ab: A = {plan.a.label}, B = {plan.b.label}: {plan.blocks} blocks of preset "
-          f"{plan.preset} {' '.join(plan.run_args)}, A B / B A alternating; results in "
-          f"{plan.out}", file=sys.stderr)
+          f"{plan.preset} {' '.join(plan.run_args)}, in the order {order} (from seed "
+          f"{plan.seed}); results in {plan.out}", file=sys.stderr)
     runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
     comp = comparison(plan, runs)
     written = write_outputs(comp, plan.out) + [write_plan(plan, runs)]

@@ -49,7 +49,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.gate.evaluate import GateOptions, evaluate, format_checks
+    from bench.gate.evaluate import GateOptions, evaluate, format_checks, last_line
 
     args = _parse(argv)
     checks, context = evaluate(GateOptions(
@@ -58,7 +58,7 @@ def _main(argv: list[str]) -> int:
     failed = [c for c in checks if not c.passed]
     print(format_checks(checks))
     print(context)
-    print("OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks")
+    print(last_line(checks))
     return 1 if failed else 0
 
 

@@ -27,5 +27,7 @@ def add_flags(a) -> None:
     a("--page-size", type=int, help="tokens per KV page (64: a trace block is 8 pages)")
     a("--unbounded-pools", action="store_true", help="device and host pools hold the whole "
       "replay, nothing is evicted (a check: reuse then equals the trace's own bound)")
+    a("--allow-auto-truncate", action="store_true", help="a prompt longer than the device "
+      "KV pool holds is cut to the longest that fits (SGLang's flag), not refused")
 
 

@@ -138,6 +138,9 @@ class Comparison:
     verb: str = "compare"  # or "ab" (bench.ab.blocks): the final line and the report's title
     drift_note: str = ""  # what the intervals leave out (compare: drift between the runs)
     run_lines: list[str] = field(default_factory=list)  # where A and B came from (ab's own)
+    sections: list[str] = field(default_factory=list)  # the report's extra sections (ab's)
+    extra_columns: list[str] = field(default_factory=list)  # the CSV's, after ROW_COLUMNS
+    extra_rows: list[dict] = field(default_factory=list)  # the CSV's only (ab's block runs)
 
     def tally(self) -> dict[str, int]:
         return {v: sum(r["verdict"] == v for r in self.rows) for v in VERDICTS}

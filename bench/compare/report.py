@@ -106,7 +106,8 @@ def print_comparison(comp: Comparison, written: list[Path]) -> None:
 
 
 def write_csv(comp: Comparison, path: Path) -> None:
-    write_csv_atomic(path, comp.rows, comp.keys + ROW_COLUMNS)
+    write_csv_atomic(path, comp.rows + comp.extra_rows,
+                     comp.keys + ROW_COLUMNS + comp.extra_columns)
 
 
 RULES = [
@@ -135,6 +136,7 @@ def render_markdown(comp: Comparison, plot: str | None) -> str:
         f"**{comp.final_line()}** (exit status {1 if comp.tally()['worse'] else 0})", "",
         "## Rules", "", f"Threshold {comp.threshold:g}.", *RULES, "",
         "## Rows", "", markdown_table(HEADERS, table_rows(comp)), "",
+        *comp.sections,
         "## Configurations on one side only", "",
         *([f"- {line}" for line in one_sided] or ["None."]), "",
         "## Timing ratios", "",

@@ -24,6 +24,9 @@ class Check:
     observed: str = ""
     meaning: str = ""
     note: str = ""
+    # False: nothing to judge it on (a timing without an interval). It fails nothing, and it
+    # is no PASS either: the table and the last line say NOT JUDGED, and why (the note).
+    judged: bool = True
 
 
 def layout(row: dict) -> str:
@@ -32,7 +35,7 @@ def layout(row: dict) -> str:
     return f"tp{row['tp']} pp{row['pp']} {row['storage']} rate={row['rate_rps']}{extra}"
 
 
-def make_check(row: dict, name: str, passed: bool, **kw: str) -> Check:
+def make_check(row: dict, name: str, passed: bool, **kw) -> Check:
     return Check(name, str(row["protocol"]), str(row["policy"]), layout(row), passed, **kw)
 
 

@@ -213,17 +213,44 @@ def load_run(run_dir: Path) -> GatedRun:
     return GatedRun(requests, summary, run.ranks(), run.env(optional=True) or {})
 
 
+def _why(checks: list[Check]) -> str:
+    """The reasons checks were not judged, each once."""
+    return "; ".join(dict.fromkeys(c.note.removeprefix("not judged: ") for c in checks))
+
+
+def _result(checks: list[Check]) -> str:
+    """PASS, NOT JUDGED (why), or both with their counts, for one check's rows."""
+    idle = [c for c in checks if not c.judged]
+    if not idle:
+        return "PASS"
+    if len(idle) == len(checks):
+        return f"NOT JUDGED ({_why(idle)})"
+    return f"PASS {len(checks) - len(idle)}, NOT JUDGED {len(idle)} ({_why(idle)})"
+
+
+def last_line(checks: list[Check]) -> str:
+    """The gate's last line: OK or FAILED, and the checks that were not judged."""
+    failed, idle = [c for c in checks if not c.passed], [c for c in checks if not c.judged]
+    head = "OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks"
+    if not idle:
+        return head
+    return (f"{head}{',' if failed else ', but'} {len(idle)} timing check(s) NOT JUDGED "
+            f"({_why(idle)}): {len(checks) - len(idle) - len(failed)} passed")
+
+
 def format_checks(checks: list[Check]) -> str:
-    """Failing checks as a table; when none fail, a PASS count per check."""
+    """Failing (and not judged) checks as a table; when none fail, a result per check."""
     failing = [c for c in checks if not c.passed]
     if failing:
         header = ["check", "protocol", "policy", "layout", "expected", "observed", "meaning"]
-        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed, c.meaning]
-                for c in failing]
+        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed,
+                 c.meaning if c.judged else f"NOT JUDGED ({_why([c])})"]
+                for c in checks if not c.passed or not c.judged]
     else:
         header = ["check", "rows", "result"]
         names = list(dict.fromkeys(c.check for c in checks))
-        rows = [[n, str(sum(c.check == n for c in checks)), "PASS"] for n in names]
+        rows = [[n, str(sum(c.check == n for c in checks)),
+                 _result([c for c in checks if c.check == n])] for n in names]
     table = [header] + rows
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
     lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]])

@@ -17,10 +17,10 @@ beyond its threshold (CI at ea0a21d: pr27010 1.132 [1.039, 1.233] with the serve
 unchanged), so a failure must replicate before it stops a merge; a real regression fails
 both. The checks that passed the first A/B are not judged again.
 
-A check without an interval (fewer than 3 paired repeats, no scipy) passes with a note that
-says so; it is never judged on a point. The thresholds per metric come from `bench noise
---update-gate` (the largest half-width its runs had); TTFT p50 is gated per request class
-where the run has bystanders.
+A check without an interval (fewer than 3 paired repeats, no scipy) is NOT JUDGED: it fails
+nothing, and the gate's table and last line say so and why; it is never judged on a point.
+The thresholds per metric come from `bench noise --update-gate` (the largest half-width its
+runs had); TTFT p50 is gated per request class where the run has bystanders.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
     bound = f"x {against}: fails when its interval lies above {1 + threshold:g}"
     if not iv.has_interval:
         return make_check(row, name, True, expected=bound, observed=f"{iv.point:.3f}",
-                          note=f"not judged: {iv.note}")
+                          note=f"not judged: {iv.note}", judged=False)
     worse = timing_verdict(iv.low, iv.high, threshold) == "worse"
     return make_check(
         row, name, not worse, expected=bound, observed=_observed(iv),

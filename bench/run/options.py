@@ -71,6 +71,7 @@ class RunOptions:
     page_size: int | None = None
     unbounded_pools: bool = False
     timeline: bool = False
+    allow_auto_truncate: bool = False
     out: Path | None = None
 
     @classmethod
@@ -265,6 +266,8 @@ def _scales(text: str | None, default: tuple) -> tuple[float, ...]:
 def _tiers(args, policy: str, preset: dict) -> dict:
     # Off (the synthetic presets' default) adds nothing, so their plans read as before.
     out = {} if policy == "none" else {"write_policy": policy}
+    if args.allow_auto_truncate:
+        out["allow_auto_truncate"] = True
     if args.page_size is not None:
         if args.page_size < 1:
             raise OptionError(f"--page-size must be >= 1, got {args.page_size}")

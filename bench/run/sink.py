@@ -62,6 +62,11 @@ class ResultSink:
               f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
               f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
 
+    def say(self, line: str | None) -> None:
+        """A line for the person running it, before the cells (none: nothing to say)."""
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
     def begin(self, cell: Cell, total: int) -> None:
         write_json_atomic(self.run.file("progress"), {**cell.__dict__, "total": total})
         scale = self.plan.time_scale(cell)
@@ -114,7 +119,10 @@ class ResultSink:
         for r in gathered[0]["requests"]:
             rid = r["rid"]
             everywhere = [pr.get(rid) for pr in per_rank]
-            finished = all(x is not None and x["first_token"] is not None for x in everywhere)
+            # A refused request (SGLang validate_input_length) ends without a first token.
+            finished = all(x is not None and (x["first_token"] is not None
+                                              or x["terminated_by"] == "rejected")
+                           for x in everywhere)
             errors = sum(x["data_errors"] for x in everywhere if x is not None)
             rows.append({**config, "repeat": cell.repeat, **_timing(r, t0), **_decode(r),
                          **_counts(r), "reuse_bound_tokens": bounds.get(rid),

@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from bench.run import calibrate, workload
+from bench.run import calibrate, fit, workload
 from bench.run.plan import Cell, RunPlan
 from bench.run.sink import ResultSink
 from hicache.comm import Groups, Layout
@@ -37,6 +37,8 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
     if sink:
         sink.calibration([p["c"] for p in samples])
     cells = plan.cells()
+    if sink:
+        sink.say(fit.oversized_line(plan, device))
     steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
     for cell in cells:
         if sink:

@@ -100,7 +100,8 @@ OVERHEAD_COLUMNS = [
 
 SUMMARY_COLUMNS = [
     "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model", "forward",
-    "storage", "rate_rps", "extra_pool", "race_guard", "host_memory", "requests", "repeats",
+    "storage", "rate_rps", "extra_pool", "race_guard", "host_memory", "requests",
+    "rejected_requests", "repeats",
     "polls_per_req",
     "decision_collectives_per_req", "decision_collectives_per_poll",
     "expected_decision_collectives_per_req", "critical_collectives_per_req",
