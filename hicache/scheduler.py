@@ -103,6 +103,7 @@ class Scheduler:
             self._decode(rec)
         else:
             self._forward(rec, 0, 0, 0)  # idle: the data-plane collectives still pair up
+        rec.polled_extra = self.cache.extra_polls
         rec.t_end = time.monotonic()
         self.stats.steps.append(rec)
         # Stop on agreed inputs only, so every rank leaves the loop at the same step.
@@ -115,11 +116,12 @@ class Scheduler:
         if not self.waiting or free <= 0:
             return []
         batch, used = [], 0
+        rec.polled += self.cache.begin_walk(list(self.waiting))
         for rid in list(self.waiting):
             if len(batch) >= free or used >= self.horizon:
                 break  # the batch is full (this rank's horizon may be skewed: #30760)
-            rec.polled += rid in self.cache.ongoing
-            if not self.cache.check_prefetch_progress(rid):
+            rec.polled += self.cache.walk_polls(rid)
+            if not self.cache.walk_progress(rid):
                 continue  # still prefetching: skipped, polled again next step
             tokens = self.cache.prompts[rid]
             extend = len(tokens) - self.cache.cached_tokens(rid)
