@@ -140,7 +140,7 @@ class CollectiveCounter:
         self.sched_seconds_by_step: dict[int, float] = defaultdict(float)
         self.sched_seconds_by_rid: dict[str, float] = defaultdict(float)
         self.sched_seconds_by_step_site: dict[int, Counter[str]] = defaultdict(Counter)
-        # The last collectives this rank completed, oldest first, with their step, site,
+        # The scheduler thread's last collectives, oldest first, with their step, site,
         # group, request and end time: what a deadlock report shows as each rank's path
         # into the first unpaired collective.
         self.recent: deque[tuple[int, str, str, str | None, float]] = deque(maxlen=RECENT)
@@ -153,7 +153,7 @@ class CollectiveCounter:
         with self._lock:
             self.by_site[site] += 1
             self.raw_by_group[group] += raw_ops
-            if site != CONSENSUS:  # the checker's own rounds go on while the others block
+            if site in SCHEDULER_SITES or site == MODEL_ALLREDUCE:  # the thread that blocks
                 self.recent.append((self.step, site, group, rid, time.monotonic()))
             if self.sequence is not None:
                 self.sequence.append((group, site, rid, self.step))

@@ -26,6 +26,9 @@ VERBS: dict[str, tuple[str, str, str]] = {
                    "bench.commands.microbench"),
     "project": ("RUN_DIR", "predicted step overhead and ITL inflation at TP 2-64, PP 1-4",
                 "bench.commands.project"),
+    "hazards": ("[--protocols P,..] [--scenarios S,..]", "the open PRs' protocols x hazard "
+                "scenarios: deadlock, divergence or corrupt pages, or OK with its cost",
+                "bench.commands.hazards"),
     "devcheck": ("...", "device checks of scripts/gpu_check.sh (H2D, load-back, forward)",
                  "bench.commands.devcheck"),
 }

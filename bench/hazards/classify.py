@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import re
 
+from hicache.comm import MODEL_ALLREDUCE, SCHEDULER_SITES
+
 OK, DEADLOCK, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
     "OK", "deadlock", "divergence", "corrupt", "failed", "harness")
+LOCKSTEP = SCHEDULER_SITES | {MODEL_ALLREDUCE}  # issued by every rank in the same step
 SITE = re.compile(r"call site '(\w+)' on group '(\w+)' \(ranks (\[[\d, ]*\])\) failed on rank "
                   r"(\d+) at step (-?\d+)(?: for request (\S+?):)?")
 
@@ -77,10 +80,15 @@ def first_mispair(reports: list[dict]) -> dict | None:
 
 
 def _unmatched(calls) -> bool:
-    """Different call sites, or different requests where every rank knows the request (a
-    later PP stage receives a ticket before it knows whose it is)."""
+    """Different call sites; different requests where every rank knows the request (a
+    later PP stage receives a ticket before it knows whose it is); or, for the scheduler
+    thread's collectives, which every rank issues in the same step, different steps (the
+    same site one step apart: a rank that skipped one)."""
     rids = {rid for _, _, rid, _ in calls}
-    return len({site for _, site, _, _ in calls}) > 1 or (None not in rids and len(rids) > 1)
+    sites = {site for _, site, _, _ in calls}
+    steps = {step for *_, step in calls}
+    return len(sites) > 1 or (None not in rids and len(rids) > 1) or \
+        (sites <= LOCKSTEP and len(steps) > 1)
 
 
 def _group_sequences(reports: list[dict]):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hicache.step_time import StepTimeModel
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -39,9 +41,13 @@ NO_TIMEOUT = {"timeout_base_s": 30.0, "timeout_per_ki_token_s": 0.0}
 
 
 def _budget_skew() -> Scenario:
+    # A prefill (60 ms) outlasts several reads (15 ms each, one after another), so the walk
+    # after it finds several prefetches done: rank 0 batches them all, rank 1 stops after
+    # the first; and the walk that schedules the first finds the second still pending.
     return Scenario("walk-skew", "#30760", "rank-local walk trip counts differ (TP rank 1's "
                     "token horizon is 10% of rank 0's)",
-                    system={"budget_skew": 0.9, **NO_TIMEOUT}, storage=SLOW_READS)
+                    system={"budget_skew": 0.9, "step_time": StepTimeModel(prefill_base_ms=60.0),
+                            **NO_TIMEOUT}, storage={"latency_ms": 15.0})
 
 
 def _ongoing_skew() -> Scenario:
@@ -59,10 +65,9 @@ def _early_return() -> Scenario:
 
 
 def _pp_stages() -> Scenario:
-    return Scenario("pp-stages", "#22607", "PP stages see different storage progress "
-                    "(jitter 0.5) and end prefetches on their own clocks",
-                    pp=2, system={"timeout_base_s": 0.03, "timeout_per_ki_token_s": 0.0},
-                    storage={**SLOW_READS, "jitter": 0.5})
+    return Scenario("pp-stages", "#22607", "storage reads fail on some ranks and not others "
+                    "(fail rate 0.3, seeded per rank), so PP stages see different progress",
+                    pp=2, system=NO_TIMEOUT, storage={**SLOW_READS, "fail_rate": 0.3})
 
 
 def _sidecar_race() -> Scenario:
