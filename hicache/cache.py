@@ -23,7 +23,7 @@ from hicache.hashing import page_hashes
 from hicache.kv_layout import kv_layout
 from hicache.loadback import LoadBack
 from hicache.pools import PagePool, verify_pages
-from hicache.pp_ticket import TicketRelay
+from hicache.pp_ticket import TICKET_IDLE_S, TicketRelay
 from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
@@ -55,8 +55,11 @@ class HiCache:
         # buffer_only: host pages are staging for one load-back, not a cache tier.
         self.buffer_only = cfg.host_memory == "buffer_only"
         self.ticketed = ticket_path(cfg.protocol, cfg.pp, cfg.host_memory)
+        # SGLang's idle ticket every 60 s (hybrid_cache_controller.py:1307), sooner when this
+        # run's groups time out sooner: a later stage's wait for it must never time out.
+        idle_s = min(TICKET_IDLE_S, cfg.collective_timeout_s / 2)
         tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
-                               cfg.collective_timeout_s / 2) if self.ticketed else None)
+                               idle_s) if self.ticketed else None)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks, tickets)
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,

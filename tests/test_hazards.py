@@ -21,7 +21,7 @@ def rep(rank: int, records=(), sequence=(), error=None, data_errors=0, steps=Non
     return {"rank": rank, "records": list(records), "sequence": [list(c) for c in sequence],
             "record_steps": list(steps or [0] * len(records)), "group_ranks": GROUPS,
             "error": error, "recent": [], "data_errors": data_errors,
-            "decisions": decisions or {}}
+            "decisions": decisions or {}, "steps": 5}
 
 
 def test_first_divergence_ignores_a_shorter_log():

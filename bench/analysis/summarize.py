@@ -115,13 +115,21 @@ def _step_cells(steps: pd.DataFrame | None, n_requests: int) -> dict:
 
 
 def _ttft_cells(g: pd.DataFrame, method: str) -> dict:
-    """TTFT percentiles (pooled over repeats) and the median scheduler lag."""
+    """TTFT percentiles (pooled over repeats), the median scheduler lag, and its p50, p95
+    and p99 over the prefetching requests whose prefetch was issued."""
     ttft = g["ttft_ms"].dropna().to_numpy(float)
 
     def pct(values: np.ndarray, q: float) -> float:
         v = percentile(values, q, method)
         return math.nan if v is None else v
+    # IO done -> scheduled, the lag SGLang #32724 names, for the class that prefetches (a
+    # bystander has nothing to fetch: no lag to speak of).
+    prefetching = g if "request_class" not in g else g[g["request_class"] != "bystander"]
+    lag = prefetching.loc[as_bool(prefetching["op_issued"]), "sched_lag_ms"] \
+        if "op_issued" in prefetching else prefetching["sched_lag_ms"]
+    lag = lag.dropna().to_numpy(float)
     return {
+        **{f"prefetch_sched_lag_p{q}_ms": pct(lag, q) for q in (50, 95, 99)},
         "sched_lag_p50_ms": pct(g["sched_lag_ms"].dropna().to_numpy(float), 50),
         "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90),
         "ttft_p99_ms": pct(ttft, 99), "ttft_mean_ms": ttft.mean() if ttft.size else math.nan,

@@ -140,6 +140,10 @@ def _late_divergence(reports: list[dict]) -> dict | None:
             return {"outcome": DIVERGENCE, "site": "decisions", "step": None,
                     "detail": f"request {rid} ended differently: " +
                               "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))}
+    steps = [rep["steps"] for rep in reports]
+    if len(set(steps)) > 1:  # every rank leaves the loop at the same step, or none does
+        return {"outcome": DIVERGENCE, "site": "steps", "step": None,
+                "detail": f"ranks ran different numbers of steps: {steps}"}
     counts = [len(rep["records"]) for rep in reports]
     if len(set(counts)) > 1:
         return {"outcome": DIVERGENCE, "site": "consensus", "step": None,
