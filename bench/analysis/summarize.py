@@ -66,14 +66,19 @@ def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
     # runs before host_memory (no column, or empty cells) are "cache"
     host = [h if isinstance(h, str) else "cache"
             for h in requests.get("host_memory", pd.Series(index=requests.index))]
+    # pr38284's polls of a request this rank holds no prefetch of (runs before the column:
+    # none)
+    absent = requests["absent_polls"].fillna(0) if "absent_polls" in requests \
+        else pd.Series(0, index=requests.index)
     rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
                requests["polls"], hit_pages, as_bool(requests["op_issued"]),
                as_bool(requests["io_issued"]), requests["terminated_by"] == "poll", extra,
-               host, strict=True)
+               host, absent, strict=True)
     decision, background = [], []
-    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem in rows:
+    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem, gone in rows:
         e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
-                                 bool(op), bool(io), bool(by_poll), bool(side), str(mem))
+                                 bool(op), bool(io), bool(by_poll), bool(side), str(mem),
+                                 int(gone))
         decision.append(e.decision)
         background.append(e.hit_query + e.ack + e.ticket)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)

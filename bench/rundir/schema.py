@@ -32,13 +32,13 @@ WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_
 
 # Columns added with trace replays: absent in older run directories, which stay readable.
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
-                    *WRITE_PATH_COLUMNS]
+                    *WRITE_PATH_COLUMNS, "absent_polls"]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
     "sched_lag_ms",
     "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
-    "decision_collectives",
+    "absent_polls", "decision_collectives",
     "completion_collectives", "hit_query_collectives", "ack_collectives",
     "ticket_collectives", "pp_hops", "terminated_by", "op_issued", "io_issued",
     "prefetch_requested_tokens", "hit_tokens", "prefetched_tokens", *TOKEN_COLUMNS,
