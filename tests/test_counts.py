@@ -192,8 +192,10 @@ def count_table(results: dict, tp: int, pp: int) -> list[list[str]]:
     for variant, per_rank in results.items():
         proto, policy, v = variant
         rows = per_rank[0]["rows"]
-        n, polls = len(rows), sum(r["polls"] for r in rows)
-        dec = sum(r.get("coll_decision", 0) for r in rows)
+        # pr38284 also all-reduces where the prefetch is absent: those calls are polls too.
+        polls = sum(r["polls"] + (r["absent_polls"] if proto == "pr38284" else 0)
+                    for r in rows)
+        n, dec = len(rows), sum(r.get("coll_decision", 0) for r in rows)
         hop = sum(r.get("coll_pp_hop", 0) for r in rows)
         exp = sum(_expected(proto, policy, tp, pp, r, 0, v).decision for r in rows)
         cells.append([proto, policy + (f" ({v})" if v else ""),

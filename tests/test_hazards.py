@@ -107,3 +107,16 @@ def test_subset_is_deterministic_and_names_deadlocks_in_time(tmp_path: Path):
             assert (tmp_path / "cells" / f"{scenario}__{protocol}" / "rank0.json").exists()
         if want == "OK":
             assert first["decision_per_poll"] == 0.0  # wait_complete: pr36425's free poll
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_the_verb_writes_its_files(tmp_path: Path, capsys):
+    out = tmp_path / "run"
+    assert main(["--protocols", "pre27010,pr36425", "--scenarios", "sidecar-race",
+                 "--out", str(out)]) == 0
+    for name in ("hazards.csv", "hazards.md", "hazards.png", "env.json"):
+        assert (out / name).exists(), name
+    text = (out / "hazards.md").read_text()
+    assert "| sidecar-race (#27550) | **corrupt** load_back | OK 0/poll 1/step |" in text
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("bench hazards: OK")
