@@ -65,9 +65,12 @@ def test_failed_collective_is_named():
     assert "(r3)" in row["detail"]
 
 
-def test_missing_report_is_the_harness_unless_the_rank_died():
+def test_missing_report_is_the_harness_an_aborted_rank_its_journal():
     assert classify([rep(0), None])["outcome"] == "harness"
-    assert classify([rep(0), None], died={1: -6})["outcome"] == "deadlock"
+    assert classify([rep(0), {**rep(1), "aborted": -6}])["outcome"] == "deadlock"
+    # its journal still shows the divergence that came first
+    row = classify([rep(0, ["p", "-> False"]), {**rep(1, ["p", "-> True"]), "aborted": -6}])
+    assert row["outcome"] == "divergence" and "rank 1 (exit -6) aborted" in row["detail"]
 
 
 def test_corrupt_pages_and_late_disagreement():

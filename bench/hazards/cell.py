@@ -31,6 +31,35 @@ class CellFailed(RuntimeError):
     """This rank's serve failed; its report is on disk."""
 
 
+class Journal(list):
+    """A list that also writes each item as a JSON line, flushed to the OS at once: what a
+    rank logged survives it when gloo aborts the process (a collective of another size)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self._file = open(path, "w", buffering=1)  # noqa: SIM115 (open for the cell's life)
+
+    def append(self, item) -> None:
+        super().append(item)
+        self._file.write(json.dumps(item) + "\n")
+
+
+def read_journal(path: Path) -> list:
+    """The items a rank's journal holds (a torn last line, from an abort, is dropped)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def journal_paths(cell_dir: Path, rank: int) -> dict[str, Path]:
+    return {k: cell_dir / f"rank{rank}.{k}.jsonl" for k in ("records", "record_steps",
+                                                             "sequence")}
+
+
 def config(s: Scenario, protocol: str, seed: int, timeout_s: float) -> HiCacheConfig:
     # consensus_check on: SGLang's @rank_consensus log of every check_prefetch_progress
     # call is what the matrix compares between ranks to find the first divergence.
@@ -58,7 +87,11 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
                             timeout=timedelta(seconds=HARNESS_TIMEOUT_S))
     groups = setup_distributed(layout, torch.device("cpu"), timeout_s)
     system = System(cfg, layout, groups, torch.device("cpu"), seed)
-    system.stats.counter.sequence = []  # every collective in order, for the pairing check
+    # Every collective in order (the pairing check) and the rank-consensus log, journaled.
+    paths = journal_paths(Path(cell_dir), rank)
+    system.stats.counter.sequence = Journal(paths["sequence"])
+    system.consensus.records = Journal(paths["records"])
+    system.consensus.record_steps = Journal(paths["record_steps"])
     ps = prompts(s)
     system.populate([p[: s.prefix_tokens] for p in ps])
     reqs = [Request(f"r{i:02d}", p, i * s.gap_ms / 1e3) for i, p in enumerate(ps)]

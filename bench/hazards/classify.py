@@ -151,17 +151,21 @@ def _late_divergence(reports: list[dict]) -> dict | None:
     return None
 
 
-def _aborted(reports: list[dict | None], died: dict[int, int]) -> dict:
-    """Ranks that died without a report: gloo aborts the process when a collective's peer
-    sends a different size (a mismatched pairing). Named with the survivors' failures."""
-    alive = [rep for rep in reports if rep is not None]
-    who = ", ".join(f"rank {r} (exit {c})" for r, c in sorted(died.items()))
-    failed = _deadlock_among(alive)
-    detail = f"{who} aborted: gloo stops a process whose peer sent a collective of another " \
-             "size (a mismatched pairing)"
+def _abort_note(reports: list[dict]) -> str:
+    """Ranks gloo aborted (a peer sent a collective of another size): their report is what
+    their journals logged before it (bench.hazards.cell.Journal)."""
+    dead = [f"rank {rep['rank']} (exit {rep['aborted']})" for rep in reports
+            if rep.get("aborted") is not None]
+    return f"{', '.join(dead)} aborted by gloo (a collective of another size)" if dead else ""
+
+
+def _aborted(reports: list[dict]) -> dict:
+    """Only an abort and the survivors' failures to go by."""
+    failed = _deadlock_among([rep for rep in reports if rep.get("aborted") is None])
+    note = _abort_note(reports)
     return {"outcome": DEADLOCK, "site": failed["site"] if failed else None,
             "step": failed["step"] if failed else None,
-            "detail": detail + (f"; {failed['detail']}" if failed else "")}
+            "detail": note + (f"; {failed['detail']}" if failed else "")}
 
 
 def _deadlock_among(alive: list[dict]) -> dict | None:
@@ -174,19 +178,16 @@ def _deadlock_among(alive: list[dict]) -> dict | None:
     return None
 
 
-def classify(reports: list[dict | None], died: dict[int, int] | None = None) -> dict:
-    """The cell's outcome row (outcome, site, step, detail); costs are added for OK.
-    `died`: ranks that exited without a report ({rank: exit code}); any other rank without
-    one was killed at the cell's bound."""
+def classify(reports: list[dict | None]) -> dict:
+    """The cell's outcome row (outcome, site, step, detail); costs are added for OK. A rank
+    without a report was killed at the cell's bound; one gloo aborted is reported from its
+    journals (`aborted`: its exit code)."""
     missing = [r for r, rep in enumerate(reports) if rep is None]
-    killed = [r for r in missing if r not in (died or {})]
-    if killed:
-        return {"outcome": HARNESS, "site": None, "step": None,
-                "detail": f"rank(s) {killed} wrote no report within the cell's bound"}
     if missing:
-        return _aborted(reports, died)
+        return {"outcome": HARNESS, "site": None, "step": None,
+                "detail": f"rank(s) {missing} wrote no report within the cell's bound"}
     # A collective that paired wrongly and a poll answered differently: whichever came
-    # first is the cause; a collective that failed names the deadlock otherwise.
+    # first is the cause; a collective that failed (or an abort) names the deadlock otherwise.
     mispair = _mispair(reports)
     found = _earliest(mispair, _divergence(reports))
     if found is not None and found is mispair:
@@ -195,7 +196,11 @@ def classify(reports: list[dict | None], died: dict[int, int] | None = None) -> 
             found["detail"] += "; then " + failed["detail"]
     found = found or _deadlock(reports)
     if found is not None:
+        note = _abort_note(reports)
+        found["detail"] += f"; {note}" if note else ""
         return found
+    if any(rep.get("aborted") is not None for rep in reports):
+        return _aborted(reports)
     errors = [(r, rep["error"]) for r, rep in enumerate(reports) if rep["error"]]
     if errors:
         kind = DIVERGENCE if any("ConsensusError" in e for _, e in errors) else FAILED

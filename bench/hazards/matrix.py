@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from bench.hazards.cell import HARNESS_TIMEOUT_S, run_cell
+from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, run_cell
 from bench.hazards.classify import DEADLOCK, OK, classify
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
@@ -66,10 +66,11 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
                               (s, protocol, spec.seed, spec.timeout_s, str(cell_dir)),
                               timeout_s=spec.bound_s(s), method="forkserver")
     wall = time.monotonic() - t0
-    reports = [_read(cell_dir / f"rank{r}.json") for r in range(s.world)]
+    reports = [_read(cell_dir / f"rank{r}.json") or _from_journal(cell_dir, r, dead)
+               for r in range(s.world)]
     row = {"scenario": s.name, "issue": s.issue, "protocol": protocol, "policy": s.policy,
            "tp": 2, "pp": s.pp, "seed": spec.seed,
-           **classify(reports, {r: code for r, (code, _) in dead.items()}),
+           **classify(reports),
            "exit_codes": _exits(got, dead, s.world), "wall_s": round(wall, 2),
            "collective_timeout_s": spec.timeout_s, "cell_dir": str(cell_dir)}
     row.update(_costs(reports[0]) if row["outcome"] == OK else {})
@@ -79,6 +80,17 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
 
 def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def _from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
+    """A rank that died without a report (gloo aborted it): what its journals logged."""
+    if rank not in dead:
+        return None  # killed at the bound, or never started: the harness's failure
+    logs = {k: read_journal(p) for k, p in journal_paths(cell_dir, rank).items()}
+    return {"rank": rank, "aborted": dead[rank][0], "error": None, "recent": [],
+            "stuck_s": None, "records": logs["records"], "record_steps": logs["record_steps"],
+            "sequence": logs["sequence"], "group_ranks": {}, "decisions": {},
+            "data_errors": 0, "steps": None}
 
 
 def _exits(got: dict, dead: dict, world: int) -> str:
