@@ -197,10 +197,11 @@ class HiCache:
         facts = [self._facts(op) for op in pending]
         votes = [self.protocol.step_vote(f) for f in facts]
         values = self._step_values(busy, votes)
-        if self._returns_early(values):
-            agreed = values  # the #27489 variant: no MIN, the rank's own counts stand
-        else:
-            agreed = self.agreement.agree(values, self.layout.pp, self._reduce_step)
+        before_fix = self.cfg.hazard == "early_return" and self.tiers is not None
+        copies = values["head"].pop() if before_fix else 0  # its own MIN, below
+        agreed = self.agreement.agree(values, self.layout.pp, self._reduce_step)
+        if before_fix:
+            agreed["head"].append(self._writing_check(copies))
         head, queues = agreed["head"], agreed["queues"]
         flags = head[1: 1 + sum(v is not None for v in votes)]
         for op, f in zip(pending, flags, strict=False):
@@ -264,13 +265,13 @@ class HiCache:
             queues.append(self.tiers.backup_queue_size())
         return {"head": head, "loads": loads, "queues": queues}
 
-    def _returns_early(self, values: dict[str, list[int]]) -> bool:
-        """Hazard early_return (SGLang before #27489 / #26923): writing_check returns before
-        its MIN when this rank's own ongoing_write_through is empty ("all ranks have the
-        same", its comment says), whatever the other ranks hold. The reduction it skips here
-        is the step's packed one (the write count rides in it)."""
-        return self.cfg.hazard == "early_return" and self.tiers is not None and \
-            not self.tiers.copies
+    def _writing_check(self, copies: int) -> int:
+        """Hazard early_return (SGLang before #27489 / #26923): writing_check's own MIN of
+        the finished host copies, skipped by a rank whose ongoing_write_through is empty
+        ("all ranks have the same", its comment says), whatever the other ranks hold."""
+        if not self.tiers.copies:
+            return copies  # the early return: no MIN
+        return self._reduce_step([copies], True)[0]
 
     def _local_miss(self, op: PrefetchOp) -> bool:
         """Hazard ongoing_skew (SGLang #38273): the last TP rank of each stage drops the

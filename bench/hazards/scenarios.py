@@ -58,8 +58,8 @@ def _ongoing_skew() -> Scenario:
 
 def _early_return() -> Scenario:
     return Scenario("early-return", "#27489", "write-through; TP rank 1's first host copy "
-                    "finds no host memory, and writing_check returns before its MIN on a "
-                    "rank whose ongoing_write_through is empty (the code before the fix)",
+                    "finds no host memory, and writing_check returns before its own MIN "
+                    "on a rank whose ongoing_write_through is empty (the code before the fix)",
                     system={"hazard": "early_return", "write_policy": "write_through",
                             **NO_TIMEOUT}, storage=SLOW_READS)
 
