@@ -22,7 +22,7 @@ from hicache.controller import SIDECAR, CacheController, PrefetchOp
 from hicache.cost_model import ticket_path
 from hicache.kv_layout import kv_layout
 from hicache.pools import PagePool
-from hicache.pp_ticket import TicketRelay
+from hicache.pp_ticket import TICKET_IDLE_S, TicketRelay
 from hicache.prefill_pages import PrefillPages
 from hicache.protocols import Facts, make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
@@ -55,14 +55,19 @@ class HiCache:
         # buffer_only: host pages are staging for one load-back, not a cache tier.
         self.buffer_only = cfg.host_memory == "buffer_only"
         self.ticketed = ticket_path(cfg.protocol, cfg.pp, cfg.host_memory)
+        # SGLang's idle ticket every 60 s (hybrid_cache_controller.py:1307), sooner when this
+        # run's groups time out sooner: a later stage's wait for it must never time out.
+        idle_s = min(TICKET_IDLE_S, cfg.collective_timeout_s / 2)
         tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
-                               cfg.collective_timeout_s / 2) if self.ticketed else None)
+                               idle_s) if self.ticketed else None)
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks, tickets,
                                           stats.events)
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
                             self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
                       if cfg.tiers else None)
+        if self.tiers is not None and cfg.hazard == "early_return":
+            self.tiers.fail_first_copy = layout.tp_rank == layout.tp - 1
         self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
@@ -72,6 +77,9 @@ class HiCache:
         self.step_stamp = 0.0
         self.prefill = PrefillPages(cfg.page_size, layout.rank, stats, kv, self.pairs,
                                     self.tiers, device)
+        self._bulk: dict[str, bool] | None = None  # pr33029: this step's bulk poll results
+        self._skewed = False  # hazard ongoing_skew: its one rank-local revocation done
+        self.extra_polls = 0  # this step's polls outside the walk's reach (records.StepStats)
 
     # ---- arrival: prefix match and prefetch issue --------------------------------------------
 
@@ -161,15 +169,19 @@ class HiCache:
     def check_hicache_events(self, stamp: float, busy: bool) -> bool:
         """Drains hit-query results and acks by counts all ranks agree on; returns whether
         any rank (of PP stage 0) still has work."""
-        self.step_stamp = stamp
+        self.step_stamp, self.extra_polls = stamp, 0
         self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
         self.free_stopped_tails()
         pending = [op for _, op in sorted(self.ongoing.items())
                    if op.host_slots is not None and not op.decided]
         facts = [self._facts(op) for op in pending]
         votes = [self.protocol.step_vote(f) for f in facts]
-        agreed = self.agreement.agree(self._step_values(busy, votes), self.layout.pp,
-                                      self._reduce_step)
+        values = self._step_values(busy, votes)
+        before_fix = self.cfg.hazard == "early_return" and self.tiers is not None
+        copies = values["head"].pop() if before_fix else 0  # its own MIN, below
+        agreed = self.agreement.agree(values, self.layout.pp, self._reduce_step)
+        if before_fix:
+            agreed["head"].append(self._writing_check(copies))
         head, queues = agreed["head"], agreed["queues"]
         flags = head[1: 1 + sum(v is not None for v in votes)]
         for op, f in zip(pending, flags, strict=False):
@@ -184,7 +196,41 @@ class HiCache:
         self._drain_acks(queues[1])
         if self.tiers is not None:
             self.tiers.drain_backups(queues[2], self._get)
+        if self.protocol.sweep:
+            self._sweep()
         return head[0] == -1
+
+    def _sweep(self) -> None:
+        """pr32725's safe point: every ongoing prefetch holding host slots is polled, in
+        request-id order, and finalized when the poll says it may stop (the walk need not
+        reach it). The set is the same on every rank only while `ongoing` is (#38273)."""
+        for rid in sorted(self.ongoing):
+            if self.ongoing[rid].host_slots is not None:
+                self.extra_polls += 1
+                self.check_prefetch_progress(rid)
+
+    # ---- the walk's polls: per request, or all at once (pr33029) ---------------------------
+
+    def begin_walk(self, waiting: list[str]) -> int:
+        """Before the walk: pr33029's bulk_check_prefetch_progress polls every waiting
+        request once, in queue order (the queue is broadcast: the same on every rank).
+        Returns the pending prefetches it polled."""
+        self._bulk = None
+        if not self.protocol.bulk:
+            return 0
+        polled = sum(rid in self.ongoing for rid in waiting)
+        self._bulk = {rid: self.check_prefetch_progress(rid) for rid in waiting}
+        return polled
+
+    def walk_polls(self, rid: str) -> int:
+        """Whether reaching `rid` in the walk polls a pending prefetch."""
+        return int(self._bulk is None and rid in self.ongoing)
+
+    def walk_progress(self, rid: str) -> bool:
+        """The walk's answer for `rid`: a local lookup after a bulk poll, else the poll."""
+        if self._bulk is not None:
+            return self._bulk.get(rid, True)  # no collective: the trip count is free
+        return self.check_prefetch_progress(rid)
 
     def _step_values(self, busy: bool, votes: list[int | None]) -> dict[str, list[int]]:
         """This rank's per-step counts, by list (hicache.step_agreement), all MIN-reduced."""
@@ -198,6 +244,26 @@ class HiCache:
             head.append(self.tiers.finished_copies())
             queues.append(self.tiers.backup_queue_size())
         return {"head": head, "loads": loads, "queues": queues}
+
+    def _writing_check(self, copies: int) -> int:
+        """Hazard early_return (SGLang before #27489 / #26923): writing_check's own MIN of
+        the finished host copies, skipped by a rank whose ongoing_write_through is empty
+        ("all ranks have the same", its comment says), whatever the other ranks hold."""
+        if not self.tiers.copies:
+            return copies  # the early return: no MIN
+        return self._reduce_step([copies], True)[0]
+
+    def _local_miss(self, op: PrefetchOp) -> bool:
+        """Hazard ongoing_skew (SGLang #38273): the last TP rank of each stage drops the
+        first prefetch that went to IO from its `ongoing_prefetch` (as a rank-local check
+        of its hit against the threshold would), while the other ranks keep it. Its IO and
+        acks run on as everywhere else, so the background reductions still pair: only the
+        scheduler's view differs."""
+        if self.cfg.hazard != "ongoing_skew" or self._skewed or \
+                self.layout.tp_rank != self.layout.tp - 1:
+            return False
+        self._skewed = True
+        return True
 
     def _reduce_step(self, values: list[int], relay: bool) -> list[int]:
         """One reduction of the step's agreement: relayed (TP MIN on stage 0, then the PP
@@ -239,6 +305,8 @@ class HiCache:
             op.host_slots, op.hash_value = slots, op.hash_value[: len(slots)]
             st.hit_tokens, st.io_issued = op.hit_tokens, True  # the hit it will fetch
             self.controller.io_queue.put(op)
+            if self._local_miss(op):
+                del self.ongoing[op.rid]  # its IO and acks run on; the scheduler forgot it
 
     def _alloc_host(self, pages: int) -> list[int] | None:
         """Host slots for the hit; under pressure (after eviction) the longest prefix that
@@ -272,7 +340,7 @@ class HiCache:
     def check_prefetch_progress(self, rid: str) -> bool:
         op = self.ongoing.get(rid)
         if op is None:
-            return True  # nothing ongoing: not a poll
+            return self._absent_poll(rid)
         self.stats.requests[rid].polls += 1
         if not self.protocol.poll(self._facts(op), self.comm, rid):
             self._blocked(op)
@@ -287,6 +355,16 @@ class HiCache:
             self._revoke(op, via="poll")
         else:
             self._finalize(op, self._usable_after_poll(op), "poll")
+        return True
+
+    def _absent_poll(self, rid: str) -> bool:
+        """Nothing ongoing on this rank: not a poll, except that pr38284 still enters the
+        poll's all-reduce with a contribution that cannot change the MAX."""
+        vote = self.protocol.absent_vote()
+        if vote is not None:
+            self.stats.requests[rid].absent_polls += 1
+            self.extra_polls += 1
+            self.protocol.reduce(vote, self.comm, rid)
         return True
 
     def _blocked(self, op: PrefetchOp) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -51,6 +51,7 @@ SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_ST
 SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
 GROUP_NAMES = ("sched", "tp_cpu", "pp_cpu", "data", "prefetch", "prefetch_pp", "ack", "ack_pp",
                "consensus", "ticket")
+RECENT = 8  # collectives each rank remembers for a deadlock report
 HIT_GROUPS = ("prefetch", "prefetch_pp")  # the prefetch thread's background groups
 ACK_GROUPS = ("ack", "ack_pp")  # the ack sync thread's
 
@@ -143,6 +144,14 @@ class CollectiveCounter:
         self.sched_seconds_by_step: dict[int, float] = defaultdict(float)
         self.sched_seconds_by_rid: dict[str, float] = defaultdict(float)
         self.sched_seconds_by_step_site: dict[int, Counter[str]] = defaultdict(Counter)
+        # The scheduler thread's last collectives, oldest first, with their step, site,
+        # group, request and end time: what a deadlock report shows as each rank's path
+        # into the first unpaired collective.
+        self.recent: deque[tuple[int, str, str, str | None, float]] = deque(maxlen=RECENT)
+        # Every collective in order, (group, site, request, step), when a harness asks for it
+        # (None: off): comparing two ranks' sequences on a group finds the first pair of
+        # collectives that did not match, even where gloo paired them without an error.
+        self.sequence: list[tuple[str, str, str | None, int]] | None = None
 
     def record(self, site: str, group: str, raw_ops: int, rid: str | None, seconds: float,
                start: float | None = None, op: str = "all_reduce"):
@@ -151,6 +160,10 @@ class CollectiveCounter:
         with self._lock:
             self.by_site[site] += 1
             self.raw_by_group[group] += raw_ops
+            if site in SCHEDULER_SITES or site == MODEL_ALLREDUCE:  # the thread that blocks
+                self.recent.append((self.step, site, group, rid, time.monotonic()))
+            if self.sequence is not None:
+                self.sequence.append((group, site, rid, self.step))
             if rid is not None:
                 self.by_rid[rid][site] += 1
             if site in SCHEDULER_SITES or site == MODEL_ALLREDUCE:

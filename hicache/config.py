@@ -10,6 +10,7 @@ from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
 
 WRITE_POLICIES = ("none", "write_through", "write_back")
+HAZARDS = ("", "ongoing_skew", "early_return")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ class HiCacheConfig:
     # refused, as SGLang's validate_input_length does; True cuts it to that length instead
     # (SGLang's --allow-auto-truncate).
     allow_auto_truncate: bool = False
+    # Hazard variants (docs/hazards.md): "ongoing_skew" = one rank alone drops a prefetch
+    # from its ongoing set (SGLang #38273); "early_return" = the per-step MIN is skipped by
+    # a rank whose own host-copy queue is empty, and one rank's first host copy fails
+    # (before #27489 / #26923; needs a write_policy). "" = none.
+    hazard: str = ""
     kill_rank: int = -1  # fault injection: this rank exits at kill_step
     kill_step: int = -1
     storage: StorageSpec = field(default_factory=StorageSpec)
@@ -109,6 +115,12 @@ class HiCacheConfig:
             raise ValueError(f"budget_skew must be in [0, 1), got {self.budget_skew}")
         if self.timeout_base_s < 0 or self.timeout_per_ki_token_s < 0:
             raise ValueError("prefetch timeouts must be >= 0")
+        if self.hazard not in HAZARDS:
+            raise ValueError(f"unknown hazard {self.hazard!r}; choose from "
+                             f"{', '.join(h for h in HAZARDS if h)} or none")
+        if self.hazard == "early_return" and self.write_policy == "none":
+            raise ValueError("hazard early_return needs a write policy (its queue is the "
+                             "host copies of the write path)")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
 

@@ -47,12 +47,14 @@ class ConsensusChecker:
     def __init__(self, comm: Comm, interval_s: float):
         self.comm, self.interval_s = comm, interval_s
         self.records: list[str] = []
+        self.record_steps: list[int] = []  # the scheduler step of each record
         self.error: ConsensusError | None = None
         self._sha, self._hashed = hashlib.sha256(), 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="consensus")
 
     def record(self, line: str) -> None:
+        self.record_steps.append(self.comm.counter.step)  # only the scheduler records
         self.records.append(line)  # list.append is atomic under the GIL
 
     def start(self) -> None:

@@ -19,7 +19,11 @@ from dataclasses import dataclass
 
 IO_BATCH_PAGES = 128  # pages per storage read batch and per completion ack
 
-PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock", "sglang-0.5.23")
+PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock", "sglang-0.5.23",
+             "pr33029", "pr38284", "pr32725")
+# Open pull requests modelled on the released poll of pr36425 (docs/prs.md): their poll
+# costs what pr36425's does; they differ in where and how often a poll is issued.
+OPEN_PRS = ("pr33029", "pr38284", "pr32725")
 POLICIES = ("best_effort", "wait_complete", "timeout")
 ACK_PROTOCOLS = frozenset(PROTOCOLS) - {"pre27010"}
 # Host memory: "cache" (an L2 tier, the default) or "buffer_only" (staging between storage
@@ -60,7 +64,8 @@ def background_cost(protocol: str, tp: int, pp: int) -> int:
 # stage-local (pre27010).
 # sglang-0.5.23: one packed reduce, relayed; with buffer_only every stage's own TP MIN.
 STEP_REDUCTIONS_PP = {"pre27010": (2, 1), "pr27010": (2, 0), "pr36425": (2, 0),
-                      "step-batched": (2, 0), "step-clock": (2, 0), "sglang-0.5.23": (1, 0)}
+                      "step-batched": (2, 0), "step-clock": (2, 0), "sglang-0.5.23": (1, 0),
+                      **dict.fromkeys(OPEN_PRS, (2, 0))}
 
 
 def ticket_path(protocol: str, pp: int, host_memory: str = "cache") -> bool:
@@ -89,8 +94,8 @@ def decision_per_poll(protocol: str, policy: str, tp: int, pp: int,
     t, p = tp_cost(tp), pp_cost(pp)
     if ticket_path(protocol, pp, host_memory):
         return (t, p)  # the ticket's readiness, MAX-reduced on every poll
-    if protocol == "sglang-0.5.23":
-        protocol = "pr36425"  # the same poll; only its timeout clock differs
+    if protocol == "sglang-0.5.23" or protocol in OPEN_PRS:
+        protocol = "pr36425"  # the same poll; its clock or where it is issued differs
     if protocol == "pre27010":
         return (0, 0) if policy == "best_effort" else (t, 0)
     if protocol == "pr27010":
@@ -114,6 +119,7 @@ def expected_per_request(
     ended_by_poll: bool | None = None,
     extra_pool: bool = False,
     host_memory: str = "cache",
+    absent_polls: int = 0,
 ) -> Expected:
     """Collectives rank 0 issues for one request.
 
@@ -128,6 +134,9 @@ def expected_per_request(
     ack after the batches.
     host_memory: on 0.5.23's PP-ticket path stage 0 also broadcasts each ticket to the
     later stages (one collective on rank 0).
+    absent_polls: calls of check_prefetch_progress that found no prefetch on this rank;
+    pr38284 pays the poll's all-reduce for each (its dummy contribution), every other
+    protocol nothing.
     """
     t = tp_cost(tp)
     ar, hop = decision_per_poll(protocol, policy, tp, pp, host_memory)
@@ -142,7 +151,9 @@ def expected_per_request(
         acks = bg * (-(-hit_pages // IO_BATCH_PAGES) + int(extra_pool))
     hit_query = bg if op_issued else 0
     ticket = int(op_issued and ticket_path(protocol, pp, host_memory))
-    return Expected(polls * ar, completion, polls * hop, hit_query, acks, ticket)
+    absent = absent_polls if protocol == "pr38284" else 0
+    return Expected((polls + absent) * ar, completion, (polls + absent) * hop, hit_query, acks,
+                    ticket)
 
 
 def write_path_cost(tp: int, pp: int) -> Expected:

@@ -25,6 +25,7 @@ from hicache.comm import TICKET, Comm
 from hicache.pools import PagePool
 
 STOP = "stop"  # stage 0's last broadcast: the controller is stopping
+TICKET_IDLE_S = 60.0  # SGLang's idle broadcast interval (hybrid_cache_controller.py:1307)
 
 
 class TicketRelay:

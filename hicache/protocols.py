@@ -7,7 +7,13 @@ costs no collective; a list is all-reduced (op `reduce_op`) over the TP group on
 (`scope="tp"`) or over TP on PP stage 0 and then down the PP stages (`scope="tp_pp"`).
 
 Who calls what, when: the scheduler thread polls (`Protocol.poll`) while walking the waiting
-queue; `step_vote`/`step_decide` run once per step inside check_hicache_events.
+queue; `step_vote`/`step_decide` run once per step inside check_hicache_events. Three hooks
+say where a protocol polls besides the walk, so an open PR is one class here: `bulk` (poll
+the whole broadcast waiting queue once per step before the walk, which then only looks the
+results up: PR #33029), `absent_vote` (what a rank without the prefetch contributes to the
+poll's all-reduce; None: it returns at once: PR #38284) and `sweep` (poll every ongoing
+prefetch at the step's safe point, after the queue drains: PR #32725). docs/prs.md says
+what each models and what it simplifies.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class Protocol:
     # "first_blocked_poll" (0.5.23: this rank's clock since the first poll that found it
     # pending, budget from the requested pages, never once every KV page landed).
     clock = "enqueue"
+    bulk = False  # PR #33029: bulk_check_prefetch_progress before the walk
+    sweep = False  # PR #32725: every ongoing prefetch polled at the step's safe point
 
     def __init__(self, policy: str, race_guard: bool = True):
         self.policy, self.race_guard = policy, race_guard
@@ -69,10 +77,18 @@ class Protocol:
     def decide(self, reduced: list[int]) -> bool:
         return reduced[0] == 1
 
+    def absent_vote(self) -> list[int] | None:
+        """A rank polled for a request it has no prefetch of: None returns True at once (no
+        collective); a list is its contribution to the all-reduce the others enter."""
+        return None
+
     def poll(self, f: Facts, comm: Comm, rid: str) -> bool:
         v = self.vote(f)
         if isinstance(v, bool):
             return v
+        return self.decide(self.reduce(v, comm, rid))
+
+    def reduce(self, v: list[int], comm: Comm, rid: str) -> list[int]:
         t = torch.tensor(v, dtype=torch.int32)
         # Blocks until every rank of the group polls this request: the ordering rule that
         # loop-count divergence (SGLang #30760) breaks.
@@ -80,7 +96,7 @@ class Protocol:
             comm.all_reduce(t, self.reduce_op, "tp_cpu", DECISION, rid)
         else:
             comm.reduce_tp_then_pp(t, self.reduce_op, DECISION, rid)
-        return self.decide(t.tolist())
+        return t.tolist()
 
     def step_vote(self, f: Facts) -> int | None:
         """Per-step timeout flag packed into the per-step all-reduce (step-batched only)."""
@@ -183,8 +199,39 @@ class Sglang0523(Pr36425):
         return SGLANG_0_5_23_BUFFER_ONLY if host_memory == "buffer_only" else SGLANG_0_5_23
 
 
+# ---- open pull requests (sgl-project/sglang), each on the released poll of pr36425 --------
+
+
+class Pr33029(Pr36425):
+    """PR #33029 (closes #30760): `bulk_check_prefetch_progress` polls every request of the
+    broadcast waiting queue once per step, in queue order, before the walk; the walk then
+    looks each result up locally, so its rank-local trip count issues no collective."""
+
+    name, bulk = "pr33029", True
+
+
+class Pr38284(Pr36425):
+    """PR #38284 (for #38273): a rank whose `ongoing_prefetch` lacks the request still
+    enters the poll's all-reduce (timeout policy), contributing 0, which cannot change the
+    MAX; it then returns True (nothing of its own to wait for)."""
+
+    name = "pr38284"
+
+    def absent_vote(self) -> list[int] | None:
+        return [0] if self.policy == "timeout" else None
+
+
+class Pr32725(Pr36425):
+    """PR #32725 (for #32724): at the step's safe point (after the queue drains) every
+    ongoing prefetch holding host slots is polled, in request-id order, and finalized if
+    the poll says it may stop, wherever the FCFS walk would have reached it."""
+
+    name, sweep = "pr32725", True
+
+
 REGISTRY: dict[str, type[Protocol]] = {
-    p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock, Sglang0523)
+    p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock, Sglang0523,
+                        Pr33029, Pr38284, Pr32725)
 }
 
 
@@ -207,3 +254,18 @@ def simulate(protocol: Protocol, facts_per_rank: list[Facts]) -> bool:
         return votes[0]
     combine = max if protocol.reduce_op == dist.ReduceOp.MAX else min
     return protocol.decide([combine(col) for col in zip(*votes, strict=True)])
+
+
+def simulate_ranks(protocol: Protocol, facts_per_rank: list[Facts | None]) -> list[bool] | None:
+    """Each rank's answer when some ranks have no prefetch of the request (None: not in its
+    `ongoing_prefetch`, SGLang #38273); None when the ranks would not pair up in the
+    collective (one enters the all-reduce, another returns): a deadlock. No PG."""
+    votes = [protocol.absent_vote() if f is None else protocol.vote(f) for f in facts_per_rank]
+    entering = [v is not None and not isinstance(v, bool) for v in votes]
+    if any(entering) and not all(entering):
+        return None
+    if not any(entering):
+        return [True if v is None else v for v in votes]
+    combine = max if protocol.reduce_op == dist.ReduceOp.MAX else min
+    reduced = [combine(col) for col in zip(*votes, strict=True)]
+    return [True if f is None else protocol.decide(reduced) for f in facts_per_rank]

@@ -31,6 +31,7 @@ class RequestStats:
     token_times: list[float] = field(default_factory=list)  # every output token, first included
     finished: float | None = None  # its last token
     polls: int = 0  # calls that found the prefetch still ongoing
+    absent_polls: int = 0  # calls that found none on this rank and still reduced (pr38284)
     # poll (a poll stopped it, possibly before its hit was agreed) | ack (final ack) |
     # revoked (hit below threshold or no host memory) | none (no prefetch issued) |
     # rejected (its prompt reaches the pool's max_input_tokens: never served)
@@ -60,6 +61,9 @@ class StepStats:
     waiting: int = 0
     prefetching: int = 0  # waiting requests whose prefetch is still ongoing
     polled: int = 0
+    # Polls outside the walk's reach of a pending prefetch: pr32725's safe-point sweep and
+    # pr38284's all-reduces for a prefetch this rank does not hold.
+    polled_extra: int = 0
     scheduled: int = 0
     running: int = 0  # requests in the running (decode) batch during this step
     prefill_tokens: int = 0

@@ -128,6 +128,7 @@ class Scheduler:
             self._decode(rec)
         else:
             self._forward(rec, 0, 0, 0)  # idle: the data-plane collectives still pair up
+        rec.polled_extra = self.cache.extra_polls
         rec.t_end = time.monotonic()
         self.stats.steps.append(rec)
         # Stop on agreed inputs only, so every rank leaves the loop at the same step.
@@ -155,11 +156,13 @@ class Scheduler:
         if not self.waiting or free <= 0:
             return []
         batch, used, room, blocked = [], 0, _Room(self.cache), 0
+        rec.polled += self.cache.begin_walk(list(self.waiting))
         for rid in list(self.waiting):
             if len(batch) >= free or used >= self.horizon:
                 break  # the batch is full (this rank's horizon may be skewed: #30760)
-            rec.polled += rid in self.cache.ongoing
-            if not self._poll(rid):
+            polls = self.cache.walk_polls(rid)
+            rec.polled += polls
+            if not self._poll(rid, polls):
                 continue  # still prefetching: skipped, polled again next step
             tokens = self.cache.prompts[rid]
             cached = self.cache.cached_tokens(rid)
@@ -179,14 +182,15 @@ class Scheduler:
                                f"others' prefix locks hold (a larger kv_budget_gib holds more)")
         return batch
 
-    def _poll(self, rid: str) -> bool:
-        """check_prefetch_progress; with a timeline, a poll of an ongoing prefetch is an
+    def _poll(self, rid: str, polls: int) -> bool:
+        """The walk's answer for `rid` (check_prefetch_progress, or pr33029's lookup of this
+        step's bulk poll); with a timeline, a poll of an ongoing prefetch in the walk is an
         event: pending (polled again next step), or how it ended (poll, revoked)."""
         events = self.stats.events
-        if events is None or rid not in self.cache.ongoing:
-            return self.cache.check_prefetch_progress(rid)
+        if events is None or not polls:
+            return self.cache.walk_progress(rid)
         t0 = time.monotonic()
-        ready = self.cache.check_prefetch_progress(rid)
+        ready = self.cache.walk_progress(rid)
         outcome = self.stats.requests[rid].terminated_by if ready else "pending"
         events.span(POLL, t0, time.monotonic(), rid, outcome)
         return ready

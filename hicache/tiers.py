@@ -74,6 +74,9 @@ class Tiers:
         self.stored_pages = 0  # host -> storage, acked
         self.dropped_pages = 0  # host pages that went with a device leaf that had no copy
         self.device_evicted_pages = 0
+        # Hazard early_return (hicache.cache): this rank's first host copy finds no host
+        # memory, as a rank-local alloc failure in SGLang's write_backup does (#27489).
+        self.fail_first_copy = False
 
     # ---- load-back and prefill ---------------------------------------------------------------
 
@@ -142,8 +145,9 @@ class Tiers:
                 return
 
     def _copy_to_host(self, node, lock: bool) -> bool:
-        slots = self._alloc_host(node.num_pages)
+        slots = None if self.fail_first_copy else self._alloc_host(node.num_pages)
         if slots is None:
+            self.fail_first_copy = False
             return False
         t0 = time.monotonic()
         for h, d in zip(self.host.tensors(), self.dev.tensors(), strict=True):

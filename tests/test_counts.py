@@ -97,7 +97,7 @@ def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int
               tags: str = "") -> Expected:
     e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
                              row["op_issued"], row["io_issued"], row["terminated_by"] == "poll",
-                             host_memory=_host_memory(tags))
+                             host_memory=_host_memory(tags), absent_polls=row["absent_polls"])
     if tags == "wt":
         e = Expected(*(a + b for a, b in zip(astuple(e), astuple(write_path_cost(tp, pp)),
                                                strict=True)))
@@ -135,7 +135,7 @@ def _check_layout(results: dict, variant: tuple, tp: int, pp: int) -> None:
             if group != "pp_cpu":
                 assert entries == res["raw_by_group"].get(group, 0), (rank, group)
     rows0 = per_rank[0]["rows"]
-    polls = sum(r["polls"] for r in rows0)
+    polls = sum(r["polls"] + (r["absent_polls"] if proto == "pr38284" else 0) for r in rows0)
     ticketed = "buffer" in tags and pp > 1  # a ticket's poll waits for it, any policy
     if policy == "best_effort" and not ticketed:
         assert all(r["polls"] == 1 for r in rows0)  # the first poll always ends it
@@ -192,8 +192,10 @@ def count_table(results: dict, tp: int, pp: int) -> list[list[str]]:
     for variant, per_rank in results.items():
         proto, policy, v = variant
         rows = per_rank[0]["rows"]
-        n, polls = len(rows), sum(r["polls"] for r in rows)
-        dec = sum(r.get("coll_decision", 0) for r in rows)
+        # pr38284 also all-reduces where the prefetch is absent: those calls are polls too.
+        polls = sum(r["polls"] + (r["absent_polls"] if proto == "pr38284" else 0)
+                    for r in rows)
+        n, dec = len(rows), sum(r.get("coll_decision", 0) for r in rows)
         hop = sum(r.get("coll_pp_hop", 0) for r in rows)
         exp = sum(_expected(proto, policy, tp, pp, r, 0, v).decision for r in rows)
         cells.append([proto, policy + (f" ({v})" if v else ""),
@@ -276,7 +278,8 @@ def test_per_step_agreement_with_pp(tp2pp2, variant):
         tp_ars, hops = per_step(proto, 2, 2, res["layout"][1], _host_memory(tags))
         for s in res["steps"]:
             assert s.get("coll_per_step_min", 0) == tp_ars, s
-            assert s.get("coll_pp_hop", 0) == hops + s["polled"] * hop_per_poll, s
+            polls = s["polled"] + s["polled_extra"]  # the walk's, and the open PRs' others
+            assert s.get("coll_pp_hop", 0) == hops + polls * hop_per_poll, s
 
 
 @pytest.mark.slow
@@ -323,7 +326,8 @@ def test_counts_tp1pp2(tp1pp2, variant):
         hops = TP1PP2_BY_HAND[variant][1]
         for s in res["steps"]:
             assert s.get("coll_per_step_min", 0) == 0, s
-            assert s.get("coll_pp_hop", 0) == hops + s["polled"] * hop_per_poll, s
+            polls = s["polled"] + s["polled_extra"]  # the walk's, and the open PRs' others
+            assert s.get("coll_pp_hop", 0) == hops + polls * hop_per_poll, s
 
 
 @pytest.mark.slow

@@ -115,6 +115,15 @@ def test_ttft_percentiles_linear(summary):
     assert r.percentile_method == "linear"
 
 
+def test_prefetch_sched_lag_percentiles(summary):
+    """SGLang #32724's IO done -> scheduled, over the requests whose prefetch was issued
+    (lags 3, 2, 1; the one without a prefetch, lag 0, is left out)."""
+    r = row(summary, "pr27010", "wait_complete")
+    assert r.prefetch_sched_lag_p50_ms == 2.0
+    assert r.prefetch_sched_lag_p95_ms == pytest.approx(2.9)  # 2 + 0.9 * 1
+    assert r.prefetch_sched_lag_p99_ms == pytest.approx(2.98)
+
+
 def test_ttft_percentiles_nearest_rank():
     r = row(summarize(requests_frame(), steps_frame(), "nearest-rank"), "pr27010",
             "wait_complete")

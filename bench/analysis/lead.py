@@ -13,7 +13,7 @@ import pandas as pd
 
 from bench.rundir.schema import REFERENCE_PROTOCOL
 from bench.tables import interval_text
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.cost_model import OPEN_PRS, POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
 HEADLINE_POLICIES = ("wait_complete", "timeout")
@@ -190,8 +190,24 @@ def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
              for r in [HEADLINE_HEADERS, *rows]]
     return ["", "Expected (overhead model):", *expectation_lines(summary, calib), "",
             "Headline, ratios to pr27010 [95% CI over repeats]:", *table,
-            *resolution_lines(summary), *band_lines(summary),
+            *resolution_lines(summary), *lag_lines(summary), *band_lines(summary),
             agreement_sentence(summary)]
+
+
+def lag_lines(summary: pd.DataFrame) -> list[str]:
+    """IO done -> scheduled (SGLang #32724's io_done_to_scheduler_ready) of the prefetching
+    requests, p50 / p95 / p99 ms, one line per policy of the headline rows."""
+    rows = _pick(summary, HEADLINE_PROTOCOLS + OPEN_PRS, HEADLINE_POLICIES)
+    if not rows or "prefetch_sched_lag_p99_ms" not in summary:
+        return []
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        cells = [f"{r['protocol']} " + "/".join(_f(r[f"prefetch_sched_lag_p{q}_ms"], ".0f")
+                                                for q in (50, 95, 99))
+                 for r in rows if r["policy"] == policy]
+        out.append(f"Scheduler lag, IO done -> scheduled, prefetching p50/p95/p99 ms "
+                   f"({policy}): " + ", ".join(cells))
+    return out
 
 
 def agreement_sentence(summary: pd.DataFrame) -> str:

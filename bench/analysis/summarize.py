@@ -66,14 +66,19 @@ def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
     # runs before host_memory (no column, or empty cells) are "cache"
     host = [h if isinstance(h, str) else "cache"
             for h in requests.get("host_memory", pd.Series(index=requests.index))]
+    # pr38284's polls of a request this rank holds no prefetch of (runs before the column:
+    # none)
+    absent = requests["absent_polls"].fillna(0) if "absent_polls" in requests \
+        else pd.Series(0, index=requests.index)
     rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
                requests["polls"], hit_pages, as_bool(requests["op_issued"]),
                as_bool(requests["io_issued"]), requests["terminated_by"] == "poll", extra,
-               host, strict=True)
+               host, absent, strict=True)
     decision, background = [], []
-    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem in rows:
+    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem, gone in rows:
         e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
-                                 bool(op), bool(io), bool(by_poll), bool(side), str(mem))
+                                 bool(op), bool(io), bool(by_poll), bool(side), str(mem),
+                                 int(gone))
         decision.append(e.decision)
         background.append(e.hit_query + e.ack + e.ticket)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)
@@ -115,13 +120,21 @@ def _step_columns(steps: pd.DataFrame | None, n_requests: int) -> dict:
 
 
 def _ttft_columns(g: pd.DataFrame, method: str) -> dict:
-    """TTFT percentiles (pooled over repeats) and the median scheduler lag."""
+    """TTFT percentiles (pooled over repeats), the median scheduler lag, and its p50, p95
+    and p99 over the prefetching requests whose prefetch was issued."""
     ttft = g["ttft_ms"].dropna().to_numpy(float)
 
     def pct(values: np.ndarray, q: float) -> float:
         v = percentile(values, q, method)
         return math.nan if v is None else v
+    # IO done -> scheduled, the lag SGLang #32724 names, for the class that prefetches (a
+    # bystander has nothing to fetch: no lag to speak of).
+    prefetching = g if "request_class" not in g else g[g["request_class"] != "bystander"]
+    lag = prefetching.loc[as_bool(prefetching["op_issued"]), "sched_lag_ms"] \
+        if "op_issued" in prefetching else prefetching["sched_lag_ms"]
+    lag = lag.dropna().to_numpy(float)
     return {
+        **{f"prefetch_sched_lag_p{q}_ms": pct(lag, q) for q in (50, 95, 99)},
         "sched_lag_p50_ms": pct(g["sched_lag_ms"].dropna().to_numpy(float), 50),
         "ttft_p50_ms": pct(ttft, 50), "ttft_p90_ms": pct(ttft, 90),
         "ttft_p99_ms": pct(ttft, 99), "ttft_mean_ms": ttft.mean() if ttft.size else math.nan,

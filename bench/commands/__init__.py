@@ -28,6 +28,9 @@ VERBS: dict[str, tuple[str, str, str]] = {
                 "bench.commands.project"),
     "timeline": ("RUN_DIR [--cell P/POLICY/R] [--steps A:B]", "a run's per-rank timeline: "
                  "timeline.pftrace (ui.perfetto.dev) and a PNG", "bench.commands.timeline"),
+    "hazards": ("[--protocols P,..] [--scenarios S,..]", "the open PRs' protocols x hazard "
+                "scenarios: deadlock, divergence or corrupt pages, or OK with its cost",
+                "bench.commands.hazards"),
     "devcheck": ("...", "device checks of scripts/gpu_check.sh (H2D, load-back, forward)",
                  "bench.commands.devcheck"),
 }

@@ -52,9 +52,11 @@ def _entry(rank: int, world: int, port: int, fn, args, results) -> None:
     os._exit(code)
 
 
-def _start(world: int, fn, args: tuple):
-    """Spawns the ranks; returns their processes and the queue they report on."""
-    ctx = mp.get_context("spawn")
+def _start(world: int, fn, args: tuple, method: str = "spawn"):
+    """Starts the ranks (fresh interpreters; "forkserver": forked from a server that
+    imported the modules set with `set_forkserver_preload` once); returns their processes
+    and the queue they report on."""
+    ctx = mp.get_context(method)
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results), daemon=True)
@@ -97,13 +99,14 @@ def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0) -> list:
     return [got[r][2] for r in range(world)]
 
 
-def launch_to_end(world: int, fn, args: tuple = (), timeout_s: float = 120.0
+def launch_to_end(world: int, fn, args: tuple = (), timeout_s: float = 120.0,
+                  method: str = "spawn"
                   ) -> tuple[dict[int, tuple], dict[int, tuple[int, float]]]:
     """Runs fn on `world` ranks and kills none when another fails. Returns, once every rank
     has reported or died (or at the deadline, when the ranks still running are killed and
     in neither): {rank: (wall time of its report, "ok" | "error", value or message)} and
     {rank: (exit code, wall time its death was seen)} for ranks that died without one."""
-    procs, results = _start(world, fn, args)
+    procs, results = _start(world, fn, args, method)
     got: dict[int, tuple] = {}
     dead: dict[int, tuple[int, float]] = {}
     deadline = time.monotonic() + timeout_s

@@ -161,7 +161,8 @@ def _workload(args, preset: dict) -> WorkloadSpec:
     return WorkloadSpec(requests=pick("requests", "requests", 32),
                         bystanders=pick("bystanders", "bystanders", 0),
                         bystander_rate_rps=pick("bystander_rate", "bystander_rate", 20.0),
-                        output_tokens=pick("output_tokens", "output_tokens", 64))
+                        output_tokens=pick("output_tokens", "output_tokens", 64),
+                        request_tokens=preset.get("request_tokens", 256))
 
 
 def _storage(args, preset: dict) -> StorageSpec:

@@ -207,6 +207,16 @@ def _releases(gpus: int) -> dict:
             "protocols": ("pr27010", "pr36425", "sglang-0.5.23")}
 
 
+def _lag(gpus: int) -> dict:
+    """SGLang #32724's regime: a burst whose head fills the prefill budget (1536 new tokens a
+    request against 4096 a step: two a prefill) while its prefetches finish far sooner, so
+    a request waits between IO done and scheduled. pr36425 against pr32725, pr27010 the
+    reference, under timeout, 5 repeats (run it with fast storage: --storage-gbps 20)."""
+    return {"tp": 2, "repeats": 5, "requests": 24, "rates": (math.inf,), "bystanders": 0,
+            "request_tokens": 1536, "protocols": ("pr27010", "pr36425", "pr32725"),
+            "policies": ("timeout",)}
+
+
 def _race(gpus: int) -> dict:
     return {"tp": 2, "repeats": 1, "requests": 12, "protocols": ("pre27010", "pr36425"),
             "policies": ("wait_complete",), "extra_pool": True,
@@ -214,7 +224,8 @@ def _race(gpus: int) -> dict:
 
 
 PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
-           "race": _race, "releases": _releases, "trace": _trace, "trace-sweep": _trace_sweep}
+           "race": _race, "releases": _releases, "lag": _lag, "trace": _trace,
+           "trace-sweep": _trace_sweep}
 PRESET_HELP = {
     "default": "make bench: a smaller queue scenario (24 + 24) for all protocols x policies, "
                "6 repeats, TP = local GPUs (2 on CPU)",
@@ -225,6 +236,8 @@ PRESET_HELP = {
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",
     "pp": "TP2 x PP2 on 4 ranks",
     "race": "PR #27550 side-car race: pre27010 vs pr36425 with a slow side-car pool",
+    "lag": "SGLang #32724: a burst of 24 whose head fills the prefill budget; pr36425 vs "
+           "pr32725 (pr27010 the reference), timeout, 5 repeats",
     "releases": "TP2 x PP2, buffer_only host memory, wait_complete: sglang-0.5.23 (the "
                 "PP-ticket path) vs sglang-0.5.19 (pr36425), pr27010 the reference, a burst "
                 "of 24 + 24 bystanders, 5 repeats",

@@ -219,7 +219,8 @@ def _decode(r: dict) -> dict:
 
 
 def _counts(r: dict) -> dict:
-    return {"polls": r["polls"], "decision_collectives": r.get("coll_decision", 0),
+    return {"polls": r["polls"], "absent_polls": r["absent_polls"],
+            "decision_collectives": r.get("coll_decision", 0),
             "completion_collectives": r.get("coll_completion", 0),
             "hit_query_collectives": r.get("coll_hit_query", 0),
             "ack_collectives": r.get("coll_ack", 0),

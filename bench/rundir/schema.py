@@ -35,13 +35,13 @@ WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_
 
 # Columns added with trace replays: absent in older run directories, which stay readable.
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
-                    *WRITE_PATH_COLUMNS]
+                    *WRITE_PATH_COLUMNS, "absent_polls"]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
     "sched_lag_ms",
     "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
-    "decision_collectives",
+    "absent_polls", "decision_collectives",
     "completion_collectives", "hit_query_collectives", "ack_collectives",
     "ticket_collectives", "pp_hops", "terminated_by", "op_issued", "io_issued",
     "prefetch_requested_tokens", "hit_tokens", "prefetched_tokens", *TOKEN_COLUMNS,
@@ -107,7 +107,8 @@ SUMMARY_COLUMNS = [
     "expected_decision_collectives_per_req", "critical_collectives_per_req",
     "background_collectives_per_req", "expected_background_collectives_per_req",
     "step_collectives_per_step", "step_collectives_per_req", "sync_ms_per_step",
-    "sched_lag_p50_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
+    "sched_lag_p50_ms", "prefetch_sched_lag_p50_ms", "prefetch_sched_lag_p95_ms",
+    "prefetch_sched_lag_p99_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
     "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_ci_low", "ttft_p50_ratio_ci_high",
     "ttft_p50_ratio_mdd", "ttft_p50_ratio_repeats", "ttft_p50_ratio_per_repeat",
     *TIER_COLUMNS, *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "interval_note", "ranks_agree",

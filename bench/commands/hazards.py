@@ -1,0 +1,108 @@
+"""`python -m bench hazards`: the protocols x hazard scenarios matrix (docs/hazards.md).
+
+Every cell serves a short burst on fresh ranks (TP 2, or TP 2 x PP 2) with a short
+collective timeout and reports one of: OK (with the protocol's cost), deadlock (the first
+unpaired or failed collective: call site, ranks, step, each rank's last collectives),
+divergence (the first poll the ranks answered differently), corrupt pages. Writes
+hazards.csv, hazards.md, hazards.png, env.json and each cell's rank reports. Exit codes:
+0 every cell classified (and, with --twice, alike in both runs), 1 a cell ran past its
+bound or differed between the runs, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from bench.commands.common import CliParser, UsageError, run_verb
+from bench.hazards.matrix import MatrixSpec, run_matrix, run_one
+from bench.hazards.report import write
+from bench.hazards.scenarios import SCENARIOS, check_choice, runs
+from bench.rundir.env import REPO_DIR, collect_env
+from bench.rundir.files import write_json_atomic
+from bench.rundir.rundir import RunDir
+from hicache.cost_model import PROTOCOLS
+
+PROG = "bench hazards"
+
+
+def parser() -> CliParser:
+    p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--protocols", default=",".join(PROTOCOLS), help="comma-separated (default: all)")
+    a("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated of {', '.join(SCENARIOS)}")
+    a("--seed", type=int, default=0, help="storage noise seed (the workload is fixed)")
+    a("--collective-timeout", type=float, default=2.0, help="seconds, every system group")
+    a("--pp", type=int, default=None, help="pin the layout's PP size (scenarios needing more: "
+                                            "bad input)")
+    a("--twice", action="store_true", help="run every cell twice and compare the outcomes")
+    a("--out", default="", help="results directory (default results/<UTC>_hazards_<sha>)")
+    return p
+
+
+def _spec(args) -> MatrixSpec:
+    protocols = tuple(x for x in args.protocols.split(",") if x)
+    unknown = [x for x in protocols if x not in PROTOCOLS]
+    if unknown or not protocols:
+        raise UsageError(f"unknown protocol {unknown[0] if unknown else ''!r}; choose from "
+                         f"{', '.join(PROTOCOLS)}")
+    if args.pp is not None and args.pp < 1:
+        raise UsageError(f"--pp must be >= 1, got {args.pp}")
+    if not args.collective_timeout > 0:
+        raise UsageError(f"--collective-timeout must be > 0, got {args.collective_timeout}")
+    try:
+        scenarios = check_choice([x for x in args.scenarios.split(",") if x], args.pp)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not scenarios:
+        raise UsageError(f"no scenario named; choose from {', '.join(SCENARIOS)}")
+    return MatrixSpec(protocols, tuple(scenarios), args.seed, args.collective_timeout,
+                      Path(args.out) if args.out else _default_out())
+
+
+def _default_out() -> Path:
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR,
+                         capture_output=True, text=True).stdout.strip() or "nogit"
+    return RunDir.new("run", "hazards", sha).path
+
+
+def _second_run(spec: MatrixSpec, rows: list[dict]) -> bool:
+    """Every cell again with the same seed; whether each outcome repeats."""
+    alike = True
+    by = {s.name: s for s in spec.scenarios}
+    for row in rows:
+        again = run_one(spec, by[row["scenario"]], row["protocol"], tag="__again")
+        row["same_twice"] = again["outcome"] == row["outcome"]
+        alike &= row["same_twice"]
+        if not row["same_twice"]:
+            print(f"{row['scenario']} x {row['protocol']}: {row['outcome']} then "
+                  f"{again['outcome']} ({again['detail'][:120]})")
+    return alike
+
+
+def _body(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    spec = _spec(args)
+    spec.out.mkdir(parents=True, exist_ok=True)
+    cells = sum(runs(s, p) for s in spec.scenarios for p in spec.protocols)
+    print(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed {spec.seed}"
+          f" -> {spec.out}")
+    rows = run_matrix(spec)
+    alike = _second_run(spec, rows) if args.twice else True
+    env = collect_env("gloo", {"tp": 2, "pp": sorted({s.pp for s in spec.scenarios})})
+    write_json_atomic(RunDir(spec.out).file("env"), env)
+    header = [f"Commit {env['git'].get('commit', '?')[:10] if env['git'] else '?'}"
+              f"{' (dirty)' if env['git'] and env['git'].get('dirty') else ''}, "
+              f"{env['utc_time']}, host {env['host']}, {env['cpu_count']} CPUs; seed "
+              f"{spec.seed}, collective timeout {spec.timeout_s:g} s, gloo, TP 2."]
+    write(spec.out, rows, header)
+    harness = [r for r in rows if r["outcome"] == "harness"]
+    ok = not harness and alike
+    print(f"{PROG}: {'OK' if ok else 'FAILED'} ({len(rows)} cells, {len(harness)} past their "
+          f"bound{'' if alike else ', outcomes differ between the two runs'}) -> "
+          f"{spec.out / 'hazards.md'}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+    return run_verb(PROG, _body, argv)

@@ -1,0 +1,1 @@
+"""`python -m bench hazards`: the protocols x hazard scenarios matrix (docs/hazards.md)."""

@@ -1,0 +1,146 @@
+"""One cell of the hazard matrix on one rank: serve the scenario's burst, and write what
+this rank saw to `rank<R>.json` in the cell's directory, whatever happened.
+
+A rank whose serve failed (a collective timed out or was mispaired, a check raised) writes
+its report and then fails itself, so the launcher sees a nonzero exit. Nothing here waits on
+another rank after the serve: a peer may be dead or blocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from bench.hazards.scenarios import Scenario
+from hicache.comm import Layout
+from hicache.config import HiCacheConfig
+from hicache.scheduler import Request
+from hicache.storage import StorageSpec
+from hicache.system import System, setup_distributed
+
+HARNESS_TIMEOUT_S = 30.0
+
+
+class CellFailed(RuntimeError):
+    """This rank's serve failed; its report is on disk."""
+
+
+class Journal(list):
+    """A list that also writes each item as a JSON line, flushed to the OS at once: what a
+    rank logged survives it when gloo aborts the process (a collective of another size)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self._file = open(path, "w", buffering=1)  # noqa: SIM115 (open for the cell's life)
+
+    def append(self, item) -> None:
+        super().append(item)
+        self._file.write(json.dumps(item) + "\n")
+
+
+def read_journal(path: Path) -> list:
+    """The items a rank's journal holds (a torn last line, from an abort, is dropped)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def journal_paths(cell_dir: Path, rank: int) -> dict[str, Path]:
+    return {k: cell_dir / f"rank{rank}.{k}.jsonl" for k in ("records", "record_steps",
+                                                             "sequence")}
+
+
+def config(s: Scenario, protocol: str, seed: int, timeout_s: float) -> HiCacheConfig:
+    # consensus_check on: SGLang's @rank_consensus log of every check_prefetch_progress
+    # call is what the matrix compares between ranks to find the first divergence.
+    return HiCacheConfig(protocol=protocol, policy=s.policy, tp=2, pp=s.pp,
+                         collective_timeout_s=timeout_s, consensus_check=True,
+                         max_prefill_tokens=2048, storage=StorageSpec(seed=seed, **s.storage),
+                         **s.system)
+
+
+def prompts(s: Scenario) -> list[list[int]]:
+    """Request i: a private prefix (in storage), then tokens the prefill computes."""
+    n = s.prefix_tokens + s.new_tokens
+    return [[i * 1_000_003 + j for j in range(n)] for i in range(s.requests)]
+
+
+def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeout_s: float,
+             cell_dir: str) -> dict:
+    """The launcher's entry point (bench.run.launch) on every rank."""
+    torch.set_num_threads(1)
+    cfg = config(s, protocol, seed, timeout_s)
+    layout = Layout(rank, cfg.tp, cfg.pp)
+    # The harness's own group waits long enough for every rank to start; the system's
+    # groups time out after the cell's collective timeout.
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=HARNESS_TIMEOUT_S))
+    groups = setup_distributed(layout, torch.device("cpu"), timeout_s)
+    system = System(cfg, layout, groups, torch.device("cpu"), seed)
+    # Every collective in order (the pairing check) and the rank-consensus log, journaled.
+    paths = journal_paths(Path(cell_dir), rank)
+    system.stats.counter.sequence = Journal(paths["sequence"])
+    system.consensus.records = Journal(paths["records"])
+    system.consensus.record_steps = Journal(paths["record_steps"])
+    ps = prompts(s)
+    system.populate([p[: s.prefix_tokens] for p in ps])
+    reqs = [Request(f"r{i:02d}", p, i * s.gap_ms / 1e3) for i, p in enumerate(ps)]
+    dist.barrier()  # every rank starts serving together (harness group)
+    t0 = time.monotonic()
+    error = None
+    try:
+        system.run(reqs if rank == 0 else [])
+    except Exception as e:  # the finding of this cell, reported below, then re-raised
+        error = e
+    report = _report(system, rank, error, t0)
+    _write(Path(cell_dir) / f"rank{rank}.json", report)
+    if error is not None:
+        raise CellFailed(report["error"])
+    return {"rank": rank}
+
+
+def _report(system: System, rank: int, error: Exception | None, t0: float) -> dict:
+    stats, counter = system.stats, system.stats.counter
+    now = time.monotonic()
+    recent = [{"step": st, "site": site, "group": g, "rid": rid, "ago_s": round(now - t, 3)}
+              for st, site, g, rid, t in list(counter.recent)]
+    rows = stats.request_rows()
+    return {
+        "rank": rank, "tp_rank": system.layout.tp_rank, "pp_rank": system.layout.pp_rank,
+        "error": None if error is None else f"{type(error).__name__}: {error}",
+        "error_kind": None if error is None else type(error).__name__,
+        "step": counter.step, "elapsed_s": now - t0, "recent": recent,
+        # Seconds since this rank's last completed collective: how long it sat in the one
+        # that failed (bounded by the collective timeout).
+        "stuck_s": None if not recent else recent[-1]["ago_s"],
+        "records": list(system.consensus.records) if system.consensus else [],
+        "record_steps": list(system.consensus.record_steps) if system.consensus else [],
+        "sequence": [list(c) for c in counter.sequence or []],
+        "group_ranks": {g: list(r) for g, r in system.groups.ranks.items()},
+        "decisions": {rid: list(d) for rid, d in stats.decisions.items()},
+        "data_errors": sum(r["data_errors"] for r in rows),
+        "polls": sum(r["polls"] + r["absent_polls"] for r in rows),
+        "decision_collectives": sum(r.get("coll_decision", 0) for r in rows),
+        "steps": len(stats.steps),
+        "step_collectives": sum(n for site, n in counter.by_site.items()
+                                if site in ("decision", "completion", "per_step_min")),
+        "ready_lag_ms": [(r["ready"] - r["io_done"]) * 1e3 for r in rows
+                         if r["ready"] is not None and r["io_done"] is not None],
+        "crosscheck": system.crosscheck() if error is None else {},
+    }
+
+
+def _write(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, default=str))
+    os.replace(tmp, path)

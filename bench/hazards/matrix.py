@@ -1,0 +1,127 @@
+"""The hazard matrix: every protocol x scenario cell, each a fresh set of ranks.
+
+Each cell's ranks are forked from one server process that imported torch and the system
+once (a cell starts in well under a second), serve the scenario's burst with a short
+collective timeout, and write their reports into the cell's directory. The launcher kills
+a cell that outlives its bound: that cell is a harness failure, never a silent wait.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, run_cell
+from bench.hazards.classify import DEADLOCK, OK, classify
+from bench.hazards.scenarios import Scenario, runs
+from bench.run.launch import launch_to_end
+
+_PRELOADED = False
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    protocols: tuple[str, ...]
+    scenarios: tuple[Scenario, ...]
+    seed: int = 0
+    timeout_s: float = 2.0  # each system collective's timeout
+    out: Path = Path("results/hazards")
+
+    def bound_s(self, s: Scenario) -> float:
+        """A cell's wall-clock bound: start-up, a serve of a few hundred steps, and a
+        deadlock's two collective timeouts (the harness group's for the start-up)."""
+        return HARNESS_TIMEOUT_S + 10.0 + 2 * self.timeout_s
+
+
+def _preload() -> None:
+    global _PRELOADED
+    if not _PRELOADED:
+        mp.get_context("forkserver").set_forkserver_preload(["bench.hazards.cell"])
+        _PRELOADED = True
+
+
+def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
+    """One row per cell, in scenario-major order."""
+    _preload()
+    rows = []
+    for s in spec.scenarios:
+        for protocol in spec.protocols:
+            if runs(s, protocol):
+                rows.append(run_one(spec, s, protocol))
+                log(_line(rows[-1]))
+    return rows
+
+
+def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:
+    cell_dir = spec.out / "cells" / f"{s.name}__{protocol}{tag}"
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    for old in cell_dir.glob("rank*.json"):
+        old.unlink()
+    t0 = time.monotonic()
+    got, dead = launch_to_end(s.world, run_cell,
+                              (s, protocol, spec.seed, spec.timeout_s, str(cell_dir)),
+                              timeout_s=spec.bound_s(s), method="forkserver")
+    wall = time.monotonic() - t0
+    reports = [_read(cell_dir / f"rank{r}.json") or _from_journal(cell_dir, r, dead)
+               for r in range(s.world)]
+    row = {"scenario": s.name, "issue": s.issue, "protocol": protocol, "policy": s.policy,
+           "tp": 2, "pp": s.pp, "seed": spec.seed,
+           **classify(reports),
+           "exit_codes": _exits(got, dead, s.world), "wall_s": round(wall, 2),
+           "collective_timeout_s": spec.timeout_s, "cell_dir": str(cell_dir)}
+    row.update(_costs(reports[0]) if row["outcome"] == OK else {})
+    row["named_s"] = _named_s(reports) if row["outcome"] == DEADLOCK else None
+    return row
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
+    """A rank that died without a report (gloo aborted it): what its journals logged."""
+    if rank not in dead:
+        return None  # killed at the bound, or never started: the harness's failure
+    logs = {k: read_journal(p) for k, p in journal_paths(cell_dir, rank).items()}
+    return {"rank": rank, "aborted": dead[rank][0], "error": None, "recent": [],
+            "stuck_s": None, "records": logs["records"], "record_steps": logs["record_steps"],
+            "sequence": logs["sequence"], "group_ranks": {}, "decisions": {},
+            "data_errors": 0, "steps": None}
+
+
+def _exits(got: dict, dead: dict, world: int) -> str:
+    """Each rank's end: 0 (served), 1 (its serve failed, report written), k (died), - (killed
+    at the bound)."""
+    codes = []
+    for r in range(world):
+        if r in got:
+            codes.append("0" if got[r][1] == "ok" else "1")
+        else:
+            codes.append(str(dead[r][0]) if r in dead else "-")
+    return " ".join(codes)
+
+
+def _costs(rep: dict) -> dict:
+    """Rank 0's cost: decision collectives per poll; the scheduler's agreement collectives
+    (decision, completion and per-step MINs) per step; polls per step."""
+    polls, steps = rep["polls"], max(1, rep["steps"])
+    return {"decision_per_poll": round(rep["decision_collectives"] / polls, 3) if polls else 0.0,
+            "collectives_per_step": round(rep["step_collectives"] / steps, 3),
+            "polls_per_step": round(polls / steps, 3), "steps": rep["steps"]}
+
+
+def _named_s(reports: list[dict | None]) -> float | None:
+    """How long the ranks sat in their last, failed collective before it was named (the
+    longest over ranks); bounded by the collective timeout when gloo times it out."""
+    stuck = [rep["stuck_s"] for rep in reports if rep and rep["error"] and rep["stuck_s"]]
+    return round(max(stuck), 2) if stuck else None
+
+
+def _line(row: dict) -> str:
+    cost = (f"  {row['decision_per_poll']}/poll {row['collectives_per_step']}/step"
+            if row["outcome"] == OK else f"  {row['detail'][:110]}")
+    return f"{row['scenario']:<13} {row['protocol']:<14} {row['outcome']:<10}{cost}"

@@ -1,0 +1,109 @@
+"""The hazard scenarios of `bench hazards` (docs/hazards.md), one small function each.
+
+A scenario is a layout, a prefetch policy, the system settings that provoke one known
+hazard of SGLang's prefetch loop, and a short burst of requests whose prefixes are in
+storage. Everything that varies between ranks is seeded (the storage noise) or structural
+(a rank's skewed horizon, the one rank that drops a prefetch), so a scenario replays from
+its seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hicache.step_time import StepTimeModel
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    issue: str  # the SGLang issue or PR it reproduces
+    what: str  # one line for the table
+    pp: int = 1
+    policy: str = "timeout"
+    system: dict = field(default_factory=dict)  # HiCacheConfig overrides
+    storage: dict = field(default_factory=dict)  # StorageSpec overrides
+    requests: int = 8
+    prefix_tokens: int = 512  # in storage: 8 pages of 64
+    new_tokens: int = 512  # computed by the prefill
+    gap_ms: float = 2.0  # between arrivals
+    protocols: tuple[str, ...] | None = None  # None: every protocol can run it
+
+    @property
+    def world(self) -> int:
+        return 2 * self.pp  # TP 2 on every stage
+
+
+# Storage reads slower than a scheduler step, so a pending prefetch is polled many times;
+# a timeout long enough that it never fires on its own.
+SLOW_READS = {"latency_ms": 20.0}
+NO_TIMEOUT = {"timeout_base_s": 30.0, "timeout_per_ki_token_s": 0.0}
+
+
+def _budget_skew() -> Scenario:
+    # A prefill (60 ms) outlasts several reads (15 ms each, one after another), so the walk
+    # after it finds several prefetches done: rank 0 batches them all, rank 1 stops after
+    # the first; and the walk that schedules the first finds the second still pending.
+    return Scenario("walk-skew", "#30760", "rank-local walk trip counts differ (TP rank 1's "
+                    "token horizon is 10% of rank 0's)",
+                    system={"budget_skew": 0.9, "step_time": StepTimeModel(prefill_base_ms=60.0),
+                            **NO_TIMEOUT}, storage={"latency_ms": 15.0})
+
+
+def _ongoing_skew() -> Scenario:
+    return Scenario("ongoing-skew", "#38273", "one request is in TP rank 0's ongoing_prefetch "
+                    "and not in rank 1's (its hit judged below the threshold there)",
+                    system={"hazard": "ongoing_skew", **NO_TIMEOUT}, storage=SLOW_READS)
+
+
+def _early_return() -> Scenario:
+    return Scenario("early-return", "#27489", "write-through; TP rank 1's first host copy "
+                    "finds no host memory, and writing_check returns before its own MIN "
+                    "on a rank whose ongoing_write_through is empty (the code before the fix)",
+                    system={"hazard": "early_return", "write_policy": "write_through",
+                            **NO_TIMEOUT}, storage=SLOW_READS)
+
+
+def _pp_stages() -> Scenario:
+    return Scenario("pp-stages", "#22607", "storage reads fail on some ranks and not others "
+                    "(fail rate 0.3, seeded per rank), so PP stages see different progress",
+                    pp=2, system=NO_TIMEOUT, storage={**SLOW_READS, "fail_rate": 0.3})
+
+
+def _sidecar_race() -> Scenario:
+    return Scenario("sidecar-race", "#27550", "side-car pages written after the KV pages, "
+                    "without PR #27550's pool_transfers_done guard",
+                    policy="wait_complete", system={"extra_pool": True, "race_guard": False},
+                    storage={"latency_ms": 5.0, "sidecar_page_ms": 5.0})
+
+
+def _pp_busy() -> Scenario:
+    return Scenario("pp-busy", "0.5.23", "buffer_only at PP 2: the busy flag agreed per stage "
+                    "only, stages with different storage progress (jitter 0.5)",
+                    pp=2, policy="wait_complete", system={"host_memory": "buffer_only"},
+                    storage={**SLOW_READS, "jitter": 0.5},
+                    protocols=("sglang-0.5.23",))
+
+
+SCENARIOS = {s.name: s for s in (_budget_skew(), _ongoing_skew(), _early_return(),
+                                 _pp_stages(), _sidecar_race(), _pp_busy())}
+
+
+def runs(scenario: Scenario, protocol: str) -> bool:
+    """Whether the matrix has a cell for this pair (pre27010 has no buffer_only mode)."""
+    return scenario.protocols is None or protocol in scenario.protocols
+
+
+def check_choice(names: list[str], pp: int | None) -> list[Scenario]:
+    """The named scenarios; ValueError (one line) for an unknown one, or one that needs
+    PP > 1 when the layout is pinned to PP 1."""
+    out = []
+    for name in names:
+        if name not in SCENARIOS:
+            raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
+        s = SCENARIOS[name]
+        if pp is not None and s.pp > pp:
+            raise ValueError(f"scenario {name} needs PP >= {s.pp} (its hazard is between PP "
+                             f"stages), got --pp {pp}")
+        out.append(s)
+    return out

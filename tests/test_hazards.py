@@ -1,0 +1,125 @@
+"""`bench hazards`: the classification of a cell from its ranks' reports (hand-written
+reports, no process group), bad input, and a subset of the matrix run twice on real gloo
+groups (each outcome repeats; a deadlock is named within two collective timeouts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.commands.hazards import main
+from bench.hazards.classify import classify, first_divergence
+from bench.hazards.matrix import MatrixSpec, run_one
+from bench.hazards.scenarios import SCENARIOS
+
+GROUPS = {"tp_cpu": [0, 1], "ticket": [0, 1]}
+
+
+def rep(rank: int, records=(), sequence=(), error=None, data_errors=0, steps=None,
+        decisions=None) -> dict:
+    return {"rank": rank, "records": list(records), "sequence": [list(c) for c in sequence],
+            "record_steps": list(steps or [0] * len(records)), "group_ranks": GROUPS,
+            "error": error, "recent": [], "data_errors": data_errors,
+            "decisions": decisions or {}, "steps": 5}
+
+
+def test_first_divergence_ignores_a_shorter_log():
+    assert first_divergence([["a", "b"], ["a"]]) is None
+    assert first_divergence([["a", "b", "c"], ["a", "x"]]) == (1, ["b", "x"])
+
+
+def test_agreeing_ranks_are_ok():
+    seq = [("tp_cpu", "per_step_min", None, 0), ("tp_cpu", "decision", "r1", 1)]
+    assert classify([rep(0, ["p", "t"], seq), rep(1, ["p", "t"], seq)])["outcome"] == "OK"
+
+
+def test_unpaired_collective_is_a_deadlock_even_when_gloo_paired_it():
+    """Rank 0 polls r1 where rank 1 polls r2 (same size: gloo pairs them, no error)."""
+    a = [("tp_cpu", "per_step_min", None, 3), ("tp_cpu", "decision", "r1", 3)]
+    b = [("tp_cpu", "per_step_min", None, 3), ("tp_cpu", "decision", "r2", 3)]
+    row = classify([rep(0, sequence=a), rep(1, sequence=b)])
+    assert (row["outcome"], row["site"], row["step"]) == ("deadlock", "decision", 3)
+    assert "rank 0: decision(r1)" in row["detail"] and "rank 1: decision(r2)" in row["detail"]
+
+
+def test_a_receiver_that_does_not_know_the_request_is_not_unpaired():
+    a, b = [("ticket", "ticket", "r1", 0)], [("ticket", "ticket", None, 0)]
+    assert classify([rep(0, sequence=a), rep(1, sequence=b)])["outcome"] == "OK"
+
+
+def test_the_earlier_finding_wins():
+    """The ranks answered a poll differently at step 1, then paired wrongly at step 4."""
+    a = [("tp_cpu", "decision", "r1", 4)]
+    b = [("tp_cpu", "decision", "r2", 4)]
+    row = classify([rep(0, ["p", "-> False"], a, steps=[1, 1]),
+                    rep(1, ["p", "-> True"], b, steps=[1, 1])])
+    assert (row["outcome"], row["step"]) == ("divergence", 1)
+
+
+def test_failed_collective_is_named():
+    err = ("CollectiveError: collective at call site 'decision' on group 'tp_cpu' (ranks "
+           "[0, 1]) failed on rank 0 at step 7 for request r3: timed out")
+    row = classify([rep(0, error=err), rep(1)])
+    assert (row["outcome"], row["site"], row["step"]) == ("deadlock", "decision", 7)
+    assert "(r3)" in row["detail"]
+
+
+def test_missing_report_is_the_harness_an_aborted_rank_its_journal():
+    assert classify([rep(0), None])["outcome"] == "harness"
+    assert classify([rep(0), {**rep(1), "aborted": -6}])["outcome"] == "deadlock"
+    # its journal still shows the divergence that came first
+    row = classify([rep(0, ["p", "-> False"]), {**rep(1, ["p", "-> True"]), "aborted": -6}])
+    assert row["outcome"] == "divergence" and "rank 1 (exit -6) aborted" in row["detail"]
+
+
+def test_corrupt_pages_and_late_disagreement():
+    assert classify([rep(0, data_errors=3), rep(1)])["outcome"] == "corrupt"
+    row = classify([rep(0, decisions={"r1": ["poll", 64, 512]}),
+                    rep(1, decisions={"r1": ["poll", 0, 512]})])
+    assert row["outcome"] == "divergence" and "r1" in row["detail"]
+
+
+@pytest.mark.parametrize("argv", [["--scenarios", "nope"], ["--scenarios", "pp-stages", "--pp",
+                                                            "1"], ["--protocols", "x"],
+                                  ["--collective-timeout", "0"]])
+def test_bad_input_is_one_line_and_exit_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench hazards: ")
+
+
+# (scenario, protocol, outcome) a subset of the matrix: one of each outcome.
+SUBSET = [("ongoing-skew", "pr36425", "deadlock"), ("ongoing-skew", "pr38284", "divergence"),
+          ("walk-skew", "pr36425", "deadlock"), ("sidecar-race", "pre27010", "corrupt"),
+          ("sidecar-race", "pr32725", "OK")]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_subset_is_deterministic_and_names_deadlocks_in_time(tmp_path: Path):
+    spec = MatrixSpec((), (), seed=0, timeout_s=2.0, out=tmp_path)
+    for scenario, protocol, want in SUBSET:
+        first, second = (run_one(spec, SCENARIOS[scenario], protocol, tag=t)
+                         for t in ("", "__again"))
+        assert first["outcome"] == second["outcome"] == want, (scenario, protocol, first)
+        assert first["site"] == second["site"]
+        if want == "deadlock":
+            assert first["named_s"] is not None and first["named_s"] <= 2 * spec.timeout_s
+            assert "1" in first["exit_codes"]  # a failed rank exits nonzero
+            assert (tmp_path / "cells" / f"{scenario}__{protocol}" / "rank0.json").exists()
+        if want == "OK":
+            assert first["decision_per_poll"] == 0.0  # wait_complete: pr36425's free poll
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+def test_the_verb_writes_its_files(tmp_path: Path, capsys):
+    out = tmp_path / "run"
+    assert main(["--protocols", "pre27010,pr36425", "--scenarios", "sidecar-race",
+                 "--out", str(out)]) == 0
+    for name in ("hazards.csv", "hazards.md", "hazards.png", "env.json"):
+        assert (out / name).exists(), name
+    text = (out / "hazards.md").read_text()
+    assert "| sidecar-race (#27550) | **corrupt** load_back | OK 0/poll 1/step |" in text
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("bench hazards: OK")
