@@ -17,11 +17,12 @@ import torch.distributed as dist
 from hicache.comm import COMPLETION, PER_STEP_MIN, Comm, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import rank_consensus
-from hicache.controller import SIDECAR, CacheController, PrefetchOp
-from hicache.cost_model import ticket_path
+from hicache.controller import KV, SIDECAR, CacheController, PrefetchOp
+from hicache.cost_model import IO_BATCH_PAGES, ticket_path
 from hicache.hashing import page_hashes
 from hicache.kv_layout import kv_layout
 from hicache.loadback import LoadBack
+from hicache.pinned import Pin
 from hicache.pools import PagePool, verify_pages
 from hicache.pp_ticket import TicketRelay
 from hicache.protocols import Facts, make_protocol
@@ -57,8 +58,15 @@ class HiCache:
         self.ticketed = ticket_path(cfg.protocol, cfg.pp, cfg.host_memory)
         tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
                                cfg.collective_timeout_s / 2) if self.ticketed else None)
+        self.pinned = cfg.schedule == "pinned"
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
-                                          cfg.page_size, self.protocol.uses_acks, tickets)
+                                          cfg.page_size, self.protocol.uses_acks, tickets,
+                                          self.pinned)
+        # Pinned: what the threads finished becomes visible on the virtual clock.
+        self.pin = (Pin(cfg.page_size, self.protocol.uses_acks,
+                        cfg.storage.exists_latency_ms / 1e3, self.controller.progress,
+                        self.controller.synced_acks, cfg.collective_timeout_s, layout.rank)
+                    if self.pinned else None)
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
                             self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
                       if cfg.tiers else None)
@@ -92,6 +100,8 @@ class HiCache:
         self.ongoing[rid] = op
         self.tokens_in_flight += len(key)
         st.op_issued = True
+        if self.pin is not None:
+            self.pin.hits.submitted.append(op)
         self.controller.prefetch_queue.put(op)
 
     def _match_and_lock(self, rid: str, tokens: list[int]) -> MatchResult:
@@ -182,6 +192,9 @@ class HiCache:
         """Drains hit-query results and acks by counts all ranks agree on; returns whether
         any rank (of PP stage 0) still has work."""
         self.step_stamp = stamp
+        if self.pin is not None:  # before anything reads the threads' results
+            for op in self.pin.advance(stamp, self.ongoing):
+                self.stats.requests[op.rid].io_done_vt = op.io_end_v
         self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
         self.free_stopped_tails()
         pending = [op for _, op in sorted(self.ongoing.items())
@@ -212,6 +225,9 @@ class HiCache:
         head = [-int(busy)] + [-v for v in votes if v is not None]
         loads = [0]  # load-back copies inside the step (hicache.loadback): none pending
         queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
+        if self.pin is not None:  # what has completed on the virtual clock
+            queues = [self.pin.hits.visible(self.step_stamp, self.pin.wait),
+                      self.pin.visible_acks()]
         if self.tiers is not None:
             # The write path's counts ride here, no collective of their own (docs/design.md
             # section 12): finished host copies with the head, backup acks with the queues.
@@ -242,6 +258,8 @@ class HiCache:
                                f"within {self.cfg.collective_timeout_s}s") from None
 
     def _drain_hits(self, n: int) -> None:
+        if self.pin is not None:
+            self.pin.hits.drained(n)
         for _ in range(n):
             op = self._get(self.controller.hit_queue)
             op.hit_drained = True
@@ -258,7 +276,17 @@ class HiCache:
                 continue
             op.host_slots, op.hash_value = slots, op.hash_value[: len(slots)]
             st.hit_tokens, st.io_issued = op.hit_tokens, True  # the hit it will fetch
+            if self.pin is not None:
+                self._plan_reads(op)
             self.controller.io_queue.put(op)
+
+    def _plan_reads(self, op: PrefetchOp) -> None:
+        """Pinned: the op's batch reads drawn now, in the order the IO thread runs them,
+        and replayed on the virtual clock from this step on (hicache.pinned)."""
+        storage, n = self.controller.storage, IO_BATCH_PAGES
+        op.plans = [storage.plan_read(op.hash_value[i: i + n], KV, self.cfg.kv_page_elems)
+                    for i in range(0, len(op.hash_value), n)]
+        self.pin.io.submit(op, self.step_stamp, op.plans)
 
     def _alloc_host(self, pages: int) -> list[int] | None:
         """Host slots for the hit; under pressure (after eviction) the longest prefix that
@@ -274,6 +302,8 @@ class HiCache:
         return slots
 
     def _drain_acks(self, n: int) -> None:
+        if self.pin is not None:
+            self.pin.acks_drained += n
         for _ in range(n):
             ack = self._get(self.controller.synced_acks)
             op = ack.op
@@ -300,7 +330,7 @@ class HiCache:
         if op.ticketed:
             self._take_ticket(op)
             return True
-        op.terminated.set()  # the IO thread stops at its next batch boundary
+        self._terminate(op)  # the IO thread stops at its next batch boundary
         if op.host_slots is None:
             # Stopped before its hit was agreed: no host slots, nothing usable, and no
             # completion MIN (SGLang revokes it first: hiradix_cache check_prefetch_progress).
@@ -314,7 +344,7 @@ class HiCache:
         # (unified_radix_cache.py `_start_storage_prefetch_wait`); a ticket has no clock.
         if self.protocol.clock == "first_blocked_poll" and self.cfg.policy == "timeout" \
                 and op.wait_start is None and not op.ticketed:
-            op.wait_start = time.monotonic()
+            op.wait_start = self._now()
 
     def _take_ticket(self, op: PrefetchOp) -> None:
         """Stage 0 found the ticket ready: wait for this rank's own final ack (a TP peer or a
@@ -343,9 +373,10 @@ class HiCache:
             landed = op.host_slots is not None and op.completed_tokens >= op.hit_tokens
             budget = cfg.timeout_base_s + len(op.tokens) / 1024 * cfg.timeout_per_ki_token_s
             return not landed and op.wait_start is not None and \
-                time.monotonic() - op.wait_start > budget
-        if self.protocol.clock == "step":
-            elapsed = self.step_stamp - op.start_stamp  # rank 0's clock, identical on all
+                self._now() - op.wait_start > budget
+        if self.protocol.clock == "step" or self.pinned:
+            # rank 0's clock, identical on all (pinned: the virtual one, for every protocol)
+            elapsed = self.step_stamp - op.start_stamp
         else:
             elapsed = time.monotonic() - op.start_time  # this rank's wall clock
         return elapsed > cfg.timeout_base_s + op.hit_tokens / 1024 * cfg.timeout_per_ki_token_s
@@ -367,8 +398,16 @@ class HiCache:
 
     # ---- termination ------------------------------------------------------------------------
 
-    def _revoke(self, op: PrefetchOp, via: str = "revoked") -> None:
+    def _now(self) -> float:
+        """The timeout policy's clock: this rank's wall clock; pinned, the virtual one."""
+        return self.step_stamp if self.pinned else time.monotonic()
+
+    def _terminate(self, op: PrefetchOp) -> None:
+        op.terminated_v = self.step_stamp  # when, on the virtual clock (pinned)
         op.terminated.set()
+
+    def _revoke(self, op: PrefetchOp, via: str = "revoked") -> None:
+        self._terminate(op)
         self._end(op, via, 0)
 
     def _finalize(self, op: PrefetchOp, usable: int, via: str) -> None:
@@ -395,17 +434,21 @@ class HiCache:
         st = self.stats.requests[op.rid]
         st.terminated_by, st.prefetched_tokens = via, usable
         st.ready, st.io_done, st.io_error = time.monotonic(), op.t_io_done, op.io_error
+        st.ready_vt = self.step_stamp
         # The hit is part of the record only once agreed and drained (the same on all ranks).
         hit = op.hit_tokens if op.hit_drained else None
         self.stats.decisions[op.rid] = (via, usable, hit)
 
-    def free_stopped_tails(self) -> None:
+    def free_stopped_tails(self, final: bool = False) -> None:
         """Frees the unfetched host slots of ended prefetches whose IO has stopped; called
-        every step and once more after the IO thread has ended (a read can outlive the
-        scheduler's last step)."""
+        every step and once more (`final`) after the IO thread has ended (a read can
+        outlive the scheduler's last step). Pinned: stopped on the virtual clock, then
+        really (the slots are reused only after the thread's last write)."""
         keep = []
         for op, slots in self._tails:
-            if op.io_done.is_set():
+            if self.pin is not None and op.io_stopped and not final:
+                self.pin.wait(op.io_done.is_set, f"IO of {op.rid}")
+            if op.io_done.is_set() and (op.io_stopped or final or self.pin is None):
                 self.host_kv.free(slots)
                 self.stats.requests[op.rid].io_done = op.t_io_done
             else:
