@@ -194,3 +194,68 @@ def pinned_counts():
 def test_count_contract_and_counter_hold_under_pinned(pinned_counts):
     for variant in pinned_counts:
         _check_layout(pinned_counts, variant, 2, 1)
+
+
+# ---- the harness: flag, digest judging -----------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["--schedule", "fixed"], "invalid choice: 'fixed'"),
+    (["--schedule", "pinned", "--gpu", "none"], "needs a modelled forward time"),
+    (["--schedule", "pinned", "--extra-pool"], "side-car"),
+    (["--schedule", "pinned", "--preset", "trace"], "write path"),
+])
+def test_bad_schedule_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
+    from bench.commands.run import main
+
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
+def test_presets_pin_where_they_can_and_flags_choose():
+    from bench.commands.run import build_plan, parser
+
+    def schedule(*argv):
+        return build_plan(parser().parse_args(list(argv))).schedule
+
+    assert schedule() == schedule("--preset", "queue") == schedule("--preset", "ci") == "pinned"
+    assert schedule("--schedule", "free") == "free"
+    assert schedule("--preset", "sweep") == "free"
+    assert schedule("--gpu", "none") == "free"  # a preset's pinning yields to what cannot be
+    assert schedule("--preset", "sweep", "--schedule", "pinned") == "pinned"
+
+
+def _serves(digests: dict, schedule: str = "pinned") -> list[dict]:
+    return [{"protocol": p, "policy": q, "rate_rps": 16.0, "repeat": 0, "schedule": schedule,
+             "schedule_digest": d} for (p, q), d in digests.items()]
+
+
+def test_digest_check_fails_decide_alike_protocols_that_differ_only_when_pinned():
+    alike = {("pr27010", "wait_complete"): "a", ("pr36425", "wait_complete"): "a",
+             ("step-clock", "wait_complete"): "a", ("pre27010", "wait_complete"): "b"}
+    assert digest_failures(_serves(alike), "pinned") == []  # pre27010 decides otherwise
+    split = {**alike, ("step-clock", "wait_complete"): "c"}
+    (line,) = digest_failures(_serves(split), "pinned")
+    assert "step-clock c" in line and "wait_complete" in line
+    assert digest_failures(_serves(split, "free"), "free") == []  # reported, not judged
+
+
+def test_verdict_fails_a_pinned_run_whose_alike_protocols_differ():
+    import pandas as pd
+
+    from bench.analysis.verdict import schedule_failures
+
+    split = {("pr27010", "timeout"): "a", ("pr36425", "timeout"): "b"}
+    rows = pd.DataFrame(_serves(split) * 3)  # three requests per serve
+    assert len(schedule_failures(rows)) == 1
+    assert schedule_failures(pd.DataFrame(_serves(split, "free"))) == []
+
+
+def test_two_runs_of_one_seed_must_share_every_digest():
+    from bench.analysis.schedule import repeat_failures
+
+    a = _serves({("pr27010", "timeout"): "a", ("pr36425", "timeout"): "a"})
+    b = _serves({("pr27010", "timeout"): "a", ("pr36425", "timeout"): "z"})
+    assert repeat_failures(a, a) == []
+    (line,) = repeat_failures(a, b)
+    assert "pr36425" in line

@@ -28,6 +28,7 @@ from bench.run.plan import (
 from bench.run.workload import WorkloadSpec
 from bench.rundir.env import REPO_DIR
 from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
+from hicache.pinned import SCHEDULES
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
 from hicache.storage import StorageSpec
@@ -82,6 +83,11 @@ def parser() -> CliParser:
     a("--timeout-base", type=float, help="prefetch timeout base, s (default 1.0)")
     a("--step-ms", type=float, help="the modelled decode step's fixed part, ms (default: "
       "the model's roofline on --gpu, e.g. 4.5 for llama3-8b at TP2 on h100)")
+    a("--schedule", choices=SCHEDULES, help="pinned: arrivals, IO completions and timeouts "
+      "on a virtual clock advanced by the modelled forward, one schedule per seed, so a "
+      "difference is the protocol's host cost (the default, queue and ci presets); free: "
+      "on the wall clock, the end-to-end effect with its feedback through the schedule "
+      "(every other preset; docs/design.md, Pinned schedules)")
     a("--consensus", action="store_true",
       help="online rank-consensus checker (docs/design.md section 6)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
@@ -175,8 +181,24 @@ def build_plan(args) -> RunPlan:
                    gpu=args.gpu or "h100", step_ms=args.step_ms,
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
+    if args.schedule is None:
+        plan = _pin_if_possible(plan)
     _check_configs(plan)
     return plan
+
+
+def _pin_if_possible(plan: RunPlan) -> RunPlan:
+    """A preset's pinned schedule, or free where the flags asked for what a pinned one
+    cannot pin (e.g. --gpu none, a write path, a side-car pool); an explicit --schedule
+    pinned is refused for those instead (one line, exit 2)."""
+    if plan.schedule != "pinned":
+        return plan
+    try:
+        _check_configs(plan)
+        return plan
+    except UsageError:
+        system = {**dict(plan.system), "schedule": "free"}
+        return replace(plan, system=tuple(sorted(system.items())))
 
 
 def _check_configs(plan: RunPlan) -> None:
@@ -234,6 +256,7 @@ def _system(args, preset: dict) -> dict:
             s[key] = getattr(args, flag)
     if args.consensus:
         s["consensus_check"] = True
+    s["schedule"] = args.schedule or preset.get("schedule", "free")
     if args.kv_budget_gib is not None:
         s["kv_budget_gib"] = args.kv_budget_gib
     if args.budget_skew is not None and not args.budget_skew < 1:
