@@ -119,9 +119,9 @@ class Scheduler:
         busy = self._busy()
         any_busy = self.cache.check_hicache_events(stamp, busy)
         # t: rank 0's wall clock at the top of the step (step time = t_end - t)
-        rec = StepStats(step, msg["wall"], waiting=len(self.waiting), running=len(self.running),
-                        prefetching=sum(rid in self.cache.ongoing for rid in self.waiting),
-                        vt=stamp)
+        rec = StepStats(step, msg.get("wall", stamp), waiting=len(self.waiting),
+                        running=len(self.running), vt=stamp,
+                        prefetching=sum(rid in self.cache.ongoing for rid in self.waiting))
         if self.cache.pin is not None:
             rec.pin_wait_s = self.cache.pin.take_waited()
         polls: list[tuple[str, bool]] = []
