@@ -379,7 +379,10 @@ class HiCache:
             elapsed = self.step_stamp - op.start_stamp
         else:
             elapsed = time.monotonic() - op.start_time  # this rank's wall clock
-        return elapsed > cfg.timeout_base_s + op.hit_tokens / 1024 * cfg.timeout_per_ki_token_s
+        # The budget grows with the hit. The prefetch thread sets it when its query ends
+        # (wall time); pinned reads it only once drained, at its step on the virtual clock.
+        hit = op.hit_tokens if op.hit_drained or not self.pinned else 0
+        return elapsed > cfg.timeout_base_s + hit / 1024 * cfg.timeout_per_ki_token_s
 
     def _usable_after_poll(self, op: PrefetchOp) -> int:
         if self.protocol.uses_acks:

@@ -259,3 +259,18 @@ def test_two_runs_of_one_seed_must_share_every_digest():
     assert repeat_failures(a, a) == []
     (line,) = repeat_failures(a, b)
     assert "pr36425" in line
+
+
+def test_noise_fails_pinned_runs_of_one_seed_with_different_schedules():
+    import pandas as pd
+
+    from bench.analysis.schedule import across_runs
+
+    def summary(digests: str, schedule: str = "pinned") -> pd.DataFrame:
+        return pd.DataFrame([{"protocol": "pr36425", "policy": "timeout", "rate_rps": 16.0,
+                              "schedule": schedule, "schedule_digest": digests}])
+
+    assert across_runs([summary("a b"), summary("a b")]) == []
+    (line,) = across_runs([summary("a b"), summary("a c")])
+    assert "repeat 1" in line and "b vs c" in line
+    assert across_runs([summary("a b", "free"), summary("a c", "free")]) == []

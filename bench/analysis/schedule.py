@@ -63,3 +63,28 @@ def repeat_failures(a: list[dict], b: list[dict]) -> list[str]:
     return [f"pinned schedule of {k[0]} ({k[2]}, repeat {k[3]}) differs between two runs "
             f"of one seed: {ia[k]} vs {ib[k]}" for k in sorted(set(ia) & set(ib), key=str)
             if ia[k] != ib[k]]
+
+
+def serves_of_summary(summary) -> list[dict]:
+    """summary.csv's rows (a DataFrame) as one row per serve: its per-repeat digests apart
+    (in repeat order), pinned rows only."""
+    out = []
+    if "schedule_digest" not in summary or "schedule" not in summary:
+        return out
+    for r in summary.to_dict("records"):
+        if r.get("schedule") != "pinned" or not isinstance(r.get("schedule_digest"), str):
+            continue
+        for repeat, digest in enumerate(r["schedule_digest"].split()):
+            out.append({"protocol": r["protocol"], "policy": r["policy"],
+                        "rate_rps": r.get("rate_rps"), "repeat": repeat,
+                        "schedule_digest": digest})
+    return out
+
+
+def across_runs(summaries: list) -> list[str]:
+    """Runs of one commit and seed (`bench noise`): every pinned serve must have the digest
+    the first run's has."""
+    if not summaries:
+        return []
+    first = serves_of_summary(summaries[0])
+    return [line for s in summaries[1:] for line in repeat_failures(first, serves_of_summary(s))]
