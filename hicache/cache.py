@@ -194,7 +194,8 @@ class HiCache:
         self.step_stamp = stamp
         if self.pin is not None:  # before anything reads the threads' results
             for op in self.pin.advance(stamp, self.ongoing):
-                self.stats.requests[op.rid].io_done_vt = op.io_end_v
+                st = self.stats.requests[op.rid]  # the measured clock: when it became true
+                st.io_done_vt, st.io_done = op.io_end_v, self.pin.clock()
         self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
         self.free_stopped_tails()
         pending = [op for _, op in sorted(self.ongoing.items())
@@ -436,7 +437,11 @@ class HiCache:
         self.tokens_in_flight -= len(op.tokens)
         st = self.stats.requests[op.rid]
         st.terminated_by, st.prefetched_tokens = via, usable
-        st.ready, st.io_done, st.io_error = time.monotonic(), op.t_io_done, op.io_error
+        st.io_error = op.io_error
+        if self.pin is None:
+            st.ready, st.io_done = time.monotonic(), op.t_io_done
+        else:  # its IO end is stamped when it becomes visible (check_hicache_events)
+            st.ready = self.pin.clock()
         st.ready_vt = self.step_stamp
         # The hit is part of the record only once agreed and drained (the same on all ranks).
         hit = op.hit_tokens if op.hit_drained else None
@@ -453,7 +458,8 @@ class HiCache:
                 self.pin.wait(op.io_done.is_set, f"IO of {op.rid}")
             if op.io_done.is_set() and (op.io_stopped or final or self.pin is None):
                 self.host_kv.free(slots)
-                self.stats.requests[op.rid].io_done = op.t_io_done
+                if self.pin is None:
+                    self.stats.requests[op.rid].io_done = op.t_io_done
             else:
                 keep.append((op, slots))
         self._tails = keep

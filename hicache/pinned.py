@@ -144,6 +144,7 @@ class Pin:
         self.acks_due = 0  # acks (batch and final) whose virtual time has passed
         self.acks_drained = 0
         self.waited_s = 0.0  # scheduler time spent waiting for real work (reset per step)
+        self.waited_total_s = 0.0  # ...over the serve: the measured clock leaves it out
 
     def wait(self, ready, what: str) -> None:
         """Blocks until `ready()` (real work whose virtual time has come), bounded."""
@@ -152,7 +153,9 @@ class Pin:
         t0 = time.monotonic()
         with self.progress:
             ok = self.progress.wait_for(ready, self.timeout_s)
-        self.waited_s += time.monotonic() - t0
+        waited = time.monotonic() - t0
+        self.waited_s, self.waited_total_s = self.waited_s + waited, \
+            self.waited_total_s + waited
         if not ok:
             raise RuntimeError(f"rank {self.rank}: {what} not done within {self.timeout_s}s "
                                f"of its virtual completion (pinned schedule)")
@@ -186,6 +189,11 @@ class Pin:
         need = self.acks_due - self.acks_drained
         self.wait(lambda: self.synced_acks.qsize() >= need, f"{need} acks")
         return need
+
+    def clock(self) -> float:
+        """The measured clock under pinned: this rank's wall clock less the waits for real
+        work (the free system never makes them: it would see the result a step later)."""
+        return time.monotonic() - self.waited_total_s
 
     def take_waited(self) -> float:
         waited, self.waited_s = self.waited_s, 0.0

@@ -68,11 +68,11 @@ class Scheduler:
         returns the number of steps. `step_base` counts the process's earlier steps (for
         fault injection at a process-wide step)."""
         pending = deque(sorted(requests, key=lambda r: r.arrival_offset_s))
-        t0, step = time.monotonic(), 0
+        t0, step = self._clock(), 0
         while True:
             self._check_faults(step, step_base + step)
             self.stats.counter.step = step  # the broadcast below is this step's collective
-            wall = time.monotonic()
+            wall = self._clock()
             now = self.virtual if self.pinned else wall
             since = now if self.pinned else now - t0
             arrived = []
@@ -94,6 +94,12 @@ class Scheduler:
                            if pending else 0.0, idle_sleep_s)
             step += 1
 
+    def _clock(self) -> float:
+        """The measured clock: the wall clock (pinned: less the waits for real work whose
+        virtual time had come, hicache.pinned.Pin.clock)."""
+        pin = self.cache.pin
+        return time.monotonic() if pin is None else pin.clock()
+
     def _idle(self, pending: deque, since: float, until_next_s: float,
               idle_sleep_s: float) -> None:
         """Rank 0 with nothing to do: wait for the next arrival (pinned: jump to it)."""
@@ -113,7 +119,7 @@ class Scheduler:
         stamp = msg["now"]  # the schedule's clock: virtual when pinned
         for rid, tokens, arrival, output_tokens, kind in msg["reqs"]:
             self.stats.requests[rid] = RequestStats(rid, arrival, kind, output_tokens,
-                                                    enqueued=time.monotonic())
+                                                    enqueued=self._clock())
             self.waiting.append(rid)
             self.cache.admit(rid, tokens, stamp)
         busy = self._busy()
@@ -132,7 +138,7 @@ class Scheduler:
             self._decode(rec)
         else:
             self._forward(rec, 0, 0, 0)  # idle: the data-plane collectives still pair up
-        rec.t_end = time.monotonic()
+        rec.t_end = self._clock()
         self._extend_digest(rec, batch, polls)
         self.stats.steps.append(rec)
         # Stop on agreed inputs only, so every rank leaves the loop at the same step.
@@ -180,7 +186,7 @@ class Scheduler:
         for rid in batch:
             self.waiting.remove(rid)
             st = self.stats.requests[rid]
-            st.scheduled = time.monotonic()
+            st.scheduled = self._clock()
             dev, st.load_back_s = self.cache.load_back(rid)
             loaded.append(dev)
             new_tokens += st.computed_tokens
@@ -215,15 +221,15 @@ class Scheduler:
     def _forward(self, rec: StepStats, new_tokens: int, decode_reqs: int,
                  context: int) -> float:
         """Runs the step's forward; returns when its outputs exist (this rank's clock)."""
-        t0 = time.monotonic()
+        t0 = self._clock()
         self.model.forward(new_tokens, decode_reqs)
         # CPU stand-in: sleep out the rest of the modelled forward, releasing the GIL to the
         # controller's threads as a scheduler waiting on its GPU would.
         rec.modelled_ms = self.cfg.step_time.forward_ms(new_tokens, decode_reqs, context)
-        rest = t0 + rec.modelled_ms / 1e3 - time.monotonic()
+        rest = t0 + rec.modelled_ms / 1e3 - self._clock()
         if rest > 0 and self.cfg.pad_forward:
             time.sleep(rest)
-        done = time.monotonic()
+        done = self._clock()
         rec.forward_s = done - t0
         return done
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 from collections import defaultdict
 
 # Protocols whose every poll answers alike under a pinned schedule, by policy (why:
-# docs/design.md, "Pinned schedules"). pre27010 ends a wait_complete or timeout prefetch at
-# a poll (its progress is rank-local), where the ack protocols end it by the final ack
-# before the walk: one more poll seen. Under timeout step-batched and step-clock decide in
-# the step's agreement, before that step's acks are drained, and keep the prefix acked by
-# then: the same step as pr27010 / pr36425, possibly fewer pages. sglang-0.5.23 starts its
-# timeout clock at the first blocked poll, with a budget from the requested pages.
+# docs/design.md, "Pinned schedules"). pre27010 ends a finished prefetch at a poll (its
+# progress is rank-local), where the ack protocols end it by the final ack before the walk
+# (under best_effort too, when the walk reaches it only after its IO): one more poll.
+# Under timeout step-batched and step-clock decide in the step's agreement, before that
+# step's acks are drained, and keep the prefix acked by then: the same step as pr27010 /
+# pr36425, possibly fewer pages. sglang-0.5.23 starts its timeout clock at the first
+# blocked poll, with a budget from the requested pages.
 _ACK = ("pr27010", "pr36425", "step-batched", "step-clock")
 DECIDE_ALIKE: dict[str, tuple[tuple[str, ...], ...]] = {
-    "best_effort": (("pre27010", *_ACK, "sglang-0.5.23"),),
+    "best_effort": ((*_ACK, "sglang-0.5.23"),),
     "wait_complete": ((*_ACK, "sglang-0.5.23"),),
     "timeout": (("pr27010", "pr36425"), ("step-batched", "step-clock")),
 }
