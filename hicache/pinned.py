@@ -192,8 +192,15 @@ class Pin:
 
     def clock(self) -> float:
         """The measured clock under pinned: this rank's wall clock less the waits for real
-        work (the free system never makes them: it would see the result a step later)."""
+        work (the free system never makes them: it would see the result a step later) and
+        less the forward sleep's lateness (`leave_out`)."""
         return time.monotonic() - self.waited_total_s
+
+    def leave_out(self, seconds: float) -> float:
+        """Leaves `seconds` (if > 0) out of the measured clock; returns what it left out."""
+        seconds = max(0.0, seconds)
+        self.waited_total_s += seconds
+        return seconds
 
     def take_waited(self) -> float:
         waited, self.waited_s = self.waited_s, 0.0

@@ -69,6 +69,7 @@ class StepStats:
     modelled_ms: float = 0.0  # the forward's modelled time (hicache.step_time)
     vt: float = 0.0  # the schedule's clock at the top of the step (pinned: virtual)
     pin_wait_s: float = 0.0  # pinned: waiting for real work whose virtual time had come
+    forward_late_s: float = 0.0  # pinned: the forward's sleep overran (left out of times)
     schedule_digest: str = ""  # running digest of every step's decisions up to this one
 
 

@@ -226,9 +226,15 @@ class Scheduler:
         # CPU stand-in: sleep out the rest of the modelled forward, releasing the GIL to the
         # controller's threads as a scheduler waiting on its GPU would.
         rec.modelled_ms = self.cfg.step_time.forward_ms(new_tokens, decode_reqs, context)
-        rest = t0 + rec.modelled_ms / 1e3 - self._clock()
+        computed = self._clock() - t0
+        rest = rec.modelled_ms / 1e3 - computed
         if rest > 0 and self.cfg.pad_forward:
             time.sleep(rest)
+            if self.cache.pin is not None:
+                # Pinned: the OS waking the sleeper late is no cost of the step (a GPU-bound
+                # scheduler has none); the measured clock leaves it out.
+                rec.forward_late_s = self.cache.pin.leave_out(
+                    self._clock() - t0 - max(computed, rec.modelled_ms / 1e3))
         done = self._clock()
         rec.forward_s = done - t0
         return done

@@ -135,7 +135,8 @@ class ResultSink:
                "kind": s["kind"], "step_ms": (s["t_end"] - s["t"]) * MS,
                "forward_ms": s["forward_s"] * MS, "sync_ms": s["sync_s"] * MS,
                "decision_sync_ms": s["decision_sync_s"] * MS, "vt_s": s["vt"],
-               "pin_wait_ms": s["pin_wait_s"] * MS, "schedule_digest": s["schedule_digest"]}
+               "pin_wait_ms": s["pin_wait_s"] * MS, "forward_late_ms": s["forward_late_s"] * MS,
+               "schedule_digest": s["schedule_digest"]}
         for key in ("waiting", "prefetching", "polled", "scheduled", "running",
                     "prefill_tokens", "context_tokens"):
             row[key] = s[key]

@@ -32,7 +32,8 @@ WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_
 
 # Columns added with trace replays: absent in older run directories, which stay readable.
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
-                    *WRITE_PATH_COLUMNS, "schedule", "schedule_digest", "vt_s", "pin_wait_ms"]
+                    *WRITE_PATH_COLUMNS, "schedule", "schedule_digest", "vt_s", "pin_wait_ms",
+                    "forward_late_ms"]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
@@ -50,7 +51,7 @@ STEP_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "step", "t_s", "kind", "step_ms", "forward_ms", "waiting", "prefetching",
     "polled", "scheduled", "running", "prefill_tokens", "context_tokens", "request_broadcast",
     "per_step_min", "model_allreduce", "decision", "completion", "pp_hop", "sync_ms",
-    "decision_sync_ms", "vt_s", "pin_wait_ms", "schedule_digest",
+    "decision_sync_ms", "vt_s", "pin_wait_ms", "forward_late_ms", "schedule_digest",
 ]
 
 # Per-rank counts: every rank's collectives by call site, per configuration and repeat.
