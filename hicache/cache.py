@@ -18,9 +18,10 @@ import torch.distributed as dist
 from hicache.comm import COMPLETION, PER_STEP_MIN, Comm, Layout
 from hicache.config import HiCacheConfig
 from hicache.consensus import rank_consensus
-from hicache.controller import SIDECAR, CacheController, PrefetchOp
-from hicache.cost_model import ticket_path
+from hicache.controller import KV, SIDECAR, CacheController, PrefetchOp
+from hicache.cost_model import IO_BATCH_PAGES, ticket_path
 from hicache.kv_layout import kv_layout
+from hicache.pinned import Pin
 from hicache.pools import PagePool
 from hicache.pp_ticket import TICKET_IDLE_S, TicketRelay
 from hicache.prefill_pages import PrefillPages
@@ -60,9 +61,15 @@ class HiCache:
         idle_s = min(TICKET_IDLE_S, cfg.collective_timeout_s / 2)
         tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
                                idle_s) if self.ticketed else None)
+        self.pinned = cfg.schedule == "pinned"
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks, tickets,
-                                          stats.events)
+                                          stats.events, self.pinned)
+        # Pinned: what the threads finished becomes visible on the virtual clock.
+        self.pin = (Pin(cfg.page_size, self.protocol.uses_acks,
+                        cfg.storage.exists_latency_ms / 1e3, self.controller.progress,
+                        self.controller.synced_acks, cfg.collective_timeout_s, layout.rank)
+                    if self.pinned else None)
         self.tiers = (Tiers(cfg.write_policy, self.tree, self.host_kv, self.dev_kv,
                             self.controller, cfg.page_size, layout.rank, cfg.unbounded_pools)
                       if cfg.tiers else None)
@@ -101,6 +108,8 @@ class HiCache:
         self.ongoing[rid] = op
         self.tokens_in_flight += len(key)
         st.op_issued = True
+        if self.pin is not None:
+            self.pin.hits.submitted.append(op)
         self.controller.prefetch_queue.put(op)
 
     def _match_and_lock(self, rid: str, tokens: list[int]) -> MatchResult:
@@ -170,6 +179,10 @@ class HiCache:
         """Drains hit-query results and acks by counts all ranks agree on; returns whether
         any rank (of PP stage 0) still has work."""
         self.step_stamp, self.extra_polls = stamp, 0
+        if self.pin is not None:  # before anything reads the threads' results
+            for op in self.pin.advance(stamp, self.ongoing):
+                st = self.stats.requests[op.rid]  # the measured clock: when it became true
+                st.io_done_vt, st.io_done = op.io_end_v, self.pin.clock()
         self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
         self.free_stopped_tails()
         pending = [op for _, op in sorted(self.ongoing.items())
@@ -238,6 +251,9 @@ class HiCache:
         head = [-int(busy)] + [-v for v in votes if v is not None]
         loads = [0]  # load-back copies inside the step (hicache.loadback): none pending
         queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
+        if self.pin is not None:  # what has completed on the virtual clock
+            queues = [self.pin.hits.visible(self.step_stamp, self.pin.wait),
+                      self.pin.visible_acks()]
         if self.tiers is not None:
             # The write path's counts ride here, no collective of their own (docs/design.md
             # section 12): finished host copies with the head, backup acks with the queues.
@@ -288,6 +304,8 @@ class HiCache:
                                f"within {self.cfg.collective_timeout_s}s") from None
 
     def _drain_hits(self, n: int) -> None:
+        if self.pin is not None:
+            self.pin.hits.drained(n)
         for _ in range(n):
             op = self._get(self.controller.hit_queue)
             op.hit_drained = True
@@ -304,9 +322,19 @@ class HiCache:
                 continue
             op.host_slots, op.hash_value = slots, op.hash_value[: len(slots)]
             st.hit_tokens, st.io_issued = op.hit_tokens, True  # the hit it will fetch
+            if self.pin is not None:
+                self._plan_reads(op)
             self.controller.io_queue.put(op)
             if self._local_miss(op):
                 del self.ongoing[op.rid]  # its IO and acks run on; the scheduler forgot it
+
+    def _plan_reads(self, op: PrefetchOp) -> None:
+        """Pinned: the op's batch reads drawn now, in the order the IO thread runs them,
+        and replayed on the virtual clock from this step on (hicache.pinned)."""
+        storage, n = self.controller.storage, IO_BATCH_PAGES
+        op.plans = [storage.plan_read(op.hash_value[i: i + n], KV, self.cfg.kv_page_elems)
+                    for i in range(0, len(op.hash_value), n)]
+        self.pin.io.submit(op, self.step_stamp, op.plans)
 
     def _alloc_host(self, pages: int) -> list[int] | None:
         """Host slots for the hit; under pressure (after eviction) the longest prefix that
@@ -322,6 +350,8 @@ class HiCache:
         return slots
 
     def _drain_acks(self, n: int) -> None:
+        if self.pin is not None:
+            self.pin.acks_drained += n
         for _ in range(n):
             ack = self._get(self.controller.synced_acks)
             op = ack.op
@@ -348,7 +378,7 @@ class HiCache:
         if op.ticketed:
             self._take_ticket(op)
             return True
-        op.terminated.set()  # the IO thread stops at its next batch boundary
+        self._terminate(op)  # the IO thread stops at its next batch boundary
         if op.host_slots is None:
             # Stopped before its hit was agreed: no host slots, nothing usable, and no
             # completion MIN (SGLang revokes it first: hiradix_cache check_prefetch_progress).
@@ -372,7 +402,7 @@ class HiCache:
         # (unified_radix_cache.py `_start_storage_prefetch_wait`); a ticket has no clock.
         if self.protocol.clock == "first_blocked_poll" and self.cfg.policy == "timeout" \
                 and op.wait_start is None and not op.ticketed:
-            op.wait_start = time.monotonic()
+            op.wait_start = self._now()
 
     def _take_ticket(self, op: PrefetchOp) -> None:
         """Stage 0 found the ticket ready: wait for this rank's own final ack (a TP peer or a
@@ -401,12 +431,16 @@ class HiCache:
             landed = op.host_slots is not None and op.completed_tokens >= op.hit_tokens
             budget = cfg.timeout_base_s + len(op.tokens) / 1024 * cfg.timeout_per_ki_token_s
             return not landed and op.wait_start is not None and \
-                time.monotonic() - op.wait_start > budget
-        if self.protocol.clock == "step":
-            elapsed = self.step_stamp - op.start_stamp  # rank 0's clock, identical on all
+                self._now() - op.wait_start > budget
+        if self.protocol.clock == "step" or self.pinned:
+            # rank 0's clock, identical on all (pinned: the virtual one, for every protocol)
+            elapsed = self.step_stamp - op.start_stamp
         else:
             elapsed = time.monotonic() - op.start_time  # this rank's wall clock
-        return elapsed > cfg.timeout_base_s + op.hit_tokens / 1024 * cfg.timeout_per_ki_token_s
+        # The budget grows with the hit. The prefetch thread sets it when its query ends
+        # (wall time); pinned reads it only once drained, at its step on the virtual clock.
+        hit = op.hit_tokens if op.hit_drained or not self.pinned else 0
+        return elapsed > cfg.timeout_base_s + hit / 1024 * cfg.timeout_per_ki_token_s
 
     def _usable_after_poll(self, op: PrefetchOp) -> int:
         if self.protocol.uses_acks:
@@ -425,8 +459,16 @@ class HiCache:
 
     # ---- termination ------------------------------------------------------------------------
 
-    def _revoke(self, op: PrefetchOp, via: str = "revoked") -> None:
+    def _now(self) -> float:
+        """The timeout policy's clock: this rank's wall clock; pinned, the virtual one."""
+        return self.step_stamp if self.pinned else time.monotonic()
+
+    def _terminate(self, op: PrefetchOp) -> None:
+        op.terminated_v = self.step_stamp  # when, on the virtual clock (pinned)
         op.terminated.set()
+
+    def _revoke(self, op: PrefetchOp, via: str = "revoked") -> None:
+        self._terminate(op)
         self._end(op, via, 0)
 
     def _finalize(self, op: PrefetchOp, usable: int, via: str) -> None:
@@ -452,20 +494,29 @@ class HiCache:
         self.tokens_in_flight -= len(op.tokens)
         st = self.stats.requests[op.rid]
         st.terminated_by, st.prefetched_tokens = via, usable
-        st.ready, st.io_done, st.io_error = time.monotonic(), op.t_io_done, op.io_error
+        st.io_error = op.io_error
+        if self.pin is None:
+            st.ready, st.io_done = time.monotonic(), op.t_io_done
+        else:  # its IO end is stamped when it becomes visible (check_hicache_events)
+            st.ready = self.pin.clock()
+        st.ready_vt = self.step_stamp
         # The hit is part of the record only once agreed and drained (the same on all ranks).
         hit = op.hit_tokens if op.hit_drained else None
         self.stats.decisions[op.rid] = (via, usable, hit)
 
-    def free_stopped_tails(self) -> None:
+    def free_stopped_tails(self, final: bool = False) -> None:
         """Frees the unfetched host slots of ended prefetches whose IO has stopped; called
-        every step and once more after the IO thread has ended (a read can outlive the
-        scheduler's last step)."""
+        every step and once more (`final`) after the IO thread has ended (a read can
+        outlive the scheduler's last step). Pinned: stopped on the virtual clock, then
+        really (the slots are reused only after the thread's last write)."""
         keep = []
         for op, slots in self._tails:
-            if op.io_done.is_set():
+            if self.pin is not None and op.io_stopped and not final:
+                self.pin.wait(op.io_done.is_set, f"IO of {op.rid}")
+            if op.io_done.is_set() and (op.io_stopped or final or self.pin is None):
                 self.host_kv.free(slots)
-                self.stats.requests[op.rid].io_done = op.t_io_done
+                if self.pin is None:
+                    self.stats.requests[op.rid].io_done = op.t_io_done
             else:
                 keep.append((op, slots))
         self._tails = keep

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hicache.cost_model import BUFFER_ONLY_PROTOCOLS, HOST_MEMORY, POLICIES, PROTOCOLS
+from hicache.cost_model import BUFFER_ONLY_PROTOCOLS, HOST_MEMORY, POLICIES, PROTOCOLS, ticket_path
+from hicache.pinned import SCHEDULES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
@@ -74,6 +75,36 @@ class HiCacheConfig:
     storage: StorageSpec = field(default_factory=StorageSpec)
     # Modelled forward time on CPU (hicache.step_time); all zero: steps last their CPU work.
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    # The step sleeps out the rest of its modelled forward (the CPU stand-in); False where
+    # the forward is real and step_time only drives a pinned schedule's virtual clock.
+    pad_forward: bool = True
+    # "free": the wall clock decides when things become true; "pinned": a virtual clock
+    # advanced by the modelled forward (hicache.pinned), the same schedule on every run.
+    schedule: str = "free"
+    idle_step_ms: float = 1.0  # pinned: virtual time of a step without a forward
+
+    def _check_pinned(self) -> None:
+        """The combinations a pinned schedule cannot pin (yet): one line each."""
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose from "
+                             f"{', '.join(SCHEDULES)}")
+        if self.schedule == "free":
+            return
+        if not self.step_time.enabled:
+            raise ValueError("a pinned schedule needs a modelled forward time (its virtual "
+                             "clock advances by it): --gpu none cannot be pinned")
+        if self.tiers:
+            raise ValueError("a pinned schedule does not yet pin the write path's host "
+                             "copies and storage writes: write_policy needs none, or "
+                             "--schedule free")
+        if self.extra_pool:
+            raise ValueError("a pinned schedule does not pin side-car pool reads: "
+                             "--extra-pool needs --schedule free")
+        if ticket_path(self.protocol, self.pp, self.host_memory):
+            raise ValueError("a pinned schedule does not pin 0.5.23's PP-ticket path "
+                             "(buffer_only, PP > 1): use --schedule free")
+        if not self.idle_step_ms > 0:
+            raise ValueError(f"idle_step_ms must be > 0, got {self.idle_step_ms}")
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -123,6 +154,7 @@ class HiCacheConfig:
                              "host copies of the write path)")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
+        self._check_pinned()
 
     @property
     def tiers(self) -> bool:

@@ -82,6 +82,13 @@ class PrefetchOp:
     ticketed: bool = False  # 0.5.23's PP-ticket path: the threads own it until ready
     io_error: str | None = None
     t_io_done: float | None = None
+    # Pinned schedules (hicache.pinned): virtual times and the real thread's progress.
+    terminated_v: float | None = None  # virtual time of the step whose poll ended it
+    hit_due: float | None = None  # virtual time its agreed hit becomes visible
+    plans: list = field(default_factory=list)  # one ReadPlan per IO batch
+    real_tokens: int = 0  # pre27010: tokens the IO thread really wrote (visible later)
+    io_stopped: bool = False  # its reads ended on the virtual clock
+    io_end_v: float | None = None  # ...at this virtual time
     terminated: threading.Event = field(default_factory=threading.Event)
     io_done: threading.Event = field(default_factory=threading.Event)
     ready: threading.Event = field(default_factory=threading.Event)  # ticket: final ack synced
@@ -115,11 +122,16 @@ class BackupOp:
 class CacheController:
     def __init__(self, comm: Comm, storage: Storage, host_kv: PagePool,
                  host_sidecar: PagePool | None, page_size: int, uses_acks: bool,
-                 tickets: TicketRelay | None = None, events: EventLog | None = None):
+                 tickets: TicketRelay | None = None, events: EventLog | None = None,
+                 pinned: bool = False):
         self.comm, self.storage, self.page_size = comm, storage, page_size
         self.host_kv, self.host_sidecar, self.uses_acks = host_kv, host_sidecar, uses_acks
         self.tickets = tickets  # 0.5.23's PP-ticket path, else None
         self.events = events  # the timeline (hicache.events), or None: nothing recorded
+        # Pinned: results are made visible by the scheduler (hicache.pinned), which waits on
+        # `progress` for real work whose virtual time has come.
+        self.pinned, self.progress = pinned, threading.Condition()
+        self._hit_cursor = 0.0  # virtual end of the last hit query (pinned)
         # Background groups: TP then PP after PR #27010 (the ack protocols), TP before.
         self.hit_groups = HIT_GROUPS if uses_acks else HIT_GROUPS[:1]
         self.prefetch_queue: queue.Queue = queue.Queue()
@@ -161,14 +173,29 @@ class CacheController:
             self._ticket_loop()
             return
         while (op := self.prefetch_queue.get()) is not None:
-            agreed = self._agreed_hit(op, self._local_hit(op))
+            local, calls = self._local_hit(op)
+            agreed = self._agreed_hit(op, local)
             op.hash_value = op.hashes[:agreed]
+            if self.pinned:  # visible once its modelled queries have passed (virtual)
+                start = max(op.start_stamp, self._hit_cursor)
+                self._hit_cursor = start + calls * self.storage.spec.exists_latency_ms / 1e3
+                op.hit_due = self._hit_cursor
             self.hit_queue.put(op)
+            self._notify()
 
-    def _local_hit(self, op: PrefetchOp) -> int:
+    def _notify(self) -> None:
+        if self.pinned:
+            with self.progress:
+                self.progress.notify_all()
+
+    def _local_hit(self, op: PrefetchOp) -> tuple[int, int]:
+        """(this rank's hit pages, batch_exists calls)."""
         op.hashes = page_hashes(op.tokens, self.page_size, op.prior_hash)
         # An op a poll already ended is not queried, but still reduced (its peers are).
-        return 0 if op.terminated.is_set() else self._storage_hit(op.hashes, op.rid)
+        # Pinned: always queried, so its modelled time does not hang on a race with a poll.
+        if op.terminated.is_set() and not self.pinned:
+            return 0, 0
+        return self._storage_hit(op.hashes, op.rid)
 
     def _agreed_hit(self, op: PrefetchOp, local: int) -> int:
         hit = torch.tensor([local], dtype=torch.int64)
@@ -183,7 +210,7 @@ class CacheController:
         while (op := self.tickets.next(self.prefetch_queue)) != STOP:
             if op is None:
                 continue  # an idle broadcast
-            slots = self.tickets.reserve(self._local_hit(op))
+            slots = self.tickets.reserve(self._local_hit(op)[0])
             agreed = self._agreed_hit(op, len(slots))
             self.host_kv.free(slots[agreed:])
             op.host_slots, op.hash_value = slots[:agreed], op.hashes[:agreed]
@@ -192,18 +219,18 @@ class CacheController:
                 op.terminated.set()  # read nothing; its final ack still makes it ready
             self.io_queue.put(op)
 
-    def _storage_hit(self, hashes: list[str], rid: str) -> int:
-        hit = 0
+    def _storage_hit(self, hashes: list[str], rid: str) -> tuple[int, int]:
+        hit, calls = 0, 0
         for i in range(0, len(hashes), IO_BATCH_PAGES):
             batch = hashes[i: i + IO_BATCH_PAGES]
             t0 = time.monotonic()
             n = self.storage.batch_exists(batch)
             if self.events is not None:
                 self.events.span(EXISTS, t0, time.monotonic(), rid, len(batch), n)
-            hit += n
+            hit, calls = hit + n, calls + 1
             if n < len(batch):
                 break  # stop at the first miss
-        return hit
+        return hit, calls
 
     # ---- IO thread --------------------------------------------------------------------------
 
@@ -214,6 +241,7 @@ class CacheController:
             else:
                 self._transfer_rank_local(op)
             op.io_done.set()
+            self._notify()
 
     def _transfer_with_acks(self, op: PrefetchOp) -> None:
         """Batches of KV + side-car pages, one ack per batch; the extra-pool ack; the final."""
@@ -252,14 +280,25 @@ class CacheController:
             n = len(op.hash_value[i: i + IO_BATCH_PAGES])
             got = self._read(op, i, n, self.host_kv)
             done += got
-            op.completed_tokens = done * self.page_size  # only after the pages landed
+            self._progress(op, done * self.page_size, short=got < n)
             if got < n:
-                # SGLang's mark_terminate on a short batch: the poll's MAX sees it, so
-                # wait_complete does not wait forever for pages that will never land.
-                op.terminated.set()
                 break
         self._read_sidecar(op, done)
         op.t_io_done = time.monotonic()
+
+    def _progress(self, op: PrefetchOp, tokens: int, short: bool) -> None:
+        """pre27010's rank-local progress, only after the pages landed. Pinned: the real
+        count only; the scheduler publishes it (and a short batch's stop) at its virtual
+        time (hicache.pinned)."""
+        if self.pinned:
+            op.real_tokens = tokens
+            self._notify()
+            return
+        op.completed_tokens = tokens
+        if short:
+            # SGLang's mark_terminate on a short batch: the poll's MAX sees it, so
+            # wait_complete does not wait forever for pages that will never land.
+            op.terminated.set()
 
     def _read_sidecar(self, op: PrefetchOp, kv_pages: int) -> None:
         if self.host_sidecar is None:
@@ -283,8 +322,9 @@ class CacheController:
         """Reads pages i..i+n of the op into their host slots; returns how many leading
         pages landed (the rest of the batch is not written)."""
         staging = torch.empty((n, pool.page_elems), dtype=pool.data.dtype)
+        plan = op.plans[i // IO_BATCH_PAGES] if self.pinned and pool is self.host_kv else None
         t0 = time.monotonic()
-        got = self.storage.batch_get(op.hash_value[i: i + n], pool.name, staging)
+        got = self.storage.batch_get(op.hash_value[i: i + n], pool.name, staging, plan)
         if self.events is not None:
             self.events.span(READ, t0, time.monotonic(), op.rid, pool.name, n, got.pages,
                              got.pages * pool.page_bytes)
@@ -304,6 +344,7 @@ class CacheController:
                 self._apply_ticket_ack(synced)
             else:
                 self.synced_acks.put(synced)
+                self._notify()
 
     @staticmethod
     def _apply_ticket_ack(ack: Ack) -> None:

@@ -50,6 +50,9 @@ class RequestStats:
     computed_tokens: int = 0  # the prefill computed them
     data_errors: int = 0  # pages whose loaded bytes differ from storage
     io_error: str | None = None
+    # The schedule's clock (pinned: virtual) when this rank's reads ended / it was decided.
+    io_done_vt: float | None = None
+    ready_vt: float | None = None
 
 
 @dataclass
@@ -69,6 +72,11 @@ class StepStats:
     prefill_tokens: int = 0
     context_tokens: int = 0  # KV tokens the decode step reads
     forward_s: float = 0.0  # the forward, modelled time included
+    modelled_ms: float = 0.0  # the forward's modelled time (hicache.step_time)
+    vt: float = 0.0  # the schedule's clock at the top of the step (pinned: virtual)
+    pin_wait_s: float = 0.0  # pinned: waiting for real work whose virtual time had come
+    forward_late_s: float = 0.0  # pinned: the forward's sleep overran (left out of times)
+    schedule_digest: str = ""  # running digest of every step's decisions up to this one
 
 
 @dataclass

@@ -7,10 +7,17 @@ reached request at most once; then one forward runs: a prefill of the newly sche
 requests when there are any (SGLang runs prefill first), else a decode step that gives every
 running request one token. A request leaves the running batch after its last token. On CPU
 the forward lasts its modelled time (hicache.step_time). Only the scheduler thread runs this.
+
+The clock rank 0 broadcasts is its wall clock under a free schedule; under a pinned one
+(hicache.pinned) it is virtual: it starts at 0 and advances per step by the step's modelled
+forward time, so arrivals, timeouts and IO completions fall on the same steps in every run.
+Each step also extends a digest of what it decided (kind, batch, polled requests and their
+outcomes): two runs with one digest ran one schedule.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections import deque
@@ -71,6 +78,9 @@ class Scheduler:
         # Rank-local walk horizon: a skewed rank believes the batch is full sooner (#30760).
         skew = cfg.budget_skew * layout.tp_rank / max(1, layout.tp - 1)
         self.horizon = int(cfg.max_prefill_tokens * (1.0 - skew))
+        self.pinned = cfg.schedule == "pinned"
+        self.virtual = 0.0  # rank 0's virtual clock (pinned), seconds since the start
+        self.digest = ""  # running schedule digest (hex)
 
     def run(self, requests: list[Request], step_base: int = 0,
             idle_sleep_s: float = 0.001) -> int:
@@ -78,29 +88,50 @@ class Scheduler:
         returns the number of steps. `step_base` counts the process's earlier steps (for
         fault injection at a process-wide step)."""
         pending = deque(sorted(requests, key=lambda r: r.arrival_offset_s))
-        t0, step = time.monotonic(), 0
+        t0, step = self._clock(), 0
         while True:
             self._check_faults(step, step_base + step)
             self.stats.counter.step = step  # the broadcast below is this step's collective
-            now = time.monotonic()
+            wall = self._clock()
+            top = time.monotonic()  # the timeline's stamp of the step's top
+            now = self.virtual if self.pinned else wall
+            since = now if self.pinned else now - t0
             arrived = []
-            while pending and t0 + pending[0].arrival_offset_s <= now:
+            while pending and pending[0].arrival_offset_s <= since:
                 r = pending.popleft()
-                arrived.append((r.rid, r.tokens, t0 + r.arrival_offset_s, r.output_tokens,
-                                r.kind))
+                # TTFT runs from the arrival on rank 0's wall clock; pinned, from the top
+                # of the step that admits it (the virtual arrival has no wall time).
+                arrival = wall if self.pinned else t0 + r.arrival_offset_s
+                arrived.append((r.rid, r.tokens, arrival, r.output_tokens, r.kind))
             msg = self.comm.broadcast_object(
-                {"now": now, "reqs": arrived, "all_arrived": not pending}, REQUEST_BROADCAST)
+                {"now": now, "wall": wall, "reqs": arrived, "all_arrived": not pending},
+                REQUEST_BROADCAST)
             last = self._step(step, msg)
             if self.stats.events is not None:  # the step on this rank's own clock
-                self.stats.events.span(STEP, now, time.monotonic(), step)
+                self.stats.events.span(STEP, top, time.monotonic(), step)
             # The agreed inputs say the serve is over; a PP stage whose own queue drain lags
             # (pre27010 at PP > 1 drains stage-locally) may still hold work: step on for it.
             if last and self.comm.all_idle(self._busy()):
                 return step + 1
             if self.layout.rank == 0 and not self._busy():
-                time.sleep(min(idle_sleep_s, max(0.0, t0 + pending[0].arrival_offset_s - now))
-                           if pending else 0.0)
+                self._idle(pending, since, t0 + pending[0].arrival_offset_s - wall
+                           if pending else 0.0, idle_sleep_s)
             step += 1
+
+    def _clock(self) -> float:
+        """The measured clock: the wall clock (pinned: less the waits for real work whose
+        virtual time had come, hicache.pinned.Pin.clock)."""
+        pin = self.cache.pin
+        return time.monotonic() if pin is None else pin.clock()
+
+    def _idle(self, pending: deque, since: float, until_next_s: float,
+              idle_sleep_s: float) -> None:
+        """Rank 0 with nothing to do: wait for the next arrival (pinned: jump to it)."""
+        if self.pinned:
+            if pending:
+                self.virtual = max(self.virtual, pending[0].arrival_offset_s)
+            return
+        time.sleep(min(idle_sleep_s, max(0.0, until_next_s)) if pending else 0.0)
 
     def _busy(self) -> bool:
         # Host copies and storage writes not yet acked are work too: the serve ends after them.
@@ -109,19 +140,24 @@ class Scheduler:
 
     def _step(self, step: int, msg: dict) -> bool:
         self.stats.counter.step = step
-        stamp = msg["now"]
+        stamp = msg["now"]  # the schedule's clock: virtual when pinned
         for rid, tokens, arrival, output_tokens, kind in msg["reqs"]:
             self.stats.requests[rid] = RequestStats(rid, arrival, kind, output_tokens,
-                                                    enqueued=time.monotonic())
+                                                    enqueued=self._clock())
             tokens = self._validate_length(rid, tokens)
             if tokens is not None:
                 self.waiting.append(rid)
                 self.cache.admit(rid, tokens, stamp)
         busy = self._busy()
         any_busy = self.cache.check_hicache_events(stamp, busy)
-        rec = StepStats(step, stamp, waiting=len(self.waiting), running=len(self.running),
+        # t: rank 0's wall clock at the top of the step (step time = t_end - t)
+        rec = StepStats(step, msg.get("wall", stamp), waiting=len(self.waiting),
+                        running=len(self.running), vt=stamp,
                         prefetching=sum(rid in self.cache.ongoing for rid in self.waiting))
-        batch = self._walk(rec)
+        if self.cache.pin is not None:
+            rec.pin_wait_s = self.cache.pin.take_waited()
+        polls: list[tuple[str, bool]] = []
+        batch = self._walk(rec, polls)
         if batch:
             self._prefill(batch, rec)
         elif self.running:
@@ -129,7 +165,8 @@ class Scheduler:
         else:
             self._forward(rec, 0, 0, 0)  # idle: the data-plane collectives still pair up
         rec.polled_extra = self.cache.extra_polls
-        rec.t_end = time.monotonic()
+        rec.t_end = self._clock()
+        self._extend_digest(rec, batch, polls)
         self.stats.steps.append(rec)
         # Stop on agreed inputs only, so every rank leaves the loop at the same step.
         return msg["all_arrived"] and not any_busy
@@ -149,7 +186,19 @@ class Scheduler:
         self.stats.decisions[rid] = ("rejected", 0, None)  # compared across ranks
         return None
 
-    def _walk(self, rec: StepStats) -> list[str]:
+    def _extend_digest(self, rec: StepStats, batch: list[str],
+                       polls: list[tuple[str, bool]]) -> None:
+        """The running schedule digest: every step's kind, batch, polls and outcomes."""
+        text = f"{self.digest}|{rec.kind}|{','.join(batch)}|" + \
+            ",".join(f"{rid}:{int(ok)}" for rid, ok in polls)
+        self.digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        rec.schedule_digest = self.digest
+        if self.pinned:  # rank 0's is the one broadcast
+            # The virtual clock moves on by the modelled forward (an idle step's quantum).
+            self.virtual += (rec.modelled_ms if rec.modelled_ms > 0
+                             else self.cfg.idle_step_ms) / 1e3
+
+    def _walk(self, rec: StepStats, polls: list[tuple[str, bool]]) -> list[str]:
         """SGLang's get_new_batch_prefill: no walk, so no polls, when nothing waits or no
         request slot is free; the walk stops at the slot limit and at the token budget."""
         free = self.cfg.max_running_requests - len(self.running)
@@ -160,9 +209,12 @@ class Scheduler:
         for rid in list(self.waiting):
             if len(batch) >= free or used >= self.horizon:
                 break  # the batch is full (this rank's horizon may be skewed: #30760)
-            polls = self.cache.walk_polls(rid)
-            rec.polled += polls
-            if not self._poll(rid, polls):
+            polled = self.cache.walk_polls(rid)
+            rec.polled += polled
+            ready = self._poll(rid, polled)
+            if polled:
+                polls.append((rid, ready))
+            if not ready:
                 continue  # still prefetching: skipped, polled again next step
             tokens = self.cache.prompts[rid]
             cached = self.cache.cached_tokens(rid)
@@ -200,7 +252,7 @@ class Scheduler:
         for rid in batch:
             self.waiting.remove(rid)
             st = self.stats.requests[rid]
-            st.scheduled = time.monotonic()
+            st.scheduled = self._clock()
             dev, st.load_back_s = self.cache.load_back(rid)
             if self.stats.events is not None:
                 self.stats.events.span(LOAD_BACK, st.scheduled, time.monotonic(), rid,
@@ -238,15 +290,21 @@ class Scheduler:
     def _forward(self, rec: StepStats, new_tokens: int, decode_reqs: int,
                  context: int) -> float:
         """Runs the step's forward; returns when its outputs exist (this rank's clock)."""
-        t0 = time.monotonic()
+        t0 = self._clock()
         self.model.forward(new_tokens, decode_reqs)
         # CPU stand-in: sleep out the rest of the modelled forward, releasing the GIL to the
         # controller's threads as a scheduler waiting on its GPU would.
-        modelled = self.cfg.step_time.forward_ms(new_tokens, decode_reqs, context) / 1e3
-        rest = t0 + modelled - time.monotonic()
-        if rest > 0:
+        rec.modelled_ms = self.cfg.step_time.forward_ms(new_tokens, decode_reqs, context)
+        computed = self._clock() - t0
+        rest = rec.modelled_ms / 1e3 - computed
+        if rest > 0 and self.cfg.pad_forward:
             time.sleep(rest)
-        done = time.monotonic()
+            if self.cache.pin is not None:
+                # Pinned: the OS waking the sleeper late is no cost of the step (a GPU-bound
+                # scheduler has none); the measured clock leaves it out.
+                rec.forward_late_s = self.cache.pin.leave_out(
+                    self._clock() - t0 - max(computed, rec.modelled_ms / 1e3))
+        done = self._clock()
         rec.forward_s = done - t0
         if self.stats.events is not None:
             self.stats.events.span(FORWARD, t0, done, new_tokens, decode_reqs)

@@ -49,6 +49,22 @@ class ReadResult:
 
 
 @dataclass(frozen=True)
+class ReadPlan:
+    """A batch read decided before it runs (pinned schedules, hicache.pinned): the draws,
+    the pages it will deliver and its modelled time, so the scheduler knows when it
+    completes on the virtual clock while the IO thread does the read itself."""
+
+    pages: int  # leading pages the read delivers
+    fail_at: int  # the injected failure's page, the batch's length when none
+    head_s: float  # modelled seconds before the first row
+    row_s: float  # modelled seconds per row
+
+    @property
+    def seconds(self) -> float:
+        return self.head_s + self.pages * self.row_s
+
+
+@dataclass(frozen=True)
 class StorageSpec:
     kind: str = "sim"
     latency_ms: float = 2.0  # per batch read
@@ -93,34 +109,44 @@ class Storage(ABC):
         self._rng_lock = threading.Lock()
         # Drawn once: a rank that is slow stays slow, as a loaded storage node would.
         self.rank_factor = 1.0 + spec.jitter * self._rng.random()
+        # False under a pinned schedule: modelled time passes on the virtual clock, so the
+        # calls do their real work without sleeping it out (hicache.pinned).
+        self.paced = True
 
     # ---- public API ------------------------------------------------------------------------
 
     def batch_exists(self, hashes: list[str]) -> int:
         """Number of leading pages present on this rank (stops at the first miss)."""
-        _sleep(self.spec.exists_latency_ms / 1e3)
+        self._pace(self.spec.exists_latency_ms / 1e3)
         # The miss rule goes first: a "missing" page is absent whatever the backend holds.
         kept = next((i for i, h in enumerate(hashes) if self._missing(h)), len(hashes))
         return self._leading_present(hashes[:kept])
 
-    def batch_get(self, hashes: list[str], pool: str, out: torch.Tensor) -> ReadResult:
+    def batch_get(self, hashes: list[str], pool: str, out: torch.Tensor,
+                  plan: ReadPlan | None = None) -> ReadResult:
         """Read pages into out[i] for hashes[i], one row at a time, paced by the model, up to
         the first page that cannot be returned (missing, short, or an injected failure).
 
         Rows land in order while the read is "in flight", so a concurrent reader of `out` can
-        see a half-written batch. Rows past the first failed page are never written.
+        see a half-written batch. Rows past the first failed page are never written. With a
+        `plan` (from `plan_read`) its draws are used instead of new ones.
         """
         n = len(hashes)
         if out.dim() != 2 or out.shape[0] != n:
             raise StorageError(f"out must have shape [{n}, page_elems], got {tuple(out.shape)}")
         if n == 0:
             return ReadResult(0)
-        fail_at, noise = self._draw(n)
-        head_s, row_s = self._read_times(n, out.shape[1], pool, noise)
-        # The miss rule goes first: a "missing" page is absent whatever the backend holds.
-        kept = next((i for i, h in enumerate(hashes) if self._missing(h)), n)
-        rows = self._load(hashes[: min(kept, fail_at)], pool, out.shape[1]).to(out.device)
-        self._paced_copy(rows, out, head_s, row_s)  # a failed read still costs its round trip
+        if plan is None:
+            fail_at, noise = self._draw(n)
+            head_s, row_s = self._read_times(n, out.shape[1], pool, noise)
+        else:
+            fail_at, head_s, row_s = plan.fail_at, plan.head_s, plan.row_s
+        rows = self._load(hashes[: min(self._kept(hashes), fail_at)], pool,
+                          out.shape[1]).to(out.device)
+        if self.paced:  # a failed read still costs its round trip
+            self._paced_copy(rows, out, head_s, row_s)
+        else:
+            out[: rows.shape[0]].copy_(rows)
         got = rows.shape[0]
         if got == n:
             return ReadResult(n)
@@ -135,9 +161,26 @@ class Storage(ABC):
         if not hashes:
             return 0
         head_s, row_s = self._read_times(len(hashes), rows.shape[1], pool, 1.0)
-        _sleep(head_s + row_s * len(hashes))
+        self._pace(head_s + row_s * len(hashes))
         self._store(hashes, pool, rows.to(torch.float32).cpu())
         return len(hashes)
+
+    def plan_read(self, hashes: list[str], pool: str, page_elems: int) -> ReadPlan:
+        """The next batch read of `hashes`, drawn now from this rank's seeded RNG (in the
+        order the reads will run), with the pages it delivers and its modelled time."""
+        n = len(hashes)
+        fail_at, noise = self._draw(n)
+        head_s, row_s = self._read_times(n, page_elems, pool, noise)
+        deliverable = hashes[: min(self._kept(hashes), fail_at)]
+        return ReadPlan(self._loadable(deliverable, pool, page_elems), fail_at, head_s, row_s)
+
+    def _kept(self, hashes: list[str]) -> int:
+        # The miss rule goes first: a "missing" page is absent whatever the backend holds.
+        return next((i for i, h in enumerate(hashes) if self._missing(h)), len(hashes))
+
+    def _pace(self, seconds: float) -> None:
+        if self.paced:
+            _sleep(seconds)
 
     def put(self, hashes: list[str], pool: str, page_elems: int) -> None:
         """Store pages with content page_content(hash, self.rank, pool); costs no model time.
@@ -156,6 +199,10 @@ class Storage(ABC):
     @abstractmethod
     def _leading_present(self, hashes: list[str]) -> int:
         """Number of leading pages stored (for any pool), stopping at the first absent one."""
+
+    @abstractmethod
+    def _loadable(self, hashes: list[str], pool: str, page_elems: int) -> int:
+        """How many leading pages `_load` would return, without reading them."""
 
     @abstractmethod
     def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
@@ -231,9 +278,13 @@ class SimStorage(Storage):
     def _leading_present(self, hashes: list[str]) -> int:
         return next((i for i, h in enumerate(hashes) if h not in self._any), len(hashes))
 
-    def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
+    def _loadable(self, hashes: list[str], pool: str, page_elems: int) -> int:
         stored = self._pages.get(pool, {})
-        k = next((i for i, h in enumerate(hashes) if stored.get(h) != page_elems), len(hashes))
+        return next((i for i, h in enumerate(hashes) if stored.get(h) != page_elems),
+                    len(hashes))
+
+    def _load(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
+        k = self._loadable(hashes, pool, page_elems)
         return expected_rows(hashes[:k], self.rank, pool, page_elems)
 
     def _store(self, hashes: list[str], pool: str, rows: torch.Tensor) -> None:
@@ -263,6 +314,15 @@ class FileStorage(Storage):
         pools = os.listdir(self.rank_dir) if os.path.isdir(self.rank_dir) else []
         for i, h in enumerate(hashes):
             if not any(os.path.exists(self._path(p, h)) for p in pools):
+                return i
+        return len(hashes)
+
+    def _loadable(self, hashes: list[str], pool: str, page_elems: int) -> int:
+        for i, h in enumerate(hashes):
+            try:
+                if os.path.getsize(self._path(pool, h)) != page_elems * 4:
+                    return i
+            except OSError:
                 return i
         return len(hashes)
 

@@ -65,6 +65,7 @@ class System:
         self.stats = Stats(events=EventLog() if cfg.timeline else None)
         self.comm = Comm(layout, groups, self.stats.counter)
         self.storage = make_storage(cfg.storage, layout.rank, layout.tp_rank)
+        self.storage.paced = cfg.schedule != "pinned"  # pinned: modelled time is virtual
         self.consensus = (ConsensusChecker(self.comm, cfg.consensus_interval_s)
                           if cfg.consensus_check else None)
         self.cache = HiCache(cfg, layout, self.comm, self.storage, device, self.stats,
@@ -114,7 +115,7 @@ class System:
         self.cache.controller.stop(grace_s)
         # A read can outlive the last step (a timeout cut its prefetch short): its tail
         # slots are freed now that the IO thread has ended; then the self-check.
-        self.cache.free_stopped_tails()
+        self.cache.free_stopped_tails(final=True)
         self.stats.host_slots_unaccounted = self.cache.host_slots_unaccounted()
         if self.cache.tiers is not None:
             self.stats.write_path = self.cache.tiers.summary()

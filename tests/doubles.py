@@ -72,12 +72,12 @@ class RecordingStorage(SimStorage):
         self.reads: list[tuple[str, int]] = []
         self.on_read = on_read
 
-    def batch_get(self, hashes, pool, out):
+    def batch_get(self, hashes, pool, out, plan=None):
         at = self.index[hashes[0]] if hashes else -1
         self.reads.append((pool, at))
         if self.on_read is not None:
             self.on_read(pool, at)
-        return super().batch_get(hashes, pool, out)
+        return super().batch_get(hashes, pool, out, plan)
 
 
 def tokens(n_pages: int, page: int, base: int = 0) -> list[int]:

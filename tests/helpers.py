@@ -62,12 +62,13 @@ FR_BUFFER = "20000"  # flight-recorder ring size: larger than any one launch's c
 
 
 def case(cfg_kw: dict, storage_kw: dict | None = None, n: int = 6, prefix_tokens: int = 512,
-         new_tokens: int = 64, gap_s: float = 0.01, holes: tuple = ()) -> dict:
+         new_tokens: int = 64, gap_s: float = 0.01, holes: tuple = (),
+         patch: str = "") -> dict:
     """One configuration and its scripted workload, for `run_cases`. `holes`: (rank,
     request index, page index, pool) of pages that rank's storage lacks (see populate)."""
     return {"cfg_kw": {"collective_timeout_s": 30.0, **cfg_kw}, "storage_kw": storage_kw or {},
             "n": n, "prefix_tokens": prefix_tokens, "new_tokens": new_tokens, "gap_s": gap_s,
-            "holes": tuple(holes)}
+            "holes": tuple(holes), "patch": patch}
 
 
 def populate(system: System, rank: int, prefixes: list[list[int]], holes=()) -> None:
@@ -114,6 +115,11 @@ def _run_one(rank: int, groups, c: dict, flight_recorder: bool) -> dict:
     layout = Layout(rank, cfg.tp, cfg.pp)
     fr0 = _fr_counts(groups) if flight_recorder else {}
     system = System(cfg, layout, groups, torch.device("cpu"))
+    if c.get("patch"):  # "module:function", called with (system, rank) before the serve
+        import importlib
+
+        module, name = c["patch"].split(":")
+        getattr(importlib.import_module(module), name)(system, rank)
     ps = prompts(c["n"], c["prefix_tokens"], c["new_tokens"])
     populate(system, rank, [p[: c["prefix_tokens"]] for p in ps], c.get("holes", ()))
     reqs = [Request(f"r{i:03d}", p, i * c["gap_s"]) for i, p in enumerate(ps)]

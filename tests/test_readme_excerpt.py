@@ -60,7 +60,9 @@ def test_rewrites_only_the_block_between_the_markers(tmp_path):
                         f"({env['utc_time']}), preset ci, TP2 x PP1 on cpu/gloo, "
                         f"{env['cpu_count']} CPU cores:")
     code = block[block.index("```") + 1: len(block) - 1]
-    assert block[-1] == "```" and code[0] == "Headline, ratios to pr27010 [95% CI over repeats]:"
+    assert block[-1] == "```" and \
+        code[0].startswith("Headline, ratios to pr27010 [95% CI over repeats], ")
+    assert code[0].endswith(("schedule):", "rows):"))  # which schedule, said
     assert code[1].split()[:3] == ["protocol", "policy", "coll/req"]
     # Six headline rows (3 protocols x 2 policies), what the run resolves (or why it has no
     # intervals), a verdict line per policy, the run's line.

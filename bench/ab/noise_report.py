@@ -50,15 +50,19 @@ def low_metrics(per_metric: dict[str, dict]) -> list[str]:
             if f["coverage"] is not None and f["coverage"] < noise.TARGET]
 
 
-def print_figures(per_metric: dict, boot: dict | None, written: list[Path]) -> int:
-    """The tables, the files, the final line; 1 when a metric's coverage is below target."""
+def print_figures(per_metric: dict, boot: dict | None, written: list[Path],
+                  schedule: list[str] = ()) -> int:
+    """The tables, the files, the final line; 1 when a metric's coverage is below target
+    or when pinned runs of one seed ran different schedules (`schedule`'s lines)."""
     print(_fixed([HEADERS, *rows(per_metric)]))
     if boot is not None:
         print("\ntwo-stage bootstrap (cross-check):")
         print(_fixed([HEADERS, *rows(boot)]))
     print(f"wrote {', '.join(str(p) for p in written)}")
     print(final_line(per_metric))
-    return 1 if low_metrics(per_metric) else 0
+    for line in schedule[:3]:
+        print(f"FAILED: {line}")
+    return 1 if low_metrics(per_metric) or schedule else 0
 
 
 def _text(dirs: list[Path], per_metric: dict, boot: dict | None, load: dict) -> str:

@@ -177,6 +177,12 @@ def _config_columns(key: tuple, g: pd.DataFrame) -> dict:
         cells[col] = g[col].iloc[0] if col in g else None
     host = g["host_memory"].iloc[0] if "host_memory" in g else None
     cells["host_memory"] = host if isinstance(host, str) else "cache"  # runs before it
+    schedule = g["schedule"].iloc[0] if "schedule" in g else None
+    cells["schedule"] = schedule if isinstance(schedule, str) else "free"  # runs before it
+    # The serve's schedule digest per repeat, in repeat order (equal where pinned alike).
+    cells["schedule_digest"] = " ".join(
+        str(x["schedule_digest"].iloc[0]) for _, x in g.groupby("repeat")) \
+        if "schedule_digest" in g else None
     repeats = g["repeat"].nunique()
     cells["repeats"] = repeats
     cells["requests"] = int(round(len(g) / repeats)) if repeats else 0

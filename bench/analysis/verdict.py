@@ -11,7 +11,10 @@ A run FAILS when
   `crosscheck_ok`);
 - a rank ended a configuration with host slots neither in its radix tree nor free
   (ranks.csv `host_slots_unaccounted`);
-- configurations the plan asked for have no rows (the run stopped early: failures.csv).
+- configurations the plan asked for have no rows (the run stopped early: failures.csv);
+- under a pinned schedule, two protocols that decide alike ran different schedules in one
+  repeat (their schedule digests differ: bench.analysis.schedule). Under a free schedule
+  the digests are reported, not judged.
 Requests refused for their length (terminated_by `rejected`) are counted in a note: the
 system refused them as SGLang does, and served the rest.
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.analysis.schedule import digest_failures
 from bench.rundir.files import (
     ResultFileError,
     as_bool,
@@ -167,6 +171,19 @@ def _rejected_note(refused: pd.DataFrame) -> str:
             f"--allow-auto-truncate cuts them)")
 
 
+def schedule_failures(requests: pd.DataFrame) -> list[str]:
+    """Pinned serves whose schedule digests differ where they must not (the first one
+    named, with how many), bench.analysis.schedule."""
+    if "schedule_digest" not in requests or "schedule" not in requests:
+        return []
+    keys = ["protocol", "policy", "rate_rps", "repeat", "schedule", "schedule_digest"]
+    serves = requests[keys].drop_duplicates()
+    pinned = serves[serves["schedule"] == "pinned"].to_dict("records")
+    found = digest_failures(pinned, "pinned")
+    return [found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")] \
+        if found else []
+
+
 def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
           plan: dict | None = None, failures: pd.DataFrame | None = None,
           details: list[str] = ()) -> Verdict:
@@ -192,6 +209,7 @@ def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
         if data_errors(requests).any():
             reasons.append(f"{int(data_errors(requests).sum())} request(s) loaded data that "
                            "differs from storage")
+        reasons += schedule_failures(requests)
     miss = crosscheck_misses(ranks)
     if len(miss):
         reasons.append(_first(miss, lambda r: f"rank {r.get('rank')}'s collective counter != "

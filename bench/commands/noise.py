@@ -76,8 +76,10 @@ def make_runs(args: argparse.Namespace, out: Path) -> tuple[list[Path], dict[str
 
 
 def _main(argv: list[str]) -> int:
+
     from bench.ab import noise
     from bench.ab.noise_report import print_figures, update_gate, write_outputs
+    from bench.analysis import schedule
 
     args = _parse(argv)
     out = args.out or RunDir.new("noise", args.preset).path
@@ -89,7 +91,8 @@ def _main(argv: list[str]) -> int:
     written = write_outputs(out, dirs, runs, per_metric, boot, load)
     if args.update_gate:
         written.append(update_gate(args.update_gate, per_metric, dirs, load))
-    return print_figures(per_metric, boot, written)
+    summaries = [RunDir(d).summary() for d in dirs]
+    return print_figures(per_metric, boot, written, schedule.across_runs(summaries))
 
 
 def main(argv: list[str]) -> int:

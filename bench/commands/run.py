@@ -27,6 +27,7 @@ from bench.rundir.env import REPO_DIR
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import FAILURE_COLUMNS
 from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
+from hicache.pinned import SCHEDULES
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
 
@@ -60,6 +61,11 @@ def parser() -> CliParser:
       "is taken over (the preset's)")
     a("--seed", type=int, default=0, help="repeat r runs workload and storage noise of seed "
       "SEED+r, the same for every protocol")
+    a("--schedule", choices=SCHEDULES, help="pinned: arrivals, IO completions and timeouts "
+      "on a virtual clock advanced by the modelled forward, one schedule per seed, so a "
+      "difference is the protocol's host cost (the default, queue and ci presets); free: "
+      "on the wall clock, the end-to-end effect with its feedback through the schedule "
+      "(every other preset; docs/design.md, Pinned schedules)")
     a = _group(p, 'layout and device')
     a("--tp", type=int, help="tensor-parallel ranks (the preset's; 2 on CPU)")
     a("--pp", type=int, help="pipeline stages (1)")

@@ -5,7 +5,7 @@ is an OptionError, one line naming the flag."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
@@ -71,6 +71,7 @@ class RunOptions:
     page_size: int | None = None
     unbounded_pools: bool = False
     timeline: bool = False
+    schedule: str | None = None
     allow_auto_truncate: bool = False
     out: Path | None = None
 
@@ -138,8 +139,24 @@ def build_plan(args: RunOptions) -> RunPlan:
                    gpu=args.gpu or "h100", step_ms=args.step_ms,
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
+    if args.schedule is None:
+        plan = _pin_if_possible(plan)
     _check_configs(plan)
     return plan
+
+
+def _pin_if_possible(plan: RunPlan) -> RunPlan:
+    """A preset's pinned schedule, or free where the flags asked for what a pinned one
+    cannot pin (e.g. --gpu none, a write path, a side-car pool); an explicit --schedule
+    pinned is refused for those instead (one line, exit 2)."""
+    if plan.schedule != "pinned":
+        return plan
+    try:
+        _check_configs(plan)
+        return plan
+    except OptionError:
+        system = {**dict(plan.system), "schedule": "free"}
+        return replace(plan, system=tuple(sorted(system.items())))
 
 
 def _check_configs(plan: RunPlan) -> None:
@@ -200,6 +217,7 @@ def _system(args, preset: dict) -> dict:
         s["consensus_check"] = True
     if args.timeline:
         s["timeline"] = True
+    s["schedule"] = args.schedule or preset.get("schedule", "free")
     if args.kv_budget_gib is not None:
         s["kv_budget_gib"] = args.kv_budget_gib
     if args.budget_skew is not None and not args.budget_skew < 1:

@@ -94,9 +94,15 @@ class RunPlan:
             return "real"
         return "none" if self.gpu == "none" else f"modelled:{self.gpu}"
 
+    @property
+    def schedule(self) -> str:
+        """free (the wall clock decides) or pinned (a virtual clock: hicache.pinned)."""
+        return str(dict(self.system).get("schedule", "free"))
+
     def step_time(self) -> StepTimeModel:
-        """The CPU stand-in's forward time (none on CUDA: the forward there is real)."""
-        if self.device != "cpu" or self.gpu == "none":
+        """The CPU stand-in's forward time (none on CUDA, where the forward is real, unless
+        a pinned schedule's virtual clock needs it: then it is modelled, not slept)."""
+        if self.gpu == "none" or (self.device != "cpu" and self.schedule != "pinned"):
             return StepTimeModel()
         model = roofline(get_shape(self.model), self.tp, self.gpu)
         return model if self.step_ms is None else replace(model, decode_base_ms=self.step_ms)
@@ -104,7 +110,7 @@ class RunPlan:
     def config(self, cell: Cell) -> HiCacheConfig:
         cfg = HiCacheConfig(protocol=cell.protocol, policy=cell.policy, tp=self.tp,
                             pp=self.pp, model=self.model, step_time=self.step_time(),
-                            **dict(self.system))
+                            pad_forward=self.device == "cpu", **dict(self.system))
         # Storage reads take the time of the model's KV bytes on one TP rank.
         page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
         return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),
@@ -151,7 +157,7 @@ def _queue(gpus: int) -> dict:
     return {"tp": _tp(gpus), "repeats": 6, "requests": 48, "rates": (math.inf,),
             "bystanders": 48, "bystander_rate": 24.0,
             "protocols": ("pr27010", "pr36425", "step-clock"),
-            "policies": ("wait_complete", "timeout")}
+            "policies": ("wait_complete", "timeout"), "schedule": "pinned"}
 
 
 def _default(gpus: int) -> dict:

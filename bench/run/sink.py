@@ -106,7 +106,7 @@ class ResultSink:
                 "seed": p.seed, "page_size": cfg.page_size, "extra_pool": cfg.extra_pool,
                 "race_guard": cfg.race_guard, "host_memory": cfg.host_memory,
                 "workload": p.workload_name, "time_scale": p.time_scale(cell),
-                "write_policy": cfg.write_policy}
+                "write_policy": cfg.write_policy, "schedule": cfg.schedule}
 
     def _request_rows(self, cell: Cell, config: dict, gathered: list[dict]) -> list[dict]:
         logs = [p["decisions"] for p in gathered]
@@ -115,6 +115,8 @@ class ResultSink:
         per_rank = [{r["rid"]: r for r in p["requests"]} for p in gathered]
         rows = []
         bounds = self._reuse_bounds()
+        steps = gathered[0]["steps"]  # rank 0's; its last digest is the whole schedule's
+        digest = steps[-1]["schedule_digest"] if steps else ""
         t0 = min((r["arrival"] for r in gathered[0]["requests"]), default=0.0)
         for r in gathered[0]["requests"]:
             rid = r["rid"]
@@ -128,7 +130,7 @@ class ResultSink:
                          **_counts(r), "reuse_bound_tokens": bounds.get(rid),
                          "ranks_agree": agree.get(rid, True) and finished,
                          "disagreement": scope.get(rid, "" if finished else "ranks"),
-                         "data_ok": errors == 0})
+                         "data_ok": errors == 0, "schedule_digest": digest})
         for line in describe_disagreements(logs, self.plan.tp)[:3]:
             self._problem(cell, "disagreement", line)
         return rows
@@ -146,7 +148,9 @@ class ResultSink:
         row = {**config, "repeat": cell.repeat, "step": s["step"], "t_s": s["t"],
                "kind": s["kind"], "step_ms": (s["t_end"] - s["t"]) * MS,
                "forward_ms": s["forward_s"] * MS, "sync_ms": s["sync_s"] * MS,
-               "decision_sync_ms": s["decision_sync_s"] * MS}
+               "decision_sync_ms": s["decision_sync_s"] * MS, "vt_s": s["vt"],
+               "pin_wait_ms": s["pin_wait_s"] * MS, "forward_late_ms": s["forward_late_s"] * MS,
+               "schedule_digest": s["schedule_digest"]}
         for key in ("waiting", "prefetching", "polled", "scheduled", "running",
                     "prefill_tokens", "context_tokens"):
             row[key] = s[key]

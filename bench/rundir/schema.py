@@ -19,7 +19,7 @@ STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]  # per-ste
 CONFIG_COLUMNS = [
     "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model",
     "forward", "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard",
-    "host_memory", "workload", "time_scale", "write_policy",
+    "host_memory", "workload", "time_scale", "write_policy", "schedule",
 ]
 
 # Where each request's prompt tokens came from, at scheduling (they sum to prompt_tokens),
@@ -35,7 +35,8 @@ WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_
 
 # Columns added with trace replays: absent in older run directories, which stay readable.
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
-                    *WRITE_PATH_COLUMNS, "absent_polls"]
+                    *WRITE_PATH_COLUMNS, "absent_polls", "schedule", "schedule_digest",
+                    "vt_s", "pin_wait_ms", "forward_late_ms"]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
@@ -46,14 +47,14 @@ REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "ticket_collectives", "pp_hops", "terminated_by", "op_issued", "io_issued",
     "prefetch_requested_tokens", "hit_tokens", "prefetched_tokens", *TOKEN_COLUMNS,
     "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
-    "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok",
+    "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok", "schedule_digest",
 ]
 
 STEP_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "step", "t_s", "kind", "step_ms", "forward_ms", "waiting", "prefetching",
     "polled", "scheduled", "running", "prefill_tokens", "context_tokens", "request_broadcast",
     "per_step_min", "model_allreduce", "decision", "completion", "pp_hop", "sync_ms",
-    "decision_sync_ms",
+    "decision_sync_ms", "vt_s", "pin_wait_ms", "forward_late_ms", "schedule_digest",
 ]
 
 # Per-rank counts: every rank's collectives by call site, per configuration and repeat.
@@ -100,8 +101,8 @@ OVERHEAD_COLUMNS = [
 
 SUMMARY_COLUMNS = [
     "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model", "forward",
-    "storage", "rate_rps", "extra_pool", "race_guard", "host_memory", "requests",
-    "rejected_requests", "repeats",
+    "storage", "rate_rps", "extra_pool", "race_guard", "host_memory", "schedule",
+    "schedule_digest", "requests", "rejected_requests", "repeats",
     "polls_per_req",
     "decision_collectives_per_req", "decision_collectives_per_poll",
     "expected_decision_collectives_per_req", "critical_collectives_per_req",
