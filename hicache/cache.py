@@ -1,7 +1,7 @@
 """Scheduler-thread side of HiCache: prefix match, prefetch issue and the per-step events;
 the poll (`check_prefetch_progress`) and finalisation: `hicache.poll`; load-back and the
-prefill's device pages: `hicache.prefill_pages` (the copy itself: `hicache.loadback`; page sizes and pool
-page counts: `hicache.kv_layout`).
+prefill's device pages: `hicache.prefill_pages` (the copy itself: `hicache.loadback`;
+page sizes and pool page counts: `hicache.kv_layout`).
 
 Everything here runs on the scheduler thread, in lock-step with the other ranks; the
 collectives it issues go through `Comm` on the scheduler's groups (`tp_cpu`, `pp_cpu`).
