@@ -430,3 +430,23 @@ def test_a_setting_off_and_a_setting_not_yet_recorded_are_one_plan():
     assert plan_differences(old, new, "vs") == []
     assert plan_differences(old, {**new, "trace": {"file": "t.jsonl"}}, "vs") == [
         "trace.file (unset) vs t.jsonl"]
+
+
+def _serves(digests: dict, schedule: str = "pinned") -> pd.DataFrame:
+    return pd.DataFrame([{"protocol": p, "policy": "wait_complete", "rate_rps": 16.0,
+                          "repeat": 0, "schedule": schedule, "schedule_digest": d,
+                          "rid": f"{p}-r0"} for p, d in digests.items()])
+
+
+def test_the_gate_holds_pinned_schedules_to_the_verdicts_rule():
+    """The gate judges the pinned-schedule rule with the verdict's own words (one rule list,
+    bench.analysis.verdict.RULES): decide-alike protocols on different schedules fail."""
+    from bench.analysis.verdict import RULES
+    from bench.gate.evaluate import _schedule_checks
+
+    differ = _schedule_checks(_serves({"pr27010": "aa", "pr36425": "bb"}))
+    assert [c.check for c in differ] == ["schedule_digests"] and not differ[0].passed
+    assert differ[0].meaning == RULES["schedule_digests"]
+    same = _schedule_checks(_serves({"pr27010": "aa", "pr36425": "aa"}))
+    assert [c.passed for c in same] == [True]
+    assert _schedule_checks(_serves({"pr27010": "aa", "pr36425": "bb"}, "free")) == []

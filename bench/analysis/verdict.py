@@ -38,6 +38,23 @@ from bench.rundir.files import (
 from bench.rundir.rundir import FILES
 
 FILE = FILES["verdict"]
+# The rules above, named once, with what a failure of each means. judge() states the failed
+# ones in the verdict; the gate (bench.gate.evaluate) names its checks after them and
+# explains a failing check in these words, so the two never word a rule differently.
+RULES = {
+    "ranks_agree": "ranks reached different decisions or counts: the protocol is not "
+                   "rank-consistent (wrong answers or a hang in production)",
+    "data_errors": "load-back copied prefix pages with a wrong checksum: a completion race "
+                   "(e.g. PR #27550's extra pool) let a request use half-written data",
+    "counter_crosscheck": "a collective bypassed the counted call sites (or was counted "
+                          "twice): the counts are not to be trusted",
+    "host_slots": "host slots ended neither in the radix tree nor free: a free was skipped "
+                  "(a leak)",
+    "configurations_complete": "the run stopped before it finished (failures.csv)",
+    "schedule_digests": "under a pinned schedule, protocols that decide alike ran different "
+                        "schedules: a decision read something other than the virtual clock "
+                        "and the agreed inputs (docs/design.md section 13)",
+}
 KNOWN_HAZARD = ("pre27010 has no PP agreement (SGLang #22607): its PP stages may end a "
                 "prefetch differently")
 

@@ -28,11 +28,13 @@ from bench.analysis.summarize import (
     summarize,
 )
 from bench.analysis.verdict import (
+    RULES,
     crosscheck_misses,
     data_errors,
     host_slot_leaks,
     missing_cells,
     row_disagrees,
+    schedule_failures,
     unexplained_disagreements,
 )
 from bench.gate.ab import confirmation_seed, run_gate_ab
@@ -109,8 +111,7 @@ def _agree_check(row: dict, g: pd.DataFrame) -> Check:
         where = f" (first rid {g[bad].iloc[0]['rid']})" if bad.any() else ""
         return make_check(row, "ranks_agree", False, expected="True",
                       observed=f"False in {int(bad.sum())} of {len(g)} requests{where}",
-                      meaning="ranks reached different decisions or counts: the protocol is "
-                              "not rank-consistent (wrong answers or a hang in production)")
+                      meaning=RULES["ranks_agree"])
     return make_check(row, "ranks_agree", True)
 
 
@@ -120,9 +121,7 @@ def _data_check(row: dict, g: pd.DataFrame) -> Check:
     errors = max(bad, int(row["data_errors"]))
     if errors:
         return make_check(row, "data_errors", False, expected="0", observed=str(errors),
-                      meaning="load-back copied prefix pages with a wrong checksum: a completion "
-                              "race (e.g. PR #27550's extra pool) let a request use half-written "
-                              "data")
+                      meaning=RULES["data_errors"])
     return make_check(row, "data_errors", True)
 
 
@@ -135,13 +134,24 @@ def _self_checks(row: dict, ranks: pd.DataFrame | None) -> list[Check]:
     miss, leaks = crosscheck_misses(ranks), host_slot_leaks(ranks)
     out = [make_check(row, "counter_crosscheck", miss.empty, expected="every rank's counter "
                       "== torch's sequence numbers", observed=f"{len(miss)} rank row(s) differ",
-                      meaning="" if miss.empty else "a collective bypassed the counted call "
-                      "sites (or was counted twice): the counts are not to be trusted")]
+                      meaning="" if miss.empty else RULES["counter_crosscheck"])]
     out.append(make_check(row, "host_slots", leaks.empty, expected="0 unaccounted",
                           observed=f"{len(leaks)} rank row(s) with leaked slots",
-                          meaning="" if leaks.empty else "host slots ended neither in the "
-                          "radix tree nor free: a free was skipped (a leak)"))
+                          meaning="" if leaks.empty else RULES["host_slots"]))
     return out
+
+
+def _schedule_checks(requests: pd.DataFrame) -> list[Check]:
+    """Pinned runs: the schedule digests of protocols that decide alike are equal (the
+    verdict's rule, bench.analysis.schedule); free runs have nothing to judge here."""
+    if "schedule" not in requests or not (requests["schedule"] == "pinned").any():
+        return []
+    failed = schedule_failures(requests)
+    row = {"protocol": "-", "policy": "-", "tp": "-", "pp": "-", "storage": "-",
+           "rate_rps": "-", "extra_pool": False}
+    return [make_check(row, "schedule_digests", not failed, expected="one schedule per "
+                       "decide-alike group and seed", observed=failed[0] if failed else "equal",
+                       meaning=RULES["schedule_digests"] if failed else "")]
 
 
 def run_checks(requests: pd.DataFrame, summary: pd.DataFrame,
@@ -166,7 +176,8 @@ def run_checks(requests: pd.DataFrame, summary: pd.DataFrame,
         checks.append(make_check(row, "configurations_complete", False,
                                  expected="every planned configuration",
                                  observed=f"{len(absent)} missing (first: repeat {rep})",
-                                 meaning="the run stopped before it finished (failures.csv)"))
+                                 meaning=RULES["configurations_complete"]))
+    checks += _schedule_checks(requests)
     for key in groups:  # requests the summary does not cover: a stale summary.csv
         row = dict(zip(GROUP_KEYS, key, strict=True))
         checks.append(make_check(row, "summary_covers_requests", False, expected="a summary row",
