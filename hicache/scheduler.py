@@ -234,12 +234,12 @@ class Scheduler:
                                f"others' prefix locks hold (a larger kv_budget_gib holds more)")
         return batch
 
-    def _poll(self, rid: str, polls: int) -> bool:
+    def _poll(self, rid: str, polled: int) -> bool:
         """The walk's answer for `rid` (check_prefetch_progress, or pr33029's lookup of this
         step's bulk poll); with a timeline, a poll of an ongoing prefetch in the walk is an
         event: pending (polled again next step), or how it ended (poll, revoked)."""
         events = self.stats.events
-        if events is None or not polls:
+        if events is None or not polled:
             return self.cache.walk_progress(rid)
         t0 = time.monotonic()
         ready = self.cache.walk_progress(rid)

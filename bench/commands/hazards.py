@@ -11,14 +11,13 @@ bound or differed between the runs, 2 bad input.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.hazards.matrix import MatrixSpec, run_matrix, run_one
 from bench.hazards.report import write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
-from bench.rundir.env import REPO_DIR, collect_env
+from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
 from hicache.cost_model import PROTOCOLS
@@ -61,9 +60,7 @@ def _spec(args) -> MatrixSpec:
 
 
 def _default_out() -> Path:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR,
-                         capture_output=True, text=True).stdout.strip() or "nogit"
-    return RunDir.new("run", "hazards", sha).path
+    return RunDir.new("run", "hazards", short_sha()).path
 
 
 def _second_run(spec: MatrixSpec, rows: list[dict]) -> bool:

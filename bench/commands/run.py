@@ -8,7 +8,6 @@ rank died), 2 bad input.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -23,7 +22,7 @@ from bench.run.plan import (
     PRESETS,
     RunPlan,
 )
-from bench.rundir.env import REPO_DIR
+from bench.rundir.env import short_sha
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import FAILURE_COLUMNS
 from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
@@ -176,7 +175,7 @@ def out_dir(args, preset: str) -> Path:
     if args.out is not None:
         path = args.out
     else:
-        path = RunDir.new("run", preset, _short_sha()).path
+        path = RunDir.new("run", preset, short_sha()).path
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -185,15 +184,6 @@ def out_dir(args, preset: str) -> Path:
     except OSError as e:
         raise UsageError(f"cannot write results to {path}: {e.strerror or e}") from None
     return path
-
-
-def _short_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, text=True,
-                             capture_output=True, timeout=10)
-        return out.stdout.strip() or "nogit"
-    except (OSError, subprocess.SubprocessError):
-        return "nogit"
 
 
 def resolve_plan(argv: list[str]) -> RunPlan:

@@ -38,6 +38,14 @@ def _git(args: list[str], cwd: Path) -> str:
     return done.stdout
 
 
+def short_sha(cwd: Path = REPO_DIR) -> str:
+    """HEAD's short commit, for folder names; "nogit" outside a repository."""
+    try:
+        return _git(["rev-parse", "--short", "HEAD"], cwd).strip() or "nogit"
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return "nogit"
+
+
 def git_info(cwd: Path = REPO_DIR) -> dict[str, Any]:
     """{'commit': 40-hex or None, 'dirty': bool or None, 'reason': why unknown, or None}."""
     try:
