@@ -33,6 +33,7 @@ BAD = [
     (["--device", "cpu", "--data-backend", "nccl"], "--data-backend nccl needs --device cuda"),
     (["--kv-budget-gib", "0"], "--kv-budget-gib must be > 0"),
     (["--host-memory", "l3"], "invalid choice"),
+    (["--repeat-seeds", "one"], "invalid choice"),
     (["--protocols", "sglang-0.5.18", "--host-memory", "buffer_only"],
      "host_memory buffer_only is not modelled for pre27010"),
     (["--protocols", "sglang-0.5.17"], "unknown protocol sglang-0.5.17"),

@@ -240,6 +240,35 @@ def test_digest_check_fails_decide_alike_protocols_that_differ_only_when_pinned(
     assert digest_failures(_serves(split, "free"), "free") == []  # reported, not judged
 
 
+def test_same_repeat_seeds_judge_every_repeat_of_a_protocol_alike():
+    """Under --repeat-seeds same every repeat replays one seed: repeat 1 of pr27010 must
+    have repeat 0's digest; with distinct seeds repeats are never compared."""
+    rows = [{"protocol": p, "policy": "timeout", "rate_rps": 16.0, "repeat": rep,
+             "schedule_digest": d} for p in ("pr27010", "pr36425")
+            for rep, d in ((0, "a"), (1, "a" if p == "pr27010" else "z"))]
+    (line,) = digest_failures(rows, "pinned", same_seed=True)
+    assert "every repeat replays one seed" in line and "pr36425 repeat 1 z" in line
+    assert len(digest_failures(rows, "pinned")) == 1  # repeat 1's pair differs in itself
+    rows[1]["schedule_digest"] = "z"  # repeat 1: both z, repeat 0: both a
+    assert digest_failures(rows, "pinned") == []  # distinct seeds: repeats not compared
+    assert digest_failures(rows, "pinned", same_seed=True)  # one seed: they are
+
+
+def test_repeat_seeds_option_sets_every_repeats_seed():
+    from bench.commands.run import build_plan, parser
+
+    def seeds(*argv):
+        plan = build_plan(parser().parse_args(list(argv)))
+        return plan.repeat_seeds, sorted({plan.repeat_seed(c) for c in plan.cells()})
+
+    assert seeds() == ("same", [0])  # make bench: six replays of one pinned schedule
+    assert seeds("--seed", "2") == ("same", [2000])
+    assert seeds("--repeat-seeds", "distinct") == (None, [0, 1, 2, 3, 4, 5])
+    assert seeds("--preset", "sweep")[0] is None
+    assert seeds("--preset", "ci")[0] is None  # one repeat: the gate's baseline plan
+    assert seeds("--preset", "sweep", "--repeat-seeds", "same") == ("same", [0])
+
+
 def test_verdict_fails_a_pinned_run_whose_alike_protocols_differ():
     import pandas as pd
 

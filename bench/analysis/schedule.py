@@ -32,24 +32,35 @@ def alike_group(protocol: str, policy: str) -> tuple[str, ...] | None:
     return next((g for g in DECIDE_ALIKE.get(policy, ()) if protocol in g), None)
 
 
-def digest_failures(rows: list[dict], schedule: str) -> list[str]:
-    """One line per pair of decide-alike serves (same seed) whose digests differ; none
-    under a free schedule, or where a row has no digest (a run before digests)."""
+def digest_failures(rows: list[dict], schedule: str, same_seed: bool = False) -> list[str]:
+    """One line per group of decide-alike serves of one seed whose digests differ: the
+    protocols of a repeat, or with `same_seed` (every repeat replays one seed) the
+    protocols of every repeat; none under a free schedule, or where a row has no digest (a
+    run before digests)."""
     if schedule != "pinned":
         return []
-    groups: dict[tuple, dict[str, str]] = defaultdict(dict)
+    groups: dict[tuple, dict[tuple, str]] = defaultdict(dict)
     for r in rows:
         group = alike_group(r["protocol"], r["policy"])
         if group is None or not r.get("schedule_digest"):
             continue
-        key = (*(r.get(k) for k in KEY), group)
-        groups[key][r["protocol"]] = r["schedule_digest"]
+        key = (r.get("rate_rps"), r.get("policy"),
+               None if same_seed else r.get("repeat"), group)
+        groups[key][(r["protocol"], r.get("repeat"))] = r["schedule_digest"]
     out = []
     for (rate, policy, repeat, _), digests in sorted(groups.items(), key=str):
         if len(set(digests.values())) > 1:
-            seen = ", ".join(f"{p} {d}" for p, d in sorted(digests.items()))
-            out.append(f"pinned schedules differ between protocols that decide alike "
-                       f"({policy}, repeat {repeat}, rate {rate}): {seen}")
+            if same_seed:
+                first = {}
+                for (proto, rep), d in sorted(digests.items(), key=str):
+                    first.setdefault(d, f"{proto} repeat {rep}")
+                seen = ", ".join(f"{who} {d}" for d, who in first.items())
+                where = f"{policy}, every repeat replays one seed, rate {rate}"
+            else:
+                seen = ", ".join(f"{p} {d}" for (p, _), d in sorted(digests.items(), key=str))
+                where = f"{policy}, repeat {repeat}, rate {rate}"
+            out.append(f"pinned schedules differ between serves that decide alike on one "
+                       f"seed ({where}): {seen}")
     return out
 
 

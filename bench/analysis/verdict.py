@@ -188,15 +188,17 @@ def _rejected_note(refused: pd.DataFrame) -> str:
             f"--allow-auto-truncate cuts them)")
 
 
-def schedule_failures(requests: pd.DataFrame) -> list[str]:
+def schedule_failures(requests: pd.DataFrame, plan: dict | None = None) -> list[str]:
     """Pinned serves whose schedule digests differ where they must not (the first one
-    named, with how many), bench.analysis.schedule."""
+    named, with how many), bench.analysis.schedule; `plan` says whether every repeat
+    replays one seed."""
     if "schedule_digest" not in requests or "schedule" not in requests:
         return []
     keys = ["protocol", "policy", "rate_rps", "repeat", "schedule", "schedule_digest"]
     serves = requests[keys].drop_duplicates()
     pinned = serves[serves["schedule"] == "pinned"].to_dict("records")
-    found = digest_failures(pinned, "pinned")
+    found = digest_failures(pinned, "pinned",
+                            same_seed=(plan or {}).get("repeat_seeds") == "same")
     return [found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")] \
         if found else []
 
@@ -226,7 +228,7 @@ def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
         if data_errors(requests).any():
             reasons.append(f"{int(data_errors(requests).sum())} request(s) loaded data that "
                            "differs from storage")
-        reasons += schedule_failures(requests)
+        reasons += schedule_failures(requests, plan)
     miss = crosscheck_misses(ranks)
     if len(miss):
         reasons.append(_first(miss, lambda r: f"rank {r.get('rank')}'s collective counter != "

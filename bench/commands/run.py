@@ -16,6 +16,7 @@ from pathlib import Path
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.run import options
+from bench.run.options import REPEAT_SEEDS
 from bench.run.plan import (
     ALIASES,
     PRESET_HELP,
@@ -58,8 +59,13 @@ def parser() -> CliParser:
     a("--policies", help=f"comma list of {', '.join(POLICIES)}")
     a("--repeats", type=int, help="repeats of every cell: whole serves, the unit an interval "
       "is taken over (the preset's)")
-    a("--seed", type=int, default=0, help="repeat r runs workload and storage noise of seed "
-      "SEED+r, the same for every protocol")
+    a("--seed", type=int, default=0, help="the workload and storage noise of every protocol "
+      "in a repeat: seed SEED x 1000 + r in repeat r, or SEED x 1000 in every repeat under "
+      "--repeat-seeds same")
+    a("--repeat-seeds", choices=REPEAT_SEEDS, help="same: every repeat replays one workload "
+      "(with --schedule pinned one schedule, so repeats differ by the machine's noise "
+      "alone: the default, queue and releases presets); distinct: each repeat a workload "
+      "of its own, so the interval spans workloads too (every other preset)")
     a("--schedule", choices=SCHEDULES, help="pinned: arrivals, IO completions and timeouts "
       "on a virtual clock advanced by the modelled forward, one schedule per seed, so a "
       "difference is the protocol's host cost (the default, queue and ci presets); free: "

@@ -141,12 +141,12 @@ def _self_checks(row: dict, ranks: pd.DataFrame | None) -> list[Check]:
     return out
 
 
-def _schedule_checks(requests: pd.DataFrame) -> list[Check]:
+def _schedule_checks(requests: pd.DataFrame, plan: dict | None = None) -> list[Check]:
     """Pinned runs: the schedule digests of protocols that decide alike are equal (the
     verdict's rule, bench.analysis.schedule); free runs have nothing to judge here."""
     if "schedule" not in requests or not (requests["schedule"] == "pinned").any():
         return []
-    failed = schedule_failures(requests)
+    failed = schedule_failures(requests, plan)
     row = {"protocol": "-", "policy": "-", "tp": "-", "pp": "-", "storage": "-",
            "rate_rps": "-", "extra_pool": False}
     return [make_check(row, "schedule_digests", not failed, expected="one schedule per "
@@ -177,7 +177,7 @@ def run_checks(requests: pd.DataFrame, summary: pd.DataFrame,
                                  expected="every planned configuration",
                                  observed=f"{len(absent)} missing (first: repeat {rep})",
                                  meaning=RULES["configurations_complete"]))
-    checks += _schedule_checks(requests)
+    checks += _schedule_checks(requests, plan)
     for key in groups:  # requests the summary does not cover: a stale summary.csv
         row = dict(zip(GROUP_KEYS, key, strict=True))
         checks.append(make_check(row, "summary_covers_requests", False, expected="a summary row",

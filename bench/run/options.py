@@ -16,6 +16,7 @@ from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage import StorageSpec
 
+REPEAT_SEEDS = ("same", "distinct")
 SYNTHETIC_ONLY = ("requests", "rate", "bystanders", "bystander_rate", "output_tokens")
 
 
@@ -72,6 +73,7 @@ class RunOptions:
     unbounded_pools: bool = False
     timeline: bool = False
     schedule: str | None = None
+    repeat_seeds: str | None = None
     allow_auto_truncate: bool = False
     out: Path | None = None
 
@@ -135,14 +137,24 @@ def build_plan(args: RunOptions) -> RunPlan:
     plan = RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
                    rates=tuple(offered or rates),
                    repeats=args.repeats or preset.get("repeats", 3),
-                   tp=tp, pp=pp, seed=args.seed, model=args.model or "llama3-8b",
-                   gpu=args.gpu or "h100", step_ms=args.step_ms,
+                   tp=tp, pp=pp, seed=args.seed,
+                   repeat_seeds=_repeat_seeds(args.repeat_seeds, preset),
+                   model=args.model or "llama3-8b", gpu=args.gpu or "h100", step_ms=args.step_ms,
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
     if args.schedule is None:
         plan = _pin_if_possible(plan)
     _check_configs(plan)
     return plan
+
+
+def _repeat_seeds(flag: str | None, preset: dict) -> str | None:
+    """same, or None for distinct (the plan before the option existed)."""
+    value = flag or preset.get("repeat_seeds") or "distinct"
+    if value not in REPEAT_SEEDS:
+        raise OptionError(f"--repeat-seeds must be one of {', '.join(REPEAT_SEEDS)}, got "
+                          f"{value!r}")
+    return None if value == "distinct" else value
 
 
 def _pin_if_possible(plan: RunPlan) -> RunPlan:

@@ -53,6 +53,10 @@ class RunPlan:
     device: str = "cpu"  # resolved: cpu | cuda
     data_backend: str = ""  # resolved: nccl | gloo (model all-reduces); "" = by device
     seed: int = 0
+    # same: every repeat replays the seed's one workload and storage noise (under a pinned
+    # schedule one schedule, so repeats differ by the machine's noise alone); None or
+    # distinct: repeat r draws seed * 1000 + r (repeats sample workloads too)
+    repeat_seeds: str | None = None
     model: str = "llama3-8b"  # hicache.shapes: KV bytes per page, the forward's time or shape
     gpu: str = "h100"  # the GPU whose forward the CPU stand-in sleeps out; none: no sleep
     step_ms: float | None = None  # overrides the modelled decode step's fixed part
@@ -118,9 +122,9 @@ class RunPlan:
 
     def repeat_seed(self, cell: Cell) -> int:
         """Common random numbers: one seed per repeat for the workload and the storage noise
-        (jitter, failures, missing pages), the same for every protocol within a repeat and
-        different across repeats, so repeats replicate and protocols pair."""
-        return self.seed * 1000 + cell.repeat
+        (jitter, failures, missing pages), the same for every protocol within a repeat, so
+        protocols pair; across repeats the same one (repeat_seeds same) or a new one."""
+        return self.seed * 1000 + (0 if self.repeat_seeds == "same" else cell.repeat)
 
     @property
     def threads_per_rank(self) -> int:
@@ -157,7 +161,8 @@ def _queue(gpus: int) -> dict:
     return {"tp": _tp(gpus), "repeats": 6, "requests": 48, "rates": (math.inf,),
             "bystanders": 48, "bystander_rate": 24.0,
             "protocols": ("pr27010", "pr36425", "step-clock"),
-            "policies": ("wait_complete", "timeout"), "schedule": "pinned"}
+            "policies": ("wait_complete", "timeout"), "schedule": "pinned",
+            "repeat_seeds": "same"}
 
 
 def _default(gpus: int) -> dict:
@@ -171,7 +176,7 @@ def _ci(gpus: int) -> dict:
     """The gate's counts run: every protocol and policy once. Its timings come from `bench
     gate --ab`, which runs repeats of its own."""
     return {**_queue(gpus), "tp": 2, "repeats": 1, "requests": 24, "bystanders": 24,
-            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES, "repeat_seeds": None}
 
 
 def _sweep(gpus: int) -> dict:
