@@ -34,6 +34,7 @@ from bench.ab.revisions import Revision, checked_out
 from bench.analysis import verdict
 from bench.analysis.report import NO_PLOTS
 from bench.compare.comparison import Comparison, Run, compare, load_run
+from bench.run.options import REDO_ENV
 from bench.rundir.files import ResultFileError, write_json_atomic
 from bench.rundir.rundir import RunDir, utc_time
 
@@ -133,7 +134,9 @@ def run_one(plan: AbPlan, k: int, side: str, root: Path) -> Outcome:
     into console.log beside the results."""
     out = plan.run_dir(k, side).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, NO_PLOTS: "1", "PYTHONPATH": os.pathsep.join(
+    # No plots, and no disturbed serve served again: revisions from before --redo-disturbed
+    # never do, so neither side may (bench.run.options.REDO_ENV).
+    env = {**os.environ, NO_PLOTS: "1", REDO_ENV: "0", "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     start, t0 = utc_time(), time.monotonic()
     with open(out / "console.log", "w") as log:

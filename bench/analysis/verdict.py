@@ -36,6 +36,7 @@ from bench.rundir.files import (
     write_json_atomic,
 )
 from bench.rundir.rundir import FILES
+from bench.rundir.schema import DISTURBED_LIMIT
 
 FILE = FILES["verdict"]
 # The rules above, named once, with what a failure of each means. judge() states the failed
@@ -203,6 +204,28 @@ def schedule_failures(requests: pd.DataFrame, plan: dict | None = None) -> list[
         if found else []
 
 
+def disturbed_notes(ranks: pd.DataFrame | None) -> list[str]:
+    """How many serves the machine disturbed (bench.run.machine): served again, and still
+    disturbed in the serve kept; reported, not a failure (no step time decided it)."""
+    if ranks is None or ranks.empty or "attempts" not in ranks:
+        return []
+    serves = ranks[ranks["rank"] == 0]
+    again = pd.to_numeric(serves["attempts"], errors="coerce").fillna(1)
+    lost = pd.to_numeric(serves.get("cpu_lost"), errors="coerce")
+    kept = int((lost > DISTURBED_LIMIT).sum())
+    out = []
+    if (again > 1).any():
+        extra = int(again.sum() - len(again))
+        out.append(f"{int((again > 1).sum())} serve(s) were served again ({extra} extra "
+                   f"serves) after the machine lost more than "
+                   f"{100 * DISTURBED_LIMIT:.0f}% of its CPU time to steal or other processes "
+                   f"(ranks.csv: attempts, cpu_lost)")
+    if kept:
+        out.append(f"{kept} serve(s) kept were disturbed (cpu_lost above "
+                   f"{100 * DISTURBED_LIMIT:.0f}% in ranks.csv): their timings carry outside load")
+    return out
+
+
 def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
           plan: dict | None = None, failures: pd.DataFrame | None = None,
           details: list[str] = ()) -> Verdict:
@@ -239,6 +262,7 @@ def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
                                                f"{int(float(r['host_slots_unaccounted']))} host "
                                                f"slot(s) neither in the tree nor free after "
                                                f"{_where(r)}"))
+    notes += disturbed_notes(ranks)
     absent = missing_cells(requests, plan)
     if absent:
         p, pol, rate, rep = absent[0]

@@ -5,6 +5,7 @@ is an OptionError, one line naming the flag."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage import StorageSpec
 
 REPEAT_SEEDS = ("same", "distinct")
+# "0": never serve a disturbed cell again, whatever the preset says. bench ab sets it for
+# both sides, so a revision with --redo-disturbed and one from before it run alike.
+REDO_ENV = "BENCH_REDO_DISTURBED"
 SYNTHETIC_ONLY = ("requests", "rate", "bystanders", "bystander_rate", "output_tokens")
 
 
@@ -74,6 +78,7 @@ class RunOptions:
     timeline: bool = False
     schedule: str | None = None
     repeat_seeds: str | None = None
+    redo_disturbed: int | None = None
     allow_auto_truncate: bool = False
     out: Path | None = None
 
@@ -139,11 +144,15 @@ def build_plan(args: RunOptions) -> RunPlan:
                    repeats=args.repeats or preset.get("repeats", 3),
                    tp=tp, pp=pp, seed=args.seed,
                    repeat_seeds=_repeat_seeds(args.repeat_seeds, preset),
+                   redo_disturbed=_redo(args.redo_disturbed, preset),
                    model=args.model or "llama3-8b", gpu=args.gpu or "h100", step_ms=args.step_ms,
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())))
     if args.schedule is None:
         plan = _pin_if_possible(plan)
+    if args.redo_disturbed and plan.schedule != "pinned":
+        raise OptionError("--redo-disturbed needs a pinned schedule (a free one would serve "
+                          "another schedule the second time)")
     _check_configs(plan)
     return plan
 
@@ -155,6 +164,18 @@ def _repeat_seeds(flag: str | None, preset: dict) -> str | None:
         raise OptionError(f"--repeat-seeds must be one of {', '.join(REPEAT_SEEDS)}, got "
                           f"{value!r}")
     return None if value == "distinct" else value
+
+
+def _redo(flag: int | None, preset: dict) -> int | None:
+    """Serves again for a disturbed cell: the flag's, else REDO_ENV's, else the preset's;
+    0 is None."""
+    env = os.environ.get(REDO_ENV, "")
+    if flag is None and env.strip().isdigit():
+        flag = int(env)
+    value = preset.get("redo_disturbed") if flag is None else flag
+    if value is not None and value < 0:
+        raise OptionError(f"--redo-disturbed must be >= 0, got {value}")
+    return value or None
 
 
 def _pin_if_possible(plan: RunPlan) -> RunPlan:

@@ -57,6 +57,9 @@ class RunPlan:
     # schedule one schedule, so repeats differ by the machine's noise alone); None or
     # distinct: repeat r draws seed * 1000 + r (repeats sample workloads too)
     repeat_seeds: str | None = None
+    # Pinned: serve a cell again, up to this many times, when the machine lost more than
+    # bench.run.machine.LIMIT of its CPU time to steal or other processes during it
+    redo_disturbed: int | None = None
     model: str = "llama3-8b"  # hicache.shapes: KV bytes per page, the forward's time or shape
     gpu: str = "h100"  # the GPU whose forward the CPU stand-in sleeps out; none: no sleep
     step_ms: float | None = None  # overrides the modelled decode step's fixed part
@@ -162,7 +165,7 @@ def _queue(gpus: int) -> dict:
             "bystanders": 48, "bystander_rate": 24.0,
             "protocols": ("pr27010", "pr36425", "step-clock"),
             "policies": ("wait_complete", "timeout"), "schedule": "pinned",
-            "repeat_seeds": "same"}
+            "repeat_seeds": "same", "redo_disturbed": 2}
 
 
 def _default(gpus: int) -> dict:
@@ -176,7 +179,8 @@ def _ci(gpus: int) -> dict:
     """The gate's counts run: every protocol and policy once. Its timings come from `bench
     gate --ab`, which runs repeats of its own."""
     return {**_queue(gpus), "tp": 2, "repeats": 1, "requests": 24, "bystanders": 24,
-            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES, "repeat_seeds": None}
+            "protocols": PROJECT_PROTOCOLS, "policies": POLICIES, "repeat_seeds": None,
+            "redo_disturbed": None}
 
 
 def _sweep(gpus: int) -> dict:

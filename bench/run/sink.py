@@ -75,13 +75,19 @@ class ResultSink:
         print(f"[{cell.index + 1:3d}/{total}] {cell.protocol:<12} {cell.policy:<13} "
               f"{load} repeat={cell.repeat} ...", end="", file=sys.stderr, flush=True)
 
-    def add(self, cell: Cell, gathered: list[dict]) -> None:
+    def again(self, why: str) -> None:
+        """The serve just run was disturbed (bench.run.machine) and runs again."""
+        print(f" disturbed ({why}), again ...", end="", file=sys.stderr, flush=True)
+
+    def add(self, cell: Cell, gathered: list[dict], attempts: int = 1) -> None:
+        """The cell's rows from its last serve (`attempts`: serves it took)."""
         config = self._config(cell)
         rows = self._request_rows(cell, config, gathered)
         self.requests += rows
         steps = [self._step_row(config, cell, s) for s in gathered[0]["steps"]]
         self.steps += steps
-        self.ranks += [self._rank_row(config, cell, p) for p in gathered]
+        self.ranks += [{**self._rank_row(config, cell, p), **_machine(p, attempts)}
+                       for p in gathered]
         self._write()
         for p in gathered:  # the timeline, when recorded: a file per rank, kept per cell
             if p.get("timeline") is not None:
@@ -188,6 +194,14 @@ class ResultSink:
         summary, plots, verdict and report from them (bench.analysis.report.write_report)."""
         (self.run.file("progress")).unlink(missing_ok=True)
         return {"dir": str(self.run.path)}
+
+
+def _machine(p: dict, attempts: int) -> dict:
+    """ranks.csv's serve-level machine columns: serves the cell took, and what the machine
+    lost during the one kept (bench.run.machine; unknown stays empty)."""
+    m = p.get("machine") or {}
+    return {"attempts": attempts, "steal_s": m.get("steal_s"),
+            "other_cpu_s": m.get("other_cpu_s"), "cpu_lost": m.get("lost")}
 
 
 def _timing(r: dict, t0: float) -> dict:

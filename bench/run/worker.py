@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
-from bench.run import calibrate, fit, workload
+from bench.run import calibrate, fit, machine, workload
 from bench.run.plan import Cell, RunPlan
 from bench.run.sink import ResultSink
 from hicache.comm import Groups, Layout
@@ -43,11 +44,43 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
     for cell in cells:
         if sink:
             sink.begin(cell, len(cells))
-        payload = run_cell(plan, cell, layout, groups, device, steps)
-        gathered = _gather(payload, world)
+        attempt = 0
+        while True:
+            attempt += 1
+            payload = run_cell(plan, cell, layout, groups, device, steps)
+            gathered = _gather(payload, world)
+            why = _disturbed(gathered) if rank == 0 else None
+            # Pinned, the next serve replays the same schedule; free, it would not.
+            again = why is not None and plan.schedule == "pinned" and \
+                attempt <= (plan.redo_disturbed or 0)
+            if not _agree(again, layout):
+                break
+            if sink:
+                sink.again(why)
         if sink:
-            sink.add(cell, gathered)
+            sink.add(cell, gathered, attempt)
     return sink.finish() if sink else {}
+
+
+def _disturbed(gathered: list[dict]) -> str | None:
+    """Why rank 0 counts the serve just gathered as disturbed (bench.run.machine), or None.
+    Sets every payload's `machine` figures: rank 0's machine's CPU account around the serve
+    against the CPU time of the ranks on that machine."""
+    here = gathered[0]
+    local = sum(p["cpu_s"] for p in gathered if p["host"] == here["host"])
+    figures = machine.interference(*here["cpu_times"], local, here["wall_s"])
+    for p in gathered:
+        p["machine"] = figures
+    return machine.disturbed(figures)
+
+
+def _agree(flag: bool, layout: Layout) -> bool:
+    """Rank 0's `flag` on every rank (outside the timed region, on the harness group)."""
+    if layout.world_size == 1:
+        return flag
+    box = [flag]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
@@ -60,8 +93,10 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
         _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps)
     main = plan.build_workload(cell)
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps)
+    cpu_s, wall_s, machine1 = time.process_time() - cpu0, time.monotonic() - wall0, \
+        machine.read()
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
             "timeline": _timeline(stats, layout, groups),
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
@@ -71,7 +106,9 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             "write_path": stats.write_path,
             # CPU seconds this rank's threads used while serving (and the wall time):
             # together with the other ranks', how busy the machine's cores were.
-            "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0}
+            "cpu_s": cpu_s, "wall_s": wall_s, "host": socket.gethostname(),
+            # The machine's CPU account around the serve (rank 0's is read: _disturbed).
+            "cpu_times": (machine0, machine1)}
 
 
 def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:

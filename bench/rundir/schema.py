@@ -62,7 +62,12 @@ RANK_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rank", "tp_rank", "pp_rank", "decision", "completion", "pp_hop", "hit_query",
     "ack", "ticket", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
     "crosscheck_ok", "host_slots_unaccounted", *WRITE_PATH_COLUMNS, "cpu_s", "wall_s",
+    "attempts", "steal_s", "other_cpu_s", "cpu_lost",
 ]
+
+# A serve is disturbed when the machine lost more than this of its cores x wall time to
+# steal or to other processes while it ran (bench.run.machine; ranks.csv cpu_lost).
+DISTURBED_LIMIT = 0.05
 
 # A cell that failed: its configuration and the first line of its error (failures.csv).
 FAILURE_COLUMNS = ["protocol", "policy", "repeat", "error"]
