@@ -80,3 +80,19 @@ def test_a_pinned_run_serves_a_disturbed_cell_again_and_keeps_one_schedule(tmp_p
     assert verdict["ok"] and any("served again (4 extra serves)" in n for n in verdict["notes"])
     requests = pd.read_csv(out / "requests.csv")
     assert requests["schedule_digest"].nunique() == 1  # one seed, one schedule, 4 serves
+
+
+def test_redo_disturbed_comes_from_the_flag_the_env_or_the_preset(monkeypatch, capsys):
+    from bench.commands.run import build_plan, parser
+    from bench.commands.run import main as main_run
+
+    def redo(*argv):
+        return build_plan(parser().parse_args(list(argv))).redo_disturbed
+
+    monkeypatch.delenv("BENCH_REDO_DISTURBED", raising=False)
+    assert redo() == redo("--preset", "queue") == 1
+    assert redo("--preset", "ci") is None and redo("--redo-disturbed", "0") is None
+    monkeypatch.setenv("BENCH_REDO_DISTURBED", "0")  # bench ab's block runs, both sides
+    assert redo() is None and redo("--redo-disturbed", "2") == 2
+    assert main_run(["--preset", "sweep", "--redo-disturbed", "1"]) == 2  # free: refused
+    assert "--redo-disturbed needs a pinned schedule" in capsys.readouterr().err

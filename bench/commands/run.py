@@ -69,7 +69,7 @@ def parser() -> CliParser:
     a("--redo-disturbed", type=int, metavar="N", help="under a pinned schedule, serve a "
       "cell again (up to N times) when the machine lost more than 5%% of its CPU time to "
       "steal or to other processes during it, and keep the last serve (ranks.csv: attempts, "
-      "steal_s, other_cpu_s, cpu_lost); 0: never (2 in the default and queue presets, 0 "
+      "steal_s, other_cpu_s, cpu_lost); 0: never (1 in the default and queue presets, 0 "
       "elsewhere)")
     a("--schedule", choices=SCHEDULES, help="pinned: arrivals, IO completions and timeouts "
       "on a virtual clock advanced by the modelled forward, one schedule per seed, so a "

@@ -165,7 +165,7 @@ def _queue(gpus: int) -> dict:
             "bystanders": 48, "bystander_rate": 24.0,
             "protocols": ("pr27010", "pr36425", "step-clock"),
             "policies": ("wait_complete", "timeout"), "schedule": "pinned",
-            "repeat_seeds": "same", "redo_disturbed": 2}
+            "repeat_seeds": "same", "redo_disturbed": 1}
 
 
 def _default(gpus: int) -> dict:
