@@ -62,8 +62,8 @@ def interference(before: CpuTimes | None, after: CpuTimes | None, ranks_cpu_s: f
 
 
 def disturbed(measured: dict, limit: float = LIMIT) -> str | None:
-    """Why a serve counts as disturbed ('steal 0.41 s, other processes 0.12 s: 9% of 2
-    cores x 2.9 s'), or None."""
+    """Why a serve counts as disturbed ('steal 0.41 s, other processes 0.12 s: 9% of the
+    cores' time (limit 5%)'), or None."""
     lost = measured.get("lost")
     if lost is None or lost <= limit:
         return None
