@@ -206,6 +206,35 @@ def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(clean, tmp_path
     assert calls == [0] and failing_checks(out) == {"step_mean_ab", "itl_p50_ab"}, out
 
 
+@pytest.mark.parametrize("first, again, fails", [
+    # CI at 7216574: a 2 ms slower poll, its second A/B's 3 pairs widened by one slow block
+    ((4.607, 3.736, 5.681), (3.465, 1.166, 10.299), True),
+    # c77ce14: unchanged code, the second A/B's interval holds 1
+    ((1.229, 1.080, 1.398), (1.184, 0.777, 1.807), False),
+    # slower on new workloads, but by less than the threshold: a smaller change than gated
+    ((1.10, 1.05, 1.15), (1.02, 1.01, 1.03), False),
+    ((1.10, 1.05, 1.15), (1.10, 1.01, 1.20), True),
+])
+def test_a_failure_is_confirmed_when_the_second_ab_replicates_it(first, again, fails):
+    """The second A/B replicates a failure when its whole interval lies above 1 and its point
+    beyond 1 + threshold (bench.gate.timing.replicates): a real regression whose fresh blocks
+    are noisier still fails; unchanged code whose second interval holds 1 passes."""
+    from bench.gate.timing import confirmed, judge
+    from bench.stats import Interval
+
+    row = {"protocol": "pr36425", "policy": "wait_complete", "tp": 2, "pp": 1,
+           "storage": "sim", "rate_rps": "inf", "extra_pool": False}
+
+    def check(iv, again_=False):
+        return judge(row, "step_mean_ab", "step_mean", Interval(*iv, n=3), 0.03, "A's",
+                     again_)  # results/baseline's step threshold
+    one = check(first)
+    assert not one.passed  # the first A/B fails on its own rule
+    [out] = confirmed([one], [check(again, again_=True)])
+    assert out.passed is not fails, out
+    assert ("again" in out.observed) if fails else ("not confirmed" in out.note)
+
+
 def test_the_confirming_ab_runs_the_next_seeds(tmp_path, monkeypatch):
     """gate.json's 6 blocks are seeded 0..5; the confirming A/B's 6..11: new workloads."""
     from bench.gate import ab as gate_ab
