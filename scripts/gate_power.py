@@ -6,6 +6,8 @@ poll sleeps that long (no collective added), a baseline recorded from a ci run o
 (its commit the baseline revision, the gate settings of this tree's results/baseline/gate.json
 kept), then `bench run --preset ci` and `bench gate RUN --ab` on the base --clean times
 (every failure is a false positive) and once on each slow commit (a failure is a catch).
+Each gate run also records what its first A/B alone decided (how many checks it failed
+before the confirming A/B judged them), so one measurement gives both rates.
 Prints one line per gate run and a table, and writes gate_power.json into --out (default
 results/gate_power_<UTC time>). Needs a committed HEAD; takes about 3 minutes per gate run on
 2 cores. Measure on a quiet machine.
@@ -17,6 +19,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -81,7 +84,13 @@ def gate_once(repo: Path, rev: str, baseline: Path, out: Path) -> dict:
     rows = [line.split() for line in done.stdout.splitlines()]
     failing = [f"{r[0]} {r[1]}/{r[2]}" for r in rows  # the table lists failures only
                if done.returncode == 1 and len(r) > 2 and r[0].endswith("_ab")]
+    # "confirmation: H of F failing timing checks ..." only when the first A/B failed F
+    confirm = re.search(r"^confirmation: (\d+) of (\d+) ", done.stdout, re.M)
+    first = int(confirm.group(2)) if confirm else 0
     return {"rev": rev, "exit": done.returncode, "failing": failing, "run": str(run),
+            "first_ab_failed": first,
+            "unconfirmed": [line.split()[1] + " " + line.split()[2] for line in
+                            done.stdout.splitlines() if "not confirmed by the second" in line],
             "seconds": round(time.monotonic() - t0, 1), "load_1m": os.getloadavg()[0],
             "last_line": (done.stdout.strip().splitlines() or [""])[-1]}
 
@@ -108,12 +117,15 @@ def main(argv: list[str]) -> int:
         r = gate_once(repo, rev, baseline, out) | {"label": label}
         results.append(r)
         print(f"gate_power: {label}: exit {r['exit']} ({r['seconds']:.0f}s, load "
-              f"{r['load_1m']:.2f}) {'; '.join(r['failing']) or r['last_line']}", flush=True)
+              f"{r['load_1m']:.2f}), first A/B failed {r['first_ab_failed']} check(s): "
+              f"{'; '.join(r['failing']) or r['last_line']}", flush=True)
     write_json_atomic(out / "gate_power.json", {"results": results, "cpu_count": os.cpu_count()})
     clean = [r for r in results if r["label"] == "clean"]
-    print(f"gate_power: false positives {sum(r['exit'] != 0 for r in clean)} of {len(clean)}; "
-          + ", ".join(f"{r['label']} {'caught' if r['exit'] == 1 else 'missed'}"
-                      for r in results if r["label"] != "clean"))
+    print(f"gate_power: false positives {sum(r['exit'] != 0 for r in clean)} of {len(clean)} "
+          f"({sum(r['first_ab_failed'] > 0 for r in clean)} of {len(clean)} by the first A/B "
+          "alone); " + ", ".join(f"{r['label']} {'caught' if r['exit'] == 1 else 'missed'}"
+                                 f"{'' if r['first_ab_failed'] else ' (first A/B missed it)'}"
+                                 for r in results if r["label"] != "clean"))
     return 0
 
 
