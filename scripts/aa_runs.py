@@ -1,4 +1,5 @@
-"""Usage: python scripts/aa_runs.py [--runs 5] [--rev HEAD] [--out DIR] [-- AB_ARGS...]
+"""Usage: python scripts/aa_runs.py [--runs 5] [--rev HEAD] [--seed-step 100] [--out DIR]
+                                  [-- AB_ARGS...]
 
 A/A runs of `bench ab`: the same code on both sides, so every "worse" or "better" is a false
 call, every order-effect warning a side or a position the instrument favours. Runs --runs
@@ -6,7 +7,10 @@ times `bench ab REV REV` (both sides detached worktrees of one commit) and --run
 `bench ab REV WORKTREE` (this tree snapshotted; it must equal REV for an A/A, so the tree
 must be clean), alternating the two kinds, each with the gate's A/B settings
 (results/baseline/gate.json `ab`: preset, protocols, policies, blocks) unless AB_ARGS after
-`--` replace them. Then, over all runs and per kind: the share of timing verdicts "same"
+`--` replace them. A/B i runs with `--seed i x --seed-step`, so each A/B draws its own
+order of sides (with one seed every A/B would run the same sequence, and an effect of a
+slot in that sequence would look like a side's; --seed-step 0 does that). Then, over all
+runs and per kind: the share of timing verdicts "same"
 (every timing row, and the gated ones), per gated metric how many runs had its order-effect
 interval holding 1 and how many had all blocks on one side. Writes aa_runs.json and
 aa_runs.md into --out (default results/aa_<UTC time>). About 2.5 minutes per A/B with the
@@ -120,10 +124,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     p.add_argument("--runs", type=int, default=5, help="A/Bs of each kind (default 5)")
     p.add_argument("--rev", default="HEAD", help="the commit on both sides (default HEAD)")
+    p.add_argument("--seed-step", type=int, default=100,
+                   help="A/B i runs --seed i x this (default 100; 0: every A/B seed 0)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
+    if args.runs < 1 or args.seed_step < 0:
+        p.error("--runs must be at least 1 and --seed-step at least 0")
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                            capture_output=True, text=True).stdout.strip()
     if dirty:
@@ -141,7 +147,9 @@ def main(argv: list[str]) -> int:
     results = []
     for i in range(2 * args.runs):
         b = sha if i % 2 == 0 else "WORKTREE"
-        r = one_ab(sha, b, out / f"{i:02d}_{'same' if b == sha else 'tree'}", ab_args)
+        seed = [] if "--seed" in ab_args else ["--seed", str(i * args.seed_step)]
+        r = one_ab(sha, b, out / f"{i:02d}_{'same' if b == sha else 'tree'}",
+                   [*ab_args, *seed])
         r["kind"] = "X X" if b == sha else "X WORKTREE"
         results.append(r)
         flagged = [f"{g['config']} {g['metric']}" for g in r["gated"]

@@ -73,7 +73,9 @@ def order_row(ratios: dict[int, float], b_first: dict[int, bool]) -> dict:
                         f"first [{iv.low:.3f}, {iv.high:.3f}], excluding 1")
     n = len(ratios)
     if n >= 3 and (above == n or below == n):
-        warnings.append(f"all {n} blocks favour {'A' if above == n else 'B'}")
+        # identical code puts all n blocks on one side with probability 2 / 2**n
+        warnings.append(f"all {n} blocks favour {'A' if above == n else 'B'} (identical "
+                        f"code does so in 1 metric of {2 ** (n - 1)} by chance)")
     return {"second_over_first": iv.point, "order_ci_low": iv.low, "order_ci_high": iv.high,
             "blocks_favour_a": above, "blocks_favour_b": below, "wilcoxon_p": wilcoxon,
             "sign_p": sign, "order_warning": "; ".join(warnings)}
