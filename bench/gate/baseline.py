@@ -96,11 +96,12 @@ def read_settings(baseline_dir: Path) -> dict:
     return settings
 
 
-# What `bench gate --ab` runs when gate.json names no other: the headline's burst of 48
-# (many waiting requests polled per step, so a slower poll shows) for the change the
-# benchmark is about (pr27010 -> pr36425) under wait_complete, six blocks of one repeat in
-# the order A B, B A, ...: each pair seconds apart, so drift cancels within the pair.
-DEFAULT_AB = {"preset": "queue", "protocols": "pr27010,pr36425",
+# What `bench gate --ab` runs when gate.json names no other: make bench's burst of 24 (about
+# 10 waiting requests polled per step, so a slower poll shows) for the change the benchmark
+# is about (pr27010 -> pr36425) under wait_complete, six blocks of one repeat, each block's
+# order of sides drawn from its seed: each pair seconds apart, so drift cancels within the
+# pair.
+DEFAULT_AB = {"preset": "default", "protocols": "pr27010,pr36425",
               "policies": "wait_complete", "blocks": 6, "repeats_per_block": 1}
 
 
