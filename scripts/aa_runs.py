@@ -49,8 +49,8 @@ def gate_ab_args() -> list[str]:
     return args
 
 
-def one_ab(rev: str, b: str, out: Path, args: list[str]) -> dict:
-    """One `bench ab` and what its ab.csv says."""
+def one_ab(rev: str, b: str, kind: str, out: Path, args: list[str]) -> dict:
+    """One `bench ab` of the `kind` ("X X" or "X WORKTREE") and what its ab.csv says."""
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "bench", "ab", rev, b, *args, "--out",
                            str(out)], cwd=REPO, capture_output=True, text=True)
@@ -59,7 +59,7 @@ def one_ab(rev: str, b: str, out: Path, args: list[str]) -> dict:
     if not table.exists():
         sys.exit(f"aa_runs: bench ab {rev} {b} wrote no ab.csv (exit {done.returncode}): "
                  f"{done.stderr.strip()[-500:]}")
-    return {"kind": f"{rev} {b}", "exit": done.returncode, "seconds": seconds,
+    return {"kind": kind, "exit": done.returncode, "seconds": seconds,
             "out": str(out), "last_line": (done.stdout.strip().splitlines() or [""])[-1],
             **read_ab(pd.read_csv(table))}
 
@@ -142,15 +142,16 @@ def main(argv: list[str]) -> int:
     sha = rev.stdout.strip()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or REPO / "results" / f"aa_{stamp}").resolve()
-    out.mkdir(parents=True)
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"aa_runs: --out {out} exists and is not empty: pick a new folder")
+    out.mkdir(parents=True, exist_ok=True)
     ab_args = extra if extra is not None else gate_ab_args()
     results = []
     for i in range(2 * args.runs):
         b = sha if i % 2 == 0 else "WORKTREE"
         seed = [] if "--seed" in ab_args else ["--seed", str(i * args.seed_step)]
-        r = one_ab(sha, b, out / f"{i:02d}_{'same' if b == sha else 'tree'}",
-                   [*ab_args, *seed])
-        r["kind"] = "X X" if b == sha else "X WORKTREE"
+        r = one_ab(sha, b, "X X" if b == sha else "X WORKTREE",
+                   out / f"{i:02d}_{'same' if b == sha else 'tree'}", [*ab_args, *seed])
         results.append(r)
         flagged = [f"{g['config']} {g['metric']}" for g in r["gated"]
                    if not g["order_holds_1"] or g["one_side"]]

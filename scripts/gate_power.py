@@ -104,7 +104,9 @@ def main(argv: list[str]) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or REPO / "results" / f"gate_power_{stamp}").resolve()
     repo = out / "repo"
-    out.mkdir(parents=True)
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"gate_power: --out {out} exists and is not empty: pick a new folder")
+    out.mkdir(parents=True, exist_ok=True)
     head = sh(["git", "rev-parse", "HEAD"], REPO).stdout.strip()
     sh(["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], out)
     sh(GIT + ["checkout", "-q", "-B", "base", head], repo)

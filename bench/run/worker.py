@@ -50,10 +50,10 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
             payload = run_cell(plan, cell, layout, groups, device, steps)
             gathered = _gather(payload, world)
             why = _disturbed(gathered) if rank == 0 else None
-            # Pinned, the next serve replays the same schedule; free, it would not.
-            again = why is not None and plan.schedule == "pinned" and \
-                attempt <= (plan.redo_disturbed or 0)
-            if not _agree(again, layout):
+            # Pinned, the next serve replays the same schedule; free, it would not. Every
+            # rank knows from the plan whether another serve may follow: only then ask rank 0.
+            may_redo = plan.schedule == "pinned" and attempt <= (plan.redo_disturbed or 0)
+            if not may_redo or not _agree(why is not None, layout):
                 break
             if sink:
                 sink.again(why)
