@@ -130,6 +130,9 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.runs < 1 or args.seed_step < 0:
         p.error("--runs must be at least 1 and --seed-step at least 0")
+    if args.out is not None and args.out.exists() and (
+            not args.out.is_dir() or any(args.out.iterdir())):
+        sys.exit(f"aa_runs: --out {args.out} is not an empty folder: pick a new one")
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                            capture_output=True, text=True).stdout.strip()
     if dirty:
@@ -142,8 +145,6 @@ def main(argv: list[str]) -> int:
     sha = rev.stdout.strip()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or REPO / "results" / f"aa_{stamp}").resolve()
-    if out.exists() and any(out.iterdir()):
-        sys.exit(f"aa_runs: --out {out} exists and is not empty: pick a new folder")
     out.mkdir(parents=True, exist_ok=True)
     ab_args = extra if extra is not None else gate_ab_args()
     results = []

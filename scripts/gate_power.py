@@ -101,11 +101,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--slow-ms", default="0.1,0.25,0.5,1")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if args.out is not None and args.out.exists() and (
+            not args.out.is_dir() or any(args.out.iterdir())):
+        sys.exit(f"gate_power: --out {args.out} is not an empty folder: pick a new one")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or REPO / "results" / f"gate_power_{stamp}").resolve()
     repo = out / "repo"
-    if out.exists() and any(out.iterdir()):
-        sys.exit(f"gate_power: --out {out} exists and is not empty: pick a new folder")
     out.mkdir(parents=True, exist_ok=True)
     head = sh(["git", "rev-parse", "HEAD"], REPO).stdout.strip()
     sh(["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], out)

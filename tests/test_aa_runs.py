@@ -40,3 +40,24 @@ def test_an_ab_csv_is_read_into_false_calls_order_and_sides():
     assert "3/4 (75.0%)" in text and "2/3 (66.7%)" in text
     assert "| pr36425/wait_complete | itl_p50_ms | 0/1 | 0/1 | 0/1 |" in text
     assert "| pr36425/wait_complete | prefetch_ttft_p50_ms | 1/1 | 1/1 | 1/1 |" in text
+
+
+def test_a_used_out_folder_is_refused_in_one_line_and_kept(tmp_path):
+    """Both measurement scripts refuse an --out that already holds something (or is a
+    file), before any work, so an earlier measurement is never written over."""
+    import subprocess
+    import sys
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "gate_power.json").write_text("{}")
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    for script in ("gate_power.py", "aa_runs.py"):
+        for out in (used, plain):
+            done = subprocess.run([sys.executable, str(Path(aa.__file__).parent / script),
+                                   "--out", str(out)], capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode != 0, (script, out)
+            assert done.stderr.strip().count("\n") == 0, done.stderr
+            assert "is not an empty folder" in done.stderr, done.stderr
+    assert (used / "gate_power.json").read_text() == "{}" and plain.read_text() == "x"

@@ -25,7 +25,7 @@ from tests.microbench.pollbench import RID, TP, PollGroup, counts, install_pendi
 
 pytestmark = pytest.mark.microbench
 
-POLL_ROUNDS = 500  # timed polls per protocol x policy, each one round
+POLL_ROUNDS = 200  # timed polls per protocol x policy, each one round
 POLL_WARMUP = 50  # untimed polls first (same lock-step, so the peer's count matches)
 PAGE = 64
 
