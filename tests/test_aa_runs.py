@@ -3,6 +3,8 @@ order-effect intervals that exclude 1 and its metrics whose blocks all fall on o
 counted, not lost."""
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -45,8 +47,6 @@ def test_an_ab_csv_is_read_into_false_calls_order_and_sides():
 def test_a_used_out_folder_is_refused_in_one_line_and_kept(tmp_path):
     """Both measurement scripts refuse an --out that already holds something (or is a
     file), before any work, so an earlier measurement is never written over."""
-    import subprocess
-    import sys
     used = tmp_path / "used"
     used.mkdir()
     (used / "gate_power.json").write_text("{}")

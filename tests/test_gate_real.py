@@ -68,7 +68,7 @@ def test_gate_ab_fails_the_slow_poll_on_step_time_only(history):
     assert step and all("pr36425" in line for line in step), out
     # No collective was added: the exact count checks hold (only failures are listed).
     assert not any(line.startswith(("decision_exact", "background_exact",
-                                    "per_poll_vs_baseline")) for line in out.splitlines())
+                                    "per_poll_vs_baseline")) for line in lines)
     assert "interleaved on this machine" in out and (run / "ab" / "ab.md").exists()
     # A failing timing check stops the gate only after a second A/B of fresh blocks.
     assert "failing timing checks failed again" in out and (run / "ab_confirm" / "ab.md").exists()
