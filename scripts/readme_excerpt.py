@@ -7,8 +7,9 @@ run printed instead of a hand-pasted copy. The block between the two marker line
     <!-- readme_excerpt: end -->
 
 becomes: one line naming the run (commit, time, preset, layout, device and backend, cores;
-from RUN_DIR/env.json), then, in a code block, the headline table and its verdict lines as
-`bench run` prints them (rebuilt from RUN_DIR/summary.csv by bench.analysis.lead) and the run's
+from RUN_DIR/env.json), then, in a code block, the lead's first table (the end-to-end
+headline; a pinned run's cost decomposition) and what the run resolves, as `bench run` prints
+them (rebuilt from RUN_DIR/summary.csv by bench.analysis.lead), and the run's
 OK/FAILED line (RUN_DIR/verdict.json; the console adds the seconds the run took, which no
 result file keeps). Nothing outside the markers changes.
 
@@ -35,7 +36,7 @@ from bench.rundir.rundir import RunDir  # noqa: E402
 
 BEGIN = "<!-- readme_excerpt: begin (python scripts/readme_excerpt.py RUN_DIR rewrites it) -->"
 END = "<!-- readme_excerpt: end -->"
-HEADLINE_START = "Headline, ratios to"
+HEADLINE_STARTS = (lead.HEADLINE_TITLE, lead.COST_TITLE)
 
 
 def provenance(env: dict) -> str:
@@ -51,14 +52,15 @@ def provenance(env: dict) -> str:
 
 
 def headline_lines(summary, calib: dict | None) -> list[str]:
-    """The console's headline table and its per-policy verdict lines (bench.analysis.lead)."""
+    """The console's first table (bench.analysis.lead: the end-to-end headline, or a pinned
+    run's cost decomposition) with what the run resolves, up to the lead's next blank line."""
     lines = lead.lead_text(summary, calib)
-    starts = [i for i, line in enumerate(lines) if line.startswith(HEADLINE_START)]
+    starts = [i for i, line in enumerate(lines) if line.startswith(HEADLINE_STARTS)]
     if not starts:
         raise ResultFileError("summary.csv has no headline rows (pr27010, pr36425 or "
                               "step-clock under wait_complete or timeout)")
-    # The table and its verdict lines; the agreement sentence after them is left out.
-    return lines[starts[0]: len(lines) - 1]
+    rest = lines[starts[0]:]
+    return rest[: rest.index("")] if "" in rest else rest
 
 
 def excerpt(run_dir: Path) -> list[str]:

@@ -218,10 +218,14 @@ def test_presets_pin_where_they_can_and_flags_choose():
     def schedule(*argv):
         return build_plan(parser().parse_args(list(argv))).schedule
 
-    assert schedule() == schedule("--preset", "queue") == schedule("--preset", "ci") == "pinned"
-    assert schedule("--schedule", "free") == "free"
-    assert schedule("--preset", "sweep") == "free"
-    assert schedule("--gpu", "none") == "free"  # a preset's pinning yields to what cannot be
+    # make bench (default) measures end to end: free; the cost decomposition is pinned.
+    assert schedule() == schedule("--preset", "sweep") == "free"
+    assert schedule("--preset", "cost") == schedule("--preset", "queue") == \
+        schedule("--preset", "ci") == "pinned"
+    assert schedule("--schedule", "pinned") == "pinned"
+    assert schedule("--preset", "cost", "--schedule", "free") == "free"
+    # a preset's pinning yields to what cannot be pinned
+    assert schedule("--preset", "cost", "--gpu", "none") == "free"
     assert schedule("--preset", "sweep", "--schedule", "pinned") == "pinned"
 
 
@@ -261,9 +265,10 @@ def test_repeat_seeds_option_sets_every_repeats_seed():
         plan = build_plan(parser().parse_args(list(argv)))
         return plan.repeat_seeds, sorted({plan.repeat_seed(c) for c in plan.cells()})
 
-    assert seeds() == ("same", [0])  # make bench: six replays of one pinned schedule
+    assert seeds() == ("same", [0])  # make bench: twenty serves of one workload
+    assert seeds("--preset", "cost") == ("same", [0])  # six replays of one pinned schedule
     assert seeds("--seed", "2") == ("same", [2000])
-    assert seeds("--repeat-seeds", "distinct") == (None, [0, 1, 2, 3, 4, 5])
+    assert seeds("--preset", "cost", "--repeat-seeds", "distinct") == (None, [0, 1, 2, 3, 4, 5])
     assert seeds("--preset", "sweep")[0] is None
     assert seeds("--preset", "ci")[0] is None  # one repeat: the gate's baseline plan
     assert seeds("--preset", "sweep", "--repeat-seeds", "same") == ("same", [0])

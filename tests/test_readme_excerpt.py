@@ -60,19 +60,35 @@ def test_rewrites_only_the_block_between_the_markers(tmp_path):
                         f"({env['utc_time']}), preset ci, TP2 x PP1 on cpu/gloo, "
                         f"{env['cpu_count']} CPU cores:")
     code = block[block.index("```") + 1: len(block) - 1]
-    assert block[-1] == "```" and \
-        code[0].startswith("Headline, ratios to pr27010 [95% CI over repeats], ")
-    assert code[0].endswith(("schedule):", "rows):"))  # which schedule, said
+    # A pinned run (the ci baseline) leads with its cost decomposition, never a TTFT or ITL
+    # heading: its TTFT and ITL are not a server's.
+    assert block[-1] == "```" and code[0].startswith(
+        "Cost decomposition, ratios to pr27010 [95% CI over repeats], pinned schedule")
     assert code[1].split()[:3] == ["protocol", "policy", "coll/req"]
-    # Six headline rows (3 protocols x 2 policies), what the run resolves (or why it has no
-    # intervals), a verdict line per policy, the run's line.
+    assert "TTFT" not in code[1] and "ITL" not in code[1]
+    rows = [line.split()[:2] for line in code[2:17]]  # every protocol x policy of the ci run
+    assert rows == [[p, pol] for pol in ("best_effort", "wait_complete", "timeout")
+                    for p in ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")]
+    assert code[17].startswith(("Resolvable differences", "No intervals"))
+    assert code[18].startswith("Not a headline: TTFT and ITL on a pinned schedule")
+    assert code[-1] == "FAILED: ranks disagreed on 1 request(s)"
+
+
+def test_a_free_run_leads_with_the_end_to_end_headline(tmp_path):
+    run, readme = _run_dir(tmp_path), _readme(tmp_path)
+    summary = pd.read_csv(run / "summary.csv")
+    summary["schedule"] = "free"
+    summary.to_csv(run / "summary.csv", index=False)
+    assert rx.main([str(run), "--readme", str(readme)]) == 0
+    code = readme.read_text().split("```\n")[1].splitlines()
+    assert code[0].startswith("Headline, end to end, ratios to pr27010 [95% CI over "
+                              "repeats], free schedule (what a server sees")
+    assert code[1].split()[:6] == ["protocol", "policy", "polls/step", "step", "ms", "step"]
+    assert "TTFT p50 x prefetch" in code[1] and "e2e p50 x" in code[1]
     rows = [line.split()[:2] for line in code[2:8]]
     assert rows == [[p, pol] for pol in ("wait_complete", "timeout")
                     for p in ("pr27010", "pr36425", "step-clock")]
     assert code[8].startswith(("Resolvable differences", "No intervals"))
-    verdicts = [line.split(":")[0] for line in code if line.startswith("- ")]
-    assert verdicts == ["- wait_complete", "- timeout"]
-    assert code[-1] == "FAILED: ranks disagreed on 1 request(s)"
 
 
 def test_a_second_rewrite_changes_nothing(tmp_path):
@@ -114,4 +130,4 @@ def test_runs_as_a_script_from_another_directory(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), str(run), "--readme", str(readme)],
                          cwd=tmp_path, text=True, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "Headline, ratios to pr27010" in readme.read_text()
+    assert "Cost decomposition, ratios to pr27010" in readme.read_text()

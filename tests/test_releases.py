@@ -22,8 +22,9 @@ def test_release_aliases():
 
 
 def test_every_protocol_presets_keep_the_five():
-    """default and ci ran "every protocol" before sglang-0.5.23 existed: their cost stays."""
-    for name in ("default", "ci"):
+    """cost (make bench's pinned shape before the headline went end to end) and ci ran
+    "every protocol" before sglang-0.5.23 existed: their cost stays."""
+    for name in ("cost", "ci"):
         assert PRESETS[name](0)["protocols"] == FIVE, name
         assert _plan("--preset", name).protocols == FIVE, name
     assert _plan("--preset", "pp").protocols == FIVE  # the plan's own default

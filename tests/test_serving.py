@@ -20,7 +20,8 @@ from bench.stats import stat_value
 
 def reqs(protocol, ttfts, itls, classes):
     return pd.DataFrame({"protocol": protocol, "repeat": [0] * len(ttfts), "ttft_ms": ttfts,
-                         "itl_ms": itls, "request_class": classes,
+                         "e2e_ms": [3 * t for t in ttfts], "itl_ms": itls,
+                         "request_class": classes,
                          "output_tokens": [1 + len(s.split(";")) if s else 1 for s in itls]})
 
 
@@ -58,7 +59,7 @@ def test_itl_pooling_and_class_ttft():
     assert cells["cores_busy"] == 1.5
 
 
-def repeats(frame, n, scale=lambda r: 1.0, columns=("ttft_ms", "step_ms")):
+def repeats(frame, n, scale=lambda r: 1.0, columns=("ttft_ms", "e2e_ms", "step_ms")):
     """`frame` as repeats 0..n-1, repeat r's timing columns scaled by scale(r)."""
     parts = []
     for r in range(n):
@@ -71,14 +72,14 @@ def repeats(frame, n, scale=lambda r: 1.0, columns=("ttft_ms", "step_ms")):
 
 
 def test_ratio_cells_against_a_run_twice_as_slow():
-    slow = A.assign(ttft_ms=A["ttft_ms"] * 2,
+    slow = A.assign(ttft_ms=A["ttft_ms"] * 2, e2e_ms=A["e2e_ms"] * 2,
                     itl_ms=["20;40", "60", "", "80;100;120"], protocol="pr36425")
     drift = {0: 1.0, 1: 1.1, 2: 0.95}  # the machine drifts; both sides of a repeat alike
     cells, intervals = ratio_columns(repeats(slow, 3, drift.get),
                                    repeats(SA.assign(step_ms=SA["step_ms"] * 2), 3, drift.get),
                                    repeats(A, 3, drift.get), repeats(SA, 3, drift.get))
     for name in ("step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50",
-                 "bystander_ttft_p99"):
+                 "bystander_ttft_p99", "e2e_p50"):
         assert cells[f"{name}_ratio"] == pytest.approx(2.0)
         assert cells[f"{name}_ratio_repeats"] == 3
     # TTFT and steps drift alike on both sides: every repeat's ratio is exactly 2.

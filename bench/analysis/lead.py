@@ -17,14 +17,23 @@ from hicache.cost_model import OPEN_PRS, POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
 HEADLINE_POLICIES = ("wait_complete", "timeout")
-HEADLINE_HEADERS = ["protocol", "policy", "coll/req", "polls/step", "coll/step", "step ms",
-                    "step x", "ITL p50 x", "ITL p99 x", "TTFT p50 x prefetch",
-                    "TTFT p50 x bystander", "TTFT p99 x prefetch", "TTFT p99 x bystander"]
-RATIO_COLUMNS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "bystander_ttft_p50",
-                 "prefetch_ttft_p99", "bystander_ttft_p99"]
+# The headline (free schedule): what a server sees, end to end. TTFT per class first.
+HEADLINE_HEADERS = ["protocol", "policy", "polls/step", "step ms", "step x",
+                    "TTFT p50 x prefetch", "TTFT p50 x bystander", "ITL p50 x", "e2e p50 x",
+                    "TTFT p99 x prefetch", "TTFT p99 x bystander", "ITL p99 x"]
+RATIO_COLUMNS = ["step_mean", "prefetch_ttft_p50", "bystander_ttft_p50", "itl_p50", "e2e_p50",
+                 "prefetch_ttft_p99", "bystander_ttft_p99", "itl_p99"]
+# The cost decomposition (a pinned schedule, or the free run's own collectives): host time,
+# never a TTFT or ITL effect (docs/metrics.md, "The headline and the cost decomposition").
+COST_HEADERS = ["protocol", "policy", "coll/req", "polls/step", "coll/step",
+                "decision ms/step", "ms/poll", "model ms/step", "step ms", "step x"]
+COST_RATIOS = ["step_mean"]
 LABELS = {"step_mean": "step", "itl_p50": "ITL p50", "itl_p99": "ITL p99",
           "prefetch_ttft_p50": "TTFT p50 prefetch", "bystander_ttft_p50": "TTFT p50 bystander",
-          "prefetch_ttft_p99": "TTFT p99 prefetch", "bystander_ttft_p99": "TTFT p99 bystander"}
+          "prefetch_ttft_p99": "TTFT p99 prefetch", "bystander_ttft_p99": "TTFT p99 bystander",
+          "e2e_p50": "e2e p50"}
+HEADLINE_TITLE = "Headline, end to end, ratios to pr27010"
+COST_TITLE = "Cost decomposition, ratios to pr27010"
 MODEL_HEADERS = ["protocol", "policy", "polls/step", "c calib ms", "c in run ms",
                  "predicted extra ms/step", "measured extra ms/step", "ITL x predicted",
                  "ITL x measured", "agree"]
@@ -44,16 +53,18 @@ def _ratio(row: dict, name: str) -> str:
 
 
 def resolution_lines(summary: pd.DataFrame) -> list[str]:
-    """What the run can resolve: per headline metric, the largest half-width (as a
-    fraction) of its 95% interval over the non-reference headline rows; or, once, why there
-    are no intervals."""
+    """What the run can resolve: per ratio the table shows (the headline's on a free
+    schedule, step time alone on a pinned one), the largest half-width (as a fraction) of its
+    95% interval over the non-reference headline rows; or, once, why there are no
+    intervals."""
     rows = [r for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES)
             if r["protocol"] != REFERENCE_PROTOCOL]
     notes = [r.get("interval_note") for r in rows if isinstance(r.get("interval_note"), str)
              and r.get("interval_note")]
+    names = RATIO_COLUMNS if is_end_to_end(summary) else COST_RATIOS
     widths = {name: [r[f"{name}_ratio_mdd"] for r in rows
                      if not pd.isna(r.get(f"{name}_ratio_mdd", math.nan))]
-              for name in RATIO_COLUMNS}
+              for name in names}
     parts = [f"{LABELS[n]} {100 * max(w):.1f}%" for n, w in widths.items() if w]
     if not parts:
         return [f"No intervals: {notes[0]}." if notes else "No intervals."]
@@ -65,6 +76,14 @@ def resolution_lines(summary: pd.DataFrame) -> list[str]:
     return [text] + ([f"Note: {notes[0]}."] if notes else [])
 
 
+def is_end_to_end(summary: pd.DataFrame) -> bool:
+    """Whether the run's headline rows ran on the free schedule: only then are its TTFT and
+    ITL ratios what a server sees (docs/design.md, Pinned schedules)."""
+    rows = _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES)
+    return bool(rows) and all(r.get("schedule", "free") in ("free", None) or
+                              pd.isna(r.get("schedule")) for r in rows)
+
+
 def _pick(summary: pd.DataFrame, protocols: tuple, policies: tuple) -> list[dict]:
     """Rows of `summary` for the protocols and policies present, in cost_model order."""
     sub = summary[summary["protocol"].isin(protocols) & summary["policy"].isin(policies)]
@@ -74,13 +93,27 @@ def _pick(summary: pd.DataFrame, protocols: tuple, policies: tuple) -> list[dict
 
 
 def headline_rows(summary: pd.DataFrame) -> list[list[str]]:
-    """The headline table's cells (HEADLINE_HEADERS); ratios are over pr27010's."""
+    """The end-to-end headline's cells (HEADLINE_HEADERS); ratios are over pr27010's. Empty
+    for a pinned run: its TTFT and ITL are not a server's (cost_rows instead)."""
+    if not is_end_to_end(summary):
+        return []
+    return [[r["protocol"], r["policy"], _f(r["polls_per_step"], ".1f"),
+             _f(r["step_mean_ms"], ".1f"), *[_ratio(r, name) for name in RATIO_COLUMNS]]
+            for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES)]
+
+
+def cost_rows(summary: pd.DataFrame) -> list[list[str]]:
+    """The cost decomposition's cells (COST_HEADERS): collectives, the scheduler's measured
+    time in decision collectives per step and per poll, the model's polls x c, and (pinned)
+    the step-time ratio, which on one schedule is host cost alone."""
     out = []
-    for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES):
+    for r in _pick(summary, PROTOCOLS, POLICIES):
+        polls, sync = r.get("polls_per_step", math.nan), r.get("decision_sync_ms_per_step")
+        per_poll = sync / polls if polls and not pd.isna(polls) and polls > 0 else math.nan
         out.append([r["protocol"], r["policy"], _f(r["critical_collectives_per_req"]),
-                    _f(r["polls_per_step"], ".1f"), _f(r["critical_collectives_per_step"]),
-                    _f(r["step_mean_ms"], ".1f"),
-                    *[_ratio(r, name) for name in RATIO_COLUMNS]])
+                    _f(polls, ".1f"), _f(r["critical_collectives_per_step"]), _f(sync),
+                    _f(per_poll, ".3f"), _f(r.get("predicted_extra_step_ms")),
+                    _f(r["step_mean_ms"], ".1f"), _ratio(r, "step_mean")])
     return out
 
 
@@ -134,7 +167,10 @@ def expectation_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     if calib is None:
         return ["No calibration.json: the run measured no c, so the model expects nothing."]
     c = calib["allreduce"]
-    lines = [f"One control-plane all-reduce (TP{calib['tp']}, gloo, n={calib['n']}) took "
+    lines = ["The model predicts the scheduler's time per step in decision collectives "
+             "(polls per step x c) and, from it, the step-time ratio at the polls per step "
+             "measured; it predicts no TTFT.",
+             f"One control-plane all-reduce (TP{calib['tp']}, gloo, n={calib['n']}) took "
              f"{c['mean_ms']:.3f} ms on average (p50 {c['p50_ms']:.3f}, p99 "
              f"{c['p99_ms']:.3f}, mean 95% CI [{c['mean_ci_low_ms']:.3f}, "
              f"{c['mean_ci_high_ms']:.3f}]) before the cells ran."]
@@ -179,28 +215,43 @@ def band_lines(summary: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in [headers, *rows]]
+
+
 def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
-    """The terminal's lead after the table: expectation, headline ratios, verdict, model."""
-    rows = headline_rows(summary)
-    if not rows:
-        return []
-    widths = [max(len(r[i]) for r in [HEADLINE_HEADERS, *rows])
-              for i in range(len(HEADLINE_HEADERS))]
-    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [HEADLINE_HEADERS, *rows]]
-    return ["", "Expected (overhead model):", *expectation_lines(summary, calib), "",
-            f"Headline, ratios to pr27010 [95% CI over repeats], {schedule_label(summary)}:",
-            *table, *resolution_lines(summary), *lag_lines(summary), *band_lines(summary),
-            agreement_sentence(summary), tolerance_sentence(summary)]
+    """The terminal's lead after the table: expectation, the end-to-end headline (free
+    schedule) or, for a pinned run, the cost decomposition in its place; verdicts, model."""
+    if not _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES):
+        return []  # nothing to hold against pr27010 (e.g. pre27010 alone)
+    head, cost = headline_rows(summary), cost_rows(summary)
+    out = ["", "Expected (overhead model):", *expectation_lines(summary, calib), ""]
+    if head:
+        out += [f"{HEADLINE_TITLE} [95% CI over repeats], {schedule_label(summary)}:",
+                *_table(HEADLINE_HEADERS, head), *resolution_lines(summary),
+                *lag_lines(summary), "",
+                "Cost decomposition (the scheduler's time in decision collectives, measured "
+                "in this run; model: polls/step x c):",
+                *_table(COST_HEADERS[:-2], [r[:-2] for r in cost])]
+    else:
+        out += [f"{COST_TITLE} [95% CI over repeats], {schedule_label(summary)}:",
+                *_table(COST_HEADERS, cost), *resolution_lines(summary),
+                "Not a headline: TTFT and ITL on a pinned schedule are not what a server sees "
+                "(`--schedule free`, make bench's default, measures them)."]
+    return [*out, "", *band_lines(summary), agreement_sentence(summary),
+            tolerance_sentence(summary)]
 
 
 def schedule_label(summary: pd.DataFrame) -> str:
     """Which schedule the figures come from (docs/design.md, Pinned schedules)."""
     kinds = set(summary["schedule"].dropna()) if "schedule" in summary else set()
     if kinds == {"pinned"}:
-        return "pinned schedule (each difference is the protocol's host cost on one schedule)"
+        return ("pinned schedule (each difference is the protocol's host cost on one "
+                "schedule, not a TTFT or ITL effect)")
     if kinds <= {"free"}:
-        return ("free schedule (end to end: the cost plus its feedback through the "
+        return ("free schedule (what a server sees: the cost plus its feedback through the "
                 "schedule)")
     return "mixed schedules (pinned and free rows)"
 

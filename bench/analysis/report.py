@@ -133,23 +133,37 @@ def cpu_lines(env: dict | None, summary: pd.DataFrame) -> list[str]:
             "within the run, not absolute times across machines.", ""]
 
 
+RATIO_TEXT = ("Ratios are over pr27010 in the same configuration of the same run. Per repeat "
+              "(one whole serve) each side's statistic is taken, paired with pr27010's repeat "
+              "of the same seed, and the point is the geometric mean of the per-repeat ratios "
+              "with a 95% t interval over them (docs/metrics.md, \"Intervals\").")
+
+
 def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
-    """Expectation, headline table with its verdict, then the model against measurement."""
-    rows = lead.headline_rows(summary)
+    """Expectation; the end-to-end headline (free schedule) and the cost decomposition, or
+    for a pinned run the cost decomposition alone; then the model against measurement."""
+    head, cost = lead.headline_rows(summary), lead.cost_rows(summary)
     out = ["## What the overhead model expects", "",
            *lead.expectation_lines(summary, calib), ""]
-    if rows:
-        out += ["## Headline: each protocol against pr27010", "",
-                markdown_table(lead.HEADLINE_HEADERS, rows), "",
-                "Ratios are over pr27010 in the same configuration of the same run. Per "
-                "repeat (one whole serve) each side's statistic is taken, paired with "
-                "pr27010's repeat of the same seed, and the point is the geometric mean of "
-                "the per-repeat ratios with a 95% t interval over them (docs/metrics.md, "
-                "\"Intervals\"); `step x` is the mean step time, ITL pools every inter-token "
+    if head:
+        out += ["## Headline, end to end: each protocol against pr27010", "",
+                f"On the {lead.schedule_label(summary)}.", "",
+                markdown_table(lead.HEADLINE_HEADERS, head), "",
+                RATIO_TEXT + " `step x` is the mean step time, ITL pools every inter-token "
                 "gap of a repeat, TTFT is split by request class (prefetch: prefix in "
-                "storage; bystander: nothing to fetch).", "",
-                *lead.resolution_lines(summary), "", *lead.band_lines(summary),
-                ""]
+                "storage; bystander: nothing to fetch), e2e is arrival to last token.", "",
+                *lead.resolution_lines(summary), ""]
+    if cost:
+        out += ["## Cost decomposition: host time in decision collectives", "",
+                f"On the {lead.schedule_label(summary)}.", "",
+                markdown_table(lead.COST_HEADERS, cost), "",
+                "`decision ms/step`: the scheduler thread's measured time in decision "
+                "collectives per step; `ms/poll`: that over the polls per step; `model "
+                "ms/step`: polls per step x c. " + ("" if head else RATIO_TEXT + " On a "
+                "pinned schedule TTFT and ITL are not what a server sees, so none is shown "
+                "here."), "",
+                *([] if head else lead.resolution_lines(summary)), "",
+                *lead.band_lines(summary), ""]
     model = lead.model_rows(summary)
     if model:
         out += ["## The overhead model: predicted vs measured extra step time", "",

@@ -41,6 +41,7 @@ RATIO_SOURCES = {
     "prefetch_ttft_p99": ("ttft", "prefetch", "p99"),
     "bystander_ttft_p50": ("ttft", "bystander", "p50"),
     "bystander_ttft_p99": ("ttft", "bystander", "p99"),
+    "e2e_p50": ("e2e", None, "p50"),  # arrival -> last token, every request
 }
 ZERO_COST_REFERENCES = ("step-clock", "step-batched", "pr36425")  # in order of preference
 C_MISMATCH = 1.25  # in-run c this far from the calibrated c: the c assumption broke
@@ -65,7 +66,8 @@ def itl_gaps(cells: pd.Series) -> np.ndarray:
 
 def by_repeat(g: pd.DataFrame, s: pd.DataFrame | None, source: str,
               klass: str | None = None) -> dict[int, np.ndarray]:
-    """Repeat -> the samples behind a metric: step times, ITL gaps or TTFTs (of a class)."""
+    """Repeat -> the samples behind a metric: step times, ITL gaps, TTFTs (of a class) or
+    end-to-end latencies."""
     if source == "steps":
         if s is None or s.empty or "step_ms" not in s:
             return {}
@@ -74,8 +76,11 @@ def by_repeat(g: pd.DataFrame, s: pd.DataFrame | None, source: str,
         if "itl_ms" not in g:
             return {}
         return {int(r): itl_gaps(x["itl_ms"]) for r, x in g.groupby("repeat")}
+    column = "e2e_ms" if source == "e2e" else "ttft_ms"
+    if column not in g:
+        return {}
     sub = g if klass is None else g[_classes(g) == klass]
-    return {int(r): x["ttft_ms"].dropna().to_numpy(float) for r, x in sub.groupby("repeat")}
+    return {int(r): x[column].dropna().to_numpy(float) for r, x in sub.groupby("repeat")}
 
 
 def _pct(values: np.ndarray, stat: str) -> float:

@@ -16,6 +16,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "gate": ("RUN_DIR", "CI perf gate against results/baseline", "bench.commands.gate"),
     "compare": ("RUN_A RUN_B", "two runs side by side: counts and timing ratios B/A",
                 "bench.commands.compare"),
+    "fidelity": ("CANDIDATE_RUN FREE_RUN", "does a run's headline match a free-running run's "
+                 "(ratio intervals overlap)", "bench.commands.fidelity"),
     "ab": ("REV_A REV_B", "two revisions interleaved on this machine: counts and B/A with "
            "between-repeat intervals", "bench.commands.ab"),
     "bisect": ("GOOD BAD --metric M", "the first commit that made a metric worse (ab at each "

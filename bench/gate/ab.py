@@ -33,7 +33,7 @@ def gate_plan(settings: dict, out: Path, seed: int = 0) -> AbPlan:
         raise RevisionError(f"the baseline revision is not usable here ({e}); in a shallow "
                             "clone fetch it (git fetch --unshallow), or gate without "
                             "--ab") from None
-    run_args = [x for key in ("protocols", "policies") if ab.get(key)
+    run_args = [x for key in ("schedule", "protocols", "policies") if ab.get(key)
                 for x in (f"--{key}", ab[key])]
     return AbPlan(a, Revision(WORKTREE, None), ab["preset"], ab.get("blocks", DEFAULT_BLOCKS),
                   seed=seed, per_block=ab.get("repeats_per_block", 1),

@@ -169,8 +169,21 @@ def _queue(gpus: int) -> dict:
 
 
 def _default(gpus: int) -> dict:
-    """Every protocol and policy in the same ~5 minutes on 2 cores: more, shorter repeats
-    (a burst of 24, still a queue: see waiting and polled in steps.csv)."""
+    """make bench: the end-to-end headline (docs/metrics.md, "The headline"). What a server
+    sees: the free schedule, IO on the wall clock, so a slower poll reshapes the schedule as it
+    would in SGLang. Before (pr27010), after (pr36425) and the best collective-free one
+    (step-clock) under the two policies whose polls differ in kind; every repeat replays one
+    seed and the protocols of a repeat serve back to back in a drawn order, so each ratio
+    pairs serves close in time. 20 repeats of 6 cells: about 4 minutes on 2 quiet cores."""
+    return {**_queue(gpus), "repeats": 20, "requests": 24, "bystanders": 24,
+            "protocols": ("pr27010", "pr36425", "step-clock"), "schedule": "free",
+            "redo_disturbed": None}
+
+
+def _cost(gpus: int) -> dict:
+    """The cost decomposition: every protocol and policy on one pinned schedule per seed, so
+    a difference is the protocol's host cost per step and per poll (never a TTFT or ITL
+    effect: docs/design.md, Pinned schedules). The gate's A/B runs this shape."""
     return {**_queue(gpus), "repeats": 6, "requests": 24, "bystanders": 24,
             "protocols": PROJECT_PROTOCOLS, "policies": POLICIES}
 
@@ -238,14 +251,18 @@ def _race(gpus: int) -> dict:
             "sidecar_page_ms": 5.0}
 
 
-PRESETS = {"default": _default, "queue": _queue, "ci": _ci, "sweep": _sweep, "pp": _pp,
-           "race": _race, "releases": _releases, "lag": _lag, "trace": _trace,
+PRESETS = {"default": _default, "cost": _cost, "queue": _queue, "ci": _ci, "sweep": _sweep,
+           "pp": _pp, "race": _race, "releases": _releases, "lag": _lag, "trace": _trace,
            "trace-sweep": _trace_sweep}
 PRESET_HELP = {
-    "default": "make bench: a smaller queue scenario (24 + 24) for all protocols x policies, "
-               "6 repeats, TP = local GPUs (2 on CPU)",
-    "queue": "the headline: a burst of 48 prefetching requests plus 48 bystanders, "
-             "pr27010 / pr36425 / step-clock, wait_complete and timeout, 6 repeats",
+    "default": "make bench, the end-to-end headline: a burst of 24 prefetching requests and "
+               "24 bystanders on the free schedule, pr27010 / pr36425 / step-clock, "
+               "wait_complete and timeout, 20 repeats, TP = local GPUs (2 on CPU)",
+    "cost": "the cost decomposition: the same burst pinned (host cost per step and per poll "
+            "on one schedule), all protocols x policies, 6 repeats",
+    "queue": "the cost decomposition on a deeper queue: 48 prefetching requests plus 48 "
+             "bystanders, pinned, pr27010 / pr36425 / step-clock, wait_complete and timeout, "
+             "6 repeats",
     "ci": "the gate's counts run: a smaller queue scenario (24 + 24), all protocols x "
           "policies, 1 repeat",
     "sweep": "TTFT vs arrival rate (4-32 req/s) for pr27010, pr36425, step-clock",

@@ -80,7 +80,7 @@ DIVERGENCE_COLUMNS = ["protocol", "policy", "repeat", "kind", "what"]
 # (`_mdd`: the smallest difference the run can resolve), the paired repeats behind it and the
 # per-repeat ratios.
 RATIO_METRICS = ["step_mean", "itl_p50", "itl_p99", "prefetch_ttft_p50", "prefetch_ttft_p99",
-                 "bystander_ttft_p50", "bystander_ttft_p99"]
+                 "bystander_ttft_p50", "bystander_ttft_p99", "e2e_p50"]
 QUIET_METRICS = ["step_mean", "itl_p50"]  # gated in every row (bench.gate.timing)
 CLASS_TTFT_METRICS = ["prefetch_ttft_p50", "bystander_ttft_p50"]  # gated with the TTFT one
 GATED_METRICS = QUIET_METRICS + CLASS_TTFT_METRICS

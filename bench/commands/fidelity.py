@@ -1,0 +1,47 @@
+"""Usage: python -m bench fidelity CANDIDATE_RUN FREE_RUN
+
+Holds a run's ratios to pr27010 (TTFT p50 of each class, ITL p50, step time) against a
+free-running run of the same workload and seed: a schedule mode may lead make bench only while
+its 95% intervals overlap the free run's, the end-to-end effect a server sees
+(docs/metrics.md, "The fidelity check").
+
+Exit 0: every judged interval overlaps; 1: one does not, or nothing could be judged; 2: bad
+input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.commands.common import CliParser, UsageError, run_verb
+from bench.tables import interval_text, markdown_table
+
+PROG = "bench fidelity"
+HEADERS = ["protocol", "policy", "metric", "candidate", "free", "overlap"]
+
+
+def _main(argv: list[str]) -> int:
+    from bench.compare import fidelity
+    from bench.rundir.rundir import RunDir
+
+    parser = CliParser.from_doc(PROG, __doc__)
+    parser.add_argument("candidate", type=Path, help="the run whose mode is judged")
+    parser.add_argument("free", type=Path, help="a free-running run of the same workload")
+    args = parser.parse_args(argv)
+    for path in (args.candidate, args.free):
+        if not path.is_dir():
+            raise UsageError(f"{path}: no such directory")
+    a, b = RunDir(args.candidate), RunDir(args.free)
+    free = b.summary()
+    fidelity.check_comparable(a.plan(), b.plan(), free)
+    rows = fidelity.fidelity_rows(a.summary(), free)
+    print(markdown_table(HEADERS, [
+        [r.protocol, r.policy, r.metric, interval_text(*r.candidate), interval_text(*r.free),
+         ("yes" if r.overlaps else "NO") if r.judged else "-"] for r in rows]))
+    ok, line = fidelity.verdict(rows)
+    print(line)
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+    return run_verb(PROG, _main, argv, (ValueError,))

@@ -1,0 +1,92 @@
+"""Does a run measure what a server sees? Its headline ratios held against a free-running run
+of the same workload and seed (docs/metrics.md, "The fidelity check").
+
+A schedule mode other than the free one (today's pinned clock, or a deterministic clock
+with the feedback modelled) may lead `make bench` only while its ratios to pr27010 land inside
+the free-running intervals: the pinned clock charges every IO-wait step its host-inclusive
+time, so a slower poll lengthens the IO itself and its TTFT ratio (0.45x at 53f28a3) is not
+the server's (0.91x). A row passes a metric when the candidate's 95% interval overlaps the
+free run's; a metric either run has no interval for is not judged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from bench.analysis.overhead import intervals_overlap
+from bench.run.plan import plan_differences
+from bench.rundir.schema import REFERENCE_PROTOCOL
+
+METRICS = ("prefetch_ttft_p50", "bystander_ttft_p50", "itl_p50", "step_mean")
+# What may differ between the two runs: the thing under test and how many serves each took.
+FREE_TO_DIFFER = ("system.schedule", "repeats", "preset", "protocols", "policies",
+                  "redo_disturbed")
+
+
+@dataclass(frozen=True)
+class Row:
+    protocol: str
+    policy: str
+    metric: str
+    candidate: tuple[float, float, float]  # point, low, high
+    free: tuple[float, float, float]
+
+    @property
+    def judged(self) -> bool:
+        return not any(math.isnan(v) for v in (*self.candidate, *self.free))
+
+    @property
+    def overlaps(self) -> bool:
+        return self.judged and intervals_overlap(self.candidate[1:], self.free[1:])
+
+
+def _interval(row: dict, metric: str) -> tuple[float, float, float]:
+    return tuple(float(row.get(f"{metric}_ratio{s}", math.nan))
+                 for s in ("", "_ci_low", "_ci_high"))
+
+
+def check_comparable(candidate_plan: dict | None, free_plan: dict | None,
+                     free: pd.DataFrame) -> None:
+    """ValueError (one line) unless the second run is free-running and the two ran one
+    workload on one layout: only the schedule and the number of repeats may differ."""
+    kinds = set(free["schedule"].dropna()) if "schedule" in free else set()
+    if kinds != {"free"}:
+        raise ValueError(f"the reference run must be free-running (its schedule: "
+                         f"{', '.join(sorted(map(str, kinds))) or 'unknown'})")
+    if candidate_plan is None or free_plan is None:
+        raise ValueError("both runs need env.json's plan, to check they ran one workload")
+    differ = [d for d in plan_differences(candidate_plan, free_plan, "vs")
+              if not d.startswith(FREE_TO_DIFFER)]
+    if differ:
+        raise ValueError(f"the runs differ in more than their schedule: {differ[0]}")
+
+
+def fidelity_rows(candidate: pd.DataFrame, free: pd.DataFrame) -> list[Row]:
+    """Per protocol x policy run in both (pr27010, the reference, aside) and metric: the
+    candidate's ratio to pr27010 beside the free run's."""
+    keyed = {(r["protocol"], r["policy"]): r for r in free.to_dict("records")}
+    out = []
+    for r in candidate.to_dict("records"):
+        other = keyed.get((r["protocol"], r["policy"]))
+        if other is None or r["protocol"] == REFERENCE_PROTOCOL:
+            continue
+        out += [Row(r["protocol"], r["policy"], m, _interval(r, m), _interval(other, m))
+                for m in METRICS]
+    return out
+
+
+def verdict(rows: list[Row]) -> tuple[bool, str]:
+    """(faithful, one line): faithful when every judged metric overlaps and one was judged."""
+    judged = [r for r in rows if r.judged]
+    bad = [r for r in judged if not r.overlaps]
+    if not judged:
+        return False, "fidelity: nothing to judge (no interval in common): FAILED"
+    text = f"fidelity: {len(judged) - len(bad)} of {len(judged)} intervals overlap the free run's"
+    if bad:
+        worst = bad[0]
+        text += (f"; {worst.protocol}/{worst.policy} {worst.metric} {worst.candidate[0]:.2f} "
+                 f"against {worst.free[0]:.2f}")
+    return not bad, text + (": OK" if not bad else ": FAILED")
