@@ -17,7 +17,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "compare": ("RUN_A RUN_B", "two runs side by side: counts and timing ratios B/A",
                 "bench.commands.compare"),
     "fidelity": ("CANDIDATE_RUN FREE_RUN", "does a run's headline match a free-running run's "
-                 "(ratio intervals overlap)", "bench.commands.fidelity"),
+                 "(its ratios inside the free intervals)", "bench.commands.fidelity"),
     "ab": ("REV_A REV_B", "two revisions interleaved on this machine: counts and B/A with "
            "between-repeat intervals", "bench.commands.ab"),
     "bisect": ("GOOD BAD --metric M", "the first commit that made a metric worse (ab at each "

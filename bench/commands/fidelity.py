@@ -2,10 +2,10 @@
 
 Holds a run's ratios to pr27010 (TTFT p50 of each class, ITL p50, step time) against a
 free-running run of the same workload and seed: a schedule mode may lead make bench only while
-its 95% intervals overlap the free run's, the end-to-end effect a server sees
+its ratios lie inside the free run's 95% intervals, the end-to-end effect a server sees
 (docs/metrics.md, "The fidelity check").
 
-Exit 0: every judged interval overlaps; 1: one does not, or nothing could be judged; 2: bad
+Exit 0: every judged ratio lies inside; 1: one does not, or nothing could be judged; 2: bad
 input (one line on stderr).
 """
 
@@ -17,7 +17,7 @@ from bench.commands.common import CliParser, UsageError, run_verb
 from bench.tables import interval_text, markdown_table
 
 PROG = "bench fidelity"
-HEADERS = ["protocol", "policy", "metric", "candidate", "free", "overlap"]
+HEADERS = ["protocol", "policy", "metric", "candidate", "free", "inside"]
 
 
 def _main(argv: list[str]) -> int:
@@ -37,7 +37,7 @@ def _main(argv: list[str]) -> int:
     rows = fidelity.fidelity_rows(a.summary(), free)
     print(markdown_table(HEADERS, [
         [r.protocol, r.policy, r.metric, interval_text(*r.candidate), interval_text(*r.free),
-         ("yes" if r.overlaps else "NO") if r.judged else "-"] for r in rows]))
+         ("yes" if r.inside else "NO") if r.judged else "-"] for r in rows]))
     ok, line = fidelity.verdict(rows)
     print(line)
     return 0 if ok else 1
