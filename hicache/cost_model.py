@@ -20,10 +20,13 @@ from dataclasses import dataclass
 IO_BATCH_PAGES = 128  # pages per storage read batch and per completion ack
 
 PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock", "sglang-0.5.23",
-             "pr33029", "pr38284", "pr32725")
+             "pr33029", "pr38284", "pr32725", "pr39903")
 # Open pull requests modelled on the released poll of pr36425 (docs/prs.md): their poll
 # costs what pr36425's does; they differ in where and how often a poll is issued.
 OPEN_PRS = ("pr33029", "pr38284", "pr32725")
+# Pull requests on pr36425 that change no count: pr39903 (closed) waits on check_hicache_events'
+# agreement a step later; the same collectives, issued at the same step.
+SAME_COUNTS_AS_PR36425 = OPEN_PRS + ("pr39903",)
 POLICIES = ("best_effort", "wait_complete", "timeout")
 ACK_PROTOCOLS = frozenset(PROTOCOLS) - {"pre27010"}
 # Host memory: "cache" (an L2 tier, the default) or "buffer_only" (staging between storage
@@ -65,7 +68,7 @@ def background_cost(protocol: str, tp: int, pp: int) -> int:
 # sglang-0.5.23: one packed reduce, relayed; with buffer_only every stage's own TP MIN.
 STEP_REDUCTIONS_PP = {"pre27010": (2, 1), "pr27010": (2, 0), "pr36425": (2, 0),
                       "step-batched": (2, 0), "step-clock": (2, 0), "sglang-0.5.23": (1, 0),
-                      **dict.fromkeys(OPEN_PRS, (2, 0))}
+                      **dict.fromkeys(SAME_COUNTS_AS_PR36425, (2, 0))}
 
 
 def ticket_path(protocol: str, pp: int, host_memory: str = "cache") -> bool:
@@ -94,7 +97,7 @@ def decision_per_poll(protocol: str, policy: str, tp: int, pp: int,
     t, p = tp_cost(tp), pp_cost(pp)
     if ticket_path(protocol, pp, host_memory):
         return (t, p)  # the ticket's readiness, MAX-reduced on every poll
-    if protocol == "sglang-0.5.23" or protocol in OPEN_PRS:
+    if protocol == "sglang-0.5.23" or protocol in SAME_COUNTS_AS_PR36425:
         protocol = "pr36425"  # the same poll; its clock or where it is issued differs
     if protocol == "pre27010":
         return (0, 0) if policy == "best_effort" else (t, 0)

@@ -63,6 +63,9 @@ class Protocol:
     # pending, budget from the requested pages, never once every KV page landed).
     clock = "enqueue"
     bulk = False  # PR #33029: bulk_check_prefetch_progress before the walk
+    # PR #39903: check_hicache_events' agreement issued async at the end of a step and
+    # waited on at the next (hicache.step_events), so what it lets through is seen a step later.
+    pipelined = False
     sweep = False  # PR #32725: every ongoing prefetch polled at the step's safe point
 
     def __init__(self, policy: str, race_guard: bool = True):
@@ -229,9 +232,18 @@ class Pr32725(Pr36425):
     name, sweep = "pr32725", True
 
 
+class Pr39903(Pr36425):
+    """PR #39903 (closed): check_hicache_events' MIN all-reduce issued with
+    `async_op=True` at the end of the step and waited on at the next; the counts it
+    agrees (finished hit queries, acks, copies, backups) are drained a step later. The
+    poll is pr36425's."""
+
+    name, pipelined = "pr39903", True
+
+
 REGISTRY: dict[str, type[Protocol]] = {
     p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock, Sglang0523,
-                        Pr33029, Pr38284, Pr32725)
+                        Pr33029, Pr38284, Pr32725, Pr39903)
 }
 
 

@@ -90,6 +90,7 @@ class System:
             self.consensus.start()
         try:
             self.steps_run = self.scheduler.run(requests, step_base)
+            self.cache.finish_pipeline()  # pr39903: the last step's agreement, in flight
         except BaseException:
             self._abandon()
             raise
