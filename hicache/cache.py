@@ -81,6 +81,7 @@ class HiCache(StepEvents, PrefetchPoll):
             self.tiers.fail_first_copy = layout.tp_rank == layout.tp - 1
         self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
+        self.expired: set[str] = set()  # 0.5.23: requests whose deadline expired (agreed)
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
         self.prompts: dict[str, list[int]] = {}
         self.tokens_in_flight = 0
@@ -102,7 +103,7 @@ class HiCache(StepEvents, PrefetchPoll):
         key = tokens[m.pages * self.page: aligned]
         st = self.stats.requests[rid]
         st.requested_tokens = len(key)
-        if len(key) < self.cfg.prefetch_threshold:
+        if rid in self.expired or len(key) < self.cfg.prefetch_threshold:
             return
         if not self.buffer_only and not self.cfg.unbounded_pools and \
                 self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:

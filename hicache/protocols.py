@@ -67,6 +67,9 @@ class Protocol:
     # waited on at the next (hicache.step_events), so what it lets through is seen a step later.
     pipelined = False
     sweep = False  # PR #32725: every ongoing prefetch polled at the step's safe point
+    # 0.5.23: a timeout poll that ends a running prefetch marks its deadline expired; it is
+    # never issued again (hicache.poll `_expire`).
+    deadline_expiry = False
 
     def __init__(self, policy: str, race_guard: bool = True):
         self.policy, self.race_guard = policy, race_guard
@@ -192,6 +195,7 @@ class Sglang0523(Pr36425):
     every poll, whatever the policy (unified_radix_cache.py `_check_pp_prefetch_progress`)."""
 
     name, clock, step_agreement = "sglang-0.5.23", "first_blocked_poll", SGLANG_0_5_23
+    deadline_expiry = True
 
     def vote(self, f: Facts) -> Vote:
         if f.ticketed:
