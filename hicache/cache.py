@@ -19,10 +19,11 @@ from hicache.comm import Comm, Layout
 from hicache.config import HiCacheConfig
 from hicache.controller import KV, SIDECAR, CacheController, PrefetchOp
 from hicache.cost_model import IO_BATCH_PAGES, ticket_path
+from hicache.hashing import page_hashes
 from hicache.kv_layout import kv_layout
 from hicache.pinned import Pin
 from hicache.poll import PrefetchPoll
-from hicache.pools import PagePool
+from hicache.pools import PagePool, expected_rows
 from hicache.pp_ticket import TICKET_IDLE_S, TicketRelay
 from hicache.prefill_pages import PrefillPages
 from hicache.protocols import make_protocol
@@ -68,7 +69,8 @@ class HiCache(StepEvents, PrefetchPoll):
         self.pinned = cfg.schedule == "pinned"
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks, tickets,
-                                          stats.events, self.pinned)
+                                          stats.events, self.pinned,
+                                          self.protocol.hit_shape(cfg.sidecar_hit_policy))
         # Pinned: what the threads finished becomes visible on the virtual clock.
         self.pin = (Pin(cfg.page_size, self.protocol.uses_acks,
                         cfg.storage.exists_latency_ms / 1e3, self.controller.progress,
@@ -123,6 +125,18 @@ class HiCache(StepEvents, PrefetchPoll):
         self.tree.lock(m.node)  # the matched prefix must survive eviction until load-back
         self.matches.setdefault(rid, []).append(m)
         return m
+
+    def warm_host(self, prefixes: list[list[int]]) -> None:
+        """These prefixes' pages, with their storage content, already in this rank's host
+        tree (hazard span_skew: hicache.config)."""
+        for tokens in prefixes:
+            hashes = page_hashes(tokens, self.page)
+            slots = self.host_kv.alloc(len(hashes))
+            assert slots is not None, "the host pool holds the warmed prefixes"
+            for host, _ in self.pairs:
+                host.write(slots, expected_rows(hashes, self.layout.rank, host.name,
+                                                host.page_elems))
+            self.host_kv.free(slots[: self.tree.insert(tokens, slots, hashes)])
 
     def release(self, rid: str) -> None:
         self.prompts.pop(rid, None)

@@ -70,12 +70,18 @@ class Protocol:
     # 0.5.23: a timeout poll that ends a running prefetch marks its deadline expired; it is
     # never issued again (hicache.poll `_expire`).
     deadline_expiry = False
+    # The hit query's shape with a TRAILING_PAGES side-car (hicache.hit_query); any other
+    # pool leaves it a MIN of the hit.
+    trailing_hit_shape = "min"
 
     def __init__(self, policy: str, race_guard: bool = True):
         self.policy, self.race_guard = policy, race_guard
 
     def agreement(self, host_memory: str) -> StepAgreement:
         return self.step_agreement
+
+    def hit_shape(self, sidecar_hit_policy: str) -> str:
+        return self.trailing_hit_shape if sidecar_hit_policy == "trailing_pages" else "min"
 
     def vote(self, f: Facts) -> Vote:
         raise NotImplementedError
@@ -195,7 +201,7 @@ class Sglang0523(Pr36425):
     every poll, whatever the policy (unified_radix_cache.py `_check_pp_prefetch_progress`)."""
 
     name, clock, step_agreement = "sglang-0.5.23", "first_blocked_poll", SGLANG_0_5_23
-    deadline_expiry = True
+    deadline_expiry, trailing_hit_shape = True, "span_mask"
 
     def vote(self, f: Facts) -> Vote:
         if f.ticketed:
@@ -245,9 +251,18 @@ class Pr39903(Pr36425):
     name, pipelined = "pr39903", True
 
 
+class Pr39267(Sglang0523):
+    """PR #39267 (open) on 0.5.23: with a TRAILING_PAGES side-car the hit query first
+    agrees, in a fixed-size MIN, on the hit's upper bound and whether every rank has
+    endpoint metadata, then MIN-reduces restorable flags sized by that agreed bound, so
+    every rank's tensors have one size whatever its own request span."""
+
+    name, trailing_hit_shape = "pr39267", "bounded_mask"
+
+
 REGISTRY: dict[str, type[Protocol]] = {
     p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock, Sglang0523,
-                        Pr33029, Pr38284, Pr32725, Pr39903)
+                        Pr33029, Pr38284, Pr32725, Pr39903, Pr39267)
 }
 
 

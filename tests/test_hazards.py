@@ -123,3 +123,24 @@ def test_the_verb_writes_its_files(tmp_path: Path, capsys):
     text = (out / "hazards.md").read_text()
     assert "| sidecar-race (#27550) | **corrupt** load_back | OK 0/poll 1/step |" in text
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("bench hazards: OK")
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_span_skew_aborts_0523_with_both_sizes_and_pr39267_is_ok(tmp_path: Path):
+    """SGLang PR #39267's report at TP 2 x PP 2: 0.5.23's hit-query masks sized by each
+    stage's own span (40 and 48 elements); gloo aborts stage 0's ranks, whose peers name
+    the hit query; twice the same. pr39267's fixed-size first reduction pairs: OK, with
+    its cost."""
+    spec = MatrixSpec((), (), seed=0, timeout_s=2.0, out=tmp_path)
+    s = SCENARIOS["span-skew"]
+    first, second = (run_one(spec, s, "sglang-0.5.23", tag=t) for t in ("", "__again"))
+    for row in (first, second):
+        assert (row["outcome"], row["site"]) == ("abort", "hit_query"), row
+        assert "prefetch_pp" in row["detail"] and "48 vs 40 bytes" in row["detail"]
+        assert row["exit_codes"].split()[:2] == ["-6", "-6"]
+        assert row["named_s"] is not None and row["named_s"] <= 2 * spec.timeout_s
+    ok = run_one(spec, s, "pr39267")
+    assert ok["outcome"] == "OK" and ok["decision_per_poll"] == 0.0, ok
+

@@ -17,8 +17,8 @@ import re
 
 from hicache.comm import MODEL_ALLREDUCE, SCHEDULER_SITES
 
-OK, DEADLOCK, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
-    "OK", "deadlock", "divergence", "corrupt", "failed", "harness")
+OK, DEADLOCK, ABORT, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
+    "OK", "deadlock", "abort", "divergence", "corrupt", "failed", "harness")
 LOCKSTEP = SCHEDULER_SITES | {MODEL_ALLREDUCE}  # issued by every rank in the same step
 SITE = re.compile(r"call site '(\w+)' on group '(\w+)' \(ranks (\[[\d, ]*\])\) failed on rank "
                   r"(\d+) at step (-?\d+)(?: for request (\S+?):)?")
@@ -51,8 +51,10 @@ def _last(rep: dict, n: int = 3) -> str:
     return ", ".join(calls) or "none"
 
 
-def _deadlock(reports: list[dict]) -> dict | None:
-    named = [(r, collective_failure(rep["error"])) for r, rep in enumerate(reports)]
+def _deadlock(reports: list[dict], key: str = "error") -> dict | None:
+    """The failed collectives the ranks' errors name (`key`: the scheduler thread's, or
+    "thread_error": a background thread's), the earliest first."""
+    named = [(r, collective_failure(rep.get(key))) for r, rep in enumerate(reports)]
     named = [(r, f) for r, f in named if f is not None]
     if not named:
         return None
@@ -151,11 +153,23 @@ def _late_divergence(reports: list[dict]) -> dict | None:
     return None
 
 
+GLOO_ENFORCE = re.compile(r"enforce fail at [^\]]*\] (.*?)\. (\d+) vs (\d+)\.")
+
+
+def gloo_abort(stderr: str) -> str | None:
+    """gloo's own words when it aborted a rank: the check that failed and both sizes (bytes
+    the peer sent vs bytes this rank expected), e.g. "op.preamble.length <= op.nbytes: 48
+    vs 40 bytes"."""
+    m = GLOO_ENFORCE.search(stderr)
+    return None if m is None else f"{m.group(1)}: {m.group(2)} vs {m.group(3)} bytes"
+
+
 def _abort_note(reports: list[dict]) -> str:
     """Ranks gloo aborted (a peer sent a collective of another size): their report is what
-    their journals logged before it (bench.hazards.cell.Journal)."""
-    dead = [f"rank {rep['rank']} (exit {rep['aborted']})" for rep in reports
-            if rep.get("aborted") is not None]
+    their journals logged before it (bench.hazards.cell.Journal), and gloo's message."""
+    dead = [f"rank {rep['rank']} (exit {rep['aborted']}"
+            + (f", gloo: {rep['gloo']}" if rep.get("gloo") else "") + ")"
+            for rep in reports if rep.get("aborted") is not None]
     return f"{', '.join(dead)} aborted by gloo (a collective of another size)" if dead else ""
 
 
@@ -194,6 +208,12 @@ def classify(reports: list[dict | None]) -> dict:
         failed = _deadlock(reports)
         if failed is not None:
             found["detail"] += "; then " + failed["detail"]
+    # When gloo aborted a rank, its peers' background threads name the collective it died
+    # in (the survivors' scheduler only sees the dead rank miss the next step's).
+    if found is None and any(rep.get("aborted") is not None for rep in reports):
+        found = _deadlock(reports, "thread_error")
+        if found is not None and any(rep.get("gloo") for rep in reports):
+            found["outcome"] = ABORT  # gloo's size check killed the peer in that collective
     found = found or _deadlock(reports)
     if found is not None:
         note = _abort_note(reports)
