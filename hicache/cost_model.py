@@ -81,6 +81,17 @@ def ticket_path(protocol: str, pp: int, host_memory: str = "cache") -> bool:
     return protocol in RELEASE_0523 and host_memory == "buffer_only" and pp > 1
 
 
+# check_hicache_events' agreement issued async and waited on a step later (PR #39903).
+PIPELINED = ("pr39903",)
+
+
+def hidden_per_step(protocol: str, tp: int, pp: int) -> int:
+    """TP all-reduces of the per-step agreement rank 0 no longer waits for inside its step
+    (pipelined: issued at the end of one step, normally done by the next); the PP relay
+    still blocks where it is waited on."""
+    return per_step(protocol, tp, pp)[0] if protocol in PIPELINED else 0
+
+
 def hit_query_rounds(protocol: str, trailing_sidecar: bool) -> int:
     """Reductions of one hit query (each over TP, then PP for the ack protocols)."""
     return 2 if protocol == "pr39267" and trailing_sidecar else 1
