@@ -144,3 +144,23 @@ def test_span_skew_aborts_0523_with_both_sizes_and_pr39267_is_ok(tmp_path: Path)
     ok = run_one(spec, s, "pr39267")
     assert ok["outcome"] == "OK" and ok["decision_per_poll"] == 0.0, ok
 
+
+
+def test_a_gloo_abort_names_the_collective_the_peer_died_in():
+    """Survivors failing only at the next request broadcast: the background thread's
+    failed collective is the site; with gloo's size message the outcome is an abort. A
+    scheduler collective that failed itself keeps its name."""
+    bcast = ("CollectiveError: collective at call site 'request_broadcast' on group 'sched' "
+             "(ranks [0, 1]) failed on rank 1 at step 1: Connection reset by peer")
+    hit = ("CollectiveError: collective at call site 'hit_query' on group 'prefetch_pp' "
+           "(ranks [0, 1]) failed on rank 1 at step 1 for request r00: Connection reset")
+    dead = {**rep(0), "aborted": -6, "gloo": "op.preamble.length <= op.nbytes: 48 vs 40 bytes"}
+    row = classify([dead, {**rep(1, error=bcast), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("abort", "hit_query")
+    assert "48 vs 40 bytes" in row["detail"]
+    decision = bcast.replace("'request_broadcast' on group 'sched'", "'decision' on group "
+                             "'tp_cpu'")
+    row = classify([dead, {**rep(1, error=decision), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("abort", "decision")
+    row = classify([{**dead, "gloo": None}, {**rep(1, error=bcast), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("deadlock", "request_broadcast")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from hicache.comm import MODEL_ALLREDUCE, SCHEDULER_SITES
+from hicache.comm import MODEL_ALLREDUCE, REQUEST_BROADCAST, SCHEDULER_SITES
 
 OK, DEADLOCK, ABORT, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
     "OK", "deadlock", "abort", "divergence", "corrupt", "failed", "harness")
@@ -164,6 +164,20 @@ def gloo_abort(stderr: str) -> str | None:
     return None if m is None else f"{m.group(1)}: {m.group(2)} vs {m.group(3)} bytes"
 
 
+def _aborted_in(reports: list[dict], found: dict | None) -> dict | None:
+    """A failed collective, when gloo aborted a rank on a size mismatch, is an abort. Its
+    site is the survivors' failed collective, unless that is only the next step's request
+    broadcast (all the scheduler saw was the dead rank missing it): then the background
+    thread's, which was in the collective the peer died in."""
+    if not any(rep.get("aborted") is not None and rep.get("gloo") for rep in reports):
+        return found
+    if found is None or found["site"] == REQUEST_BROADCAST:
+        found = _deadlock(reports, "thread_error") or found
+    if found is not None:
+        found["outcome"] = ABORT
+    return found
+
+
 def _abort_note(reports: list[dict]) -> str:
     """Ranks gloo aborted (a peer sent a collective of another size): their report is what
     their journals logged before it (bench.hazards.cell.Journal), and gloo's message."""
@@ -208,13 +222,8 @@ def classify(reports: list[dict | None]) -> dict:
         failed = _deadlock(reports)
         if failed is not None:
             found["detail"] += "; then " + failed["detail"]
-    # When gloo aborted a rank, its peers' background threads name the collective it died
-    # in (the survivors' scheduler only sees the dead rank miss the next step's).
-    if found is None and any(rep.get("aborted") is not None for rep in reports):
-        found = _deadlock(reports, "thread_error")
-        if found is not None and any(rep.get("gloo") for rep in reports):
-            found["outcome"] = ABORT  # gloo's size check killed the peer in that collective
-    found = found or _deadlock(reports)
+    if found is None:
+        found = _aborted_in(reports, _deadlock(reports))
     if found is not None:
         note = _abort_note(reports)
         found["detail"] += f"; {note}" if note else ""
