@@ -162,5 +162,9 @@ def test_a_gloo_abort_names_the_collective_the_peer_died_in():
                              "'tp_cpu'")
     row = classify([dead, {**rep(1, error=decision), "thread_error": hit}])
     assert (row["outcome"], row["site"]) == ("abort", "decision")
+    cascade = bcast.replace("'request_broadcast' on group 'sched'", "'model_allreduce' on "
+                            "group 'data'").replace("[0, 1]", "[1, 2]")
+    row = classify([dead, {**rep(1, error=cascade), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("abort", "hit_query")
     row = classify([{**dead, "gloo": None}, {**rep(1, error=bcast), "thread_error": hit}])
     assert (row["outcome"], row["site"]) == ("deadlock", "request_broadcast")

@@ -13,9 +13,10 @@ number of times (divergence); else OK, with the cost the protocol paid.
 
 from __future__ import annotations
 
+import json
 import re
 
-from hicache.comm import MODEL_ALLREDUCE, REQUEST_BROADCAST, SCHEDULER_SITES
+from hicache.comm import MODEL_ALLREDUCE, PP_HOP, REQUEST_BROADCAST, SCHEDULER_SITES
 
 OK, DEADLOCK, ABORT, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
     "OK", "deadlock", "abort", "divergence", "corrupt", "failed", "harness")
@@ -166,16 +167,32 @@ def gloo_abort(stderr: str) -> str | None:
 
 def _aborted_in(reports: list[dict], found: dict | None) -> dict | None:
     """A failed collective, when gloo aborted a rank on a size mismatch, is an abort. Its
-    site is the survivors' failed collective, unless that is only the next step's request
-    broadcast (all the scheduler saw was the dead rank missing it): then the background
-    thread's, which was in the collective the peer died in."""
+    site is the survivors' failed scheduler collective, unless every such failure is a
+    cascade (below): then their background threads', one of which was in the collective
+    the peer died in."""
     if not any(rep.get("aborted") is not None and rep.get("gloo") for rep in reports):
         return found
-    if found is None or found["site"] == REQUEST_BROADCAST:
+    if found is None or _only_cascades(reports):
         found = _deadlock(reports, "thread_error") or found
     if found is not None:
         found["outcome"] = ABORT
     return found
+
+
+CASCADE_SITES = frozenset({REQUEST_BROADCAST, PP_HOP, MODEL_ALLREDUCE})
+
+
+def _only_cascades(reports: list[dict]) -> bool:
+    """Whether every survivor's scheduler failure only followed a death: on a group without
+    an aborted rank (a survivor that failed first exited), or in a collective every rank
+    issues each step whatever its state (the request broadcast, the forward's all-reduce,
+    the PP relay), where a dead peer is simply missed. A heuristic: the journals do not say
+    which in-flight collective gloo aborted."""
+    dead = {rep["rank"] for rep in reports if rep.get("aborted") is not None}
+    fails = [collective_failure(rep.get("error")) for rep in reports]
+    fails = [f for f in fails if f is not None]
+    return all(f["site"] in CASCADE_SITES or not dead & set(json.loads(f["ranks"]))
+               for f in fails)
 
 
 def _abort_note(reports: list[dict]) -> str:
