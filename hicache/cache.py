@@ -1,7 +1,8 @@
-"""Scheduler-thread side of HiCache: prefix match, prefetch issue and the per-step events;
-the poll (`check_prefetch_progress`) and finalisation: `hicache.poll`; load-back and the
-prefill's device pages: `hicache.prefill_pages` (the copy itself: `hicache.loadback`;
-page sizes and pool page counts: `hicache.kv_layout`).
+"""Scheduler-thread side of HiCache: prefix match, prefetch issue and the queue drains;
+the per-step events (check_hicache_events): `hicache.step_events`; the poll
+(`check_prefetch_progress`) and finalisation: `hicache.poll`; load-back and the prefill's
+device pages: `hicache.prefill_pages` (the copy itself: `hicache.loadback`; page sizes and
+pool page counts: `hicache.kv_layout`).
 
 Everything here runs on the scheduler thread, in lock-step with the other ranks; the
 collectives it issues go through `Comm` on the scheduler's groups (`tp_cpu`, `pp_cpu`).
@@ -13,26 +14,27 @@ import queue
 import time
 
 import torch
-import torch.distributed as dist
 
-from hicache.comm import PER_STEP_MIN, Comm, Layout
+from hicache.comm import Comm, Layout
 from hicache.config import HiCacheConfig
 from hicache.controller import KV, SIDECAR, CacheController, PrefetchOp
 from hicache.cost_model import IO_BATCH_PAGES, ticket_path
+from hicache.hashing import page_hashes
 from hicache.kv_layout import kv_layout
 from hicache.pinned import Pin
 from hicache.poll import PrefetchPoll
-from hicache.pools import PagePool
+from hicache.pools import PagePool, expected_rows
 from hicache.pp_ticket import TICKET_IDLE_S, TicketRelay
 from hicache.prefill_pages import PrefillPages
 from hicache.protocols import make_protocol
 from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
+from hicache.step_events import StepEvents
 from hicache.storage import Storage
 from hicache.tiers import Tiers
 
 
-class HiCache(PrefetchPoll):
+class HiCache(StepEvents, PrefetchPoll):
     """The scheduler thread's cache: arrival, per-step events, load-back (the poll and
     termination: hicache.poll.PrefetchPoll). The harness calls it only through
     hicache.seam.CacheUnderTest."""
@@ -68,7 +70,8 @@ class HiCache(PrefetchPoll):
         self.pinned = cfg.schedule == "pinned"
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
                                           cfg.page_size, self.protocol.uses_acks, tickets,
-                                          stats.events, self.pinned)
+                                          stats.events, self.pinned,
+                                          self.protocol.hit_shape(cfg.sidecar_hit_policy))
         # Pinned: what the threads finished becomes visible on the virtual clock.
         self.pin = (Pin(cfg.page_size, self.protocol.uses_acks,
                         cfg.storage.exists_latency_ms / 1e3, self.controller.progress,
@@ -81,6 +84,7 @@ class HiCache(PrefetchPoll):
             self.tiers.fail_first_copy = layout.tp_rank == layout.tp - 1
         self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
+        self.expired: set[str] = set()  # 0.5.23: requests whose deadline expired (agreed)
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
         self.prompts: dict[str, list[int]] = {}
         self.tokens_in_flight = 0
@@ -91,6 +95,7 @@ class HiCache(PrefetchPoll):
         self._bulk: dict[str, bool] | None = None  # pr33029: this step's bulk poll results
         self._skewed = False  # hazard ongoing_skew: its one rank-local revocation done
         self.extra_polls = 0  # this step's polls outside the walk's reach (records.StepStats)
+        self._in_flight = None  # pr39903: the agreement issued last step, waited on next
 
     # ---- lifecycle (hicache.seam) -----------------------------------------------------------
 
@@ -129,7 +134,7 @@ class HiCache(PrefetchPoll):
         key = tokens[m.pages * self.page: aligned]
         st = self.stats.requests[rid]
         st.requested_tokens = len(key)
-        if len(key) < self.cfg.prefetch_threshold:
+        if rid in self.expired or len(key) < self.cfg.prefetch_threshold:
             return
         if not self.buffer_only and not self.cfg.unbounded_pools and \
                 self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
@@ -149,6 +154,18 @@ class HiCache(PrefetchPoll):
         self.tree.lock(m.node)  # the matched prefix must survive eviction until load-back
         self.matches.setdefault(rid, []).append(m)
         return m
+
+    def warm_host(self, prefixes: list[list[int]]) -> None:
+        """These prefixes' pages, with their storage content, already in this rank's host
+        tree (hazard span_skew: hicache.config)."""
+        for tokens in prefixes:
+            hashes = page_hashes(tokens, self.page)
+            slots = self.host_kv.alloc(len(hashes))
+            assert slots is not None, "the host pool holds the warmed prefixes"
+            for host, _ in self.pairs:
+                host.write(slots, expected_rows(hashes, self.layout.rank, host.name,
+                                                host.page_elems))
+            self.host_kv.free(slots[: self.tree.insert(tokens, slots, hashes)])
 
     def release(self, rid: str) -> None:
         self.prompts.pop(rid, None)
@@ -208,78 +225,7 @@ class HiCache(PrefetchPoll):
             if pool is not None:
                 pool.release()
 
-    # ---- once per step: check_hicache_events -------------------------------------------------
-
-    def check_hicache_events(self, stamp: float, busy: bool) -> bool:
-        """Drains hit-query results and acks by counts all ranks agree on; returns whether
-        any rank (of PP stage 0) still has work."""
-        self.step_stamp, self.extra_polls = stamp, 0
-        if self.pin is not None:  # before anything reads the threads' results
-            for op in self.pin.advance(stamp, self.ongoing):
-                st = self.stats.requests[op.rid]  # the measured clock: when it became true
-                st.io_done_vt, st.io_done = op.io_end_v, self.pin.clock()
-        self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
-        self.free_stopped_tails()
-        pending = [op for _, op in sorted(self.ongoing.items())
-                   if op.host_slots is not None and not op.decided]
-        facts = [self._facts(op) for op in pending]
-        votes = [self.protocol.step_vote(f) for f in facts]
-        values = self._step_values(busy, votes)
-        before_fix = self.cfg.hazard == "early_return" and self.tiers is not None
-        copies = values["head"].pop() if before_fix else 0  # its own MIN, below
-        agreed = self.agreement.agree(values, self.layout.pp, self._reduce_step)
-        if before_fix:
-            agreed["head"].append(self._writing_check(copies))
-        head, queues = agreed["head"], agreed["queues"]
-        flags = head[1: 1 + sum(v is not None for v in votes)]
-        for op, f in zip(pending, flags, strict=False):
-            if f == -1:
-                self._decide(op)
-        for op, f in zip(pending, facts, strict=True):
-            if not op.decided and self.protocol.step_decide(f):
-                self._decide(op)
-        if self.tiers is not None:  # writing_check comes before the queue drains
-            self.tiers.drain_copies(head[-1])
-        self._drain_hits(queues[0])
-        self._drain_acks(queues[1])
-        if self.tiers is not None:
-            self.tiers.drain_backups(queues[2], self._get)
-        if self.protocol.sweep:
-            self._sweep()
-        return head[0] == -1
-
-    def _sweep(self) -> None:
-        """pr32725's safe point: every ongoing prefetch holding host slots is polled, in
-        request-id order, and finalized when the poll says it may stop (the walk need not
-        reach it). The set is the same on every rank only while `ongoing` is (#38273)."""
-        for rid in sorted(self.ongoing):
-            if self.ongoing[rid].host_slots is not None:
-                self.extra_polls += 1
-                self.check_prefetch_progress(rid)
-
-    def _step_values(self, busy: bool, votes: list[int | None]) -> dict[str, list[int]]:
-        """This rank's per-step counts, by list (hicache.step_agreement), all MIN-reduced."""
-        # Who is busy, and step-batched's timeout flags: a MAX rides in the MIN by negation.
-        head = [-int(busy)] + [-v for v in votes if v is not None]
-        loads = [0]  # load-back copies inside the step (hicache.loadback): none pending
-        queues = [self.controller.hit_queue.qsize(), self.controller.synced_acks.qsize()]
-        if self.pin is not None:  # what has completed on the virtual clock
-            queues = [self.pin.hits.visible(self.step_stamp, self.pin.wait),
-                      self.pin.visible_acks()]
-        if self.tiers is not None:
-            # The write path's counts ride here, no collective of their own (docs/design.md
-            # section 12): finished host copies with the head, backup acks with the queues.
-            head.append(self.tiers.finished_copies())
-            queues.append(self.tiers.backup_queue_size())
-        return {"head": head, "loads": loads, "queues": queues}
-
-    def _writing_check(self, copies: int) -> int:
-        """Hazard early_return (SGLang before #27489 / #26923): writing_check's own MIN of
-        the finished host copies, skipped by a rank whose ongoing_write_through is empty
-        ("all ranks have the same", its comment says), whatever the other ranks hold."""
-        if not self.tiers.copies:
-            return copies  # the early return: no MIN
-        return self._reduce_step([copies], True)[0]
+    # ---- the per-step events (check_hicache_events): hicache.step_events ---------------
 
     def _local_miss(self, op: PrefetchOp) -> bool:
         """Hazard ongoing_skew (SGLang #38273): the last TP rank of each stage drops the
@@ -292,20 +238,6 @@ class HiCache(PrefetchPoll):
             return False
         self._skewed = True
         return True
-
-    def _reduce_step(self, values: list[int], relay: bool) -> list[int]:
-        """One reduction of the step's agreement: relayed (TP MIN on stage 0, then the PP
-        hop) or stage-local (this stage's TP group only)."""
-        t = torch.tensor(values, dtype=torch.int64)
-        # Blocks until every rank of the group (and, relayed, stage 0) reaches this step.
-        if relay:
-            self.comm.reduce_tp_then_pp(t, dist.ReduceOp.MIN, PER_STEP_MIN)
-        else:
-            self.comm.all_reduce(t, dist.ReduceOp.MIN, "tp_cpu", PER_STEP_MIN)
-        return t.tolist()
-
-    def _decide(self, op: PrefetchOp) -> None:
-        op.decided, op.frozen_tokens = True, op.completed_tokens
 
     def _get(self, q: queue.Queue):
         # A later PP stage may be behind stage 0's count: wait, but never forever.

@@ -175,6 +175,18 @@ class CollectiveCounter:
                     self.sched_seconds_by_rid[rid] += seconds
 
 
+    def add_wait(self, site: str, seconds: float, start: float) -> None:
+        """The scheduler thread's wait for a collective it issued earlier without waiting
+        (PR #39903's pipelined per-step MIN): its time, charged to the step that waits;
+        the collective itself was counted when issued."""
+        if self.events is not None:
+            self.events.span(COLLECTIVE, start, start + seconds, "wait", site, None, None,
+                             self.step)
+        with self._lock:
+            self.sched_seconds_by_step[self.step] += seconds
+            self.sched_seconds_by_step_site[self.step][site] += seconds
+
+
 class Comm:
     """The system's only door to torch.distributed. Every call names its site."""
 
@@ -191,6 +203,26 @@ class Comm:
             return
         self._run(lambda: dist.all_reduce(t, op=op, group=self.groups.pg[group]),
                   site, group, 1, rid)
+
+    def start_all_reduce(self, t: torch.Tensor, op, group: str, site: str):
+        """An all-reduce issued now and waited on later (`async_op=True`): counted when
+        issued, in issue order (as torch's sequence number counts it); returns the wait,
+        which raises a CollectiveError naming the site. A no-op on a one-rank group."""
+        if self.groups.size(group) == 1:
+            return lambda: None
+        work = self._run(lambda: dist.all_reduce(t, op=op, group=self.groups.pg[group],
+                                                 async_op=True),
+                         site, group, 1, None, "all_reduce_async")
+
+        def wait() -> None:
+            t0 = time.monotonic()
+            try:
+                work.wait()
+            except Exception as e:  # gloo raises RuntimeError on timeout or a mispaired peer
+                raise self._error(site, group, None, e) from e
+            self.counter.add_wait(site, time.monotonic() - t0, t0)
+
+        return wait
 
     def all_reduce_groups(self, t: torch.Tensor, op, groups: tuple[str, ...], site: str,
                           rid: str | None = None) -> None:
@@ -281,12 +313,14 @@ class Comm:
         try:
             out = fn()
         except Exception as e:  # gloo raises RuntimeError on timeout or a mispaired peer
-            ranks = self.groups.ranks.get(group)
-            raise CollectiveError(
-                f"collective at call site '{site}' on group '{group}' (ranks {ranks}) failed "
-                f"on rank {self.layout.rank} at step {self.counter.step}"
-                f"{f' for request {rid}' if rid else ''}: {str(e).splitlines()[0][:300]}"
-            ) from e
+            raise self._error(site, group, rid, e) from e
         raw = raw_ops(out) if callable(raw_ops) else raw_ops
         self.counter.record(site, group, raw, rid, time.monotonic() - t0, t0, op)
         return out
+
+    def _error(self, site: str, group: str, rid: str | None, e: Exception) -> CollectiveError:
+        ranks = self.groups.ranks.get(group)
+        return CollectiveError(
+            f"collective at call site '{site}' on group '{group}' (ranks {ranks}) failed "
+            f"on rank {self.layout.rank} at step {self.counter.step}"
+            f"{f' for request {rid}' if rid else ''}: {str(e).splitlines()[0][:300]}")

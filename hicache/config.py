@@ -11,7 +11,8 @@ from hicache.step_time import StepTimeModel
 from hicache.storage import StorageSpec
 
 WRITE_POLICIES = ("none", "write_through", "write_back")
-HAZARDS = ("", "ongoing_skew", "early_return")
+HAZARDS = ("", "ongoing_skew", "early_return", "span_skew")
+SIDECAR_HIT_POLICIES = ("all_pages", "trailing_pages")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class HiCacheConfig:
     timeout_per_ki_token_s: float = 0.25
     race_guard: bool = True  # PR #27550's pool_transfers_done check (pre27010 only)
     extra_pool: bool = False  # side-car INDEXER pool read after the KV pages
+    # Its hit policy: "all_pages" (INDEXER shaped, every page needed) or "trailing_pages"
+    # (SWA / Mamba shaped: 0.5.23 then agrees on restorable endpoints: hicache.hit_query).
+    sidecar_hit_policy: str = "all_pages"
     # "cache": host memory is an L2 tier (prefetched pages stay in the host tree);
     # "buffer_only": staging only (freed after load-back), and with PP > 1 0.5.23's
     # PP-ticket path (docs/releases.md).
@@ -68,7 +72,9 @@ class HiCacheConfig:
     # Hazard variants (docs/hazards.md): "ongoing_skew" = one rank alone drops a prefetch
     # from its ongoing set (SGLang #38273); "early_return" = the per-step MIN is skipped by
     # a rank whose own host-copy queue is empty, and one rank's first host copy fails
-    # (before #27489 / #26923; needs a write_policy). "" = none.
+    # (before #27489 / #26923; needs a write_policy); "span_skew" = PP stage 0 already holds
+    # the first half of every prefix in its host tree and later stages do not, so the
+    # stages' request spans differ (SGLang PR #39267's report; needs PP > 1). "" = none.
     hazard: str = ""
     kill_rank: int = -1  # fault injection: this rank exits at kill_step
     kill_step: int = -1
@@ -152,6 +158,13 @@ class HiCacheConfig:
         if self.hazard == "early_return" and self.write_policy == "none":
             raise ValueError("hazard early_return needs a write policy (its queue is the "
                              "host copies of the write path)")
+        if self.sidecar_hit_policy not in SIDECAR_HIT_POLICIES:
+            raise ValueError(f"sidecar_hit_policy must be {' or '.join(SIDECAR_HIT_POLICIES)}, "
+                             f"got {self.sidecar_hit_policy!r}")
+        if self.sidecar_hit_policy == "trailing_pages" and not self.extra_pool:
+            raise ValueError("sidecar_hit_policy trailing_pages needs extra_pool (the side-car)")
+        if self.hazard == "span_skew" and self.pp < 2:
+            raise ValueError("hazard span_skew needs PP > 1 (its spans differ between stages)")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
         self._check_pinned()

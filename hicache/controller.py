@@ -47,10 +47,11 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from hicache.comm import ACK, ACK_GROUPS, HIT_GROUPS, HIT_QUERY, Comm
+from hicache.comm import ACK, ACK_GROUPS, HIT_GROUPS, Comm
 from hicache.cost_model import IO_BATCH_PAGES
 from hicache.events import EXISTS, READ, WRITE, EventLog
 from hicache.hashing import page_hashes
+from hicache.hit_query import agree_hit
 from hicache.pools import PagePool
 from hicache.pp_ticket import STOP, TicketRelay
 from hicache.storage import Storage
@@ -123,7 +124,7 @@ class CacheController:
     def __init__(self, comm: Comm, storage: Storage, host_kv: PagePool,
                  host_sidecar: PagePool | None, page_size: int, uses_acks: bool,
                  tickets: TicketRelay | None = None, events: EventLog | None = None,
-                 pinned: bool = False):
+                 pinned: bool = False, hit_shape: str = "min"):
         self.comm, self.storage, self.page_size = comm, storage, page_size
         self.host_kv, self.host_sidecar, self.uses_acks = host_kv, host_sidecar, uses_acks
         self.tickets = tickets  # 0.5.23's PP-ticket path, else None
@@ -134,6 +135,7 @@ class CacheController:
         self._hit_cursor = 0.0  # virtual end of the last hit query (pinned)
         # Background groups: TP then PP after PR #27010 (the ack protocols), TP before.
         self.hit_groups = HIT_GROUPS if uses_acks else HIT_GROUPS[:1]
+        self.hit_shape = hit_shape  # hicache.hit_query.SHAPES
         self.prefetch_queue: queue.Queue = queue.Queue()
         self.hit_queue: queue.Queue = queue.Queue()  # drained by the scheduler, agreed count
         self.io_queue: queue.Queue = queue.Queue()
@@ -198,11 +200,10 @@ class CacheController:
         return self._storage_hit(op.hashes, op.rid)
 
     def _agreed_hit(self, op: PrefetchOp, local: int) -> int:
-        hit = torch.tensor([local], dtype=torch.int64)
-        # Blocks until every rank of the groups has queried this op: ops arrive in one
-        # order on all ranks (the request broadcast).
-        self.comm.all_reduce_groups(hit, dist.ReduceOp.MIN, self.hit_groups, HIT_QUERY, op.rid)
-        return int(hit.item())
+        # Its shape (hicache.hit_query): a MIN of the hit, or 0.5.23's restorable mask over
+        # this rank's request span, or PR #39267's bounded one.
+        return agree_hit(self.hit_shape, self.comm, self.hit_groups, op.rid, local,
+                         len(op.tokens) // self.page_size)
 
     def _ticket_loop(self) -> None:
         """Tickets in stage 0's order: this rank's host slots for its own hit, the agreed

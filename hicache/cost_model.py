@@ -20,15 +20,21 @@ from dataclasses import dataclass
 IO_BATCH_PAGES = 128  # pages per storage read batch and per completion ack
 
 PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock", "sglang-0.5.23",
-             "pr33029", "pr38284", "pr32725")
+             "pr33029", "pr38284", "pr32725", "pr39903", "pr39267")
 # Open pull requests modelled on the released poll of pr36425 (docs/prs.md): their poll
 # costs what pr36425's does; they differ in where and how often a poll is issued.
 OPEN_PRS = ("pr33029", "pr38284", "pr32725")
+# Pull requests on pr36425 that change no count: pr39903 (closed) waits on check_hicache_events'
+# agreement a step later; the same collectives, issued at the same step.
+SAME_COUNTS_AS_PR36425 = OPEN_PRS + ("pr39903",)
+# 0.5.23 and pr39267 on it (open): its poll, per-step reduce and PP-ticket path; pr39267
+# adds a hit-query reduction with a TRAILING_PAGES side-car (hicache.hit_query).
+RELEASE_0523 = ("sglang-0.5.23", "pr39267")
 POLICIES = ("best_effort", "wait_complete", "timeout")
 ACK_PROTOCOLS = frozenset(PROTOCOLS) - {"pre27010"}
 # Host memory: "cache" (an L2 tier, the default) or "buffer_only" (staging between storage
 # and the device only: UnifiedRadixCache from 0.5.19 on; 0.5.18, pre27010's last release,
-# has no such mode). Only sglang-0.5.23 takes the PP-ticket path with it.
+# has no such mode). Only 0.5.23 (and pr39267 on it) takes the PP-ticket path with it.
 HOST_MEMORY = ("cache", "buffer_only")
 BUFFER_ONLY_PROTOCOLS = tuple(p for p in PROTOCOLS if p != "pre27010")
 
@@ -65,13 +71,30 @@ def background_cost(protocol: str, tp: int, pp: int) -> int:
 # sglang-0.5.23: one packed reduce, relayed; with buffer_only every stage's own TP MIN.
 STEP_REDUCTIONS_PP = {"pre27010": (2, 1), "pr27010": (2, 0), "pr36425": (2, 0),
                       "step-batched": (2, 0), "step-clock": (2, 0), "sglang-0.5.23": (1, 0),
-                      **dict.fromkeys(OPEN_PRS, (2, 0))}
+                      "pr39267": (1, 0),
+                      **dict.fromkeys(SAME_COUNTS_AS_PR36425, (2, 0))}
 
 
 def ticket_path(protocol: str, pp: int, host_memory: str = "cache") -> bool:
     """0.5.23's PP-ticket path: buffer_only host memory with PP > 1 (hybrid_cache_controller
     .py:327-340); a poll then asks whether stage 0's ticket is ready, whatever the policy."""
-    return protocol == "sglang-0.5.23" and host_memory == "buffer_only" and pp > 1
+    return protocol in RELEASE_0523 and host_memory == "buffer_only" and pp > 1
+
+
+# check_hicache_events' agreement issued async and waited on a step later (PR #39903).
+PIPELINED = ("pr39903",)
+
+
+def hidden_per_step(protocol: str, tp: int, pp: int) -> int:
+    """TP all-reduces of the per-step agreement rank 0 no longer waits for inside its step
+    (pipelined: issued at the end of one step, normally done by the next); the PP relay
+    still blocks where it is waited on."""
+    return per_step(protocol, tp, pp)[0] if protocol in PIPELINED else 0
+
+
+def hit_query_rounds(protocol: str, trailing_sidecar: bool) -> int:
+    """Reductions of one hit query (each over TP, then PP for the ack protocols)."""
+    return 2 if protocol == "pr39267" and trailing_sidecar else 1
 
 
 def per_step(protocol: str, tp: int, pp: int, pp_rank: int = 0,
@@ -94,7 +117,7 @@ def decision_per_poll(protocol: str, policy: str, tp: int, pp: int,
     t, p = tp_cost(tp), pp_cost(pp)
     if ticket_path(protocol, pp, host_memory):
         return (t, p)  # the ticket's readiness, MAX-reduced on every poll
-    if protocol == "sglang-0.5.23" or protocol in OPEN_PRS:
+    if protocol in RELEASE_0523 or protocol in SAME_COUNTS_AS_PR36425:
         protocol = "pr36425"  # the same poll; its clock or where it is issued differs
     if protocol == "pre27010":
         return (0, 0) if policy == "best_effort" else (t, 0)
@@ -120,6 +143,7 @@ def expected_per_request(
     extra_pool: bool = False,
     host_memory: str = "cache",
     absent_polls: int = 0,
+    trailing_sidecar: bool = False,
 ) -> Expected:
     """Collectives rank 0 issues for one request.
 
@@ -137,6 +161,9 @@ def expected_per_request(
     absent_polls: calls of check_prefetch_progress that found no prefetch on this rank;
     pr38284 pays the poll's all-reduce for each (its dummy contribution), every other
     protocol nothing.
+    trailing_sidecar: the side-car has the TRAILING_PAGES hit policy; pr39267's hit query
+    is then two reductions (the fixed-size bound, then the equal-size masks); 0.5.23's
+    stays one (a larger tensor).
     """
     t = tp_cost(tp)
     ar, hop = decision_per_poll(protocol, policy, tp, pp, host_memory)
@@ -149,7 +176,7 @@ def expected_per_request(
     if protocol in ACK_PROTOCOLS and io_issued:
         # One per 128-page batch, plus the extra-pool ack; the final ack is free.
         acks = bg * (-(-hit_pages // IO_BATCH_PAGES) + int(extra_pool))
-    hit_query = bg if op_issued else 0
+    hit_query = bg * hit_query_rounds(protocol, trailing_sidecar) if op_issued else 0
     ticket = int(op_issued and ticket_path(protocol, pp, host_memory))
     absent = absent_polls if protocol == "pr38284" else 0
     return Expected((polls + absent) * ar, completion, (polls + absent) * hop, hit_query, acks,

@@ -58,6 +58,7 @@ class PrefetchPoll:
         if op.ticketed:
             self._take_ticket(op)
             return True
+        self._expire(op)
         self._terminate(op)  # the IO thread stops at its next batch boundary
         if op.host_slots is None:
             # Stopped before its hit was agreed: no host slots, nothing usable, and no
@@ -83,6 +84,17 @@ class PrefetchPoll:
         if self.protocol.clock == "first_blocked_poll" and self.cfg.policy == "timeout" \
                 and op.wait_start is None and not op.ticketed:
             op.wait_start = self._now()
+
+    def _expire(self, op: PrefetchOp) -> None:
+        """0.5.23: under timeout a poll that ends a prefetch still running is the ranks'
+        agreed expiry (unified_radix_cache.py:2404-2409); it marks the deadline expired,
+        cancelling the request's retries (2285-2289), so prefetch_from_storage never issues
+        it again (2098-2100: `admit` here), and its prefetch ends with reason "deadline"
+        (2413-2414, 2456)."""
+        if self.protocol.deadline_expiry and self.cfg.policy == "timeout" \
+                and not op.terminated.is_set():
+            self.expired.add(op.rid)
+            self.stats.requests[op.rid].prefetch_finish = "deadline"
 
     def _take_ticket(self, op: PrefetchOp) -> None:
         """Stage 0 found the ticket ready: wait for this rank's own final ack (a TP peer or a

@@ -63,13 +63,25 @@ class Protocol:
     # pending, budget from the requested pages, never once every KV page landed).
     clock = "enqueue"
     bulk = False  # PR #33029: bulk_check_prefetch_progress before the walk
+    # PR #39903: check_hicache_events' agreement issued async at the end of a step and
+    # waited on at the next (hicache.step_events), so what it lets through is seen a step later.
+    pipelined = False
     sweep = False  # PR #32725: every ongoing prefetch polled at the step's safe point
+    # 0.5.23: a timeout poll that ends a running prefetch marks its deadline expired; it is
+    # never issued again (hicache.poll `_expire`).
+    deadline_expiry = False
+    # The hit query's shape with a TRAILING_PAGES side-car (hicache.hit_query); any other
+    # pool leaves it a MIN of the hit.
+    trailing_hit_shape = "min"
 
     def __init__(self, policy: str, race_guard: bool = True):
         self.policy, self.race_guard = policy, race_guard
 
     def agreement(self, host_memory: str) -> StepAgreement:
         return self.step_agreement
+
+    def hit_shape(self, sidecar_hit_policy: str) -> str:
+        return self.trailing_hit_shape if sidecar_hit_policy == "trailing_pages" else "min"
 
     def vote(self, f: Facts) -> Vote:
         raise NotImplementedError
@@ -189,6 +201,7 @@ class Sglang0523(Pr36425):
     every poll, whatever the policy (unified_radix_cache.py `_check_pp_prefetch_progress`)."""
 
     name, clock, step_agreement = "sglang-0.5.23", "first_blocked_poll", SGLANG_0_5_23
+    deadline_expiry, trailing_hit_shape = True, "span_mask"
 
     def vote(self, f: Facts) -> Vote:
         if f.ticketed:
@@ -229,9 +242,27 @@ class Pr32725(Pr36425):
     name, sweep = "pr32725", True
 
 
+class Pr39903(Pr36425):
+    """PR #39903 (closed): check_hicache_events' MIN all-reduce issued with
+    `async_op=True` at the end of the step and waited on at the next; the counts it
+    agrees (finished hit queries, acks, copies, backups) are drained a step later. The
+    poll is pr36425's."""
+
+    name, pipelined = "pr39903", True
+
+
+class Pr39267(Sglang0523):
+    """PR #39267 (open) on 0.5.23: with a TRAILING_PAGES side-car the hit query first
+    agrees, in a fixed-size MIN, on the hit's upper bound and whether every rank has
+    endpoint metadata, then MIN-reduces restorable flags sized by that agreed bound, so
+    every rank's tensors have one size whatever its own request span."""
+
+    name, trailing_hit_shape = "pr39267", "bounded_mask"
+
+
 REGISTRY: dict[str, type[Protocol]] = {
     p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock, Sglang0523,
-                        Pr33029, Pr38284, Pr32725)
+                        Pr33029, Pr38284, Pr32725, Pr39903, Pr39267)
 }
 
 

@@ -50,6 +50,8 @@ class RequestStats:
     computed_tokens: int = 0  # the prefill computed them
     data_errors: int = 0  # pages whose loaded bytes differ from storage
     io_error: str | None = None
+    # 0.5.23: "deadline" when an agreed timeout expiry ended its prefetch (never re-issued)
+    prefetch_finish: str | None = None
     # The schedule's clock (pinned: virtual) when this rank's reads ended / it was decided.
     io_done_vt: float | None = None
     ready_vt: float | None = None

@@ -50,6 +50,26 @@ class StepAgreement:
                 agreed[name], packed = packed[:n], packed[n:]
         return agreed
 
+    def agree_later(self, values: dict[str, list[int]], pp: int,
+                    start: Callable[[list[int], bool], Callable[[], list[int]]]
+                    ) -> Callable[[], dict[str, list[int]]]:
+        """Pipelined (PR #39903): every reduction is issued now by `start(packed, relay)`,
+        which returns its wait; the function returned waits for them in order and gives
+        the agreed lists, as `agree` would have."""
+        waits = [(r, start([v for name in r.carries for v in values[name]], r.relay))
+                 for r in self.reductions(pp)]
+        sizes = {name: len(v) for name, v in values.items()}
+
+        def finish() -> dict[str, list[int]]:
+            agreed = {}
+            for r, wait in waits:
+                packed = wait()
+                for name in r.carries:
+                    agreed[name], packed = packed[: sizes[name]], packed[sizes[name]:]
+            return agreed
+
+        return finish
+
 
 PACKED = (Reduction(("queues", "loads", "head")),)
 

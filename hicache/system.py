@@ -85,6 +85,11 @@ class System:
         self.storage.put(hashes, KV, self.cfg.kv_page_elems)
         if self.cfg.extra_pool:
             self.storage.put(hashes, SIDECAR, self.cfg.sidecar_page_elems)
+        if self.cfg.hazard == "span_skew" and self.layout.pp_rank == 0:
+            # Stage 0 cached the first half of each prefix already (an earlier request's
+            # prefill chunks); the later stages, a micro-batch behind, have not yet.
+            page = self.cfg.page_size
+            self.cache.warm_host([p[: len(p) // (2 * page) * page] for p in prompts])
         return len(hashes)
 
     def run(self, requests: list[Request], step_base: int = 0) -> Stats:
@@ -95,6 +100,7 @@ class System:
             self.consensus.start()
         try:
             self.steps_run = self.scheduler.run(requests, step_base)
+            self.cache.finish_pipeline()  # pr39903: the last step's agreement, in flight
         except BaseException:
             self._abandon()
             raise

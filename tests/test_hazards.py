@@ -123,3 +123,48 @@ def test_the_verb_writes_its_files(tmp_path: Path, capsys):
     text = (out / "hazards.md").read_text()
     assert "| sidecar-race (#27550) | **corrupt** load_back | OK 0/poll 1/step |" in text
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith("bench hazards: OK")
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_span_skew_aborts_0523_with_both_sizes_and_pr39267_is_ok(tmp_path: Path):
+    """SGLang PR #39267's report at TP 2 x PP 2: 0.5.23's hit-query masks sized by each
+    stage's own span (40 and 48 elements); gloo aborts stage 0's ranks, whose peers name
+    the hit query; twice the same. pr39267's fixed-size first reduction pairs: OK, with
+    its cost."""
+    spec = MatrixSpec((), (), seed=0, timeout_s=2.0, out=tmp_path)
+    s = SCENARIOS["span-skew"]
+    first, second = (run_one(spec, s, "sglang-0.5.23", tag=t) for t in ("", "__again"))
+    for row in (first, second):
+        assert (row["outcome"], row["site"]) == ("abort", "hit_query"), row
+        assert "prefetch_pp" in row["detail"] and "48 vs 40 bytes" in row["detail"]
+        assert row["exit_codes"].split()[:2] == ["-6", "-6"]
+        assert row["named_s"] is not None and row["named_s"] <= 2 * spec.timeout_s
+    ok = run_one(spec, s, "pr39267")
+    assert ok["outcome"] == "OK" and ok["decision_per_poll"] == 0.0, ok
+
+
+
+def test_a_gloo_abort_names_the_collective_the_peer_died_in():
+    """Survivors failing only at the next request broadcast: the background thread's
+    failed collective is the site; with gloo's size message the outcome is an abort. A
+    scheduler collective that failed itself keeps its name."""
+    bcast = ("CollectiveError: collective at call site 'request_broadcast' on group 'sched' "
+             "(ranks [0, 1]) failed on rank 1 at step 1: Connection reset by peer")
+    hit = ("CollectiveError: collective at call site 'hit_query' on group 'prefetch_pp' "
+           "(ranks [0, 1]) failed on rank 1 at step 1 for request r00: Connection reset")
+    dead = {**rep(0), "aborted": -6, "gloo": "op.preamble.length <= op.nbytes: 48 vs 40 bytes"}
+    row = classify([dead, {**rep(1, error=bcast), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("abort", "hit_query")
+    assert "48 vs 40 bytes" in row["detail"]
+    decision = bcast.replace("'request_broadcast' on group 'sched'", "'decision' on group "
+                             "'tp_cpu'")
+    row = classify([dead, {**rep(1, error=decision), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("abort", "decision")
+    cascade = bcast.replace("'request_broadcast' on group 'sched'", "'model_allreduce' on "
+                            "group 'data'").replace("[0, 1]", "[1, 2]")
+    row = classify([dead, {**rep(1, error=cascade), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("abort", "hit_query")
+    row = classify([{**dead, "gloo": None}, {**rep(1, error=bcast), "thread_error": hit}])
+    assert (row["outcome"], row["site"]) == ("deadlock", "request_broadcast")

@@ -38,6 +38,15 @@ def test_extra_step_time_is_polls_times_cost():
     assert got == pytest.approx(10 * 0.3 + 0.5 * 0.3)
 
 
+def test_pipelined_per_step_min_is_hidden():
+    """pr39903: pr36425's polls, less the per-step MIN it no longer waits for: one TP MIN
+    a step at TP2 (0.3 ms), two on stage 0 at TP2 x PP2, none at TP1."""
+    assert extra_step_ms("pr39903", "wait_complete", 2, 1, 26, 0.3, 0.15) == pytest.approx(-0.3)
+    assert extra_step_ms("pr39903", "timeout", 2, 1, 4, 0.3, 0.15) == pytest.approx(4 * 0.3 - 0.3)
+    assert extra_step_ms("pr39903", "wait_complete", 2, 2, 5, 0.3, 0.1) == pytest.approx(-0.6)
+    assert extra_step_ms("pr39903", "wait_complete", 1, 1, 5, 0.3, 0.1) == 0.0
+
+
 def test_allreduce_scaling():
     assert scaled_allreduce_ms(0.2, 2, 8) == pytest.approx(0.2 * 7)  # ring: p - 1 hops
     assert scaled_allreduce_ms(0.2, 2, 8, "log2") == pytest.approx(0.6)

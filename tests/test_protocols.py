@@ -80,10 +80,15 @@ VOTES = {
     ("sglang-0.5.23", "best_effort", True): ALL_TRUE,
     ("sglang-0.5.23", "wait_complete", True): PR36_WAIT,
     ("sglang-0.5.23", "timeout", True): PR36_TO,
+    # pr39267 on 0.5.23 changes the hit query only (tests/test_pr39267.py)
+    ("pr39267", "best_effort", True): ALL_TRUE,
+    ("pr39267", "wait_complete", True): PR36_WAIT,
+    ("pr39267", "timeout", True): PR36_TO,
     # The open PRs poll as pr36425 does (#33029 moves the polls before the walk, #32725 adds
     # polls at the safe point, #38284 adds a dummy for an absent prefetch:
     # tests/test_open_prs.py).
-    **{(pr, policy, True): row for pr in ("pr33029", "pr38284", "pr32725")
+    # pr39903 too (its change is the per-step agreement's timing: tests/test_pr39903.py).
+    **{(pr, policy, True): row for pr in ("pr33029", "pr38284", "pr32725", "pr39903")
        for policy, row in (("best_effort", ALL_TRUE), ("wait_complete", PR36_WAIT),
                            ("timeout", PR36_TO))},
 }
@@ -279,7 +284,10 @@ SPEC_PER_POLL = {
     ("sglang-0.5.23", "best_effort"): ((0, 0), (0, 0)),  # cache host memory
     ("sglang-0.5.23", "wait_complete"): ((0, 0), (0, 0)),
     ("sglang-0.5.23", "timeout"): ((1, 0), (1, 1)),
-    **{(pr, policy): cost for pr in ("pr33029", "pr38284", "pr32725")
+    ("pr39267", "best_effort"): ((0, 0), (0, 0)),
+    ("pr39267", "wait_complete"): ((0, 0), (0, 0)),
+    ("pr39267", "timeout"): ((1, 0), (1, 1)),
+    **{(pr, policy): cost for pr in ("pr33029", "pr38284", "pr32725", "pr39903")
        for policy, cost in (("best_effort", ((0, 0), (0, 0))),
                             ("wait_complete", ((0, 0), (0, 0))),
                             ("timeout", ((1, 0), (1, 1))))},

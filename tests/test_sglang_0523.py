@@ -243,3 +243,32 @@ def test_idle_ticket_relay_broadcasts_nothing_to_carry():
     relay.idle_s = 0.01
     assert relay.next(queue.Queue()) is None  # idle: an empty broadcast
     assert comm.calls == [("ticket", "ticket")]
+
+
+# ---- an agreed expiry (unified_radix_cache.py:2285-2289, 2404-2414, 2098-2100) -------------
+
+@pytest.mark.parametrize(("proto", "marks"), [("sglang-0.5.23", True), ("pr36425", False)])
+def test_agreed_expiry_ends_with_deadline_and_is_never_reissued(proto, marks):
+    """0.5.23: the poll that ends a running prefetch under timeout marks its deadline
+    expired: finish reason "deadline", and prefetch_from_storage (admit here) never issues
+    it again. pr36425 (0.5.19) has neither: the same request is issued afresh."""
+    cfg = HiCacheConfig(protocol=proto, policy="timeout", tp=2, **ZERO)
+    cache = one_rank_cache(cfg, RecordingComm())
+    admit(cache, "r0", PROMPT)
+    while not cache.check_prefetch_progress("r0"):  # 0.5.23: the first poll starts the clock
+        time.sleep(0.002)
+    st = cache.stats.requests["r0"]
+    assert st.terminated_by == "poll" and "r0" not in cache.ongoing
+    assert st.prefetch_finish == ("deadline" if marks else None)
+    cache.admit("r0", PROMPT, 0.0)  # a retry's re-issue enters here
+    assert ("r0" in cache.ongoing) is not marks
+
+
+def test_best_effort_end_is_no_deadline():
+    """best_effort ends a prefetch at its first poll: no expiry, and it may be issued again."""
+    cache, _ = _cache(policy="best_effort")
+    admit(cache, "r0", PROMPT)
+    assert cache.check_prefetch_progress("r0")
+    assert cache.stats.requests["r0"].prefetch_finish is None and not cache.expired
+    cache.admit("r0", PROMPT, 0.0)
+    assert "r0" in cache.ongoing

@@ -69,6 +69,8 @@ BY_HAND_TP2_PP2 = {
     "step-batched": ((2, 2), (0, 2)),
     "step-clock": ((2, 2), (0, 2)),
     "sglang-0.5.23": ((1, 1), (0, 1)),  # one packed reduce at any PP
+    "pr39267": ((1, 1), (0, 1)),  # on 0.5.23: its hit query differs, not its step
+    "pr39903": ((2, 2), (0, 2)),  # 0.5.19's two relayed reductions, waited a step later
 }
 BUFFER_ONLY_TP2_PP2 = ((1, 0), (1, 0))  # 0.5.23 buffer_only: each stage's own TP MIN
 
@@ -88,7 +90,7 @@ def test_per_step_tp2_pp2(proto):
     assert (per_step(proto, 2, 2, 0), per_step(proto, 2, 2, 1)) == BY_HAND_TP2_PP2[proto]
 
 
-@pytest.mark.parametrize("proto", [p for p in PROTOCOLS if p != "sglang-0.5.23"])
+@pytest.mark.parametrize("proto", [p for p in PROTOCOLS if p not in ("sglang-0.5.23", "pr39267")])
 def test_per_step_unchanged_at_pp1_and_tp1_pp2(proto):
     assert per_step(proto, 2, 1) == (1, 0)
     assert per_step(proto, 1, 1) == (0, 0)

@@ -4,6 +4,11 @@ that implies.
 
     extra scheduler time per step = polls per step x (T x c_ar + P x (PP - 1) x c_hop)
                                     + completion MINs per step x c_ar
+                                    - hidden per-step MINs x c_ar
+
+The last term is a pipelined per-step agreement's (PR #39903, cost_model.hidden_per_step):
+its MIN is issued at the end of one step and waited on at the next, so the step no longer
+waits c_ar for it when the forward outlasts it.
 
 c_ar is one small all-reduce on the TP control-plane group (measured by the run's
 calibration, bench.run.calibrate), c_hop one point-to-point PP hop (measured when PP > 1, else
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from hicache.cost_model import decision_per_poll
+from hicache.cost_model import decision_per_poll, hidden_per_step
 
 SCALINGS = ("ring", "log2")
 
@@ -58,10 +63,12 @@ def per_poll_ms(protocol: str, policy: str, tp: int, pp: int, c_ar_ms: float,
 def extra_step_ms(protocol: str, policy: str, tp: int, pp: int, polls_per_step: float,
                   c_ar_ms: float, c_hop_ms: float, completions_per_step: float = 0.0,
                   host_memory: str = "cache") -> float:
-    """Predicted extra scheduler time per step from decision (and completion) collectives."""
+    """Predicted extra scheduler time per step from decision (and completion) collectives,
+    less the per-step MIN a pipelined agreement hides."""
     completion = completions_per_step * c_ar_ms if tp > 1 else 0.0
     per_poll = per_poll_ms(protocol, policy, tp, pp, c_ar_ms, c_hop_ms, host_memory)
-    return polls_per_step * per_poll + completion
+    hidden = hidden_per_step(protocol, tp, pp) * c_ar_ms
+    return polls_per_step * per_poll + completion - hidden
 
 
 def inflation(extra_ms: float, base_step_ms: float) -> float:

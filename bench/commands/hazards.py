@@ -3,6 +3,7 @@
 Every cell serves a short burst on fresh ranks (TP 2, or TP 2 x PP 2) with a short
 collective timeout and reports one of: OK (with the protocol's cost), deadlock (the first
 unpaired or failed collective: call site, ranks, step, each rank's last collectives),
+abort (gloo killed a rank on a size mismatch: the collective its peers name, both sizes),
 divergence (the first poll the ranks answered differently), corrupt pages. Writes
 hazards.csv, hazards.md, hazards.png, env.json and each cell's rank reports. Exit codes:
 0 every cell classified (and, with --twice, alike in both runs), 1 a cell ran past its

@@ -79,6 +79,10 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
              cell_dir: str) -> dict:
     """The launcher's entry point (bench.run.launch) on every rank."""
     torch.set_num_threads(1)
+    # A process gloo aborts (a peer's collective of another size) says why only on its
+    # stderr, in C++ (EnforceNotMet, with both sizes): kept in the cell for the classifier.
+    os.dup2(os.open(Path(cell_dir) / f"rank{rank}.stderr",
+                    os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
     cfg = config(s, protocol, seed, timeout_s)
     layout = Layout(rank, cfg.tp, cfg.pp)
     # The harness's own group waits long enough for every rank to start; the system's
@@ -102,11 +106,23 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
         system.run(reqs if rank == 0 else [])
     except Exception as e:  # the finding of this cell, reported below, then re-raised
         error = e
+        _await_thread_error(system, e)
     report = _report(system, rank, error, t0)
     _write(Path(cell_dir) / f"rank{rank}.json", report)
     if error is not None:
         raise CellFailed(report["error"])
     return {"rank": rank}
+
+
+def _await_thread_error(system: System, error: Exception, bound_s: float = 1.0) -> None:
+    """A peer that died (gloo aborted it) fails this rank's collectives on every group
+    within moments: give this rank's background threads that long (bounded, local) to
+    record theirs, which names the collective the peer died in."""
+    if "Connection" not in str(error):
+        return
+    deadline = time.monotonic() + bound_s
+    while system.cache.controller.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _report(system: System, rank: int, error: Exception | None, t0: float) -> dict:
@@ -119,6 +135,10 @@ def _report(system: System, rank: int, error: Exception | None, t0: float) -> di
         "rank": rank, "tp_rank": system.layout.tp_rank, "pp_rank": system.layout.pp_rank,
         "error": None if error is None else f"{type(error).__name__}: {error}",
         "error_kind": None if error is None else type(error).__name__,
+        # A background thread's own failure (hit query, acks), which the serve's error
+        # may not be: a peer gloo aborted fails it first.
+        "thread_error": None if system.cache.controller.error is None
+        else f"{type(system.cache.controller.error).__name__}: {system.cache.controller.error}",
         "step": counter.step, "elapsed_s": now - t0, "recent": recent,
         # Seconds since this rank's last completed collective: how long it sat in the one
         # that failed (bounded by the collective timeout).

@@ -13,12 +13,13 @@ number of times (divergence); else OK, with the cost the protocol paid.
 
 from __future__ import annotations
 
+import json
 import re
 
-from hicache.comm import MODEL_ALLREDUCE, SCHEDULER_SITES
+from hicache.comm import MODEL_ALLREDUCE, PP_HOP, REQUEST_BROADCAST, SCHEDULER_SITES
 
-OK, DEADLOCK, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
-    "OK", "deadlock", "divergence", "corrupt", "failed", "harness")
+OK, DEADLOCK, ABORT, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
+    "OK", "deadlock", "abort", "divergence", "corrupt", "failed", "harness")
 LOCKSTEP = SCHEDULER_SITES | {MODEL_ALLREDUCE}  # issued by every rank in the same step
 SITE = re.compile(r"call site '(\w+)' on group '(\w+)' \(ranks (\[[\d, ]*\])\) failed on rank "
                   r"(\d+) at step (-?\d+)(?: for request (\S+?):)?")
@@ -51,8 +52,10 @@ def _last(rep: dict, n: int = 3) -> str:
     return ", ".join(calls) or "none"
 
 
-def _deadlock(reports: list[dict]) -> dict | None:
-    named = [(r, collective_failure(rep["error"])) for r, rep in enumerate(reports)]
+def _deadlock(reports: list[dict], key: str = "error") -> dict | None:
+    """The failed collectives the ranks' errors name (`key`: the scheduler thread's, or
+    "thread_error": a background thread's), the earliest first."""
+    named = [(r, collective_failure(rep.get(key))) for r, rep in enumerate(reports)]
     named = [(r, f) for r, f in named if f is not None]
     if not named:
         return None
@@ -151,11 +154,53 @@ def _late_divergence(reports: list[dict]) -> dict | None:
     return None
 
 
+GLOO_ENFORCE = re.compile(r"enforce fail at [^\]]*\] (.*?)\. (\d+) vs (\d+)\.")
+
+
+def gloo_abort(stderr: str) -> str | None:
+    """gloo's own words when it aborted a rank: the check that failed and both sizes (bytes
+    the peer sent vs bytes this rank expected), e.g. "op.preamble.length <= op.nbytes: 48
+    vs 40 bytes"."""
+    m = GLOO_ENFORCE.search(stderr)
+    return None if m is None else f"{m.group(1)}: {m.group(2)} vs {m.group(3)} bytes"
+
+
+def _aborted_in(reports: list[dict], found: dict | None) -> dict | None:
+    """A failed collective, when gloo aborted a rank on a size mismatch, is an abort. Its
+    site is the survivors' failed scheduler collective, unless every such failure is a
+    cascade (below): then their background threads', one of which was in the collective
+    the peer died in."""
+    if not any(rep.get("aborted") is not None and rep.get("gloo") for rep in reports):
+        return found
+    if found is None or _only_cascades(reports):
+        found = _deadlock(reports, "thread_error") or found
+    if found is not None:
+        found["outcome"] = ABORT
+    return found
+
+
+CASCADE_SITES = frozenset({REQUEST_BROADCAST, PP_HOP, MODEL_ALLREDUCE})
+
+
+def _only_cascades(reports: list[dict]) -> bool:
+    """Whether every survivor's scheduler failure only followed a death: on a group without
+    an aborted rank (a survivor that failed first exited), or in a collective every rank
+    issues each step whatever its state (the request broadcast, the forward's all-reduce,
+    the PP relay), where a dead peer is simply missed. A heuristic: the journals do not say
+    which in-flight collective gloo aborted."""
+    dead = {rep["rank"] for rep in reports if rep.get("aborted") is not None}
+    fails = [collective_failure(rep.get("error")) for rep in reports]
+    fails = [f for f in fails if f is not None]
+    return all(f["site"] in CASCADE_SITES or not dead & set(json.loads(f["ranks"]))
+               for f in fails)
+
+
 def _abort_note(reports: list[dict]) -> str:
     """Ranks gloo aborted (a peer sent a collective of another size): their report is what
-    their journals logged before it (bench.hazards.cell.Journal)."""
-    dead = [f"rank {rep['rank']} (exit {rep['aborted']})" for rep in reports
-            if rep.get("aborted") is not None]
+    their journals logged before it (bench.hazards.cell.Journal), and gloo's message."""
+    dead = [f"rank {rep['rank']} (exit {rep['aborted']}"
+            + (f", gloo: {rep['gloo']}" if rep.get("gloo") else "") + ")"
+            for rep in reports if rep.get("aborted") is not None]
     return f"{', '.join(dead)} aborted by gloo (a collective of another size)" if dead else ""
 
 
@@ -194,7 +239,8 @@ def classify(reports: list[dict | None]) -> dict:
         failed = _deadlock(reports)
         if failed is not None:
             found["detail"] += "; then " + failed["detail"]
-    found = found or _deadlock(reports)
+    if found is None:
+        found = _aborted_in(reports, _deadlock(reports))
     if found is not None:
         note = _abort_note(reports)
         found["detail"] += f"; {note}" if note else ""

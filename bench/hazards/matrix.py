@@ -16,7 +16,7 @@ from pathlib import Path
 import torch.multiprocessing as mp
 
 from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, run_cell
-from bench.hazards.classify import DEADLOCK, OK, classify
+from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
 
@@ -57,6 +57,7 @@ def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
 
 
 def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:
+    _preload()  # a cell's ranks fork from a server that imported torch once (4 ranks: long)
     cell_dir = spec.out / "cells" / f"{s.name}__{protocol}{tag}"
     cell_dir.mkdir(parents=True, exist_ok=True)
     for old in cell_dir.glob("rank*.json"):
@@ -74,7 +75,7 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
            "exit_codes": _exits(got, dead, s.world), "wall_s": round(wall, 2),
            "collective_timeout_s": spec.timeout_s, "cell_dir": str(cell_dir)}
     row.update(_costs(reports[0]) if row["outcome"] == OK else {})
-    row["named_s"] = _named_s(reports) if row["outcome"] == DEADLOCK else None
+    row["named_s"] = _named_s(reports) if row["outcome"] in (DEADLOCK, ABORT) else None
     return row
 
 
@@ -87,7 +88,9 @@ def _from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
     if rank not in dead:
         return None  # killed at the bound, or never started: the harness's failure
     logs = {k: read_journal(p) for k, p in journal_paths(cell_dir, rank).items()}
+    stderr = cell_dir / f"rank{rank}.stderr"
     return {"rank": rank, "aborted": dead[rank][0], "error": None, "recent": [],
+            "gloo": gloo_abort(stderr.read_text(errors="replace")) if stderr.exists() else None,
             "stuck_s": None, "records": logs["records"], "record_steps": logs["record_steps"],
             "sequence": logs["sequence"], "group_ranks": {}, "decisions": {},
             "data_errors": 0, "steps": None}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.hazards.classify import CORRUPT, DEADLOCK, DIVERGENCE, FAILED, HARNESS, OK
+from bench.hazards.classify import ABORT, CORRUPT, DEADLOCK, DIVERGENCE, FAILED, HARNESS, OK
 from bench.hazards.scenarios import SCENARIOS
 from bench.rundir.files import write_csv_atomic, write_text_atomic
 
@@ -12,7 +12,8 @@ COLUMNS = ["scenario", "issue", "protocol", "policy", "tp", "pp", "seed", "outco
            "step", "named_s", "decision_per_poll", "collectives_per_step", "polls_per_step",
            "steps", "same_twice", "exit_codes", "wall_s", "collective_timeout_s", "detail",
            "cell_dir"]
-COLOURS = {OK: "#4c9a2a", DEADLOCK: "#c0392b", DIVERGENCE: "#e67e22", CORRUPT: "#8e44ad",
+COLOURS = {OK: "#4c9a2a", DEADLOCK: "#c0392b", ABORT: "#7b241c", DIVERGENCE: "#e67e22",
+           CORRUPT: "#8e44ad",
            FAILED: "#7f8c8d", HARNESS: "#000000"}
 
 

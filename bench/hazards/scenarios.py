@@ -85,8 +85,25 @@ def _pp_busy() -> Scenario:
                     protocols=("sglang-0.5.23",))
 
 
+def _span_skew() -> Scenario:
+    # PR #39267's report: PP 2, the hit query's mask sized by each stage's own request span
+    # (`len(operation.token_ids) // page_size + 1`); stage 0 had cached two prefill chunks
+    # more than stage 1. Here stage 0 holds the first 8 of 16 stored pages of every prompt:
+    # spans of 16 and 24 pages (512 new tokens follow), both above the threshold. Arrivals
+    # 150 ms apart, each request prefetched and prefilled alone: in a burst the stages'
+    # different extends fit different batches in the prefill budget, a divergence that no
+    # hit-query change closes (docs/hazards.md).
+    return Scenario("span-skew", "#39267", "a TRAILING_PAGES side-car (SWA / Mamba shaped); "
+                    "PP stage 0 already caches the first half of each prefix, stage 1 not, "
+                    "so their request spans (and 0.5.23's hit masks) differ in length",
+                    pp=2, policy="wait_complete", prefix_tokens=1024, requests=4, gap_ms=150.0,
+                    system={"extra_pool": True, "sidecar_hit_policy": "trailing_pages",
+                            "hazard": "span_skew"},
+                    storage=SLOW_READS, protocols=("sglang-0.5.23", "pr39267"))
+
+
 SCENARIOS = {s.name: s for s in (_budget_skew(), _ongoing_skew(), _early_return(),
-                                 _pp_stages(), _sidecar_race(), _pp_busy())}
+                                 _pp_stages(), _sidecar_race(), _pp_busy(), _span_skew())}
 
 
 def runs(scenario: Scenario, protocol: str) -> bool:
