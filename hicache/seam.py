@@ -18,8 +18,8 @@ other ranks unless a line says otherwise):
   `walk_polls`, `walk_progress`, and for one that is ready `cached_tokens`,
   `device_pages_needed` against `device_free_pages` / `device_room`), then per scheduled
   request `load_back`, the forward, `cache_prefill` and `release`.
-- after the last step: `stop(grace_s)`, `settle()`, `error()`; after a failure:
-  `stop(0.0)` only; `close()` once the process is done with it.
+- after the last step: `finish_pipeline()`, `stop(grace_s)`, `settle()`, `error()`; after a
+  failure: `stop(0.0)` only; `close()` once the process is done with it.
 """
 
 from __future__ import annotations
@@ -72,8 +72,18 @@ class CacheUnderTest(Protocol):
 
     # ---- lifecycle -------------------------------------------------------------------------
 
+    def warm_host(self, prefixes: list[list[int]]) -> None:
+        """Before the serve: these prefixes' pages already in this rank's host tier (a
+        scenario in which ranks hold different prefixes, e.g. the span_skew hazard)."""
+        ...
+
     def start(self) -> None:
         """Starts the background threads (each owns its process groups)."""
+        ...
+
+    def finish_pipeline(self) -> None:
+        """After the last step, on every rank: completes a collective the last step left in
+        flight (a pipelined per-step agreement), so it pairs and its errors surface."""
         ...
 
     def stop(self, grace_s: float) -> None:
