@@ -1,0 +1,192 @@
+"""SGLang's own poll on real gloo ranks: UnifiedRadixCache.check_prefetch_progress, its
+`_can_terminate_prefetch`, `_all_reduce` / `_pp_sync` and `@rank_consensus` decorators as
+shipped, called once per scheduler step on every rank of a TP x PP grid, for one pending
+prefetch, until it may end.
+
+Real (from the source, unchanged): the cache class and every method on this path, the
+cache controller class (`terminate_prefetch`, `append_host_mem_release`),
+`PrefetchOperation`, `PollTimer`, `StoragePrefetchRetries`, the process groups' collectives.
+Stand-ins, and why:
+- the cache and controller objects are built without their `__init__` (it wants device and
+  host KV pools, a model config and server args): the attributes this path reads are set as
+  `__init__` / `_reset_full` / `init_hicache` would set them; no background thread runs;
+- the tree core: only its page size is read on this path (SPEC section 15: it issues no
+  collective);
+- the prefetch's IO never lands (no host slots, `host_indices` None): a best_effort or
+  timeout end revokes it, as SGLang does for a prefetch whose hit was not yet agreed;
+  wait_complete's end is the ack drain's (`_drain_ack_prefetch` -> `_handle_prefetch_result`
+  removes it from `ongoing_prefetch`), stood in for by removing it after the pending polls;
+- the clock: SGLang's wall clock (`time.perf_counter` in PollTimer, `time.monotonic` in the
+  0.5.19 timeout check) is a virtual one that advances by one step per poll, the same on
+  every rank, so a timeout ends after exactly the pending polls asked for (a pinned
+  schedule).
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from sglang_adapter.door import Door
+from sglang_adapter.loader import UNIFIED, Loaded, load
+from sglang_adapter.source import Source
+
+CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
+POLICIES = ("best_effort", "wait_complete", "timeout")
+STEP_S = 1.0  # the virtual clock's advance per poll (one scheduler step)
+PAGE = 64
+
+
+@dataclass(frozen=True)
+class PollCase:
+    policy: str
+    pending_polls: int  # polls that find it pending before it may end (not best_effort)
+    prompt_tokens: int = 16 * PAGE
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy {self.policy!r}: one of {', '.join(POLICIES)}")
+        if self.pending_polls < 1:
+            raise ValueError("pending_polls must be >= 1")
+
+
+class VirtualTime:
+    """Stands in for the `time` module in SGLang's timing modules: perf_counter and
+    monotonic read the rig's virtual clock; everything else is the real module."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def grid_groups(rank: int, tp: int, pp: int) -> tuple:
+    """(tp group of this rank's stage, pp group of its TP column), gloo; created on every
+    rank in one order (new_group is collective). None where the group has one rank."""
+    tp_group = pp_group = None
+    for s in range(pp):
+        g = dist.new_group([s * tp + i for i in range(tp)], backend="gloo")
+        tp_group = g if rank // tp == s else tp_group
+    for t in range(tp):
+        g = dist.new_group([s * tp + t for s in range(pp)], backend="gloo")
+        pp_group = g if rank % tp == t else pp_group
+    return (tp_group if tp > 1 else None), (pp_group if pp > 1 else None)
+
+
+class PollRig:
+    """One rank's UnifiedRadixCache and controller, built for the poll path."""
+
+    def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group):
+        self.loaded, self.clock = loaded, VirtualTime()
+        urc = loaded.modules[UNIFIED]
+        self.urc = urc
+        for name in ("time",):  # SGLang's wall clock, virtual (module docstring)
+            for module in (urc, loaded.modules[CONTROLLER], _poll_timer()):
+                if hasattr(module, name):
+                    setattr(module, name, self.clock)
+        cache = object.__new__(urc.UnifiedRadixCache)
+        cache.tree_core = types.SimpleNamespace(page_size=PAGE)  # read: page_size only
+        cache.tp_group, cache.pp_group = tp_group, pp_group
+        cache.attn_cp_group = cache.attn_tp_group = None
+        cache.tp_world_size = tp
+        cache.pp_rank, cache.pp_size = rank // tp, pp
+        cache.work_list = []
+        cache.host_memory_mode, cache.buffer_pipeline = "cache", None
+        cache.prefetch_timeout_per_page = 0.0
+        cache.ongoing_prefetch = {}
+        _reset_prefetch_state(cache, urc)
+        ctl = object.__new__(loaded.attr(CONTROLLER, "HybridCacheController"))
+        ctl.pp_prefetch_decisions, ctl.prefetch_tokens_occupied = {}, 0
+        cache.cache_controller = ctl
+        self.cache = cache
+
+    def serve(self, case: PollCase, rid: str) -> dict:
+        """Polls one prefetch to its end; returns the poll count and how it ended."""
+        cache = self.cache
+        cache.prefetch_stop_policy = case.policy
+        # The budget runs out between the last pending poll and the next (virtual clock).
+        cache.prefetch_timeout_base = (case.pending_polls - 0.5) * STEP_S
+        handle = self._admit(case, rid)
+        polls = 0
+        while True:
+            polls += 1
+            if self._ready(case, handle, polls):
+                return {"polls": polls, "pending_polls": polls - 1,
+                        "ended": "ack" if case.policy == "wait_complete" else "poll"}
+            self.clock.now += STEP_S
+            assert polls <= case.pending_polls + 1, "the poll never ended"
+
+    def _admit(self, case: PollCase, rid: str):
+        """The ongoing prefetch prefetch_from_storage would have registered (no host
+        slots yet: its hit was not agreed)."""
+        handle_cls = getattr(self.urc, "CacheRequestHandle", None)
+        handle = rid if handle_cls is None else handle_cls(rid, 0)
+        tokens = list(range(case.prompt_tokens))
+        op = self.loaded.attr(CONTROLLER, "PrefetchOperation")(handle, tokens)
+        op.stats_requested_tokens = len(tokens)
+        self.cache.ongoing_prefetch[handle] = self.urc._OngoingPrefetch(
+            None, tokens, None, op, None, {})
+        return handle
+
+    def _ready(self, case: PollCase, handle, polls: int) -> bool:
+        if case.policy == "wait_complete" and polls > case.pending_polls:
+            # The ack drain ended it between steps (module docstring).
+            self.cache.ongoing_prefetch.pop(handle, None)
+        return bool(self.cache.check_prefetch_progress(handle))
+
+
+def _poll_timer():
+    import sys
+    return sys.modules.get("sglang.srt.utils.poll_timer")
+
+
+def _reset_prefetch_state(cache, urc) -> None:
+    """The per-prefetch bookkeeping `_reset_full` creates (the names this release has)."""
+    cache._storage_prefetch_wait = {}
+    cache._storage_prefetch_hit_remaining_by_reqid = {}
+    cache._storage_prefetch_missed_rids = set()
+    cache.prefetch_loaded_tokens_by_reqid = {}
+    retries = getattr(urc, "StoragePrefetchRetries", None)
+    if retries is not None:
+        cache.storage_prefetch_retries = retries()
+    cache.storage_existence_cache = None
+    cache.enable_storage_metrics, cache.storage_metrics_collector = False, None
+
+
+def poll_rank(rank: int, world: int, source: Source, tp: int, pp: int,
+              cases: list[PollCase]) -> dict:
+    """A spawned rank (bench.run.launch): loads SGLang, polls each case, returns the
+    door's calls per request and the crosscheck against torch's sequence numbers."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    loaded = load(source)
+    tp_group, pp_group = grid_groups(rank, tp, pp)
+    door = Door(source.root)
+    door.register("tp", tp_group)
+    door.register("pp", pp_group)
+    rig = PollRig(loaded, rank, tp, pp, tp_group, pp_group)
+    door.install()
+    try:
+        outcomes = {}
+        for i, case in enumerate(cases):
+            rid = f"{case.policy}-{i}"
+            door.rid = rid
+            outcomes[rid] = rig.serve(case, rid)
+        for work in rig.cache.work_list:  # the PP hop's sends, paired by the recvs
+            work.wait()
+    finally:
+        door.uninstall()
+    dist.barrier()
+    return {"outcomes": outcomes, "crosscheck": door.crosscheck(),
+            "calls": [(c.site, c.group, c.op, c.rid, c.via, n) for c, n in door.calls.items()]}

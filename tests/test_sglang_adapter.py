@@ -1,0 +1,183 @@
+"""SGLang's own poll on real gloo ranks (sglang_adapter, docs/sglang.md): SPEC resolution
+and its one-line errors, the loader's refusal of an SGLang it cannot drive, and SGLang's
+collectives counted at the torch.distributed door by calling frame, per request, held
+against torch's sequence numbers and against the project's model of the same release.
+
+The wheels come from the release cache (sglang_adapter.source.DEFAULT_CACHE: `make
+sglang-fetch` fills it, CI caches it); a test whose wheel is absent is skipped, never
+passed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.run.launch import launch
+from hicache.cost_model import decision_per_poll
+from sglang_adapter.poll import POLICIES, PollCase, poll_rank
+from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve
+
+REPO = Path(__file__).resolve().parent.parent
+WHEELS = DEFAULT_CACHE
+PENDING = 3  # polls that find the prefetch pending, per case
+DECISION = "mem_cache/unified_radix_cache.py:_can_terminate_prefetch"
+
+
+def _wheel(version: str) -> Path:
+    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        pytest.skip(f"no sglang {version} wheel in {WHEELS} (make sglang-fetch)")
+    return found[-1]
+
+
+# ---- SPEC: a release, a wheel, a tree; one line on bad input -------------------------------
+
+def test_a_release_resolves_to_its_cached_wheel():
+    wheel = _wheel("0.5.23")
+    src = resolve("0.5.23", WHEELS)
+    assert src == Source(str(wheel), "0.5.23", "0.5.23")
+    assert resolve(str(wheel)).label == "0.5.23"
+
+
+def test_a_source_tree_resolves_from_the_checkout_or_the_package(tmp_path):
+    pkg = tmp_path / "mybranch" / "python" / "sglang"
+    (pkg / "srt" / "mem_cache").mkdir(parents=True)
+    for spec in (tmp_path / "mybranch" / "python", pkg):
+        src = resolve(str(spec))
+        assert src.root == str(pkg.parent) and src.label == "tree:mybranch"
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("", "--sglang needs"), ("nonsense", "no such release, wheel or source tree"),
+    ("/etc", "no sglang package there"), (__file__, "not an sglang wheel")])
+def test_bad_specs_say_one_line(spec, words):
+    with pytest.raises(SourceError, match=words) as e:
+        resolve(spec)
+    assert "\n" not in str(e.value)
+
+
+def test_no_network_is_one_line(tmp_path, monkeypatch):
+    # An index nobody listens on: pip fails at once, as it does offline.
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    with pytest.raises(SourceError, match=r"^no network \(or no release 0.5.23 on the index\)"):
+        resolve("0.5.23", tmp_path / "cache")
+
+
+def test_an_sglang_it_cannot_drive_is_named_in_one_line():
+    """0.5.18's UnifiedRadixCache has no _can_terminate_prefetch (its poll is pre27010's,
+    inside check_prefetch_progress): refused, naming what is missing and what is supported."""
+    wheel = _wheel("0.5.18")
+    code = ("from sglang_adapter.source import resolve\n"
+            "from sglang_adapter.loader import load, LoadError\n"
+            f"try:\n    load(resolve({str(wheel)!r}))\n"
+            "except LoadError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=REPO, text=True,
+                         capture_output=True, timeout=280).stdout.strip().splitlines()
+    assert out == ["sglang 0.5.18: cannot drive it, missing "
+                   "unified_radix_cache.UnifiedRadixCache._can_terminate_prefetch; "
+                   "supported: 0.5.19, 0.5.23"]
+
+
+def test_no_decision_module_can_be_a_stub():
+    from sglang_adapter.loader import DECISION_PATH, stubbed
+    assert not [m for m in DECISION_PATH if stubbed(m)]
+    assert stubbed("triton.language") and not stubbed("tritonx")
+
+
+# ---- SGLang's poll on real ranks, counted at the door ---------------------------------------
+
+def _serve(src: Source, tp: int, pp: int, policies=POLICIES) -> list[dict]:
+    cases = [PollCase(p, PENDING) for p in policies]
+    return launch(tp * pp, poll_rank, (src, tp, pp, cases), timeout_s=280)
+
+
+def _per_request(calls) -> dict[str, Counter]:
+    out: dict[str, Counter] = {}
+    for site, group, op, rid, via, n in calls:
+        out.setdefault(rid, Counter())[(site, group, op, via)] += n
+    return out
+
+
+def _check_counts(results: list[dict], tp: int, pp: int) -> None:
+    """Rank 0's decision collectives per request equal the project's model of
+    sglang-0.5.23 (docs/releases.md), poll by poll; every rank polled alike; the door's
+    counts equal torch's sequence numbers on every group."""
+    outcomes = results[0]["outcomes"]
+    assert all(r["outcomes"] == outcomes for r in results), "ranks polled differently"
+    for r in results:
+        assert all(c == s for c, s in r["crosscheck"].values()), r["crosscheck"]
+    mine = _per_request(results[0]["calls"])
+    for i, policy in enumerate(POLICIES):
+        rid = f"{policy}-{i}"
+        t, p = decision_per_poll("sglang-0.5.23", policy, tp, pp)
+        polls_reaching_decision = outcomes[rid]["polls"] - (policy == "wait_complete")
+        assert sum(mine.get(rid, Counter()).values()) == (t + p) * polls_reaching_decision
+        for site, _, _, via in mine.get(rid, Counter()):  # each reached from the decision
+            assert "_can_terminate_prefetch" in f"{site} < {via}", (site, via)
+
+
+def test_sglang_0523_poll_at_tp2_counts_what_the_model_says():
+    src = resolve(str(_wheel("0.5.23")))
+    results = _serve(src, 2, 1)
+    assert results[0]["outcomes"]["timeout-2"] == {"polls": PENDING + 1,
+                                                   "pending_polls": PENDING, "ended": "poll"}
+    assert results[0]["outcomes"]["best_effort-0"]["polls"] == 1
+    _check_counts(results, 2, 1)
+    sites = _per_request(results[0]["calls"])["timeout-2"]
+    # One MAX per poll, at the line SGLang calls torch on, reached from the decision.
+    (site, group, op, via), n = sites.most_common(1)[0]
+    assert (site.split(":")[1], group, op, n) == ("_all_reduce_attn_groups", "tp",
+                                                  "all_reduce", PENDING + 1)
+    assert "_can_terminate_prefetch" in via and "check_prefetch_progress" in via
+
+
+@pytest.mark.slow
+@pytest.mark.sglang_matrix
+@pytest.mark.parametrize("version, tp, pp", [("0.5.23", 1, 2), ("0.5.23", 2, 2),
+                                             ("0.5.19", 2, 1)])
+def test_sglang_poll_in_other_layouts_and_releases(version, tp, pp):
+    results = _serve(resolve(str(_wheel(version))), tp, pp)
+    _check_counts(results, tp, pp)
+
+
+# ---- a planted change in a copy of a source tree --------------------------------------------
+
+PLANT_AFTER = '        if self.prefetch_stop_policy == "wait_complete":\n'
+PLANTED = ("            torch.distributed.all_reduce(torch.zeros(1), "
+           "group=self.tp_group)  # planted\n")
+
+
+def _planted_tree(wheel: Path, dest: Path) -> int:
+    """The wheel's Python files unpacked to `dest` with an all-reduce planted in
+    `_can_terminate_prefetch`'s wait_complete branch; returns the planted line."""
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(dest, [n for n in z.namelist() if n.startswith("sglang/")
+                            and n.endswith(".py")])
+    path = dest / "sglang" / "srt" / "mem_cache" / "unified_radix_cache.py"
+    text = path.read_text()
+    start = text.index("def _can_terminate_prefetch")
+    at = text.index(PLANT_AFTER, start) + len(PLANT_AFTER)
+    path.write_text(text[:at] + PLANTED + text[at:])
+    return text[:at].count("\n") + 1
+
+
+@pytest.mark.slow
+@pytest.mark.sglang_matrix
+def test_a_planted_all_reduce_shows_per_poll_at_its_line(tmp_path):
+    line = _planted_tree(_wheel("0.5.23"), tmp_path / "tree")
+    src = resolve(str(tmp_path / "tree"))
+    assert src.label == "tree:tree"
+    results = _serve(src, 2, 1, policies=("wait_complete",))
+    calls = _per_request(results[0]["calls"])["wait_complete-0"]
+    assert dict(Counter({(s, g, o): n for (s, g, o, _), n in calls.items()})) == {
+        (f"{DECISION}:{line}", "tp", "all_reduce"): PENDING}  # one per pending poll
+    for r in results:
+        assert all(c == s for c, s in r["crosscheck"].values()), r["crosscheck"]
