@@ -10,8 +10,8 @@ Stand-ins, and why:
 - the cache and controller objects are built without their `__init__` (it wants device and
   host KV pools, a model config and server args): the attributes this path reads are set as
   `__init__` / `_reset_full` / `init_hicache` would set them; no background thread runs;
-- the tree core: only its page size is read on this path (SPEC section 15: it issues no
-  collective);
+- the tree core: only its page size is read on this path (no `torch.distributed` call
+  under `mem_cache/unified_cache/` or in `radix_cache.py`: it issues no collective);
 - the prefetch's IO never lands (no host slots, `host_indices` None): a best_effort or
   timeout end revokes it, as SGLang does for a prefetch whose hit was not yet agreed;
   wait_complete's end is the ack drain's (`_drain_ack_prefetch` -> `_handle_prefetch_result`
@@ -98,7 +98,10 @@ class PollRig:
         cache = object.__new__(urc.UnifiedRadixCache)
         cache.tree_core = types.SimpleNamespace(page_size=PAGE)  # read: page_size only
         cache.tp_group, cache.pp_group = tp_group, pp_group
-        cache.attn_cp_group = cache.attn_tp_group = None
+        # Plain TP (no context parallel, no DP attention): the attention TP group holds the
+        # TP ranks (kv_cache_builder.py passes attn_tp_group.cpu_group) and the CP group
+        # one rank, which _all_reduce_attn_groups skips as it skips None.
+        cache.attn_cp_group, cache.attn_tp_group = None, tp_group
         cache.tp_world_size = tp
         cache.pp_rank, cache.pp_size = rank // tp, pp
         cache.work_list = []

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.run.launch import launch
-from hicache.cost_model import decision_per_poll
+from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
 from sglang_adapter.poll import POLICIES, PollCase, poll_rank
 from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve
 
@@ -106,37 +106,27 @@ def _per_request(calls) -> dict[str, Counter]:
     return out
 
 
-def _check_counts(results: list[dict], tp: int, pp: int) -> None:
-    """Rank 0's decision collectives per request equal the project's model of
-    sglang-0.5.23 (docs/releases.md), poll by poll; every rank polled alike; the door's
-    counts equal torch's sequence numbers on every group."""
-    outcomes = results[0]["outcomes"]
-    assert all(r["outcomes"] == outcomes for r in results), "ranks polled differently"
-    for r in results:
-        assert all(c == s for c, s in r["crosscheck"].values()), r["crosscheck"]
-    mine = _per_request(results[0]["calls"])
-    for i, policy in enumerate(POLICIES):
-        rid = f"{policy}-{i}"
-        t, p = decision_per_poll("sglang-0.5.23", policy, tp, pp)
-        polls_reaching_decision = outcomes[rid]["polls"] - (policy == "wait_complete")
-        assert sum(mine.get(rid, Counter()).values()) == (t + p) * polls_reaching_decision
-        for site, _, _, via in mine.get(rid, Counter()):  # each reached from the decision
-            assert "_can_terminate_prefetch" in f"{site} < {via}", (site, via)
+def _rows(version: str, tp: int, pp: int) -> dict[str, dict]:
+    src = resolve(str(_wheel(version)))
+    rows, ok = run_polls(PollOptions(src, tp, pp, POLICIES, PENDING, modelled_protocol(src)))
+    assert ok, rows
+    return {r["policy"]: r for r in rows}
 
 
 def test_sglang_0523_poll_at_tp2_counts_what_the_model_says():
-    src = resolve(str(_wheel("0.5.23")))
-    results = _serve(src, 2, 1)
-    assert results[0]["outcomes"]["timeout-2"] == {"polls": PENDING + 1,
-                                                   "pending_polls": PENDING, "ended": "poll"}
-    assert results[0]["outcomes"]["best_effort-0"]["polls"] == 1
-    _check_counts(results, 2, 1)
-    sites = _per_request(results[0]["calls"])["timeout-2"]
-    # One MAX per poll, at the line SGLang calls torch on, reached from the decision.
-    (site, group, op, via), n = sites.most_common(1)[0]
-    assert (site.split(":")[1], group, op, n) == ("_all_reduce_attn_groups", "tp",
-                                                  "all_reduce", PENDING + 1)
-    assert "_can_terminate_prefetch" in via and "check_prefetch_progress" in via
+    """Per request: one MAX per timeout poll, none for best_effort and wait_complete, as
+    the project's model of sglang-0.5.23 says (T + P for timeout, 0 otherwise); every rank
+    polled alike and the door's counts equal torch's sequence numbers (the row's ok)."""
+    rows = _rows("0.5.23", 2, 1)
+    assert {p: (r["polls"], r["sglang_per_poll"], r["model_per_poll"])
+            for p, r in rows.items()} == {"best_effort": (1, 0, 0),
+                                          "wait_complete": (PENDING + 1, 0, 0),
+                                          "timeout": (PENDING + 1, 1, 1)}
+    assert rows["timeout"]["call_sites"] == (
+        f"{PENDING + 1}x all_reduce@tp mem_cache/unified_radix_cache.py:"
+        "_all_reduce_attn_groups:359 < _all_reduce:386 < _can_terminate_prefetch:2311 < "
+        "check_prefetch_progress:2405")
+    assert rows["best_effort"]["call_sites"] == rows["wait_complete"]["call_sites"] == ""
 
 
 @pytest.mark.slow
@@ -144,8 +134,9 @@ def test_sglang_0523_poll_at_tp2_counts_what_the_model_says():
 @pytest.mark.parametrize("version, tp, pp", [("0.5.23", 1, 2), ("0.5.23", 2, 2),
                                              ("0.5.19", 2, 1)])
 def test_sglang_poll_in_other_layouts_and_releases(version, tp, pp):
-    results = _serve(resolve(str(_wheel(version))), tp, pp)
-    _check_counts(results, tp, pp)
+    rows = _rows(version, tp, pp)
+    assert rows["timeout"]["sglang_per_poll"] == (tp > 1) + (pp > 1)
+    assert "_can_terminate_prefetch" in rows["timeout"]["call_sites"]
 
 
 # ---- a planted change in a copy of a source tree --------------------------------------------
