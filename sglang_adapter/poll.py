@@ -1,7 +1,8 @@
 """SGLang's own poll on real gloo ranks: UnifiedRadixCache.check_prefetch_progress, its
 `_can_terminate_prefetch`, `_all_reduce` / `_pp_sync` and `@rank_consensus` decorators as
 shipped, called once per scheduler step on every rank of a TP x PP grid, for one pending
-prefetch, until it may end.
+prefetch, until it may end; before each poll the step's check_hicache_events (its packed
+per-step reduce and `_pp_sync`), as the scheduler calls it before its walk.
 
 Real (from the source, unchanged): the cache class and every method on this path, the
 cache controller class (`terminate_prefetch`, `append_host_mem_release`),
@@ -27,6 +28,7 @@ from __future__ import annotations
 import time
 import types
 from dataclasses import dataclass
+from queue import Queue
 
 import torch
 import torch.distributed as dist
@@ -96,7 +98,11 @@ class PollRig:
                 if hasattr(module, name):
                     setattr(module, name, self.clock)
         cache = object.__new__(urc.UnifiedRadixCache)
-        cache.tree_core = types.SimpleNamespace(page_size=PAGE)  # read: page_size only
+        # Read on this path: the page size, whether storage is on, and the write-back
+        # reclaim digest the per-step reduce carries (0: no write-back reclaim here).
+        cache.tree_core = types.SimpleNamespace(page_size=PAGE, enable_storage=True,
+                                                write_back_duplicate_reclaim_digest=0)
+        cache.linker = None
         cache.tp_group, cache.pp_group = tp_group, pp_group
         # Plain TP (no context parallel, no DP attention): the attention TP group holds the
         # TP ranks (kv_cache_builder.py passes attn_tp_group.cpu_group) and the CP group
@@ -111,11 +117,20 @@ class PollRig:
         _reset_prefetch_state(cache, urc)
         ctl = object.__new__(loaded.attr(CONTROLLER, "HybridCacheController"))
         ctl.pp_prefetch_decisions, ctl.prefetch_tokens_occupied = {}, 0
+        _empty_queues(ctl)
         cache.cache_controller = ctl
         self.cache = cache
 
-    def serve(self, case: PollCase, rid: str) -> dict:
-        """Polls one prefetch to its end; returns the poll count and how it ended."""
+    def step(self) -> None:
+        """The per-step agreement, SGLang's check_hicache_events, as the scheduler calls it
+        before its walk: with no thread running every queue it counts is empty, so what it
+        drains is nothing; its reductions are issued all the same."""
+        self.cache.check_hicache_events()
+
+    def serve(self, case: PollCase, rid: str, door: Door) -> dict:
+        """Steps until one prefetch ends, each step SGLang's check_hicache_events (counted
+        under `<rid>/step`) then its poll (under `rid`); returns the poll count and how
+        it ended."""
         cache = self.cache
         cache.prefetch_stop_policy = case.policy
         # The budget runs out between the last pending poll and the next (virtual clock).
@@ -124,6 +139,9 @@ class PollRig:
         polls = 0
         while True:
             polls += 1
+            door.rid = f"{rid}/step"
+            self.step()
+            door.rid = rid
             if self._ready(case, handle, polls):
                 return {"polls": polls, "pending_polls": polls - 1,
                         "ended": "ack" if case.policy == "wait_complete" else "poll"}
@@ -147,6 +165,15 @@ class PollRig:
             # The ack drain ended it between steps (module docstring).
             self.cache.ongoing_prefetch.pop(handle, None)
         return bool(self.cache.check_prefetch_progress(handle))
+
+
+def _empty_queues(ctl) -> None:
+    """The controller's queues as __init__ makes them; no thread fills them here."""
+    ctl.ack_write_queue, ctl.ack_load_queue, ctl.write_queue = [], [], []
+    for name in ("prefetch_hit_queue", "ack_prefetch_queue", "ack_backup_queue",
+                 "host_mem_release_queue"):
+        setattr(ctl, name, Queue())
+    ctl.extra_host_mem_release_queues = {}
 
 
 def _poll_timer():
@@ -184,8 +211,7 @@ def poll_rank(rank: int, world: int, source: Source, tp: int, pp: int,
         outcomes = {}
         for i, case in enumerate(cases):
             rid = f"{case.policy}-{i}"
-            door.rid = rid
-            outcomes[rid] = rig.serve(case, rid)
+            outcomes[rid] = rig.serve(case, rid, door)
         for work in rig.cache.work_list:  # the PP hop's sends, paired by the recvs
             work.wait()
     finally:

@@ -127,6 +127,8 @@ def test_sglang_0523_poll_at_tp2_counts_what_the_model_says():
         "_all_reduce_attn_groups:359 < _all_reduce:386 < _can_terminate_prefetch:2311 < "
         "check_prefetch_progress:2405")
     assert rows["best_effort"]["call_sites"] == rows["wait_complete"]["call_sites"] == ""
+    # check_hicache_events: one packed MIN per step (unified_radix_cache.py 3459), as modelled.
+    assert {r["sglang_per_step"] for r in rows.values()} == {1.0}
 
 
 @pytest.mark.slow
@@ -136,6 +138,8 @@ def test_sglang_0523_poll_at_tp2_counts_what_the_model_says():
 def test_sglang_poll_in_other_layouts_and_releases(version, tp, pp):
     rows = _rows(version, tp, pp)
     assert rows["timeout"]["sglang_per_poll"] == (tp > 1) + (pp > 1)
+    for r in rows.values():  # rank 0's per-step collectives as the model has them
+        assert r["sglang_per_step"] == r["model_per_step"] > 0, r
     assert "_can_terminate_prefetch" in rows["timeout"]["call_sites"]
 
 

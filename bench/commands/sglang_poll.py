@@ -3,9 +3,10 @@
 
 Runs SGLang's own UnifiedRadixCache poll (check_prefetch_progress, _can_terminate_prefetch,
 _all_reduce/_pp_sync, as shipped) on TP x PP gloo ranks of this machine, one pending
-prefetch per policy polled K times and once more to end it, and counts every collective
-SGLang issues at its call site. Per request: SGLang's decision collectives per poll beside
-the project's model of the release (0.5.19: pr36425, 0.5.23 and trees: sglang-0.5.23).
+prefetch per policy polled K times and once more to end it, each step after SGLang's
+check_hicache_events, and counts every collective SGLang issues at its call site. Per
+request: SGLang's decision collectives per poll and per-step collectives beside the
+project's model of the release (0.5.19: pr36425, 0.5.23 and trees: sglang-0.5.23).
 
 SPEC: a release (0.5.23: fetched once into ~/.cache/hicache-bench/sglang), a wheel file, or
 a source tree (a checkout's python/, e.g. a pull request's branch). docs/sglang.md says what
@@ -22,8 +23,8 @@ from bench.commands.common import CliParser, UsageError, run_verb
 from bench.tables import markdown_table
 
 PROG = "bench sglang-poll"
-COLUMNS = ("request", "policy", "polls", "sglang_per_poll", "model_per_poll", "ok",
-           "call_sites")
+COLUMNS = ("request", "policy", "polls", "sglang_per_poll", "model_per_poll",
+           "sglang_per_step", "model_per_step", "ok", "call_sites")
 
 
 def _parse(argv: list[str]):

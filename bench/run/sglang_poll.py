@@ -5,7 +5,8 @@ Every rank loads SGLang from the SPEC (sglang_adapter.loader) and polls one pend
 per policy with SGLang's own `check_prefetch_progress` (sglang_adapter.poll); the door
 counts each collective at SGLang's call site. Per request: rank 0's decision collectives
 per poll that reached the decision, beside `hicache.cost_model.decision_per_poll` of the
-protocol the project models the release with; a row is OK when they are equal, every rank
+protocol the project models the release with, and its per-step collectives
+(check_hicache_events) beside `per_step`; a row is OK when both are equal, every rank
 polled alike and the door's counts equal torch's sequence numbers on every group.
 """
 
@@ -15,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from bench.run.launch import launch
-from hicache.cost_model import decision_per_poll
+from hicache.cost_model import decision_per_poll, per_step
 from sglang_adapter.poll import POLICIES, PollCase, poll_rank
 from sglang_adapter.source import Source
 
@@ -60,15 +61,20 @@ def _row(opts: PollOptions, rid: str, out: dict, calls: list, agreed: bool,
          seq_ok: bool) -> dict:
     policy = rid.rsplit("-", 1)[0]
     sites: Counter[str] = Counter()
+    step_calls = 0
     for site, group, op, call_rid, via, n in calls:
         if call_rid == rid:
             sites[f"{op}@{group} {site} < {via}"] += n
+        step_calls += n if call_rid == f"{rid}/step" else 0
     # wait_complete's last poll finds it ended by the ack drain: it reaches no decision.
     decided = out["polls"] - (policy == "wait_complete")
     t, p = decision_per_poll(opts.protocol, policy, opts.tp, opts.pp)
     per_poll = sum(sites.values()) / decided if decided else 0.0
+    st, sp = per_step(opts.protocol, opts.tp, opts.pp)  # rank 0's
+    steps = out["polls"]  # one check_hicache_events per step, one poll per step
     return {"request": rid, "policy": policy, "polls": out["polls"],
             "sglang_per_poll": per_poll, "model_per_poll": t + p,
+            "sglang_per_step": step_calls / steps, "model_per_step": st + sp,
             "ranks_agree": agreed, "seq_match": seq_ok,
-            "ok": per_poll == t + p and agreed and seq_ok,
+            "ok": per_poll == t + p and step_calls == (st + sp) * steps and agreed and seq_ok,
             "call_sites": "; ".join(f"{n}x {s}" for s, n in sorted(sites.items()))}
