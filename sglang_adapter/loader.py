@@ -23,6 +23,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 from sglang_adapter.source import Source
@@ -196,7 +197,9 @@ def load(source: Source) -> Loaded:
     sys.meta_path.insert(0, _Finder(source.root))
     real_compile, torch.compile = torch.compile, _passthrough_compile
     try:
-        modules = {name: _import(name, source) for name in DECISION_PATH}
+        with warnings.catch_warnings():  # "Only CUDA ... supports AWQ" and its kind
+            warnings.simplefilter("ignore")
+            modules = {name: _import(name, source) for name in DECISION_PATH}
     finally:
         torch.compile = real_compile
     missing = [f"{m.rsplit('.', 1)[-1]}.{c}.{a}" for m, c, a in REQUIRED

@@ -79,7 +79,7 @@ def test_an_sglang_it_cannot_drive_is_named_in_one_line():
             "from sglang_adapter.loader import load, LoadError\n"
             f"try:\n    load(resolve({str(wheel)!r}))\n"
             "except LoadError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=REPO, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
                          capture_output=True, timeout=280).stdout.strip().splitlines()
     assert out == ["sglang 0.5.18: cannot drive it, missing "
                    "unified_radix_cache.UnifiedRadixCache._can_terminate_prefetch; "
@@ -176,3 +176,30 @@ def test_a_planted_all_reduce_shows_per_poll_at_its_line(tmp_path):
         (f"{DECISION}:{line}", "tp", "all_reduce"): PENDING}  # one per pending poll
     for r in results:
         assert all(c == s for c, s in r["crosscheck"].values()), r["crosscheck"]
+
+
+# ---- the verb: bad input is one line and exit 2, before any rank starts ---------------------
+
+def _verb(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", "sglang-poll", *args],
+                          cwd=REPO, text=True, capture_output=True, timeout=280,
+                          env={**os.environ, "HICACHE_BENCH_SGLANG_CACHE": str(WHEELS)})
+
+
+def test_the_verb_checks_its_options_before_fetching_anything():
+    done = _verb("--sglang", "9.9.9", "--tp", "0")  # a release nobody has: never fetched
+    assert done.returncode == 2
+    assert done.stderr.strip() == "bench sglang-poll: --tp 0 --pp 1: 1..8 ranks in all"
+    done = _verb("--sglang", "0.5.23", "--policies", "eager")
+    assert done.returncode == 2 and "policy 'eager'" in done.stderr
+    assert "\n" not in done.stderr.strip()
+
+
+def test_the_verb_refuses_an_sglang_it_cannot_drive_in_one_line():
+    _wheel("0.5.18")
+    done = _verb("--sglang", "0.5.18")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "bench sglang-poll: sglang 0.5.18: cannot drive it, missing "
+        "unified_radix_cache.UnifiedRadixCache._can_terminate_prefetch; "
+        "supported: 0.5.19, 0.5.23"]
