@@ -21,6 +21,7 @@ import abc
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import types
 import warnings
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 
 from sglang_adapter.source import Source
 
-SUPPORTED = ("0.5.19", "0.5.23")  # UnifiedRadixCache with _can_terminate_prefetch
+SUPPORTED = ("0.5.18", "0.5.19", "0.5.23")
 
 # Third-party packages (and SGLang's own non-decision packages) served as stubs.
 STUBBED = (
@@ -43,7 +44,8 @@ STUBBED = (
 
 UNIFIED = "sglang.srt.mem_cache.unified_radix_cache"
 HIRADIX = "sglang.srt.mem_cache.hiradix_cache"
-# Modules that must import whole, real, from the source (any SGLang).
+# Modules that must import whole, real, from the source (any SGLang); HIRADIX too where the
+# source ships it (0.5.23 does not).
 DECISION_PATH = (
     "sglang.srt.managers.cache_controller",
     "sglang.srt.mem_cache.hicache_storage",
@@ -53,17 +55,18 @@ DECISION_PATH = (
     "sglang.srt.mem_cache.utils",
     UNIFIED,
 )
-# (module, class, attribute) the adapter calls on UnifiedRadixCache.
-REQUIRED = (
-    (UNIFIED, "UnifiedRadixCache", "check_prefetch_progress"),
-    (UNIFIED, "UnifiedRadixCache", "_can_terminate_prefetch"),
-    (UNIFIED, "UnifiedRadixCache", "_all_reduce"),
-    (UNIFIED, "UnifiedRadixCache", "_pp_sync"),
-    ("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller", "PrefetchOperation",
-     "is_terminated"),
-    ("sglang.srt.mem_cache.hicache_storage", "HiCacheStorage", "batch_exists"),
-)
-
+# The cache class each release builds for a plain model, and what the adapter calls on it:
+# UnifiedRadixCache from 0.5.19 on (its poll decides in _can_terminate_prefetch), else
+# HiRadixCache (0.5.18: pre27010's poll, can_terminate_prefetch). The first that has every
+# name is driven.
+FAMILIES = {
+    "unified": (UNIFIED, "UnifiedRadixCache", (
+        "check_prefetch_progress", "_can_terminate_prefetch", "_all_reduce", "_pp_sync",
+        "check_hicache_events")),
+    "hiradix": (HIRADIX, "HiRadixCache", (
+        "check_prefetch_progress", "can_terminate_prefetch", "_all_reduce_attn_groups",
+        "check_hicache_events", "_parse_storage_backend_extra_config")),
+}
 
 class LoadError(RuntimeError):
     """This SGLang cannot be driven; the message is one line for the user."""
@@ -183,14 +186,20 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 class Loaded:
     source: Source
     modules: dict[str, types.ModuleType]
+    family: str  # a key of FAMILIES: the cache class driven
 
     def attr(self, module: str, name: str):
         return getattr(self.modules[module], name)
 
+    @property
+    def cache_class(self) -> type:
+        module, cls, _ = FAMILIES[self.family]
+        return self.attr(module, cls)
+
 
 def load(source: Source) -> Loaded:
     """Imports the decision path from `source` (module docstring); LoadError when a module
-    fails, is a stub, comes from elsewhere, or lacks what REQUIRED names."""
+    fails, is a stub, comes from elsewhere, or no cache class has what FAMILIES names."""
     if "sglang" in sys.modules:
         raise LoadError("an sglang is already imported in this process (one per process)")
     import torch.utils.flop_counter  # noqa: F401  (before triton is a stub: torch probes it)
@@ -200,14 +209,23 @@ def load(source: Source) -> Loaded:
         with warnings.catch_warnings():  # "Only CUDA ... supports AWQ" and its kind
             warnings.simplefilter("ignore")
             modules = {name: _import(name, source) for name in DECISION_PATH}
+            if importlib.util.find_spec(HIRADIX) is not None:
+                modules[HIRADIX] = _import(HIRADIX, source)
     finally:
         torch.compile = real_compile
-    missing = [f"{m.rsplit('.', 1)[-1]}.{c}.{a}" for m, c, a in REQUIRED
-               if not hasattr(getattr(modules[m], c, None), a)]
-    if missing:
-        raise LoadError(f"sglang {source.label}: cannot drive it, missing "
-                        f"{', '.join(missing)}; supported: {', '.join(SUPPORTED)}")
-    return Loaded(source, modules)
+    return Loaded(source, modules, _family(source, modules))
+
+
+def _family(source: Source, modules: dict[str, types.ModuleType]) -> str:
+    missing = []
+    for family, (module, cls, names) in FAMILIES.items():
+        found = getattr(modules.get(module), cls, None)
+        lacking = [n for n in names if not hasattr(found, n)]
+        if not lacking:
+            return family
+        missing.append(f"{module.rsplit('.', 1)[-1]}.{cls}.{lacking[0]}")
+    raise LoadError(f"sglang {source.label}: cannot drive it, missing "
+                    f"{' and '.join(missing)}; supported: {', '.join(SUPPORTED)}")
 
 
 def _passthrough_compile(fn=None, **kwargs):

@@ -1,6 +1,7 @@
 """SGLang's own poll on real gloo ranks: UnifiedRadixCache.check_prefetch_progress, its
 `_can_terminate_prefetch`, `_all_reduce` / `_pp_sync` and `@rank_consensus` decorators as
-shipped, called once per scheduler step on every rank of a TP x PP grid, for one pending
+shipped (0.5.18: HiRadixCache.check_prefetch_progress and `can_terminate_prefetch`),
+called once per scheduler step on every rank of a TP x PP grid, for one pending
 prefetch, until it may end; before each poll the step's check_hicache_events (its packed
 per-step reduce and `_pp_sync`), as the scheduler calls it before its walk.
 
@@ -15,8 +16,11 @@ Stand-ins, and why:
   under `mem_cache/unified_cache/` or in `radix_cache.py`: it issues no collective);
 - the prefetch's IO never lands (no host slots, `host_indices` None): a best_effort or
   timeout end revokes it, as SGLang does for a prefetch whose hit was not yet agreed;
-  wait_complete's end is the ack drain's (`_drain_ack_prefetch` -> `_handle_prefetch_result`
-  removes it from `ongoing_prefetch`), stood in for by removing it after the pending polls;
+  wait_complete's end is its completion's (UnifiedRadixCache: the ack drain,
+  `_drain_ack_prefetch` -> `_handle_prefetch_result`; HiRadixCache: the poll that finds
+  every page landed, then the completion MIN and the tree insert), stood in for by removing
+  it from `ongoing_prefetch` after the pending polls: the completion's collectives are not
+  issued here;
 - the clock: SGLang's wall clock (`time.perf_counter` in PollTimer, `time.monotonic` in the
   0.5.19 timeout check) is a virtual one that advances by one step per poll, the same on
   every rank, so a timeout ends after exactly the pending polls asked for (a pinned
@@ -25,6 +29,7 @@ Stand-ins, and why:
 
 from __future__ import annotations
 
+import json
 import time
 import types
 from dataclasses import dataclass
@@ -34,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from sglang_adapter.door import Door
-from sglang_adapter.loader import UNIFIED, Loaded, load
+from sglang_adapter.loader import HIRADIX, UNIFIED, Loaded, load
 from sglang_adapter.source import Source
 
 CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
@@ -87,22 +92,15 @@ def grid_groups(rank: int, tp: int, pp: int) -> tuple:
 
 
 class PollRig:
-    """One rank's UnifiedRadixCache and controller, built for the poll path."""
+    """One rank's cache and controller, built for the step and poll path (the class the
+    release builds: UnifiedRig or HiRadixRig, `make_rig`)."""
 
     def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group):
         self.loaded, self.clock = loaded, VirtualTime()
-        urc = loaded.modules[UNIFIED]
-        self.urc = urc
-        for name in ("time",):  # SGLang's wall clock, virtual (module docstring)
-            for module in (urc, loaded.modules[CONTROLLER], _poll_timer()):
-                if hasattr(module, name):
-                    setattr(module, name, self.clock)
-        cache = object.__new__(urc.UnifiedRadixCache)
-        # Read on this path: the page size, whether storage is on, and the write-back
-        # reclaim digest the per-step reduce carries (0: no write-back reclaim here).
-        cache.tree_core = types.SimpleNamespace(page_size=PAGE, enable_storage=True,
-                                                write_back_duplicate_reclaim_digest=0)
-        cache.linker = None
+        for module in (*loaded.modules.values(), _poll_timer()):  # SGLang's clock: virtual
+            if module is not None and getattr(module, "time", None) is time:
+                module.time = self.clock
+        cache = object.__new__(loaded.cache_class)
         cache.tp_group, cache.pp_group = tp_group, pp_group
         # Plain TP (no context parallel, no DP attention): the attention TP group holds the
         # TP ranks (kv_cache_builder.py passes attn_tp_group.cpu_group) and the CP group
@@ -110,16 +108,19 @@ class PollRig:
         cache.attn_cp_group, cache.attn_tp_group = None, tp_group
         cache.tp_world_size = tp
         cache.pp_rank, cache.pp_size = rank // tp, pp
-        cache.work_list = []
-        cache.host_memory_mode, cache.buffer_pipeline = "cache", None
-        cache.prefetch_timeout_per_page = 0.0
-        cache.ongoing_prefetch = {}
-        _reset_prefetch_state(cache, urc)
-        ctl = object.__new__(loaded.attr(CONTROLLER, "HybridCacheController"))
-        ctl.pp_prefetch_decisions, ctl.prefetch_tokens_occupied = {}, 0
-        _empty_queues(ctl)
-        cache.cache_controller = ctl
+        cache.work_list, cache.ongoing_prefetch = [], {}
+        cache.enable_storage_metrics, cache.storage_metrics_collector = False, None
         self.cache = cache
+        self._build(cache)
+
+    def _build(self, cache) -> None:
+        raise NotImplementedError
+
+    def _admit(self, case: PollCase, rid: str):
+        raise NotImplementedError
+
+    def _set_budget(self, seconds: float) -> None:
+        raise NotImplementedError
 
     def step(self) -> None:
         """The per-step agreement, SGLang's check_hicache_events, as the scheduler calls it
@@ -131,10 +132,9 @@ class PollRig:
         """Steps until one prefetch ends, each step SGLang's check_hicache_events (counted
         under `<rid>/step`) then its poll (under `rid`); returns the poll count and how
         it ended."""
-        cache = self.cache
-        cache.prefetch_stop_policy = case.policy
+        self.cache.prefetch_stop_policy = case.policy
         # The budget runs out between the last pending poll and the next (virtual clock).
-        cache.prefetch_timeout_base = (case.pending_polls - 0.5) * STEP_S
+        self._set_budget((case.pending_polls - 0.5) * STEP_S)
         handle = self._admit(case, rid)
         polls = 0
         while True:
@@ -144,27 +144,87 @@ class PollRig:
             door.rid = rid
             if self._ready(case, handle, polls):
                 return {"polls": polls, "pending_polls": polls - 1,
-                        "ended": "ack" if case.policy == "wait_complete" else "poll"}
+                        "ended": "completed" if case.policy == "wait_complete" else "poll"}
             self.clock.now += STEP_S
             assert polls <= case.pending_polls + 1, "the poll never ended"
+
+    def _ready(self, case: PollCase, handle, polls: int) -> bool:
+        if case.policy == "wait_complete" and polls > case.pending_polls:
+            # Its completion ended it between steps (module docstring).
+            self.cache.ongoing_prefetch.pop(handle, None)
+        return bool(self.cache.check_prefetch_progress(handle))
+
+
+class UnifiedRig(PollRig):
+    """UnifiedRadixCache with a HybridCacheController (0.5.19 on)."""
+
+    def _build(self, cache) -> None:
+        # Read on this path: the page size, whether storage is on, and the write-back
+        # reclaim digest the per-step reduce carries (0: no write-back reclaim here).
+        cache.tree_core = types.SimpleNamespace(page_size=PAGE, enable_storage=True,
+                                                write_back_duplicate_reclaim_digest=0)
+        cache.linker = None
+        cache.host_memory_mode, cache.buffer_pipeline = "cache", None
+        cache.prefetch_timeout_per_page = 0.0
+        _reset_prefetch_state(cache, self.loaded.modules[UNIFIED])
+        ctl = object.__new__(self.loaded.attr(CONTROLLER, "HybridCacheController"))
+        ctl.pp_prefetch_decisions, ctl.prefetch_tokens_occupied = {}, 0
+        _empty_queues(ctl)
+        cache.cache_controller = ctl
+
+    def _set_budget(self, seconds: float) -> None:
+        self.cache.prefetch_timeout_base = seconds
 
     def _admit(self, case: PollCase, rid: str):
         """The ongoing prefetch prefetch_from_storage would have registered (no host
         slots yet: its hit was not agreed)."""
-        handle_cls = getattr(self.urc, "CacheRequestHandle", None)
+        urc = self.loaded.modules[UNIFIED]
+        handle_cls = getattr(urc, "CacheRequestHandle", None)
         handle = rid if handle_cls is None else handle_cls(rid, 0)
         tokens = list(range(case.prompt_tokens))
         op = self.loaded.attr(CONTROLLER, "PrefetchOperation")(handle, tokens)
         op.stats_requested_tokens = len(tokens)
-        self.cache.ongoing_prefetch[handle] = self.urc._OngoingPrefetch(
+        self.cache.ongoing_prefetch[handle] = urc._OngoingPrefetch(
             None, tokens, None, op, None, {})
         return handle
 
-    def _ready(self, case: PollCase, handle, polls: int) -> bool:
-        if case.policy == "wait_complete" and polls > case.pending_polls:
-            # The ack drain ended it between steps (module docstring).
-            self.cache.ongoing_prefetch.pop(handle, None)
-        return bool(self.cache.check_prefetch_progress(handle))
+
+class HiRadixRig(PollRig):
+    """HiRadixCache with a HiCacheController (0.5.18): pre27010's poll, one MAX over the
+    attention TP group in can_terminate_prefetch, no PP agreement."""
+
+    def _build(self, cache) -> None:
+        cache.page_size, cache.enable_storage = PAGE, True
+        cache.ongoing_write_through, cache.ongoing_load_back = {}, {}
+        cache.metrics_collector = None
+        cache.prefetch_loaded_tokens_by_reqid = {}
+        cache.is_prefetch_timeout = cache._prefetch_timeout_check_linear_func  # as __init__
+        ctl = object.__new__(self.loaded.attr(HIRADIX, "HiCacheController"))
+        ctl.prefetch_tokens_occupied = 0
+        _empty_queues(ctl)
+        cache.cache_controller = ctl
+
+    def _set_budget(self, seconds: float) -> None:
+        # SGLang's own parse of --hicache-storage-backend-extra-config builds the config.
+        extra = json.dumps({"prefetch_timeout_base": seconds,
+                            "prefetch_timeout_per_ki_token": 0})
+        self.cache.prefetch_timeout_config = \
+            self.cache._parse_storage_backend_extra_config(extra)[2]
+
+    def _admit(self, case: PollCase, rid: str):
+        """The ongoing prefetch prefetch_from_storage would have registered: its anchor
+        protected on the host (a root-level node), no host slots yet."""
+        node = self.loaded.attr("sglang.srt.mem_cache.radix_cache", "TreeNode")()
+        node.protect_host()
+        tokens = list(range(case.prompt_tokens))
+        op = self.loaded.attr(HIRADIX, "PrefetchOperation")(rid, tokens)
+        self.cache.ongoing_prefetch[rid] = (node, tokens, op)
+        return rid
+
+
+def make_rig(loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group) -> PollRig:
+    rig = HiRadixRig if loaded.family == "hiradix" else UnifiedRig
+    return rig(loaded, rank, tp, pp, tp_group, pp_group)
 
 
 def _empty_queues(ctl) -> None:
@@ -191,7 +251,6 @@ def _reset_prefetch_state(cache, urc) -> None:
     if retries is not None:
         cache.storage_prefetch_retries = retries()
     cache.storage_existence_cache = None
-    cache.enable_storage_metrics, cache.storage_metrics_collector = False, None
 
 
 def poll_rank(rank: int, world: int, source: Source, tp: int, pp: int,
@@ -205,7 +264,7 @@ def poll_rank(rank: int, world: int, source: Source, tp: int, pp: int,
     door = Door(source.root)
     door.register("tp", tp_group)
     door.register("pp", pp_group)
-    rig = PollRig(loaded, rank, tp, pp, tp_group, pp_group)
+    rig = make_rig(loaded, rank, tp, pp, tp_group, pp_group)
     door.install()
     try:
         outcomes = {}

@@ -71,19 +71,32 @@ def test_no_network_is_one_line(tmp_path, monkeypatch):
         resolve("0.5.23", tmp_path / "cache")
 
 
-def test_an_sglang_it_cannot_drive_is_named_in_one_line():
-    """0.5.18's UnifiedRadixCache has no _can_terminate_prefetch (its poll is pre27010's,
-    inside check_prefetch_progress): refused, naming what is missing and what is supported."""
-    wheel = _wheel("0.5.18")
+def _undrivable_tree(root: Path) -> Path:
+    """An SGLang tree whose decision modules import but whose cache classes lack the poll
+    (as a release that renamed it would)."""
+    from sglang_adapter.loader import DECISION_PATH
+    for name in DECISION_PATH:
+        path = root / Path(*name.split(".")).with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("class UnifiedRadixCache:\n    pass\n"
+                        if name.endswith("unified_radix_cache") else "")
+    return root
+
+
+UNDRIVABLE = ("cannot drive it, missing unified_radix_cache.UnifiedRadixCache."
+              "check_prefetch_progress and hiradix_cache.HiRadixCache."
+              "check_prefetch_progress; supported: 0.5.18, 0.5.19, 0.5.23")
+
+
+def test_an_sglang_it_cannot_drive_is_named_in_one_line(tmp_path):
+    tree = _undrivable_tree(tmp_path / "renamed")
     code = ("from sglang_adapter.source import resolve\n"
             "from sglang_adapter.loader import load, LoadError\n"
-            f"try:\n    load(resolve({str(wheel)!r}))\n"
+            f"try:\n    load(resolve({str(tree)!r}))\n"
             "except LoadError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
                          capture_output=True, timeout=280).stdout.strip().splitlines()
-    assert out == ["sglang 0.5.18: cannot drive it, missing "
-                   "unified_radix_cache.UnifiedRadixCache._can_terminate_prefetch; "
-                   "supported: 0.5.19, 0.5.23"]
+    assert out == [f"sglang tree:renamed: {UNDRIVABLE}"]
 
 
 def test_no_decision_module_can_be_a_stub():
@@ -133,14 +146,20 @@ def test_sglang_0523_poll_at_tp2_counts_what_the_model_says():
 
 @pytest.mark.slow
 @pytest.mark.sglang_matrix
-@pytest.mark.parametrize("version, tp, pp", [("0.5.23", 1, 2), ("0.5.23", 2, 2),
-                                             ("0.5.19", 2, 1)])
+@pytest.mark.parametrize("version, tp, pp", [
+    ("0.5.23", 1, 2), ("0.5.23", 2, 2), ("0.5.19", 2, 1), ("0.5.19", 1, 2), ("0.5.19", 2, 2),
+    ("0.5.18", 2, 1), ("0.5.18", 1, 2), ("0.5.18", 2, 2)])
 def test_sglang_poll_in_other_layouts_and_releases(version, tp, pp):
     rows = _rows(version, tp, pp)
-    assert rows["timeout"]["sglang_per_poll"] == (tp > 1) + (pp > 1)
+    # 0.5.18 (pre27010): a MAX over TP on every wait_complete or timeout poll, no PP hop;
+    # later: T + P on a timeout poll only.
+    hop = (pp > 1) if version != "0.5.18" else 0
+    assert rows["timeout"]["sglang_per_poll"] == (tp > 1) + hop
+    assert rows["wait_complete"]["sglang_per_poll"] == ((tp > 1) if version == "0.5.18" else 0)
     for r in rows.values():  # rank 0's per-step collectives as the model has them
-        assert r["sglang_per_step"] == r["model_per_step"] > 0, r
-    assert "_can_terminate_prefetch" in rows["timeout"]["call_sites"]
+        assert r["sglang_per_step"] == r["model_per_step"], r
+    if rows["timeout"]["sglang_per_poll"]:  # 0.5.18 at TP1 issues none
+        assert "can_terminate_prefetch" in rows["timeout"]["call_sites"]
 
 
 # ---- a planted change in a copy of a source tree --------------------------------------------
@@ -195,11 +214,8 @@ def test_the_verb_checks_its_options_before_fetching_anything():
     assert "\n" not in done.stderr.strip()
 
 
-def test_the_verb_refuses_an_sglang_it_cannot_drive_in_one_line():
-    _wheel("0.5.18")
-    done = _verb("--sglang", "0.5.18")
+def test_the_verb_refuses_an_sglang_it_cannot_drive_in_one_line(tmp_path):
+    done = _verb("--sglang", str(_undrivable_tree(tmp_path / "renamed")))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
-        "bench sglang-poll: sglang 0.5.18: cannot drive it, missing "
-        "unified_radix_cache.UnifiedRadixCache._can_terminate_prefetch; "
-        "supported: 0.5.19, 0.5.23"]
+        f"bench sglang-poll: sglang tree:renamed: {UNDRIVABLE}"]

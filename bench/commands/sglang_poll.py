@@ -6,7 +6,8 @@ _all_reduce/_pp_sync, as shipped) on TP x PP gloo ranks of this machine, one pen
 prefetch per policy polled K times and once more to end it, each step after SGLang's
 check_hicache_events, and counts every collective SGLang issues at its call site. Per
 request: SGLang's decision collectives per poll and per-step collectives beside the
-project's model of the release (0.5.19: pr36425, 0.5.23 and trees: sglang-0.5.23).
+project's model of the release (0.5.18: pre27010, 0.5.19: pr36425, 0.5.23 and trees:
+sglang-0.5.23).
 
 SPEC: a release (0.5.23: fetched once into ~/.cache/hicache-bench/sglang), a wheel file, or
 a source tree (a checkout's python/, e.g. a pull request's branch). docs/sglang.md says what

@@ -21,7 +21,7 @@ from sglang_adapter.poll import POLICIES, PollCase, poll_rank
 from sglang_adapter.source import Source
 
 # The protocol the project models each supported release's UnifiedRadixCache poll with.
-MODELLED = {"0.5.19": "pr36425", "0.5.23": "sglang-0.5.23"}
+MODELLED = {"0.5.18": "pre27010", "0.5.19": "pr36425", "0.5.23": "sglang-0.5.23"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def _row(opts: PollOptions, rid: str, out: dict, calls: list, agreed: bool,
         if call_rid == rid:
             sites[f"{op}@{group} {site} < {via}"] += n
         step_calls += n if call_rid == f"{rid}/step" else 0
-    # wait_complete's last poll finds it ended by the ack drain: it reaches no decision.
+    # wait_complete's last poll finds it ended by its completion: it reaches no decision.
     decided = out["polls"] - (policy == "wait_complete")
     t, p = decision_per_poll(opts.protocol, policy, opts.tp, opts.pp)
     per_poll = sum(sites.values()) / decided if decided else 0.0
