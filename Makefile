@@ -10,7 +10,9 @@ JOBS ?= 2
 MUTMUT ?= mutmut>=3.8,<4
 MUTANTS ?=
 
-.PHONY: setup dev test test-fast bench gate compare microbench project lint mutate gpu-check clean
+SGLANG ?= 0.5.23
+
+.PHONY: sglang-fetch sglang-check setup dev test test-fast bench gate compare microbench project lint mutate gpu-check clean
 
 setup: $(STAMP)  ## runtime only: no network where python3 already imports the runtime deps
 
@@ -54,8 +56,16 @@ mutate: dev  ## mutation testing of the contract modules, not in CI (docs/testin
 	$(VENV)/bin/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
 	$(VENV)/bin/mutmut results
 
+sglang-fetch: dev  ## --sglang's deps (msgspec, dill, packaging) when missing, and release $(SGLANG)'s wheel into the cache once (docs/sglang.md)
+	$(PY) -c "import msgspec, dill, packaging" 2>/dev/null || $(PY) -m pip install -q msgspec dill packaging
+	$(PY) -m sglang_adapter.source $(SGLANG)
+
+sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layouts, and a planted change (not in make test)
+	$(PY) -m sglang_adapter.source 0.5.19
+	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py
+
 lint: dev
-	$(PY) -m ruff check hicache bench tests scripts
+	$(PY) -m ruff check hicache bench tests scripts sglang_adapter
 
 gpu-check:  ## on a GPU node: CUDA tests, llama3-8b TP1 run, TP2 shared-GPU run, H2D check
 	bash scripts/gpu_check.sh

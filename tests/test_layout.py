@@ -191,3 +191,15 @@ def test_hicache_implements_every_member_of_the_seam():
     missing += [n for n in _seam_members() if n.startswith("pin.")
                 and not hasattr(Pin, n.split(".", 1)[1])]
     assert not missing, missing
+
+
+def test_the_sglang_adapter_is_a_package_of_its_own():
+    """hicache/ never imports the adapter (the seam is how it comes in); the adapter never
+    imports bench/ (bench selects it)."""
+    adapter = _modules("sglang_adapter")
+    assert adapter, "sglang_adapter/ not found: the test would pass vacuously"
+    bad = [f"{m} imports {d}" for m, p in _modules("hicache").items() for d in _imports(p)
+           if d.startswith("sglang_adapter")]
+    bad += [f"{m} imports {d}" for m, p in adapter.items() for d in _imports(p)
+            if d.startswith("bench")]
+    assert not bad, "\n".join(bad)

@@ -33,6 +33,9 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "hazards": ("[--protocols P,..] [--scenarios S,..]", "the open PRs' protocols x hazard "
                 "scenarios: deadlock, divergence or corrupt pages, or OK with its cost",
                 "bench.commands.hazards"),
+    "sglang-poll": ("--sglang SPEC [--tp N] [--pp N]", "SGLang's own poll (a release, wheel "
+                    "or source tree) on this machine's ranks, counted at its call sites, "
+                    "against the project's model", "bench.commands.sglang_poll"),
     "devcheck": ("...", "device checks of scripts/gpu_check.sh (H2D, load-back, forward)",
                  "bench.commands.devcheck"),
 }

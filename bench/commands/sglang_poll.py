@@ -1,0 +1,76 @@
+"""Usage: python -m bench sglang-poll --sglang SPEC [--tp N] [--pp N] [--policies P,..]
+                                    [--pending-polls K]
+
+Runs SGLang's own UnifiedRadixCache poll (check_prefetch_progress, _can_terminate_prefetch,
+_all_reduce/_pp_sync, as shipped) on TP x PP gloo ranks of this machine, one pending
+prefetch per policy polled K times and once more to end it, each step after SGLang's
+check_hicache_events, and counts every collective SGLang issues at its call site. Per
+request: SGLang's decision collectives per poll and per-step collectives beside the
+project's model of the release (0.5.18: pre27010, 0.5.19: pr36425, 0.5.23 and trees:
+sglang-0.5.23).
+
+SPEC: a release (0.5.23: fetched once into ~/.cache/hicache-bench/sglang), a wheel file, or
+a source tree (a checkout's python/, e.g. a pull request's branch). docs/sglang.md says what
+runs real and what is a stand-in. Exit 0: every row OK; 1: a count differs, the ranks
+disagree or the counts miss torch's sequence numbers; 2: bad input, an SGLang it cannot
+drive, or no network (one line on stderr).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bench.commands.common import CliParser, UsageError, run_verb
+from bench.tables import markdown_table
+
+PROG = "bench sglang-poll"
+COLUMNS = ("request", "policy", "polls", "sglang_per_poll", "model_per_poll",
+           "sglang_per_step", "model_per_step", "ok", "call_sites")
+
+
+def _parse(argv: list[str]):
+    from sglang_adapter.poll import POLICIES
+
+    parser = CliParser.from_doc(PROG, __doc__)
+    parser.add_argument("--sglang", required=True, metavar="SPEC",
+                        help="a release (0.5.23), a wheel file or a source tree")
+    parser.add_argument("--tp", type=int, default=2, help="TP size (default 2)")
+    parser.add_argument("--pp", type=int, default=1, help="PP size (default 1)")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help=f"comma-separated, of {', '.join(POLICIES)} (default all)")
+    parser.add_argument("--pending-polls", type=int, default=3,
+                        help="polls that find each prefetch pending (default 3)")
+    return parser.parse_args(argv)
+
+
+def _main(argv: list[str]) -> int:
+    from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
+    from sglang_adapter.loader import load
+    from sglang_adapter.source import resolve
+
+    args = _parse(argv)
+    try:  # checked before SPEC is resolved: bad options never start a download
+        opts = PollOptions(None, args.tp, args.pp,
+                           tuple(p for p in args.policies.split(",") if p), args.pending_polls)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    source = resolve(args.sglang)
+    opts = replace(opts, source=source, protocol=modelled_protocol(source))
+    load(source)  # here, so an SGLang it cannot drive is one line before any rank starts
+    rows, ok = run_polls(opts)
+    print(f"sglang {source.label} at TP{opts.tp} x PP{opts.pp}, held against "
+          f"{opts.protocol}")
+    print(markdown_table(list(COLUMNS), [[_cell(r[c]) for c in COLUMNS] for r in rows]))
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def _cell(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str]) -> int:
+    from sglang_adapter.loader import LoadError
+    from sglang_adapter.source import SourceError
+
+    return run_verb(PROG, _main, argv, bad_input=(UsageError, SourceError, LoadError))

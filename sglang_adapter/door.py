@@ -1,0 +1,115 @@
+"""The door: every torch.distributed call SGLang's code makes is counted where it is made.
+
+SGLang calls torch.distributed directly (no `Comm` of ours), so the count is taken at that
+door: `Door.install()` wraps the torch.distributed functions SGLang uses, and each call
+whose immediate caller is a file of the loaded SGLang is recorded under its call site,
+`<path under sglang/srt/>:<function>:<line>` (e.g.
+`mem_cache/unified_radix_cache.py:_can_terminate_prefetch:2311`), its group's name and the
+request the driver says is in hand. Calls from anywhere else (the harness's own `Comm`)
+pass through uncounted. The count is held against torch's own per-group sequence numbers
+(`crosscheck`): a collective SGLang issued that the door missed would show there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+# The torch.distributed entry points a gloo rank of SGLang's cache path can reach.
+OPS = ("all_reduce", "broadcast", "send", "recv", "isend", "irecv", "all_gather",
+       "all_gather_into_tensor", "reduce_scatter_tensor", "reduce", "barrier",
+       "broadcast_object_list", "all_gather_object", "gather", "scatter")
+
+
+@dataclass(frozen=True)
+class Call:
+    site: str  # <path under sglang/srt/>:<function>:<line> of the frame calling torch
+    group: str
+    op: str
+    rid: str | None
+    via: str = ""  # the SGLang frames above it, innermost first: "fn:line < fn:line"
+
+
+class Door:
+    """Counts SGLang's torch.distributed calls by calling frame; thread-safe (SGLang's
+    background threads call too). One door per process, installed around a run."""
+
+    def __init__(self, root: str):
+        self.marker = f"{root}/sglang/srt/"
+        self.calls: Counter[Call] = Counter()
+        self.rid: str | None = None  # the request the driver is polling, if any
+        self._names: dict[int, str] = {}
+        self._seq0: dict[str, int] = {}
+        self._groups: dict[str, dist.ProcessGroup] = {}
+        self._lock = threading.Lock()
+        self._real: dict[str, object] = {}
+
+    def register(self, name: str, group: dist.ProcessGroup | None) -> None:
+        """Names a group for the counts and takes its sequence number as the baseline."""
+        if group is None:
+            return
+        self._names[id(group)] = name
+        self._groups[name] = group
+        self._seq0[name] = group._get_sequence_number_for_group()
+
+    def install(self) -> None:
+        for op in OPS:
+            real = getattr(dist, op)
+            self._real[op] = real
+            setattr(dist, op, self._wrap(op, real))
+
+    def uninstall(self) -> None:
+        for op, real in self._real.items():
+            setattr(dist, op, real)
+        self._real.clear()
+
+    def _wrap(self, op: str, real):
+        sig = inspect.signature(real)
+
+        def counted(*args, **kwargs):
+            frame = sys._getframe(1)
+            site = self._site(frame)
+            if site is not None:
+                group = sig.bind_partial(*args, **kwargs).arguments.get("group")
+                name = self._names.get(id(group), "default" if group is None else "unnamed")
+                call = Call(site, name, op, self.rid, self._via(frame.f_back))
+                with self._lock:
+                    self.calls[call] += 1
+            return real(*args, **kwargs)
+        return counted
+
+    def _site(self, frame) -> str | None:
+        path = frame.f_code.co_filename
+        if not path.startswith(self.marker):
+            return None  # not SGLang's call: the harness counts its own
+        return f"{path[len(self.marker):]}:{frame.f_code.co_name}:{frame.f_lineno}"
+
+    def _via(self, frame, depth: int = 4) -> str:
+        """Up to `depth` SGLang frames above the call (decorator wrappers included)."""
+        out = []
+        while frame is not None and len(out) < depth:
+            if frame.f_code.co_filename.startswith(self.marker):
+                out.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+            frame = frame.f_back
+        return " < ".join(out)
+
+    def by_site(self, rid: str | None = None) -> Counter[str]:
+        """Calls per call site (of one request when `rid` is given)."""
+        out: Counter[str] = Counter()
+        for call, n in self.calls.items():
+            if rid is None or call.rid == rid:
+                out[call.site] += n
+        return out
+
+    def crosscheck(self) -> dict[str, tuple[int, int]]:
+        """Per registered group: (calls the door counted, ops torch's sequence number saw)."""
+        counted: Counter[str] = Counter()
+        for call, n in self.calls.items():
+            counted[call.group] += n
+        return {name: (counted[name], g._get_sequence_number_for_group() - self._seq0[name])
+                for name, g in self._groups.items()}
