@@ -72,6 +72,11 @@ class HiCacheConfig:
     hazard: str = ""
     kill_rank: int = -1  # fault injection: this rank exits at kill_step
     kill_step: int = -1
+    # Fault injection: every step whose walk polls a pending prefetch spins this many ms
+    # more, in `planted_protocol`'s cells only: a known host cost that a paired design must
+    # recover (tests/test_pairing.py). 0: none.
+    planted_step_ms: float = 0.0
+    planted_protocol: str = ""
     storage: StorageSpec = field(default_factory=StorageSpec)
     # Modelled forward time on CPU (hicache.step_time); all zero: steps last their CPU work.
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
@@ -125,6 +130,8 @@ class HiCacheConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_shape(self.model)  # ValueError naming the known models
+        if self.planted_step_ms < 0:
+            raise ValueError(f"planted_step_ms must be >= 0, got {self.planted_step_ms}")
         if self.kv_bytes not in ("auto", "real", "synthetic"):
             raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
         if self.write_policy not in WRITE_POLICIES:

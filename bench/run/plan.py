@@ -70,6 +70,11 @@ class RunPlan:
     storage: StorageSpec = field(default_factory=lambda: StorageSpec(latency_ms=2.0,
                                                                      bandwidth_gbps=3.0))
     system: tuple[tuple[str, object], ...] = ()  # HiCacheConfig overrides
+    # A planted noisy neighbour running beside the whole run (bench.neighbour's spec text)
+    neighbour: str | None = None
+    # How the protocols of one repeat are served: None (one after another, interleaved) or
+    # "duet" (all at the same time, each on ranks of its own: bench.run.duet)
+    pairing: str | None = None
     out_dir: str = ""
 
     @property

@@ -43,6 +43,7 @@ class ResultSink:
         self.ranks: list[dict] = []
         self.problems: list[dict] = []  # divergence.csv: what the CSVs cannot say
         self.calib: dict | None = None  # calibration.json, once measured
+        self.beside_samples: list[list[float]] = []  # c after each cell, rank 0's
         world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
                  "device": plan.device, "backend": plan.backend}
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
@@ -61,6 +62,14 @@ class ResultSink:
         print(f"calibration: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
               f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
               f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
+
+    def beside(self, samples: list[float]) -> None:
+        """c timed after one more cell: calibration.json's `beside` (bench.run.calibrate)."""
+        if self.calib is None:
+            return
+        self.beside_samples.append(samples)
+        self.calib["beside"] = calibrate.beside(self.beside_samples, self.calib["allreduce"])
+        write_json_atomic(self.run.file("calibration"), self.calib)
 
     def say(self, line: str | None) -> None:
         """A line for the person running it, before the cells (none: nothing to say)."""
