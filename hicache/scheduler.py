@@ -228,8 +228,6 @@ class Scheduler:
                 continue  # locked by requests behind it only: they go first
             batch.append(rid)
             used += extend
-        if polls and self.cfg.planted_step_ms and self.cfg.protocol == self.cfg.planted_protocol:
-            _spin(self.cfg.planted_step_ms / 1e3)  # fault injection (HiCacheConfig)
         if blocked == len(self.waiting):
             raise RuntimeError(f"rank {self.layout.rank}: device pool deadlock: none of the "
                                f"{blocked} waiting requests fits beside the device pages the "
@@ -321,10 +319,3 @@ class Scheduler:
             raise self.cache.consensus.error
         if self.layout.rank == self.cfg.kill_rank and process_step == self.cfg.kill_step:
             os._exit(17)  # fault injection: this rank dies mid-run
-
-
-def _spin(seconds: float) -> None:
-    """Host work of a known length (a spin, not a sleep: it holds the CPU and the GIL)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
