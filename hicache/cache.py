@@ -34,7 +34,8 @@ from hicache.tiers import Tiers
 
 class HiCache(PrefetchPoll):
     """The scheduler thread's cache: arrival, per-step events, load-back (the poll and
-    termination: hicache.poll.PrefetchPoll)."""
+    termination: hicache.poll.PrefetchPoll). The harness calls it only through
+    hicache.seam.CacheUnderTest."""
 
     def __init__(self, cfg: HiCacheConfig, layout: Layout, comm: Comm, storage: Storage,
                  device: torch.device, stats: Stats, consensus=None):
@@ -91,6 +92,34 @@ class HiCache(PrefetchPoll):
         self._skewed = False  # hazard ongoing_skew: its one rank-local revocation done
         self.extra_polls = 0  # this step's polls outside the walk's reach (records.StepStats)
 
+    # ---- lifecycle (hicache.seam) -----------------------------------------------------------
+
+    def start(self) -> None:
+        self.controller.start()
+
+    def stop(self, grace_s: float) -> None:
+        self.controller.stop(grace_s)
+
+    def settle(self) -> None:
+        """A read can outlive the last step (a timeout cut its prefetch short): its tail
+        slots are freed now that the IO thread has ended; then the self-checks."""
+        self.free_stopped_tails(final=True)
+        self.stats.host_slots_unaccounted = self.host_slots_unaccounted()
+        if self.tiers is not None:
+            self.stats.write_path = self.tiers.summary()
+
+    def error(self) -> BaseException | None:
+        return self.controller.error
+
+    def has_work(self) -> bool:
+        return bool(self.ongoing) or self.writes_pending()
+
+    def prefetching(self, rid: str) -> bool:
+        return rid in self.ongoing
+
+    def prompt_length(self, rid: str) -> int:
+        return len(self.prompts[rid])
+
     # ---- arrival: prefix match and prefetch issue --------------------------------------------
 
     def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
@@ -140,6 +169,9 @@ class HiCache(PrefetchPoll):
     def max_input_tokens(self) -> int:
         """SGLang's max_req_input_len: a prompt this long or longer is refused (or cut to it)."""
         return self.prefill.max_input_tokens
+
+    def device_free_pages(self) -> int:
+        return self.dev_kv.available
 
     def device_room(self) -> int:
         """Device pages a prefill can take now: free ones, and unlocked cached ones."""

@@ -23,11 +23,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from hicache.cache import HiCache
 from hicache.comm import REQUEST_BROADCAST, Comm, Layout
 from hicache.config import HiCacheConfig
+from hicache.consensus import ConsensusChecker
 from hicache.events import FORWARD, LOAD_BACK, POLL, STEP
 from hicache.records import RequestStats, Stats, StepStats
+from hicache.seam import CacheUnderTest
 from hicache.toy_model import Model
 
 
@@ -54,12 +55,12 @@ class _Room:
     rem_total_tokens): the free pages first; the cached ones are counted only when a
     request needs more (counting them walks the tree)."""
 
-    def __init__(self, cache: HiCache):
+    def __init__(self, cache: CacheUnderTest):
         self.cache, self.claimed, self.pages = cache, 0, None
 
     def take(self, pages: int) -> bool:
         want = self.claimed + pages
-        if want > self.cache.dev_kv.available:
+        if want > self.cache.device_free_pages():
             if self.pages is None:
                 self.pages = self.cache.device_room()
             if want > self.pages:
@@ -69,10 +70,14 @@ class _Room:
 
 
 class Scheduler:
-    def __init__(self, cfg: HiCacheConfig, layout: Layout, comm: Comm, cache: HiCache,
-                 model: Model, stats: Stats):
+    """Talks to the cache only through hicache.seam.CacheUnderTest; `consensus` is the
+    harness's rank-consensus checker (None: off), whose error stops the loop."""
+
+    def __init__(self, cfg: HiCacheConfig, layout: Layout, comm: Comm, cache: CacheUnderTest,
+                 model: Model, stats: Stats, consensus: ConsensusChecker | None = None):
         self.cfg, self.layout, self.comm = cfg, layout, comm
         self.cache, self.model, self.stats = cache, model, stats
+        self.consensus = consensus
         self.waiting: deque = deque()
         self.running: dict[str, Running] = {}  # in join order
         # Rank-local walk horizon: a skewed rank believes the batch is full sooner (#30760).
@@ -135,8 +140,7 @@ class Scheduler:
 
     def _busy(self) -> bool:
         # Host copies and storage writes not yet acked are work too: the serve ends after them.
-        return bool(self.waiting or self.cache.ongoing or self.running
-                    or self.cache.writes_pending())
+        return bool(self.waiting or self.running or self.cache.has_work())
 
     def _step(self, step: int, msg: dict) -> bool:
         self.stats.counter.step = step
@@ -153,7 +157,7 @@ class Scheduler:
         # t: rank 0's wall clock at the top of the step (step time = t_end - t)
         rec = StepStats(step, msg.get("wall", stamp), waiting=len(self.waiting),
                         running=len(self.running), vt=stamp,
-                        prefetching=sum(rid in self.cache.ongoing for rid in self.waiting))
+                        prefetching=sum(self.cache.prefetching(rid) for rid in self.waiting))
         if self.cache.pin is not None:
             rec.pin_wait_s = self.cache.pin.take_waited()
         polls: list[tuple[str, bool]] = []
@@ -216,9 +220,8 @@ class Scheduler:
                 polls.append((rid, ready))
             if not ready:
                 continue  # still prefetching: skipped, polled again next step
-            tokens = self.cache.prompts[rid]
             cached = self.cache.cached_tokens(rid)
-            extend = len(tokens) - cached
+            extend = self.cache.prompt_length(rid) - cached
             if batch and used + extend > self.cfg.max_prefill_tokens:
                 break  # stop walking at the first request that does not fit
             if not room.take(self.cache.device_pages_needed(rid, cached)):
@@ -265,7 +268,7 @@ class Scheduler:
             st = self.stats.requests[rid]
             st.prefill_s, st.first_token = rec.forward_s, done
             st.token_times.append(done)
-            context = len(self.cache.prompts[rid]) + 1
+            context = self.cache.prompt_length(rid) + 1
             # Decode reads no KV in this model: the prompt's pages are cached (with the
             # device tier) or freed, and the tree locks go back at once.
             self.cache.cache_prefill(rid, dev)
@@ -311,11 +314,11 @@ class Scheduler:
         return done
 
     def _check_faults(self, step: int, process_step: int) -> None:
-        error = self.cache.controller.error
+        error = self.cache.error()
         if error is not None:
             raise RuntimeError(f"rank {self.layout.rank}: background thread failed at step "
                                f"{step}: {error}") from error
-        if self.cache.consensus is not None and self.cache.consensus.error is not None:
-            raise self.cache.consensus.error
+        if self.consensus is not None and self.consensus.error is not None:
+            raise self.consensus.error
         if self.layout.rank == self.cfg.kill_rank and process_step == self.cfg.kill_step:
             os._exit(17)  # fault injection: this rank dies mid-run

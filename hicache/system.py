@@ -22,6 +22,7 @@ from hicache.gpu_model import GpuModel
 from hicache.hashing import page_hashes
 from hicache.records import Stats
 from hicache.scheduler import Request, Scheduler
+from hicache.seam import CacheFactory
 from hicache.shapes import get_shape
 from hicache.storage import make_storage
 from hicache.toy_model import Model
@@ -59,8 +60,11 @@ def make_model(cfg: HiCacheConfig, device: torch.device, comm: Comm, seed: int =
 
 
 class System:
+    """One rank's system. The cache is built by `make_cache` (hicache.seam): HiCache, or a
+    second implementation behind the same seam; nothing here reaches past the seam."""
+
     def __init__(self, cfg: HiCacheConfig, layout: Layout, groups: Groups,
-                 device: torch.device, seed: int = 0):
+                 device: torch.device, seed: int = 0, make_cache: CacheFactory = HiCache):
         self.cfg, self.layout, self.groups = cfg, layout, groups
         self.stats = Stats(events=EventLog() if cfg.timeline else None)
         self.comm = Comm(layout, groups, self.stats.counter)
@@ -68,10 +72,11 @@ class System:
         self.storage.paced = cfg.schedule != "pinned"  # pinned: modelled time is virtual
         self.consensus = (ConsensusChecker(self.comm, cfg.consensus_interval_s)
                           if cfg.consensus_check else None)
-        self.cache = HiCache(cfg, layout, self.comm, self.storage, device, self.stats,
-                             self.consensus)
+        self.cache = make_cache(cfg, layout, self.comm, self.storage, device, self.stats,
+                                self.consensus)
         self.model = make_model(cfg, device, self.comm, seed)
-        self.scheduler = Scheduler(cfg, layout, self.comm, self.cache, self.model, self.stats)
+        self.scheduler = Scheduler(cfg, layout, self.comm, self.cache, self.model, self.stats,
+                                   self.consensus)
         self._seq0 = groups.sequence_numbers()
 
     def populate(self, prompts: list[list[int]]) -> int:
@@ -85,7 +90,7 @@ class System:
     def run(self, requests: list[Request], step_base: int = 0) -> Stats:
         """Serves the requests (rank 0's list; other ranks pass []) and returns the stats;
         `steps_run` says how many scheduler steps it took."""
-        self.cache.controller.start()
+        self.cache.start()
         if self.consensus is not None:
             self.consensus.start()
         try:
@@ -102,26 +107,21 @@ class System:
         launcher now, not a collective timeout later (the threads are daemons)."""
         if self.consensus is not None:
             self.consensus.stop(0.0)
-        self.cache.controller.stop(0.0)
+        self.cache.stop(0.0)
 
     def _shutdown(self) -> None:
         """After the last step: each thread gets up to the collective timeout to finish (a
         blocked collective has failed by then); a thread's error fails the run, since its
         collectives did not pair the same way on every rank."""
         grace_s = self.cfg.collective_timeout_s + 1.0
-        self.cache.comm.drain_sends()  # gloo's timeout bounds each wait
+        self.comm.drain_sends()  # gloo's timeout bounds each wait
         if self.consensus is not None:
             self.consensus.stop(grace_s)
-        self.cache.controller.stop(grace_s)
-        # A read can outlive the last step (a timeout cut its prefetch short): its tail
-        # slots are freed now that the IO thread has ended; then the self-check.
-        self.cache.free_stopped_tails(final=True)
-        self.stats.host_slots_unaccounted = self.cache.host_slots_unaccounted()
-        if self.cache.tiers is not None:
-            self.stats.write_path = self.cache.tiers.summary()
+        self.cache.stop(grace_s)
+        self.cache.settle()  # frees what outlived the last step; the self-checks
         if self.consensus is not None and self.consensus.error is not None:
             raise self.consensus.error
-        error = self.cache.controller.error
+        error = self.cache.error()
         if error is not None:
             raise RuntimeError(f"rank {self.layout.rank}: background thread failed after the "
                                f"last step: {error}") from error

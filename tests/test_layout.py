@@ -140,3 +140,54 @@ def test_the_file_pattern_finds_a_planted_name_and_passes_prose():
     assert RUN_FILES.search('run_dir / "requests.csv"')
     assert RUN_FILES.search("path = d / 'env.json'")
     assert not RUN_FILES.search('"""summary.csv\'s columns"""')
+
+
+# ---- the seam (docs/design.md, "The seam"): the harness reaches the cache only through it ----
+
+def _seam_members() -> set[str]:
+    from hicache.seam import CacheUnderTest, PinnedClock
+    names = {n for n in vars(CacheUnderTest) if not n.startswith("_")}
+    return names | {f"pin.{n}" for n in vars(PinnedClock) if not n.startswith("_")}
+
+
+def _cache_reaches(path: Path) -> set[str]:
+    """Every `self.cache.X` / `cache.X` (and `...pin.Y`) a module reads or calls."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Attribute) and owner.attr == "cache" or \
+                isinstance(owner, ast.Name) and owner.id == "cache":
+            out.add(node.attr)
+        if isinstance(owner, ast.Attribute) and owner.attr == "pin" and \
+                isinstance(owner.value, ast.Attribute) and owner.value.attr == "cache":
+            out.add(f"pin.{node.attr}")
+    return out
+
+
+@pytest.mark.parametrize("module", ["scheduler", "system"])
+def test_the_harness_reaches_the_cache_only_through_the_seam(module):
+    reaches = _cache_reaches(REPO / "hicache" / f"{module}.py")
+    assert reaches, "the scan found no use of the cache: the test would pass vacuously"
+    assert reaches <= _seam_members(), f"past the seam: {sorted(reaches - _seam_members())}"
+
+
+def test_the_reach_scan_catches_a_planted_reach(tmp_path):
+    planted = tmp_path / "m.py"
+    planted.write_text("def f(self):\n    return self.cache.controller.error\n")
+    assert "controller" in _cache_reaches(planted) - _seam_members()
+
+
+def test_hicache_implements_every_member_of_the_seam():
+    from hicache.cache import HiCache
+    from hicache.pinned import Pin
+    src = (REPO / "hicache" / "cache.py").read_text()
+    # pin and extra_polls are instance attributes: __init__ sets them
+    assigned = {t.attr for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Assign)
+                for tgt in node.targets for t in ast.walk(tgt) if isinstance(t, ast.Attribute)}
+    missing = [n for n in _seam_members() if "." not in n and not hasattr(HiCache, n)
+               and n not in assigned]
+    missing += [n for n in _seam_members() if n.startswith("pin.")
+                and not hasattr(Pin, n.split(".", 1)[1])]
+    assert not missing, missing
