@@ -30,6 +30,7 @@ from hicache.radix_tree import MatchResult, RadixTree
 from hicache.records import Stats
 from hicache.storage import Storage
 from hicache.tiers import Tiers
+from hicache.twin import PairedPolls
 
 
 class HiCache(PrefetchPoll):
@@ -56,6 +57,7 @@ class HiCache(PrefetchPoll):
             self.pairs.append((self.host_side, self.dev_side))
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
+        self.paired = PairedPolls(cfg, self.protocol, comm)  # the polls, timed (hicache.twin)
         self.agreement = self.protocol.agreement(cfg.host_memory)
         # buffer_only: host pages are staging for one load-back, not a cache tier.
         self.buffer_only = cfg.host_memory == "buffer_only"
@@ -214,6 +216,7 @@ class HiCache(PrefetchPoll):
         """Drains hit-query results and acks by counts all ranks agree on; returns whether
         any rank (of PP stage 0) still has work."""
         self.step_stamp, self.extra_polls = stamp, 0
+        self.paired.begin_step(self.stats.counter.step)
         if self.pin is not None:  # before anything reads the threads' results
             for op in self.pin.advance(stamp, self.ongoing):
                 st = self.stats.requests[op.rid]  # the measured clock: when it became true

@@ -22,7 +22,7 @@ def test_lanes_split_every_group_and_rotate():
     lanes = [duet.lane_cells(plan, i) for i in range(duet.lanes(plan))]
     assert sorted(c.index for lane in lanes for c in lane) == [c.index for c in plan.cells()]
     assert len(lanes[0]) == len(lanes[1])  # equal serves: the barriers pair them
-    for a, b in zip(*lanes):  # the k-th serves of the lanes run together: one pair
+    for a, b in zip(*lanes, strict=True):  # the k-th serves of the lanes run together
         assert (a.repeat, a.policy, a.rate_rps) == (b.repeat, b.policy, b.rate_rps)
         assert a.protocol != b.protocol
     # Each lane serves each protocol in half the repeats: a lane's bias cancels.

@@ -87,3 +87,51 @@ def _check_same_schedule(x: pd.DataFrame, y: pd.DataFrame, a: str, b: str, polic
             k = int(x["step"].to_numpy()[differ[0]])
             raise PairingError(f"{where}: the decisions disagree from step {k} ({col} "
                                f"differs); steps pair by index only on one schedule")
+
+
+# ---- the step-paired design (bench run --pairing step, hicache.twin) --------------------------
+#
+# Every step of a cell holds both sides' polls, timed back to back: poll_ms (the cell's
+# protocol) and twin_poll_ms (the reference's). Per step d_k = poll_ms - twin_poll_ms is the
+# protocol's extra host cost on that very step; the step as each side alone would have
+# lasted is step_ms less the other side's polls.
+
+def _twin_cells(steps: pd.DataFrame, protocol: str, policy: str) -> pd.DataFrame:
+    side = _side(steps, protocol, policy)
+    if "twin_poll_ms" not in side or side["twin_poll_ms"].isna().all():
+        raise PairingError(f"{protocol} under {policy}: no twin polls (run with --pairing "
+                           f"step)")
+    return side
+
+
+def twin_delta(steps: pd.DataFrame, protocol: str, policy: str,
+               polled_only: bool = True) -> Interval:
+    """The protocol's extra host ms per step over its twin (the reference), measured in
+    the same steps: per repeat the mean of d_k (over steps whose walk polled, by default)
+    balanced over the order drawn per step, a t interval over repeats.
+
+    Balanced: the side that polls first also waits for the other ranks to reach the poll
+    (their skew), so d_k carries +-o by order; the mean of the two orders' means cancels
+    o, where a plain mean would keep o x (the share of one order - 1/2)."""
+    side = _twin_cells(steps, protocol, policy)
+    per_repeat = {}
+    for r, g in side.groupby("repeat"):
+        if polled_only:
+            g = g[g["polled"] > 0]
+        d = g["poll_ms"] - g["twin_poll_ms"]
+        means = [d[g["twin_first"].astype(bool) == first].mean() for first in (True, False)]
+        means = [m for m in means if pd.notna(m)]
+        per_repeat[int(r)] = float(np.mean(means)) if means else float("nan")
+    return diff_interval(per_repeat, {r: 0.0 for r in per_repeat})
+
+
+def twin_ratio(steps: pd.DataFrame, protocol: str, policy: str) -> Interval:
+    """The protocol's step time over its twin's, each as the step less the other side's
+    polls: per repeat mean(step - twin polls) / mean(step - own polls), a t interval over
+    repeats of the log ratios."""
+    side = _twin_cells(steps, protocol, policy)
+    own, twin = {}, {}
+    for r, g in side.groupby("repeat"):
+        own[int(r)] = float((g["step_ms"] - g["twin_poll_ms"]).mean())
+        twin[int(r)] = float((g["step_ms"] - g["poll_ms"]).mean())
+    return ratio_interval(own, twin)

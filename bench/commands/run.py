@@ -79,8 +79,11 @@ def parser() -> CliParser:
       "(every other preset; docs/design.md, Pinned schedules)")
     a("--pairing", choices=("serial", *PAIRINGS), help="how the protocols of a repeat "
       "serve: serial (one after another, the protocol order rotated per repeat: the "
-      "default) or duet (all at the same time, each on ranks of its own, each repeat one "
-      "pair in time; a burst of load hits every side alike: docs/usage.md, Pairing)")
+      "default), duet (all at the same time, each on ranks of its own, each repeat one "
+      "pair in time; a burst of load hits every side alike) or step (pr27010 / pr36425 "
+      "only: every poll asks the first protocol too, back to back on the same facts, each "
+      "timed, their answers checked equal: the host cost per step paired within the step; "
+      "docs/usage.md, Pairing)")
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")

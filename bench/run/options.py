@@ -20,7 +20,7 @@ from hicache.storage import StorageSpec
 
 REPEAT_SEEDS = ("same", "distinct")
 # Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
-PAIRINGS = ("duet",)
+PAIRINGS = ("duet", "step")
 # "0": never serve a disturbed cell again, whatever the preset says. bench ab sets it for
 # both sides, so a revision with --redo-disturbed and one from before it run alike.
 REDO_ENV = "BENCH_REDO_DISTURBED"
@@ -160,8 +160,9 @@ def build_plan(args: RunOptions) -> RunPlan:
     if args.redo_disturbed and plan.schedule != "pinned":
         raise OptionError("--redo-disturbed needs a pinned schedule (a free one would serve "
                           "another schedule the second time)")
-    if plan.pairing == "duet" and plan.redo_disturbed:
-        # A serve run again alone would not be paired in time with its partner's.
+    if plan.pairing and plan.redo_disturbed:
+        # Duet: a serve run again alone would not be paired in time with its partner's;
+        # step: a burst lands on both sides of a step, so a disturbed serve needs no redo.
         plan = replace(plan, redo_disturbed=None)
     _check_configs(plan)
     return plan

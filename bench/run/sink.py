@@ -165,7 +165,10 @@ class ResultSink:
                "forward_ms": s["forward_s"] * MS, "sync_ms": s["sync_s"] * MS,
                "decision_sync_ms": s["decision_sync_s"] * MS, "vt_s": s["vt"],
                "pin_wait_ms": s["pin_wait_s"] * MS, "forward_late_ms": s["forward_late_s"] * MS,
-               "schedule_digest": s["schedule_digest"]}
+               "schedule_digest": s["schedule_digest"], "poll_ms": s["poll_s"] * MS,
+               "twin_protocol": self.plan.twin(cell) or None,
+               "twin_poll_ms": s["twin_poll_s"] * MS if self.plan.twin(cell) else None,
+               "twin_first": s["twin_first"] if self.plan.twin(cell) else None}
         for key in ("waiting", "prefetching", "polled", "scheduled", "running",
                     "prefill_tokens", "context_tokens"):
             row[key] = s[key]
