@@ -5,8 +5,11 @@ policy, every protocol against the reference (--ref, default the run's first pro
 the step-time ratio paired by repeat [95% t interval] and its half-width, the same after
 re-pairing the serves at random (duet benchmarking's control: where pairing in time
 cancels bursts, re-pairing widens the interval), and, where the two schedules are one
-(pinned, decide-alike), the extra ms per step with steps paired by index. One line per
-row, then a markdown table (for docs/results).
+(pinned, decide-alike), the extra ms per step with steps paired by index. For a
+step-paired run (--pairing step): the design's ratio and extra ms per polling step
+(paired.twin_ratio, twin_delta; the reference's own cells, twinned with themselves, are its
+A/A), and in the "repaired" columns the same run's whole serves paired by repeat. One line
+per row, then a markdown table (for docs/results).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ def rows(run_dir: Path, ref: str | None, only: str | None) -> list[dict]:
         if only and policy != only:
             continue
         for proto in (p for p in protocols if p != ref):
+            if plan.get("pairing") == "step":
+                out.append(_step_row(run, steps, n, policy, ref, proto))
+                continue
             ratio = paired.step_ratio(steps, ref, proto, policy)
             again = paired.repaired_ratio(steps, ref, proto, policy)
             try:
@@ -64,6 +70,21 @@ def rows(run_dir: Path, ref: str | None, only: str | None) -> list[dict]:
                         "repaired_ratio": _fmt(again), "repaired_half_width": _half(again),
                         "extra_ms_per_polling_step": d})
     return out
+
+
+def _step_row(run: RunDir, steps, n: dict, policy: str, ref: str, proto: str) -> dict:
+    """A step-paired run: the design's own ratio and extra ms (steps paired within the
+    step), beside the whole serves' ratio of the same run (cells paired by repeat)."""
+    design, whole = paired.twin_ratio(steps, proto, policy), \
+        paired.step_ratio(steps, ref, proto, policy)
+    delta, aa = paired.twin_delta(steps, proto, policy), paired.twin_delta(steps, ref, policy)
+    return {"run": run.path.name, "pairing": "step", "neighbour": n.get("spec", "none"),
+            "neighbour_share": n.get("cpu_share_measured"), "policy": policy,
+            "pair": f"{proto}/{ref}", "repeats": design.n, "step_ratio": _fmt(design),
+            "half_width": _half(design),
+            "repaired_ratio": f"whole serves: {_fmt(whole)}",
+            "repaired_half_width": _half(whole),
+            "extra_ms_per_polling_step": f"{_fmt(delta)}; A/A {_fmt(aa)}"}
 
 
 def main(argv: list[str]) -> int:

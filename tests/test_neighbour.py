@@ -71,3 +71,11 @@ def test_planted_around_a_block_records_what_ran():
     with planted(RunPlan()) as none:
         pass
     assert none == {}
+
+
+def test_bad_spec_for_an_ab_is_exit_2_before_any_run(capsys):
+    from bench.commands.ab import main as main_ab
+
+    assert main_ab(["HEAD", "HEAD", "--neighbour", "burst=1s"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected MIN-MAX" in err[0]

@@ -119,7 +119,8 @@ def twin_delta(steps: pd.DataFrame, protocol: str, policy: str,
         if polled_only:
             g = g[g["polled"] > 0]
         d = g["poll_ms"] - g["twin_poll_ms"]
-        means = [d[g["twin_first"].astype(bool) == first].mean() for first in (True, False)]
+        order = g["twin_first"].astype(bool) if "twin_first" in g else pd.Series(True, g.index)
+        means = [d[order == first].mean() for first in (True, False)]
         means = [m for m in means if pd.notna(m)]
         per_repeat[int(r)] = float(np.mean(means)) if means else float("nan")
     return diff_interval(per_repeat, {r: 0.0 for r in per_repeat})

@@ -91,7 +91,7 @@ COLUMNS: dict[tuple[str, str], Columns] = {
     ("steps", "compare"): Columns((*GROUP_KEYS, "repeat", *STEP_SITES),
                                   ("tp", "pp", "repeat", "step_ms", *STEP_SITES),
                                   ("tp", "pp", "repeat", *STEP_SITES)),
-    ("steps", "any"): Columns(tuple(STEP_COLUMNS)),
+    ("steps", "any"): Columns(_all(STEP_COLUMNS)),  # older runs lack the optional ones
     ("summary", "gate"): Columns(
         (*GROUP_KEYS, *SUMMARY_COUNTS, "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_per_repeat",
          "ranks_agree", "data_errors"),
