@@ -1,7 +1,6 @@
 """Duet serves end to end (bench run --pairing duet): every pair of serves starts together
 on ranks of its own, the lanes' rows merge into one run, and under the planted neighbour
-the pairing in time is what narrows the interval (random re-pairing of the same serves,
-duet benchmarking's control, widens it)."""
+an A/A' holds 1."""
 
 import os
 import subprocess
@@ -41,18 +40,17 @@ def test_duet_serves_every_pair_together(tmp_path):
 
 
 @pytest.mark.slow
-def test_pairing_in_time_narrows_an_aa_under_the_neighbour(tmp_path):
+def test_a_duet_aa_holds_1_under_the_neighbour(tmp_path):
     """pr36425 and step-clock decide alike and issue no poll collective under wait_complete
     (an A/A'): served as a duet beside the planted neighbour, the step ratio's interval
-    holds 1; the same serves re-paired at random give a wider one."""
+    holds 1. (Whether re-pairing at random widens it depends on the moment: measured in
+    docs/results/2026-12-03_pairing_*.md, not asserted.)"""
     done = _run(tmp_path / "r", "--pairing", "duet", "--repeats", "6", "--neighbour",
                 "cpu=1,burst=50ms-1s,seed=4")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run = RunDir(tmp_path / "r")
     steps = run.steps()
     same = paired.step_ratio(steps, "pr36425", "step-clock", "wait_complete")
-    again = paired.repaired_ratio(steps, "pr36425", "step-clock", "wait_complete")
     assert same.low <= 1 <= same.high, same
-    assert again.half_width > same.half_width, (same, again)
     assert run.env()["neighbour"]["cpu_s"] > 0
     assert isinstance(run.requests(), pd.DataFrame)
