@@ -32,6 +32,7 @@ from hicache.records import Stats
 from hicache.step_events import StepEvents
 from hicache.storage import Storage
 from hicache.tiers import Tiers
+from hicache.twin import PairedPolls
 
 
 class HiCache(StepEvents, PrefetchPoll):
@@ -58,6 +59,7 @@ class HiCache(StepEvents, PrefetchPoll):
             self.pairs.append((self.host_side, self.dev_side))
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
+        self.paired = PairedPolls(cfg, self.protocol, comm)  # the polls, timed (hicache.twin)
         self.agreement = self.protocol.agreement(cfg.host_memory)
         # buffer_only: host pages are staging for one load-back, not a cache tier.
         self.buffer_only = cfg.host_memory == "buffer_only"

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from hicache.cost_model import BUFFER_ONLY_PROTOCOLS, HOST_MEMORY, POLICIES, PROTOCOLS, ticket_path
+from hicache.cost_model import (
+    BUFFER_ONLY_PROTOCOLS,
+    HOST_MEMORY,
+    POLICIES,
+    PROTOCOLS,
+    TWINS,
+    ticket_path,
+)
 from hicache.pinned import SCHEDULES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel
@@ -78,6 +85,17 @@ class HiCacheConfig:
     hazard: str = ""
     kill_rank: int = -1  # fault injection: this rank exits at kill_step
     kill_step: int = -1
+    # Fault injection: every step whose walk polls a pending prefetch spins this many ms
+    # more, in `planted_protocol`'s cells only: a known host cost that a paired design must
+    # recover (tests/test_pairing.py). 0: none.
+    planted_step_ms: float = 0.0
+    planted_protocol: str = ""
+    # The step-paired design (hicache.twin): every poll also asks this protocol, back to back
+    # on the same facts, each side timed; their answers must agree. "" = no twin.
+    twin_protocol: str = ""
+    # Fault injection: from this step on the twin's answers are flipped, so the pair disagrees
+    # and the run must fail (tests/test_step_pairing.py). -1: never.
+    planted_disagreement_from_step: int = -1
     storage: StorageSpec = field(default_factory=StorageSpec)
     # Modelled forward time on CPU (hicache.step_time); all zero: steps last their CPU work.
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
@@ -131,6 +149,12 @@ class HiCacheConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         get_shape(self.model)  # ValueError naming the known models
+        if self.twin_protocol and not {self.protocol, self.twin_protocol} <= set(TWINS):
+            raise ValueError(f"step pairing pairs protocols that decide alike in the poll "
+                             f"({', '.join(TWINS)}), got {self.protocol} and "
+                             f"{self.twin_protocol}")
+        if self.planted_step_ms < 0:
+            raise ValueError(f"planted_step_ms must be >= 0, got {self.planted_step_ms}")
         if self.kv_bytes not in ("auto", "real", "synthetic"):
             raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
         if self.write_policy not in WRITE_POLICIES:

@@ -37,6 +37,9 @@ ACK_PROTOCOLS = frozenset(PROTOCOLS) - {"pre27010"}
 # has no such mode). Only 0.5.23 (and pr39267 on it) takes the PP-ticket path with it.
 HOST_MEMORY = ("cache", "buffer_only")
 BUFFER_ONLY_PROTOCOLS = tuple(p for p in PROTOCOLS if p != "pre27010")
+# Protocols that decide in the poll from the same facts, so one poll can ask both
+# (hicache.twin, the step-paired design): the headline pair.
+TWINS = ("pr27010", "pr36425")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,18 @@ class PrefetchPoll:
             return self._bulk.get(rid, True)  # no collective: the trip count is free
         return self.check_prefetch_progress(rid)
 
+    @property
+    def poll_timing(self) -> tuple[float, float, bool]:
+        """This step's polls' host seconds, the protocol's and its twin's, and whether the
+        twin went first (hicache.twin)."""
+        p = self.paired
+        return p.seconds[0], p.seconds[1], p.twin is not None and p.twin_first
+
+    @property
+    def beside_counter(self):
+        """The twin protocol's collective counter (None without a twin)."""
+        return self.paired.twin_counter
+
     # ---- the poll ---------------------------------------------------------------------------
 
     @rank_consensus(same_params=True, same_results=True)
@@ -52,7 +64,7 @@ class PrefetchPoll:
         if op is None:
             return self._absent_poll(rid)
         self.stats.requests[rid].polls += 1
-        if not self.protocol.poll(self._facts(op), self.comm, rid):
+        if not self.paired.poll(self._facts(op), self.comm, rid):
             self._blocked(op)
             return False
         if op.ticketed:

@@ -79,6 +79,9 @@ class StepStats:
     pin_wait_s: float = 0.0  # pinned: waiting for real work whose virtual time had come
     forward_late_s: float = 0.0  # pinned: the forward's sleep overran (left out of times)
     schedule_digest: str = ""  # running digest of every step's decisions up to this one
+    poll_s: float = 0.0  # the walk's polls of pending prefetches, host time (hicache.twin)
+    twin_poll_s: float = 0.0  # the same polls asked of the twin protocol (step-paired)
+    twin_first: bool = False  # the twin polled first in this step (drawn per step)
 
 
 @dataclass

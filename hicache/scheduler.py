@@ -169,6 +169,7 @@ class Scheduler:
         else:
             self._forward(rec, 0, 0, 0)  # idle: the data-plane collectives still pair up
         rec.polled_extra = self.cache.extra_polls
+        rec.poll_s, rec.twin_poll_s, rec.twin_first = self.cache.poll_timing
         rec.t_end = self._clock()
         self._extend_digest(rec, batch, polls)
         self.stats.steps.append(rec)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from hicache.comm import Comm, Layout
+    from hicache.comm import CollectiveCounter, Comm, Layout
     from hicache.config import HiCacheConfig
     from hicache.consensus import ConsensusChecker
     from hicache.records import Stats
@@ -68,6 +68,19 @@ class CacheUnderTest(Protocol):
     @property
     def extra_polls(self) -> int:
         """Polls this step made outside the walk's reach (read after the walk)."""
+        ...
+
+    @property
+    def poll_timing(self) -> tuple[float, float, bool]:
+        """Host seconds this step's polls took (read after the walk): the protocol's own,
+        its twin's under the step-paired design (hicache.twin; 0.0 without one), and
+        whether the twin polled first this step."""
+        ...
+
+    @property
+    def beside_counter(self) -> CollectiveCounter | None:
+        """The counter of collectives the cache issues beside the system's own on the same
+        groups (a twin protocol's), which System.crosscheck adds; None: none."""
         ...
 
     # ---- lifecycle -------------------------------------------------------------------------

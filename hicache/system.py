@@ -135,7 +135,9 @@ class System:
     def crosscheck(self) -> dict[str, tuple[int, int]]:
         """Per group: (ops our counter saw, ops torch's sequence number saw) since build."""
         now = self.groups.sequence_numbers()
-        counted = self.stats.counter.raw_by_group
+        counted = self.stats.counter.raw_by_group.copy()
+        if self.cache.beside_counter is not None:  # a twin protocol's polls (hicache.twin)
+            counted.update(self.cache.beside_counter.raw_by_group)
         return {g: (counted.get(g, 0), now[g] - self._seq0[g]) for g in now}
 
     def close(self) -> None:

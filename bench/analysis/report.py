@@ -12,6 +12,7 @@ import pandas as pd
 
 from bench.analysis import lead
 from bench.analysis import trace_tiers as trace_report
+from bench.analysis.conditions import condition_lines
 from bench.analysis.provenance import provenance_lines
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
 from bench.analysis.verdict import (
@@ -266,4 +267,4 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     text_lead = lead.lead_text(summary, calibration)
     loaded = load_back_line(requests, env)
     return RunReport(run.file("report"), summary, verdict,
-                     text_lead + ([loaded] if loaded else []))
+                     text_lead + ([loaded] if loaded else []) + condition_lines(env, calibration))

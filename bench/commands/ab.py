@@ -28,12 +28,16 @@ tree, a revision that refuses the flags, or bad arguments (one line on stderr).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 from bench.ab.blocks import DEFAULT_BLOCKS, DEFAULT_PRESET
-from bench.commands.common import CliParser, run_verb
+from bench.commands.common import CliParser, UsageError, run_verb
 from bench.compare.metrics import metric_list
+from bench.neighbour import Neighbour, SpecError
+from bench.neighbour import parse as parse_neighbour
+from bench.rundir.files import write_json_atomic
 
 PROG = "bench ab"
 
@@ -57,6 +61,9 @@ def parser() -> CliParser:
     p.add_argument("--policies", help="passed to every run (comma list)")
     p.add_argument("--metric", action="append", metavar="NAME",
                    help="timing metrics to judge (default all; see bench compare)")
+    p.add_argument("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the "
+                   "whole A/B (bench run --neighbour's SPEC; e.g. default = "
+                   "cpu=0.5,burst=50ms-2s,seed=0), recorded in neighbour.json of the A/B")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="results folder (default results/ab_<A>_vs_<B>_<UTC time>)")
     return p
@@ -76,17 +83,30 @@ def _main(argv: list[str]) -> int:
     from bench.ab.blocks import comparison, run_blocks, write_plan
     from bench.compare.report import print_comparison, write_outputs
 
+    spec = _neighbour(parser().parse_args(argv).neighbour)  # bad input before any work
     plan = build_plan(argv)
     plan.out.mkdir(parents=True, exist_ok=True)
     order = " ".join(f"{s.upper()}{'B' if s == 'a' else 'A'}" for s in plan.first_sides())
     print(f"ab: A = {plan.a.label}, B = {plan.b.label}: {plan.blocks} blocks of preset "
           f"{plan.preset} {' '.join(plan.run_args)}, in the order {order} (from seed "
           f"{plan.seed}); results in {plan.out}", file=sys.stderr)
-    runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
+    with contextlib.ExitStack() as stack:
+        planted = stack.enter_context(Neighbour(spec)) if spec else None
+        runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
+    if planted is not None:
+        write_json_atomic(plan.out / "neighbour.json", planted.record())
     comp = comparison(plan, runs)
     written = write_outputs(comp, plan.out) + [write_plan(plan, runs)]
     print_comparison(comp, written)
     return 1 if comp.tally()["worse"] else 0
+
+
+def _neighbour(text: str | None):
+    """The A/B's neighbour spec (None: none); a bad one is a UsageError (exit 2)."""
+    try:
+        return parse_neighbour(text)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
 
 
 def main(argv: list[str]) -> int:

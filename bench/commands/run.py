@@ -7,6 +7,7 @@ rank died), 2 bad input.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.run import options
-from bench.run.options import REPEAT_SEEDS
+from bench.run.options import PAIRINGS, REPEAT_SEEDS
 from bench.run.plan import (
     ALIASES,
     PRESET_HELP,
@@ -76,6 +77,16 @@ def parser() -> CliParser:
       "difference is the protocol's host cost (the default, queue and ci presets); free: "
       "on the wall clock, the end-to-end effect with its feedback through the schedule "
       "(every other preset; docs/design.md, Pinned schedules)")
+    a("--pairing", choices=("serial", *PAIRINGS), help="how the protocols of a repeat "
+      "serve: serial (one after another, the protocol order rotated per repeat: the "
+      "default), duet (all at the same time, each on ranks of its own, each repeat one "
+      "pair in time; a burst of load hits every side alike) or step (pr27010 / pr36425 "
+      "only: every poll asks the first protocol too, back to back on the same facts, each "
+      "timed, their answers checked equal: the host cost per step paired within the step; "
+      "docs/usage.md, Pairing)")
+    a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
+      "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
+      "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")
     a = _group(p, 'layout and device')
     a("--tp", type=int, help="tensor-parallel ranks (the preset's; 2 on CPU)")
     a("--pp", type=int, help="pipeline stages (1)")
@@ -130,6 +141,9 @@ def parser() -> CliParser:
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int, help="the process-wide step at which --kill-rank exits")
+    a("--plant", metavar="PROTOCOL:MS", help="fault injection: every step of PROTOCOL's "
+      "cells whose walk polls a pending prefetch spins MS ms more (a known host cost: "
+      "what a paired design must recover, docs/usage.md, Pairing)")
     a = _group(p, 'output')
     a("--out", type=Path, help="results directory (default results/<UTC>_<preset>_<sha>)")
     return p
@@ -242,9 +256,6 @@ def _run_torchrun(plan: RunPlan) -> int:
 
 
 def _run_local(plan: RunPlan) -> int:
-    from bench.run.launch import LaunchError, launch
-    from bench.run.worker import run_rank
-
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
         print("bench run: warning: TORCH_DISTRIBUTED_DEBUG=DETAIL adds hidden collectives and "
               "~20x latency; counts and timings of this run are not comparable",
@@ -261,12 +272,51 @@ def _run_local(plan: RunPlan) -> int:
     RunDir(plan.out_dir).link_latest()
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
+    with planted(plan) as record:
+        error = _serve_all(plan, _budget_s(plan) + 2 * timeout)
+    if record:
+        RunDir(plan.out_dir).add_to_env("neighbour", record)
+    if error:
+        _record_failure(Path(plan.out_dir), error)
+    return _finish(Path(plan.out_dir), t0, error)
+
+
+def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:
+    """Every cell served, serially in one world or as a duet; the error, or None."""
+    from bench.run.launch import LaunchError, launch
+    from bench.run.worker import run_rank
+
+    if plan.pairing == "duet":
+        from bench.run import duet
+        from bench.rundir.lanes import merge_lanes
+
+        errors = duet.run_duet(plan, timeout_s * duet.lanes(plan))
+        merge_lanes(RunDir(plan.out_dir), duet.lane_dirs(plan))
+        return "; ".join(errors) or None
     try:
-        launch(plan.world_size, run_rank, (plan,), timeout_s=_budget_s(plan) + 2 * timeout)
+        launch(plan.world_size, run_rank, (plan,), timeout_s=timeout_s)
     except LaunchError as e:
-        _record_failure(Path(plan.out_dir), str(e))
-        return _finish(Path(plan.out_dir), t0, str(e))
-    return _finish(Path(plan.out_dir), t0)
+        return str(e)
+    return None
+
+
+@contextlib.contextmanager
+def planted(plan: RunPlan):
+    """The plan's noisy neighbour running for the block (none: nothing); yields a dict that
+    holds, after the block, what the neighbour ran (for env.json)."""
+    from bench import neighbour
+
+    spec = neighbour.parse(plan.neighbour)
+    record: dict = {}
+    if spec is None:
+        yield record
+        return
+    with neighbour.Neighbour(spec) as n:
+        try:
+            yield record
+        finally:
+            n.stop()
+            record.update(n.record())
 
 
 def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:

@@ -67,3 +67,53 @@ def summarize(per_rank: list[list[float]], tp: int, pp: int) -> dict:
                         "mean_ms": float(np.mean(samples)), "mean_ci_low_ms": low,
                         "mean_ci_high_ms": high}
     return out
+
+
+# ---- c beside the cells ------------------------------------------------------------------
+#
+# The c above is one stretch of 300 all-reduces before the cells: a burst of load during it
+# moves the whole figure (0.56-1.05 ms in three runs of one commit). Beside the cells, after
+# every serve (outside its timed region), every rank times BESIDE_N more; a burst moves a few
+# cells' samples, not the median over cells of the per-cell mean.
+BESIDE_N = 40
+BESIDE_WARMUP = 5
+BESIDE_METHOD = (f"{BESIDE_N} MAX all-reduces of 2 int32 on the TP CPU gloo group after every "
+                 f"serve (after {BESIDE_WARMUP} warm-up), rank 0's samples; c_ms: the median "
+                 f"over cells of each cell's mean, its 95% interval from order statistics "
+                 f"(binomial); spread: the per-cell means' p10-p90")
+
+
+def beside(per_cell: list[list[float]], upfront: dict | None) -> dict:
+    """calibration.json's `beside`: c from the samples timed after every cell, its spread,
+    and whether the c measured before the cells (`upfront`, its `allreduce`) differs."""
+    cells = [s for s in per_cell if s]
+    if not cells:
+        return {"method": BESIDE_METHOD, "cells": 0, "c_ms": None}
+    means = np.sort([float(np.mean(s)) for s in cells])
+    pooled = np.concatenate([np.asarray(s, dtype=float) for s in cells])
+    low, high = median_interval(list(means))
+    out = {"method": BESIDE_METHOD, "cells": len(cells), "n": int(pooled.size),
+           "c_ms": float(np.median(means)), "c_ci_low_ms": low, "c_ci_high_ms": high,
+           "cell_mean_p10_ms": float(np.quantile(means, 0.1)),
+           "cell_mean_p90_ms": float(np.quantile(means, 0.9)),
+           "cell_mean_min_ms": float(means[0]), "cell_mean_max_ms": float(means[-1]),
+           "p25_ms": float(np.quantile(pooled, 0.25)), "p50_ms": float(np.median(pooled)),
+           "per_cell_mean_ms": [round(float(np.mean(s)), 4) for s in per_cell if s]}
+    if upfront and upfront.get("mean_ms"):
+        up_lo, up_hi = upfront["mean_ci_low_ms"], upfront["mean_ci_high_ms"]
+        out["upfront_mean_ms"] = upfront["mean_ms"]
+        # Differs: the upfront mean's interval and the beside median's do not overlap.
+        out["upfront_differs"] = bool(up_hi < low or up_lo > high)
+    return out
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval of the median: the order statistics x_(j) and
+    x_(n-j+1) (1-based), j the smallest rank with P(Binomial(n, 1/2) <= j - 1) < (1 -
+    level) / 2, so the interval covers the median with at least `level` (the whole range
+    when n is too small for it)."""
+    from scipy.stats import binom
+
+    a = np.sort(np.asarray(values, dtype=float))
+    j = max(1, int(binom.ppf((1 - level) / 2, a.size, 0.5)))
+    return float(a[j - 1]), float(a[a.size - j])

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from bench import neighbour
 from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
@@ -18,6 +19,8 @@ from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage import StorageSpec
 
 REPEAT_SEEDS = ("same", "distinct")
+# Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
+PAIRINGS = ("duet", "step")
 # "0": never serve a disturbed cell again, whatever the preset says. bench ab sets it for
 # both sides, so a revision with --redo-disturbed and one from before it run alike.
 REDO_ENV = "BENCH_REDO_DISTURBED"
@@ -80,6 +83,9 @@ class RunOptions:
     repeat_seeds: str | None = None
     redo_disturbed: int | None = None
     allow_auto_truncate: bool = False
+    neighbour: str | None = None
+    pairing: str | None = None
+    plant: str | None = None
     out: Path | None = None
 
     @classmethod
@@ -147,14 +153,52 @@ def build_plan(args: RunOptions) -> RunPlan:
                    redo_disturbed=_redo(args.redo_disturbed, preset),
                    model=args.model or "llama3-8b", gpu=args.gpu or "h100", step_ms=args.step_ms,
                    workload=_workload(args, preset), trace=trace, storage=storage,
-                   system=tuple(sorted(system.items())))
+                   system=tuple(sorted(system.items())),
+                   neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing))
     if args.schedule is None:
         plan = _pin_if_possible(plan)
     if args.redo_disturbed and plan.schedule != "pinned":
         raise OptionError("--redo-disturbed needs a pinned schedule (a free one would serve "
                           "another schedule the second time)")
+    if plan.pairing and plan.redo_disturbed:
+        # Duet: a serve run again alone would not be paired in time with its partner's;
+        # step: a burst lands on both sides of a step, so a disturbed serve needs no redo.
+        plan = replace(plan, redo_disturbed=None)
     _check_configs(plan)
     return plan
+
+
+def _neighbour(text: str | None) -> str | None:
+    """The neighbour's canonical spec text, or None for none (OptionError when bad)."""
+    try:
+        spec = neighbour.parse(text)
+    except neighbour.SpecError as e:
+        raise OptionError(str(e)) from None
+    return None if spec is None else spec.text
+
+
+def _pairing(text: str | None) -> str | None:
+    """None for the serial design (interleaved whole serves), else a PAIRINGS name."""
+    if text is None or text == "serial":
+        return None
+    if text not in PAIRINGS:
+        raise OptionError(f"--pairing must be one of serial, {', '.join(PAIRINGS)}, got "
+                          f"{text!r}")
+    return text
+
+
+def _plant(text: str) -> tuple[str, float]:
+    """--plant PROTOCOL:MS as (protocol, ms)."""
+    proto, _, ms = text.partition(":")
+    proto = ALIASES.get(proto.strip(), proto.strip())
+    try:
+        value = float(ms)
+    except ValueError:
+        value = -1.0
+    if proto not in PROTOCOLS or not value > 0:
+        raise OptionError(f"--plant takes PROTOCOL:MS (a protocol of {', '.join(PROTOCOLS)} "
+                          f"and ms > 0), got {text!r}")
+    return proto, value
 
 
 def _repeat_seeds(flag: str | None, preset: dict) -> str | None:
@@ -248,6 +292,8 @@ def _system(args, preset: dict) -> dict:
             s[key] = getattr(args, flag)
     if args.consensus:
         s["consensus_check"] = True
+    if args.plant is not None:
+        s["planted_protocol"], s["planted_step_ms"] = _plant(args.plant)
     if args.timeline:
         s["timeline"] = True
     s["schedule"] = args.schedule or preset.get("schedule", "free")

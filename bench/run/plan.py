@@ -70,6 +70,12 @@ class RunPlan:
     storage: StorageSpec = field(default_factory=lambda: StorageSpec(latency_ms=2.0,
                                                                      bandwidth_gbps=3.0))
     system: tuple[tuple[str, object], ...] = ()  # HiCacheConfig overrides
+    # A planted noisy neighbour running beside the whole run (bench.neighbour's spec text)
+    neighbour: str | None = None
+    # How the protocols of one repeat are served: None (one after another, interleaved) or
+    # "duet" (all at the same time, each on ranks of its own: bench.run.duet) or "step"
+    # (every poll also asks the first protocol, back to back in the same step: hicache.twin)
+    pairing: str | None = None
     out_dir: str = ""
 
     @property
@@ -117,11 +123,17 @@ class RunPlan:
     def config(self, cell: Cell) -> HiCacheConfig:
         cfg = HiCacheConfig(protocol=cell.protocol, policy=cell.policy, tp=self.tp,
                             pp=self.pp, model=self.model, step_time=self.step_time(),
-                            pad_forward=self.device == "cpu", **dict(self.system))
+                            pad_forward=self.device == "cpu", twin_protocol=self.twin(cell),
+                            **dict(self.system))
         # Storage reads take the time of the model's KV bytes on one TP rank.
         page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
         return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),
                                             kv_page_bytes=page_bytes))
+
+    def twin(self, cell: Cell) -> str:
+        """Under step pairing, the protocol every poll of `cell` also asks (the reference,
+        the first protocol: hicache.twin); "" otherwise."""
+        return self.protocols[0] if self.pairing == "step" else ""
 
     def repeat_seed(self, cell: Cell) -> int:
         """Common random numbers: one seed per repeat for the workload and the storage noise

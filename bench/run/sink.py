@@ -43,6 +43,7 @@ class ResultSink:
         self.ranks: list[dict] = []
         self.problems: list[dict] = []  # divergence.csv: what the CSVs cannot say
         self.calib: dict | None = None  # calibration.json, once measured
+        self.beside_samples: list[list[float]] = []  # c after each cell, rank 0's
         world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
                  "device": plan.device, "backend": plan.backend}
         debug = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "OFF")
@@ -61,6 +62,14 @@ class ResultSink:
         print(f"calibration: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
               f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
               f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
+
+    def beside(self, samples: list[float]) -> None:
+        """c timed after one more cell: calibration.json's `beside` (bench.run.calibrate)."""
+        if self.calib is None:
+            return
+        self.beside_samples.append(samples)
+        self.calib["beside"] = calibrate.beside(self.beside_samples, self.calib["allreduce"])
+        write_json_atomic(self.run.file("calibration"), self.calib)
 
     def say(self, line: str | None) -> None:
         """A line for the person running it, before the cells (none: nothing to say)."""
@@ -156,7 +165,10 @@ class ResultSink:
                "forward_ms": s["forward_s"] * MS, "sync_ms": s["sync_s"] * MS,
                "decision_sync_ms": s["decision_sync_s"] * MS, "vt_s": s["vt"],
                "pin_wait_ms": s["pin_wait_s"] * MS, "forward_late_ms": s["forward_late_s"] * MS,
-               "schedule_digest": s["schedule_digest"]}
+               "schedule_digest": s["schedule_digest"], "poll_ms": s["poll_s"] * MS,
+               "twin_protocol": self.plan.twin(cell) or None,
+               "twin_poll_ms": s["twin_poll_s"] * MS if self.plan.twin(cell) else None,
+               "twin_first": s["twin_first"] if self.plan.twin(cell) else None}
         for key in ("waiting", "prefetching", "polled", "scheduled", "running",
                     "prefill_tokens", "context_tokens"):
             row[key] = s[key]

@@ -13,7 +13,8 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from bench.run import calibrate, fit, machine, workload
+from bench.run import calibrate, duet, fit, machine, workload
+from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
 from bench.run.sink import ResultSink
 from hicache.comm import Groups, Layout
@@ -23,8 +24,9 @@ from hicache.system import System, pick_device, setup_distributed
 log = logging.getLogger("bench")
 
 
-def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
-    """Entry point of one rank (spawned locally, or in-process under torchrun)."""
+def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None) -> dict:
+    """Entry point of one rank (spawned locally, or in-process under torchrun); `lane`: this
+    rank's lane of a duet (bench.run.duet), which serves only its own cells."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     layout = Layout(rank, plan.tp, plan.pp)
@@ -37,7 +39,7 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
     samples = _gather({"rank": rank, "c": calibrate.measure(layout, groups)}, world)
     if sink:
         sink.calibration([p["c"] for p in samples])
-    cells = plan.cells()
+    cells = plan.cells() if lane is None else duet.lane_cells(plan, lane.index)
     if sink:
         sink.say(fit.oversized_line(plan, device))
     steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
@@ -47,7 +49,7 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
         attempt = 0
         while True:
             attempt += 1
-            payload = run_cell(plan, cell, layout, groups, device, steps)
+            payload = run_cell(plan, cell, layout, groups, device, steps, lane)
             gathered = _gather(payload, world)
             why = _disturbed(gathered) if rank == 0 else None
             # Pinned, the next serve replays the same schedule; free, it would not. Every
@@ -59,6 +61,10 @@ def run_rank(rank: int, world: int, plan: RunPlan) -> dict:
                 sink.again(why)
         if sink:
             sink.add(cell, gathered, attempt)
+        # c beside the cells: after every serve, outside its timed region (bench.run.calibrate)
+        c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP)
+        if sink:
+            sink.beside(c)
     return sink.finish() if sink else {}
 
 
@@ -84,17 +90,17 @@ def _agree(flag: bool, layout: Layout) -> bool:
 
 
 def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
-             device: torch.device, steps: list[int]) -> dict:
+             device: torch.device, steps: list[int], lane: Lane | None = None) -> dict:
     cfg = plan.config(cell)
     spec = plan.workload_for(cell)
     rank0 = layout.rank == 0
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
         short = replace(spec, output_tokens=min(4, spec.output_tokens))
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
-        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps)
+        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane)
     main = plan.build_workload(cell)
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
-    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps)
+    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane)
     cpu_s, wall_s, machine1 = time.process_time() - cpu0, time.monotonic() - wall0, \
         machine.read()
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
@@ -122,11 +128,17 @@ def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:
             "groups": members}
 
 
-def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int]):
+def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int],
+           lane: Lane | None = None):
     system = System(cfg, layout, groups, device, seed)
     system.populate(wl.histories)
     _barrier(layout, device)  # all ranks start the timed region together
+    if lane is not None:
+        lane.start()  # ... and every lane of a duet too
+    cpu0, wall0 = time.process_time(), time.monotonic()
     stats = system.run(wl.requests if rank0 else [], steps[0])
+    if lane is not None:  # as busy as this serve was, until every lane is done
+        lane.finish((time.process_time() - cpu0) / max(time.monotonic() - wall0, 1e-9))
     steps[0] += system.steps_run
     _barrier(layout, device)
     system.close()

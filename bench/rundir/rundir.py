@@ -22,6 +22,7 @@ from bench.rundir.files import (
     numeric_columns,
     read_csv_checked,
     read_json_object,
+    write_json_atomic,
 )
 from bench.rundir.schema import (
     COUNT_COLUMNS as COUNTS,
@@ -90,7 +91,7 @@ COLUMNS: dict[tuple[str, str], Columns] = {
     ("steps", "compare"): Columns((*GROUP_KEYS, "repeat", *STEP_SITES),
                                   ("tp", "pp", "repeat", "step_ms", *STEP_SITES),
                                   ("tp", "pp", "repeat", *STEP_SITES)),
-    ("steps", "any"): Columns(tuple(STEP_COLUMNS)),
+    ("steps", "any"): Columns(_all(STEP_COLUMNS)),  # older runs lack the optional ones
     ("summary", "gate"): Columns(
         (*GROUP_KEYS, *SUMMARY_COUNTS, "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_per_repeat",
          "ranks_agree", "data_errors"),
@@ -200,6 +201,13 @@ class RunDir:
 
     def calibration(self, optional: bool = True) -> dict | None:
         return self.json("calibration", optional)
+
+    def add_to_env(self, key: str, value: object) -> None:
+        """Adds one fact to env.json (written by rank 0 at the start), e.g. what the planted
+        neighbour ran; nothing when env.json was never written."""
+        env = self.env(optional=True)
+        if env is not None:
+            write_json_atomic(self.file("env"), {**env, key: value})
 
     def plan(self) -> dict | None:
         """The run's plan as env.json records it (None for runs before it did)."""

@@ -36,7 +36,8 @@ WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_
 # Columns added with trace replays: absent in older run directories, which stay readable.
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
                     *WRITE_PATH_COLUMNS, "absent_polls", "schedule", "schedule_digest",
-                    "vt_s", "pin_wait_ms", "forward_late_ms"]
+                    "vt_s", "pin_wait_ms", "forward_late_ms", "poll_ms", "twin_protocol",
+                    "twin_poll_ms", "twin_first"]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
@@ -55,6 +56,7 @@ STEP_COLUMNS = CONFIG_COLUMNS + [
     "polled", "scheduled", "running", "prefill_tokens", "context_tokens", "request_broadcast",
     "per_step_min", "model_allreduce", "decision", "completion", "pp_hop", "sync_ms",
     "decision_sync_ms", "vt_s", "pin_wait_ms", "forward_late_ms", "schedule_digest",
+    "poll_ms", "twin_protocol", "twin_poll_ms", "twin_first",
 ]
 
 # Per-rank counts: every rank's collectives by call site, per configuration and repeat.
