@@ -90,9 +90,12 @@ def test_redo_disturbed_comes_from_the_flag_the_env_or_the_preset(monkeypatch, c
         return build_plan(parser().parse_args(list(argv))).redo_disturbed
 
     monkeypatch.delenv("BENCH_REDO_DISTURBED", raising=False)
-    assert redo() == redo("--preset", "queue") == 1
-    assert redo("--preset", "ci") is None and redo("--redo-disturbed", "0") is None
+    assert redo("--preset", "cost") == redo("--preset", "queue") == 1
+    assert redo() is None  # make bench is free-running: a serve is never served again
+    assert redo("--preset", "ci") is None and redo("--preset", "cost", "--redo-disturbed",
+                                                   "0") is None
     monkeypatch.setenv("BENCH_REDO_DISTURBED", "0")  # bench ab's block runs, both sides
-    assert redo() is None and redo("--redo-disturbed", "2") == 2
+    assert redo("--preset", "cost") is None
+    assert redo("--preset", "cost", "--redo-disturbed", "2") == 2
     assert main_run(["--preset", "sweep", "--redo-disturbed", "1"]) == 2  # free: refused
     assert "--redo-disturbed needs a pinned schedule" in capsys.readouterr().err

@@ -181,12 +181,12 @@ def _queue(gpus: int) -> dict:
 
 
 def _default(gpus: int) -> dict:
-    """make bench: the end-to-end headline (docs/metrics.md, "The headline"). What a server
-    sees: the free schedule, IO on the wall clock, so a slower poll reshapes the schedule as it
-    would in SGLang. Before (pr27010), after (pr36425) and the best collective-free one
-    (step-clock) under the two policies whose polls differ in kind; every repeat replays one
-    seed and the protocols of a repeat serve back to back in a drawn order, so each ratio
-    pairs serves close in time. 20 repeats of 6 cells: about 4 minutes on 2 quiet cores."""
+    """make bench: the end-to-end headline (docs/metrics.md, "The headline and the cost
+    decomposition"). What a server sees: the free schedule, IO on the wall clock, so a slower
+    poll reshapes the schedule as it would in SGLang. Before (pr27010), after (pr36425) and
+    the best collective-free one (step-clock) under the two policies whose polls differ in
+    kind; every repeat replays one seed and the protocols of a repeat serve back to back
+    (their order rotated per repeat), so each ratio pairs serves close in time."""
     return {**_queue(gpus), "repeats": 20, "requests": 24, "bystanders": 24,
             "protocols": ("pr27010", "pr36425", "step-clock"), "schedule": "free",
             "redo_disturbed": None}
