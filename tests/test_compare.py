@@ -1,11 +1,8 @@
 """`bench compare` on two real small runs and on doctored copies of them."""
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -19,7 +16,6 @@ from bench.compare.metrics import METRIC_NAMES, TimingMetric, counts, itl_gaps, 
 from bench.compare.rules import TimingOptions, count_rows, timing_rows, timing_verdict
 from bench.rundir.schema import SCHEMA_VERSION
 
-REPO = Path(__file__).resolve().parent.parent
 RUN = ["--preset", "ci", "--requests", "4", "--bystanders", "0", "--repeats", "3",
        "--protocols", "before,after", "--policies", "wait_complete"]
 FINAL = re.compile(r"^compare: (\d+) better, (\d+) worse, (\d+) same$")
@@ -27,19 +23,11 @@ JUDGED_COUNTS = ["decision_collectives_per_req", "critical_collectives_per_req",
                  "background_collectives_per_req", "step_collectives_per_step"]
 
 
-def real_run(out: Path) -> Path:
-    done = subprocess.run([sys.executable, "-m", "bench", "run", *RUN, "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=150,
-                          env={**os.environ, "BENCH_NO_PLOTS": "1"})  # compare draws its own
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return out
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Two real runs of the same code: A and B."""
-    root = tmp_path_factory.mktemp("compare")
-    return real_run(root / "a"), real_run(root / "b")
+def runs(bench_run):
+    """Two real runs of the same code: A and B (built once per session, conftest.py; no
+    plots: compare draws its own)."""
+    return bench_run("compare_a", *RUN), bench_run("compare_b", *RUN)
 
 
 def doctor(src: Path, dst: Path, requests=None, steps=None, env=None) -> Path:

@@ -4,8 +4,6 @@ classes, holds exactly the collectives requests.csv counts and every step of ste
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import threading
 from collections import Counter
@@ -19,7 +17,6 @@ from bench.timeline.clock import estimate_offsets, waits
 from hicache.events import COLLECTIVE, SCHEDULER_THREAD, EventLog
 from hicache.records import Stats
 
-REPO = Path(__file__).resolve().parent.parent
 RUN = ["--preset", "ci", "--requests", "6", "--bystanders", "2", "--repeats", "1",
        "--protocols", "pre27010,pr27010,pr36425", "--policies", "wait_complete"]
 # requests.csv's per-request collective counts, by call site
@@ -100,13 +97,9 @@ def test_groups_whose_counts_differ_are_not_paired():
 # ---- a real run ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("timeline") / "run"
-    done = subprocess.run([sys.executable, "-m", "bench", "run", *RUN, "--timeline", "--out",
-                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=200,
-                          env={**os.environ, "BENCH_NO_PLOTS": "1"})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return out
+def run_dir(bench_run) -> Path:
+    """The session's run with --timeline (conftest.py); these tests write traces into it."""
+    return bench_run("timeline", *RUN, "--timeline")
 
 
 def _trace(path: Path):

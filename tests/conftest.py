@@ -1,0 +1,41 @@
+"""Session-wide fixtures: what several tests read is built once per session.
+
+`bench_run(name, *argv)` is a real `python -m bench run ARGV` (no plots), made the first time
+a test asks for that name and those arguments and kept in a temporary folder until the
+session ends. A test that edits a run copies it first (test_compare's `doctor`); one that
+writes files into it (test_timeline's traces) takes a name no other test uses. Two runs of
+the same arguments need two names (test_compare's A and B).
+Under pytest-xdist each worker has its own session, so a run is built once per worker that
+needs it (with `--dist loadfile`, once per file at worst).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def bench_run(tmp_path_factory) -> Callable[..., Path]:
+    built: dict[tuple[str, ...], Path] = {}
+    root = tmp_path_factory.mktemp("bench_runs")
+
+    def run(name: str, *argv: str, timeout: float = 200) -> Path:
+        key = (name, *argv)
+        if key not in built:
+            out = root / f"{len(built):02d}_{name}"
+            done = subprocess.run([sys.executable, "-m", "bench", "run", *argv, "--out",
+                                   str(out)], cwd=REPO, capture_output=True, text=True,
+                                  timeout=timeout, env={**os.environ, "BENCH_NO_PLOTS": "1"})
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            built[key] = out
+        return built[key]
+
+    return run
