@@ -89,7 +89,7 @@ def _body(argv: list[str]) -> int:
     alike = _second_run(spec, rows) if args.twice else True
     env = collect_env("gloo", {"tp": 2, "pp": sorted({s.pp for s in spec.scenarios})})
     write_json_atomic(RunDir(spec.out).file("env"), env)
-    header = [f"Commit {env['git'].get('commit', '?')[:10] if env['git'] else '?'}"
+    header = [f"Commit {((env['git'] or {}).get('commit') or '?')[:10]}"
               f"{' (dirty)' if env['git'] and env['git'].get('dirty') else ''}, "
               f"{env['utc_time']}, host {env['host']}, {env['cpu_count']} CPUs; seed "
               f"{spec.seed}, collective timeout {spec.timeout_s:g} s, gloo, TP 2."]
