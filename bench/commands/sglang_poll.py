@@ -1,5 +1,8 @@
 """Usage: python -m bench sglang-poll --sglang SPEC [--tp N] [--pp N] [--policies P,..]
                                     [--pending-polls K]
+       python -m bench sglang-poll --sglang SPEC --hazard walk-skew|ongoing-skew
+                                    [--policies P,..] [--collective-timeout S] [--twice]
+                                    [--out DIR]
 
 Runs SGLang's own UnifiedRadixCache poll (check_prefetch_progress, _can_terminate_prefetch,
 _all_reduce/_pp_sync, as shipped) on TP x PP gloo ranks of this machine, one pending
@@ -14,6 +17,13 @@ a source tree (a checkout's python/, e.g. a pull request's branch). docs/sglang.
 runs real and what is a stand-in. Exit 0: every row OK; 1: a count differs, the ranks
 disagree or the counts miss torch's sequence numbers; 2: bad input, an SGLang it cannot
 drive, or no network (one line on stderr).
+
+With --hazard, the hazard matrix's skew scenario on SGLang's own poll at TP2 (#30760
+walk-skew: rank 1's walk polls one pending prefetch fewer in a step; #38273 ongoing-skew:
+a prefetch in rank 0's ongoing_prefetch only), one cell per policy, each named as `bench
+hazards` names it (OK / deadlock with SGLang's call site, ranks and step / divergence /
+abort) with what gloo did. Exit 0: every cell classified (with --twice, alike both times);
+1: a cell ran past its bound or differed; 2: bad input.
 """
 
 from __future__ import annotations
@@ -38,8 +48,18 @@ def _parse(argv: list[str]):
     parser.add_argument("--pp", type=int, default=1, help="PP size (default 1)")
     parser.add_argument("--policies", default=",".join(POLICIES),
                         help=f"comma-separated, of {', '.join(POLICIES)} (default all)")
-    parser.add_argument("--pending-polls", type=int, default=3,
-                        help="polls that find each prefetch pending (default 3)")
+    parser.add_argument("--pending-polls", type=int, default=None,
+                        help="polls that find each prefetch pending (default 3; 2 with "
+                             "--hazard)")
+    parser.add_argument("--hazard", choices=("walk-skew", "ongoing-skew"),
+                        help="run a skew scenario instead of counting (TP2)")
+    parser.add_argument("--collective-timeout", type=float, default=4.0,
+                        help="--hazard: the TP group's collective timeout, s (default 4)")
+    parser.add_argument("--twice", action="store_true",
+                        help="--hazard: run every cell twice and compare the outcomes")
+    parser.add_argument("--out", default=None,
+                        help="--hazard: where the cells' rank reports go (default a new "
+                             "results folder)")
     return parser.parse_args(argv)
 
 
@@ -49,6 +69,10 @@ def _main(argv: list[str]) -> int:
     from sglang_adapter.source import resolve
 
     args = _parse(argv)
+    if args.hazard:
+        from bench.commands.sglang_hazard import hazard_main
+        return hazard_main(args)
+    args.pending_polls = 3 if args.pending_polls is None else args.pending_polls
     try:  # checked before SPEC is resolved: bad options never start a download
         opts = PollOptions(None, args.tp, args.pp,
                            tuple(p for p in args.policies.split(",") if p), args.pending_polls)
