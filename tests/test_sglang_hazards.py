@@ -19,9 +19,11 @@ from sglang_adapter.source import DEFAULT_CACHE, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 DECIDE = {"0.5.23": "_can_terminate_prefetch:2311 < check_prefetch_progress:2405",
-          "0.5.19": "_can_terminate_prefetch:1857 < check_prefetch_progress:1870"}
+          "0.5.19": "_can_terminate_prefetch:1857 < check_prefetch_progress:1870",
+          "0.5.18": "can_terminate_prefetch:1617 < check_prefetch_progress:1643"}
 STEP_MIN = {"0.5.23": "_sync_hicache_ready_counts:3459 < check_hicache_events:3681",
-            "0.5.19": "_sync_hicache_ready_counts:2609 < check_hicache_events:2828"}
+            "0.5.19": "_sync_hicache_ready_counts:2609 < check_hicache_events:2828",
+            "0.5.18": "_sync_hicache_ready_counts:1023 < check_hicache_events:1535"}
 
 
 def _source(version: str):
@@ -74,22 +76,31 @@ def test_ongoing_skew_under_timeout_mispairs_sglangs_decision_max(tmp_path):
     assert row["gloo"].startswith("aborted rank 0: op.preamble.length <= op.nbytes"), row
 
 
-# (version, scenario, policy) -> outcome, each observed twice alike (docs/sglang.md).
+# (scenario, policy) -> outcome on 0.5.19 and 0.5.23, each observed twice alike
+# (docs/sglang.md, "Hazards"); 0.5.18 (pre27010) also agrees every wait_complete poll.
 MATRIX = {
     ("walk-skew", "timeout"): "deadlock", ("walk-skew", "wait_complete"): "divergence",
     ("walk-skew", "best_effort"): "OK", ("ongoing-skew", "timeout"): "deadlock",
     ("ongoing-skew", "wait_complete"): "divergence", ("ongoing-skew", "best_effort"): "OK"}
 
 
+def _expected(version: str, scenario: str, policy: str) -> str:
+    return "deadlock" if version == "0.5.18" and policy != "best_effort" else \
+        MATRIX[scenario, policy]
+
+
 @pytest.mark.slow
 @pytest.mark.sglang_matrix
-@pytest.mark.parametrize("version", ["0.5.23", "0.5.19"])
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.19", "0.5.18"])
 @pytest.mark.parametrize("scenario, policy", list(MATRIX))
 def test_each_cell_names_one_outcome_twice(tmp_path, version, scenario, policy):
     src, case = _source(version), HazardCase(scenario, policy)
     rows = [run_hazard(src, case, tmp_path, bound_s=240, tag=t) for t in ("", "__again")]
-    assert [r["outcome"] for r in rows] == [MATRIX[scenario, policy]] * 2, rows
-    if policy == "timeout":
+    want = _expected(version, scenario, policy)
+    assert [r["outcome"] for r in rows] == [want] * 2, rows
+    if want == "deadlock":
         _first_unpaired(rows[0], version, 2 if scenario == "walk-skew" else 1)
-    else:  # 0.5.19 on (PR #36425): no poll collective outside timeout
+    else:  # no poll collective: best_effort, and wait_complete from 0.5.19 (PR #36425)
         assert rows[0]["poll_collectives"] == [0, 0], rows[0]
+    if want == "divergence":  # the poll log (what @rank_consensus compares), at step 0
+        assert rows[0]["site"] == "consensus" and rows[0]["step"] == 0, rows[0]
