@@ -1,4 +1,4 @@
-"""The hazard matrix's skew scenarios on SGLang's own poll (bench.run.sglang_hazard,
+"""The hazard matrix's skew scenarios on SGLang's own poll (bench.hazards.sglang,
 docs/sglang.md "Hazards"): two gloo ranks (spawn, a free port, the launcher's hard bound, a
 4 s collective timeout) run SGLang's check_hicache_events and check_prefetch_progress with
 the skew planted in the walk, and the project's classifier names the cell.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.run.sglang_hazard import HazardCase, run_hazard
+from bench.hazards.sglang import HazardCase, run_hazard
 from sglang_adapter.source import DEFAULT_CACHE, resolve
 
 REPO = Path(__file__).resolve().parent.parent
