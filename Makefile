@@ -60,9 +60,9 @@ sglang-fetch: dev  ## --sglang's deps (msgspec, dill, packaging) when missing, a
 	$(PY) -c "import msgspec, dill, packaging" 2>/dev/null || $(PY) -m pip install -q msgspec dill packaging
 	$(PY) -m sglang_adapter.source $(SGLANG)
 
-sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layouts, and a planted change (not in make test)
+sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layouts, a planted change, the hazard cells (not in make test)
 	$(PY) -m sglang_adapter.source 0.5.19
-	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py
+	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py tests/test_sglang_hazards.py
 
 lint: dev
 	$(PY) -m ruff check hicache bench tests scripts sglang_adapter

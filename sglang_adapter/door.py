@@ -48,6 +48,10 @@ class Door:
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._lock = threading.Lock()
         self._real: dict[str, object] = {}
+        # Optional: every call in order as [group, "op site < via", rid, step], appended before the
+        # call is made (a hazard cell's pairing check; a journal survives a gloo abort).
+        self.sequence: list | None = None
+        self.step: int | None = None
 
     def register(self, name: str, group: dist.ProcessGroup | None) -> None:
         """Names a group for the counts and takes its sequence number as the baseline."""
@@ -80,6 +84,9 @@ class Door:
                 call = Call(site, name, op, self.rid, self._via(frame.f_back))
                 with self._lock:
                     self.calls[call] += 1
+                    if self.sequence is not None:  # the chain: SGLang's helpers are shared
+                        self.sequence.append([name, f"{op} {site} < {call.via}", self.rid,
+                                              self.step])
             return real(*args, **kwargs)
         return counted
 

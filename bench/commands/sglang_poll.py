@@ -1,5 +1,8 @@
 """Usage: python -m bench sglang-poll --sglang SPEC [--tp N] [--pp N] [--policies P,..]
                                     [--pending-polls K]
+       python -m bench sglang-poll --sglang SPEC --hazard walk-skew|ongoing-skew
+                                    [--policies P,..] [--collective-timeout S] [--twice]
+                                    [--out DIR]
 
 Runs SGLang's own UnifiedRadixCache poll (check_prefetch_progress, _can_terminate_prefetch,
 _all_reduce/_pp_sync, as shipped) on TP x PP gloo ranks of this machine, one pending
@@ -14,16 +17,26 @@ a source tree (a checkout's python/, e.g. a pull request's branch). docs/sglang.
 runs real and what is a stand-in. Exit 0: every row OK; 1: a count differs, the ranks
 disagree or the counts miss torch's sequence numbers; 2: bad input, an SGLang it cannot
 drive, or no network (one line on stderr).
+
+With --hazard, the hazard matrix's skew scenario on SGLang's own poll at TP2 (#30760
+walk-skew: rank 1's walk polls one pending prefetch fewer in a step; #38273 ongoing-skew:
+a prefetch in rank 0's ongoing_prefetch only), one cell per policy, each named as `bench
+hazards` names it (OK / deadlock with SGLang's call site, ranks and step / divergence /
+abort) with what gloo did. Exit 0: every cell classified (with --twice, alike both times);
+1: a cell ran past its bound or differed; 2: bad input.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.tables import markdown_table
 
 PROG = "bench sglang-poll"
+HAZARD_COLUMNS = ("scenario", "sglang", "policy", "outcome", "step", "poll_collectives",
+                  "gloo", "site")
 COLUMNS = ("request", "policy", "polls", "sglang_per_poll", "model_per_poll",
            "sglang_per_step", "model_per_step", "ok", "call_sites")
 
@@ -38,8 +51,18 @@ def _parse(argv: list[str]):
     parser.add_argument("--pp", type=int, default=1, help="PP size (default 1)")
     parser.add_argument("--policies", default=",".join(POLICIES),
                         help=f"comma-separated, of {', '.join(POLICIES)} (default all)")
-    parser.add_argument("--pending-polls", type=int, default=3,
-                        help="polls that find each prefetch pending (default 3)")
+    parser.add_argument("--pending-polls", type=int, default=None,
+                        help="polls that find each prefetch pending (default 3; 2 with "
+                             "--hazard)")
+    parser.add_argument("--hazard", choices=("walk-skew", "ongoing-skew"),
+                        help="run a skew scenario instead of counting (TP2)")
+    parser.add_argument("--collective-timeout", type=float, default=4.0,
+                        help="--hazard: the TP group's collective timeout, s (default 4)")
+    parser.add_argument("--twice", action="store_true",
+                        help="--hazard: run every cell twice and compare the outcomes")
+    parser.add_argument("--out", default=None,
+                        help="--hazard: where the cells' rank reports go (default a new "
+                             "results folder)")
     return parser.parse_args(argv)
 
 
@@ -49,6 +72,9 @@ def _main(argv: list[str]) -> int:
     from sglang_adapter.source import resolve
 
     args = _parse(argv)
+    if args.hazard:
+        return _hazard_main(args)
+    args.pending_polls = 3 if args.pending_polls is None else args.pending_polls
     try:  # checked before SPEC is resolved: bad options never start a download
         opts = PollOptions(None, args.tp, args.pp,
                            tuple(p for p in args.policies.split(",") if p), args.pending_polls)
@@ -62,6 +88,54 @@ def _main(argv: list[str]) -> int:
           f"{opts.protocol}")
     print(markdown_table(list(COLUMNS), [[_cell(r[c]) for c in COLUMNS] for r in rows]))
     print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def _cases(args) -> list:
+    from bench.hazards.sglang import HazardCase
+
+    if args.tp != 2 or args.pp != 1:
+        raise UsageError("--hazard runs at TP2 x PP1 (its skew is between two TP ranks)")
+    pending = 2 if args.pending_polls is None else args.pending_polls
+    try:
+        return [HazardCase(args.hazard, p, pending, args.collective_timeout)
+                for p in args.policies.split(",") if p]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _out(args) -> Path:
+    from bench.rundir.env import short_sha
+    from bench.rundir.rundir import RunDir
+
+    return Path(args.out) if args.out else RunDir.new("run", "sglang-hazards",
+                                                      short_sha()).path
+
+
+def _hazard_main(args) -> int:
+    from bench.hazards.classify import HARNESS
+    from bench.hazards.sglang import run_hazard
+    from sglang_adapter.loader import load
+    from sglang_adapter.source import resolve
+
+    cases = _cases(args)  # checked before SPEC is resolved: no download for bad options
+    source = resolve(args.sglang)
+    load(source)  # an SGLang it cannot drive: one line before any rank starts
+    out = _out(args)
+    rows, alike = [], True
+    for case in cases:
+        row = run_hazard(source, case, out)
+        if args.twice:
+            again = run_hazard(source, case, out, tag="__again")
+            row["same_twice"] = again["outcome"] == row["outcome"]
+            alike &= row["same_twice"]
+        rows.append(row)
+        print(f"{case.scenario} x {source.label} x {case.policy}: {row['outcome']} "
+              f"{row['detail'][:300]}", flush=True)
+    cols = [*HAZARD_COLUMNS, *(("same_twice",) if args.twice else ())]
+    print(markdown_table(list(cols), [[str(r[c]) for c in cols] for r in rows]))
+    ok = alike and not any(r["outcome"] == HARNESS for r in rows)
+    print(f"{'OK' if ok else 'FAILED'} ({len(rows)} cells -> {out})")
     return 0 if ok else 1
 
 
