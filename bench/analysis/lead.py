@@ -109,7 +109,7 @@ def cost_rows(summary: pd.DataFrame) -> list[list[str]]:
     out = []
     for r in _pick(summary, PROTOCOLS, POLICIES):
         polls, sync = r.get("polls_per_step", math.nan), r.get("decision_sync_ms_per_step")
-        per_poll = sync / polls if polls and not pd.isna(polls) and polls > 0 else math.nan
+        per_poll = sync / polls if polls > 0 else math.nan  # NaN polls: not > 0
         out.append([r["protocol"], r["policy"], _f(r["critical_collectives_per_req"]),
                     _f(polls, ".1f"), _f(r["critical_collectives_per_step"]), _f(sync),
                     _f(per_poll, ".3f"), _f(r.get("predicted_extra_step_ms")),
