@@ -49,7 +49,7 @@ class PrefetchPoll:
         """This step's polls' host seconds, the protocol's and its twin's, and whether the
         twin went first (hicache.twin)."""
         p = self.paired
-        return p.seconds[0], p.seconds[1], p.twin is not None and p.twin_first
+        return p.seconds[0], p.seconds[1], p.twin_first
 
     @property
     def beside_counter(self):

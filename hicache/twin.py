@@ -56,7 +56,9 @@ class PairedPolls:
 
     def begin_step(self, step: int) -> None:
         self.step, self.seconds = step, [0.0, 0.0]
-        self.twin_first = random.Random(self.seed * 1_000_003 + step).random() < 0.5
+        # Drawn only when there is a twin: no per-step RNG on the scheduler's hot path.
+        self.twin_first = self.twin is not None and \
+            random.Random(self.seed * 1_000_003 + step).random() < 0.5
 
     def poll(self, facts: Facts, comm: Comm, rid: str) -> bool:
         if self.twin is None:

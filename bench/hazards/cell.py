@@ -108,7 +108,7 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
         error = e
         _await_thread_error(system, e)
     report = _report(system, rank, error, t0)
-    _write(Path(cell_dir) / f"rank{rank}.json", report)
+    write_rank_json(Path(cell_dir) / f"rank{rank}.json", report)
     if error is not None:
         raise CellFailed(report["error"])
     return {"rank": rank}
@@ -160,7 +160,7 @@ def _report(system: System, rank: int, error: Exception | None, t0: float) -> di
     }
 
 
-def _write(path: Path, obj: dict) -> None:
+def write_rank_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, default=str))
     os.replace(tmp, path)

@@ -67,23 +67,23 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
                               (s, protocol, spec.seed, spec.timeout_s, str(cell_dir)),
                               timeout_s=spec.bound_s(s), method="forkserver")
     wall = time.monotonic() - t0
-    reports = [_read(cell_dir / f"rank{r}.json") or _from_journal(cell_dir, r, dead)
+    reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
                for r in range(s.world)]
     row = {"scenario": s.name, "issue": s.issue, "protocol": protocol, "policy": s.policy,
            "tp": 2, "pp": s.pp, "seed": spec.seed,
            **classify(reports),
-           "exit_codes": _exits(got, dead, s.world), "wall_s": round(wall, 2),
+           "exit_codes": exit_codes_text(got, dead, s.world), "wall_s": round(wall, 2),
            "collective_timeout_s": spec.timeout_s, "cell_dir": str(cell_dir)}
     row.update(_costs(reports[0]) if row["outcome"] == OK else {})
     row["named_s"] = _named_s(reports) if row["outcome"] in (DEADLOCK, ABORT) else None
     return row
 
 
-def _read(path: Path) -> dict | None:
+def read_rank_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
+def report_from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
     """A rank that died without a report (gloo aborted it): what its journals logged."""
     if rank not in dead:
         return None  # killed at the bound, or never started: the harness's failure
@@ -96,7 +96,7 @@ def _from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
             "data_errors": 0, "steps": None}
 
 
-def _exits(got: dict, dead: dict, world: int) -> str:
+def exit_codes_text(got: dict, dead: dict, world: int) -> str:
     """Each rank's end: 0 (served), 1 (its serve failed, report written), k (died), - (killed
     at the bound)."""
     codes = []

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench.hazards.cell import HARNESS_TIMEOUT_S, Journal, _write, journal_paths
+from bench.hazards.cell import HARNESS_TIMEOUT_S, Journal, journal_paths, write_rank_json
 from bench.hazards.classify import classify
-from bench.hazards.matrix import _exits, _from_journal, _read
+from bench.hazards.matrix import exit_codes_text, read_rank_json, report_from_journal
 from bench.run.launch import launch_to_end
 from sglang_adapter.door import Door
 from sglang_adapter.loader import load
@@ -134,7 +134,7 @@ def hazard_rank(rank: int, world: int, source: Source, case: HazardCase,
         error = f"{type(e).__name__}: {e}"
     finally:
         door.uninstall()
-    _write(Path(cell_dir) / f"rank{rank}.json",
+    write_rank_json(Path(cell_dir) / f"rank{rank}.json",
            _report(rank, door, log, error, case, time.monotonic() - t0))
     if error is not None:
         raise RuntimeError(error)
@@ -163,11 +163,11 @@ def run_hazard(source: Source, case: HazardCase, out: Path, bound_s: float = 400
         old.unlink()
     got, dead = launch_to_end(TP, hazard_rank, (source, case, str(cell_dir)),
                               timeout_s=bound_s)
-    reports = [_read(cell_dir / f"rank{r}.json") or _from_journal(cell_dir, r, dead)
+    reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
                for r in range(TP)]
     row = {"scenario": case.scenario, "issue": HAZARDS[case.scenario],
            "sglang": source.label, "policy": case.policy, **classify(reports),
-           "gloo": _gloo(reports), "exit_codes": _exits(got, dead, TP),
+           "gloo": _gloo(reports), "exit_codes": exit_codes_text(got, dead, TP),
            # per rank, SGLang's collectives issued while a poll was in hand
            "poll_collectives": [None if r is None else sum(1 for c in r["sequence"] if c[2])
                                 for r in reports]}
