@@ -12,7 +12,7 @@ MUTANTS ?=
 
 SGLANG ?= 0.5.23
 
-.PHONY: sglang-fetch sglang-check setup dev test test-fast bench gate compare microbench project lint mutate gpu-check clean
+.PHONY: sglang-fetch sglang-check setup dev test test-fast test-stats bench gate compare microbench project lint mutate gpu-check clean
 
 setup: $(STAMP)  ## runtime only: no network where python3 already imports the runtime deps
 
@@ -31,6 +31,9 @@ test: dev  ## all tests, slow ones included
 
 test-fast: dev  ## skip the slow end-to-end and 4-rank tests
 	$(PY) -m pytest -q -m "not slow"
+
+test-stats: dev  ## checks that hold at 95 %, so fail by chance now and then: not in make test
+	$(PY) -m pytest -q -m statistical
 
 bench: setup  ## the main job: protocols x policies x repeats, results/latest
 	$(PY) -m bench run --preset $(PRESET) $(ARGS)

@@ -4,10 +4,11 @@ cell's protocol and its twin back to back on the same facts, each timed.
 Fast (2 gloo ranks, one launch): the twin leaves the system's counts and schedule as they
 were (its collectives counted apart and added in the cross-check), a planted disagreement
 fails the run, the balanced estimator recovers a known per-step delay within 10 % through
-an order effect. Slow (bench run): a planted per-step delay in one protocol's polls comes
-back, quiet and beside the planted neighbour, with the design's A/A at 0, and beside the
-neighbour the design's A/A' holds 1 where the same run's whole serves, paired by repeat,
-are wider."""
+an order effect, a planted spin shows in its side's polls. Statistical (make test-stats, not
+in make test, whose verdict must not be chance; each holds at 95 %): the planted per-step
+delay comes back from bench run, quiet and beside the neighbour, with the design's A/A at 0,
+and beside the neighbour the design's A/A' holds 1 where the same run's whole serves,
+paired by repeat, are wider."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from tests.helpers import case, run_cases
 from tests.test_counts import N_REQUESTS, PREFIX, STORAGE
 from tests.test_pinned import PINNED
 
+PLANT_MS = 2.0
+
 
 def _digests(result: list[dict]) -> list[str]:
     return [s["schedule_digest"] for s in result[0]["steps"]]
@@ -34,10 +37,12 @@ def _digests(result: list[dict]) -> list[str]:
 
 def test_twin_keeps_counts_and_schedule_and_a_disagreement_fails():
     base = {**PINNED, "protocol": "pr36425", "policy": "wait_complete"}
-    alone, paired_run = run_cases(2, [
+    alone, paired_run, planted = run_cases(2, [
         case(base, STORAGE, n=N_REQUESTS, prefix_tokens=PREFIX),
         case({**base, "twin_protocol": "pr27010"}, STORAGE, n=N_REQUESTS,
-             prefix_tokens=PREFIX)])
+             prefix_tokens=PREFIX),
+        case({**base, "twin_protocol": "pr27010", "planted_protocol": "pr36425",
+              "planted_step_ms": PLANT_MS}, STORAGE, n=N_REQUESTS, prefix_tokens=PREFIX)])
     assert _digests(paired_run) == _digests(alone)  # the primary drives one schedule
     for r in (alone, paired_run):
         assert r[0]["by_site"].get("decision", 0) == 0  # pr36425's own: none
@@ -50,6 +55,11 @@ def test_twin_keeps_counts_and_schedule_and_a_disagreement_fails():
     # pr27010's twin all-reduced once per poll: its raw tp_cpu count is the extra
     extra = paired_run[0]["crosscheck"]["tp_cpu"][1] - alone[0]["crosscheck"]["tp_cpu"][1]
     assert extra == sum(s["polled"] for s in steps)
+    # The plant (--plant) is a spin, so its side's polls of every polling step take at least
+    # its length on any machine, with the schedule unchanged.
+    assert _digests(planted) == _digests(alone)
+    polled = [s for s in planted[0]["steps"] if s["polled"]]
+    assert polled and min(s["poll_s"] for s in polled) >= PLANT_MS / 1e3
     with pytest.raises(LaunchError, match="does not decide alike"):
         run_cases(2, [case({**base, "twin_protocol": "pr27010",
                             "planted_disagreement_from_step": 0}, STORAGE, n=N_REQUESTS,
@@ -84,8 +94,6 @@ def test_balanced_estimator_cancels_the_order_effect():
 
 SMALL = ["--protocols", "pr27010,pr36425", "--policies", "timeout", "--pairing", "step",
          "--requests", "12", "--bystanders", "12", "--output-tokens", "32", "--repeats", "4"]
-NEIGHBOUR = "cpu=1,burst=50ms-1s,seed=4"
-PLANT_MS = 2.0
 
 
 def _run(out, *args: str) -> pd.DataFrame:
@@ -96,29 +104,40 @@ def _run(out, *args: str) -> pd.DataFrame:
     return RunDir(out).steps()
 
 
+# ---- statistical: hold at 95 %, so not in make test (make test-stats) -----------------------
+
+NEIGHBOUR = "cpu=1,burst=50ms-1s,seed=4"
+
+
 @pytest.mark.slow
+@pytest.mark.statistical
 @pytest.mark.parametrize("neighbour", [None, NEIGHBOUR], ids=["quiet", "neighbour"])
 def test_a_planted_delay_is_recovered(tmp_path, neighbour):
     """Under timeout pr36425 and pr27010 issue the same MAX per poll (an A/A'); a 2 ms spin
-    planted in pr36425's polls of every step must come back, and the reference's A/A (its
-    cells twinned with itself) must stay at 0.
+    planted in pr36425's polls of every step comes back: its 95 % interval over 4 repeats
+    excludes 0, quiet and beside the neighbour, and the reference's A/A (its cells twinned
+    with itself) holds 0.
 
-    Not within 10 % of 2 ms on 2 over-committed cores: the spin costs more than its length
-    there (it takes a core from the peer rank and the background threads, which the next
-    all-reduce then waits for): 3.23 [2.90, 3.56] ms quiet, 4.19 [2.98, 5.40] beside the
-    neighbour, and the duet design sees a 3 ms spin as 3.9-4.1 ms
+    Statistical, so not in make test: beside a CPU burst a CI run once gave 2.33
+    [-0.56, 5.22] for the plant, and with another agent's tests on the cores the A/A's point
+    read 1.07 and 1.42 ms ([-2.95, 5.10], [-3.33, 6.16]). Not within 10 % of 2 ms on 2
+    over-committed cores either: the spin costs more than its length there (it takes a core
+    from the peer rank and the background threads, which the next all-reduce then waits
+    for), 3.23 [2.90, 3.56] ms quiet, 4.19 [2.98, 5.40] beside the neighbour
     (docs/results/2026-12-03_pairing_30379a0.md). The estimator's own 10 % is held on data
-    whose truth is known (test_balanced_estimator_cancels_the_order_effect)."""
+    whose truth is known (test_balanced_estimator_cancels_the_order_effect), the plant's
+    wiring by test_twin_keeps_counts_and_schedule_and_a_disagreement_fails."""
     extra = ["--plant", f"pr36425:{PLANT_MS}"] + (["--neighbour", neighbour] if neighbour
                                                    else [])
     steps = _run(tmp_path / "r", *extra)
     delta = paired.twin_delta(steps, "pr36425", "timeout")
     assert delta.low > 0 and 0.9 * PLANT_MS <= delta.point <= 2.5 * PLANT_MS, delta
-    aa = paired.twin_delta(steps, "pr27010", "timeout")  # twin of itself, no plant
+    aa = paired.twin_delta(steps, "pr27010", "timeout")
     assert aa.low <= 0 <= aa.high, aa
 
 
 @pytest.mark.slow
+@pytest.mark.statistical
 def test_the_paired_aa_holds_1_where_whole_serves_are_wider(tmp_path):
     steps = _run(tmp_path / "r", "--neighbour", NEIGHBOUR)
     design = paired.twin_ratio(steps, "pr36425", "timeout")
