@@ -114,6 +114,19 @@ def test_median_interval_brackets_by_order_statistics():
     assert calibrate.median_interval([5.0, 1.0, 3.0]) == (1.0, 5.0)  # too few: the range
 
 
+def test_median_interval_is_scipy_stats_binom_ppf():
+    """The rank is scipy.stats' binom.ppf, computed from scipy.special's CDF (cheaper to
+    import on rank 0): the same order statistics for every n and level."""
+    from scipy.stats import binom
+
+    rng = np.random.default_rng(0)
+    for n in range(1, 300):
+        a = np.sort(rng.normal(size=n))
+        for level in (0.9, 0.95, 0.99):
+            j = max(1, int(binom.ppf((1 - level) / 2, n, 0.5)))
+            assert calibrate.median_interval(list(a), level) == (a[j - 1], a[n - j]), (n, level)
+
+
 def test_merge_lanes_keeps_every_row(tmp_path):
     lanes = []
     for i, proto in enumerate(("pr27010", "pr36425")):

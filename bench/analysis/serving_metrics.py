@@ -60,8 +60,16 @@ def _classes(g: pd.DataFrame) -> pd.Series:
 
 
 def itl_gaps(cells: pd.Series) -> np.ndarray:
-    """All gaps (ms) of requests.csv `itl_ms` cells ('1.2;3.4', empty when < 2 tokens)."""
-    return np.array([g for c in cells for g in parse_gaps(c)], dtype=float)
+    """All gaps (ms) of requests.csv `itl_ms` cells ('1.2;3.4', empty when < 2 tokens).
+    Joined and converted at once (a summary reads every request's gaps several times); a
+    cell that is not numbers is named by parsing cell by cell."""
+    text = ";".join(c for c in cells.dropna().astype(str) if c.strip())
+    if not text:
+        return np.array([], dtype=float)
+    try:
+        return np.array(text.split(";"), dtype=float)
+    except ValueError:
+        return np.array([g for c in cells for g in parse_gaps(c)], dtype=float)
 
 
 def by_repeat(g: pd.DataFrame, s: pd.DataFrame | None, source: str,
