@@ -20,6 +20,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Every `bench run` a test makes (in process or not) draws no plots unless the test's
+# environment says otherwise: four PNGs cost 1-3.5 s of a 9 s run here, and the plots are
+# tested where they are drawn (tests/test_report.py, which passes `plots=` itself).
+os.environ.setdefault("BENCH_NO_PLOTS", "1")
 
 
 @pytest.fixture(scope="session")

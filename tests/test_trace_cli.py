@@ -91,7 +91,8 @@ def test_unbounded_pools_hold_the_whole_replay(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_short_replay_end_to_end(tmp_path, capsys):
+def test_short_replay_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BENCH_NO_PLOTS", "0")  # a real run's plots, drawn (tests/conftest.py)
     # Two conversations; each next turn extends the last one's blocks. Short answers.
     rows = [_row(0, [0, 1]), _row(200, [0, 2]), _row(400, [0, 1, 3]), _row(600, [0, 2, 4]),
             _row(800, [0, 1, 3, 5], n_in=1800), _row(1000, [0, 2, 4, 6], n_in=1900)]
