@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pandas as pd
 
 from bench.compare.comparison import Comparison
 from bench.compare.metrics import TIMING_METRICS
@@ -46,16 +45,20 @@ def rank_tests(ratios: list[float]) -> tuple[float | None, float | None]:
     return wilcoxon, sign
 
 
-def _pairs(comp: Comparison, key: tuple, metric) -> dict[int, float]:
-    """Repeat -> B/A of the metric in one configuration (`key`: its clean comp.keys)."""
-    def side(frame: pd.DataFrame | None) -> dict[int, float]:
+def _pairs(comp: Comparison, key: tuple, metric, groups: dict) -> dict[int, float]:
+    """Repeat -> B/A of the metric in one configuration (`key`: its clean comp.keys);
+    `groups` holds each run's tables split by configuration, filled on first use."""
+    def side(run) -> dict[int, float]:
+        frame = run.table(metric.table)
         if frame is None or not metric.present(frame.columns):
             return {}
-        groups = {clean_key(k): g for k, g in frame.groupby(comp.keys, dropna=False,
-                                                            sort=False)}
-        rows = groups.get(key)
+        cache = (id(run), metric.table)
+        if cache not in groups:
+            groups[cache] = {clean_key(k): g for k, g in frame.groupby(
+                comp.keys, dropna=False, sort=False)}
+        rows = groups[cache].get(key)
         return {} if rows is None else metric.sample(rows).per_repeat(metric.stat)
-    a, b = (side(run.table(metric.table)) for run in (comp.a, comp.b))
+    a, b = (side(run) for run in (comp.a, comp.b))
     return per_repeat_ratios(b, a)
 
 
@@ -85,11 +88,12 @@ def annotate(comp: Comparison, b_first_block: dict[int, bool], per_block: int) -
     """Adds the order-effect cells to every gated timing row of `comp` (ab.csv's extra
     columns), a warning line per flagged row and ab.md's "Order effect" section."""
     metrics = {m.name: m for m in TIMING_METRICS}
-    flagged, table = [], []
+    flagged, table, groups = [], [], {}
     for row in comp.rows:
         if row.get("kind") != "timing" or row["metric"] not in GATED:
             continue
-        ratios = _pairs(comp, tuple(row[k] for k in comp.keys), metrics[row["metric"]])
+        ratios = _pairs(comp, tuple(row[k] for k in comp.keys), metrics[row["metric"]],
+                        groups)
         if not ratios:
             continue
         row |= order_row(ratios, {r: b_first_block[r // per_block] for r in ratios})

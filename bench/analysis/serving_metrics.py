@@ -13,12 +13,13 @@ protocol whose polls issue no collective in the same configuration (the referenc
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
 
 from bench.analysis.overhead import extra_step_ms, hop_ms, intervals_overlap
-from bench.rundir.files import list_cell, parse_gaps
+from bench.rundir.files import cells_by_repeat, column_by_repeat, list_cell, parse_gaps
 from bench.rundir.schema import RATIO_METRICS
 from bench.stats import (
     Interval,
@@ -59,11 +60,11 @@ def _classes(g: pd.DataFrame) -> pd.Series:
     return classes.where(classes.notna(), "prefetch")
 
 
-def itl_gaps(cells: pd.Series) -> np.ndarray:
+def itl_gaps(cells: Iterable) -> np.ndarray:
     """All gaps (ms) of requests.csv `itl_ms` cells ('1.2;3.4', empty when < 2 tokens).
     Joined and converted at once (a summary reads every request's gaps several times); a
     cell that is not numbers is named by parsing cell by cell."""
-    text = ";".join(c for c in cells.dropna().astype(str) if c.strip())
+    text = ";".join(t for t in (str(c) for c in cells if not pd.isna(c)) if t.strip())
     if not text:
         return np.array([], dtype=float)
     try:
@@ -79,16 +80,16 @@ def by_repeat(g: pd.DataFrame, s: pd.DataFrame | None, source: str,
     if source == "steps":
         if s is None or s.empty or "step_ms" not in s:
             return {}
-        return {int(r): x["step_ms"].dropna().to_numpy(float) for r, x in s.groupby("repeat")}
+        return column_by_repeat(s, "step_ms")
     if source == "itl":
         if "itl_ms" not in g:
             return {}
-        return {int(r): itl_gaps(x["itl_ms"]) for r, x in g.groupby("repeat")}
+        return {r: itl_gaps(cells) for r, cells in cells_by_repeat(g, "itl_ms").items()}
     column = "e2e_ms" if source == "e2e" else "ttft_ms"
     if column not in g:
         return {}
     sub = g if klass is None else g[_classes(g) == klass]
-    return {int(r): x[column].dropna().to_numpy(float) for r, x in sub.groupby("repeat")}
+    return column_by_repeat(sub, column)
 
 
 def _pct(values: np.ndarray, stat: str) -> float:
@@ -176,8 +177,8 @@ def metric_sample(g: pd.DataFrame | None, s: pd.DataFrame | None, name: str) -> 
         return Sample.flat({})
     source, klass, _ = RATIO_SOURCES[name]
     if source == "itl":
-        return Sample.clustered({int(r): [parse_gaps(c) for c in x["itl_ms"]]
-                                 for r, x in g.groupby("repeat")} if "itl_ms" in g else {})
+        return Sample.clustered({r: [parse_gaps(c) for c in cells] for r, cells in
+                                 cells_by_repeat(g, "itl_ms").items()} if "itl_ms" in g else {})
     return Sample.flat(by_repeat(g, s, source, klass))
 
 

@@ -22,7 +22,7 @@ from bench.analysis.serving_metrics import (
     serving_columns,
 )
 from bench.analysis.verdict import data_errors, rejected, served, unexplained_disagreements
-from bench.rundir.files import as_bool, clean_key, is_true, list_cell
+from bench.rundir.files import as_bool, clean_key, column_by_repeat, is_true, list_cell
 from bench.rundir.schema import (
     GROUP_KEYS,
     REFERENCE_PROTOCOL,
@@ -86,7 +86,7 @@ def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
 
 def _by_repeat(g: pd.DataFrame, column: str) -> dict[int, np.ndarray]:
     """Repeat -> non-missing values of `column`."""
-    return {int(r): s[column].dropna().to_numpy(float) for r, s in g.groupby("repeat")}
+    return column_by_repeat(g, column)
 
 
 def _count_columns(g: pd.DataFrame) -> dict:

@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 import pandas as pd
 
-from bench.rundir.files import parse_gaps
+from bench.rundir.files import cells_by_repeat, column_by_repeat, parse_gaps
 from bench.rundir.schema import COUNT_COLUMNS, STEP_SITES
 from bench.stats import Sample
 
@@ -41,7 +41,7 @@ class TimingMetric:
 
 
 def _by_repeat(frame: pd.DataFrame, column: str) -> dict[int, np.ndarray]:
-    return {int(r): g[column].dropna().to_numpy(float) for r, g in frame.groupby("repeat")}
+    return column_by_repeat(frame, column)
 
 
 def ttft(request_class: str | None = None) -> Callable[[pd.DataFrame], Sample]:
@@ -56,8 +56,8 @@ def ttft(request_class: str | None = None) -> Callable[[pd.DataFrame], Sample]:
 
 def itl_gaps(frame: pd.DataFrame) -> Sample:
     """Pooled inter-token gaps of all requests; a request's gaps are one resampling unit."""
-    return Sample.clustered({int(r): [parse_gaps(c) for c in g["itl_ms"]]
-                             for r, g in frame.groupby("repeat")})
+    return Sample.clustered({r: [parse_gaps(c) for c in cells]
+                             for r, cells in cells_by_repeat(frame, "itl_ms").items()})
 
 
 def all_steps(frame: pd.DataFrame) -> Sample:

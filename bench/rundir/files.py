@@ -50,8 +50,39 @@ def write_json_atomic(path: Path | str, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def column_by_repeat(frame: pd.DataFrame, column: str) -> dict[int, np.ndarray]:
+    """Repeat -> the column's non-missing values as floats, repeats in order: what
+    `{r: g[column].dropna() for r, g in frame.groupby("repeat")}` gives, without cutting
+    every other column of the frame per repeat (the summaries call this thousands of times)."""
+    if frame.empty:
+        return {}
+    repeats = frame["repeat"].to_numpy()
+    values = frame[column].to_numpy(float)
+    keys = pd.unique(repeats[pd.notna(repeats)])
+    out = {}
+    for r in sorted(keys):
+        v = values[repeats == r]
+        out[int(r)] = v[~np.isnan(v)]
+    return out
+
+
+def cells_by_repeat(frame: pd.DataFrame, column: str) -> dict[int, list]:
+    """Repeat -> the column's raw cells (missing ones included), repeats in order."""
+    if frame.empty:
+        return {}
+    return {int(r): list(x) for r, x in frame.groupby("repeat")[column]}
+
+
+_PLAIN = (str, int)  # their str() is the cell (bool is an int: handled first)
+
+
 def csv_cell(value: Any) -> str:
     """One CSV cell: booleans as True/False, None and NaN as empty (unknown, never a number)."""
+    kind = type(value)
+    if kind is float:
+        return "" if value != value else str(value)
+    if kind in _PLAIN:
+        return value if kind is str else str(value)
     if value is None or type(value).__name__ in ("NAType", "NaTType"):  # pandas' missing values
         return ""
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isnan(value):
