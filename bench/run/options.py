@@ -21,6 +21,8 @@ from hicache.storage import StorageSpec
 REPEAT_SEEDS = ("same", "distinct")
 # Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
 PAIRINGS = ("duet", "step")
+# The system under test (hicache.seam): the project's HiCache, or SGLang's own decisions.
+CACHES = ("project", "sglang")
 # "0": never serve a disturbed cell again, whatever the preset says. bench ab sets it for
 # both sides, so a revision with --redo-disturbed and one from before it run alike.
 REDO_ENV = "BENCH_REDO_DISTURBED"
@@ -86,6 +88,8 @@ class RunOptions:
     neighbour: str | None = None
     pairing: str | None = None
     plant: str | None = None
+    cache: str = "project"
+    sglang: str | None = None
     out: Path | None = None
 
     @classmethod
@@ -155,6 +159,7 @@ def build_plan(args: RunOptions) -> RunPlan:
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())),
                    neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing))
+    plan = _system_under_test(plan, args)
     if args.schedule is None:
         plan = _pin_if_possible(plan)
     if args.redo_disturbed and plan.schedule != "pinned":
@@ -166,6 +171,31 @@ def build_plan(args: RunOptions) -> RunPlan:
         plan = replace(plan, redo_disturbed=None)
     _check_configs(plan)
     return plan
+
+
+def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
+    """--cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), read
+    from --sglang SPEC here once, so an SGLang that cannot be had or driven is refused
+    before any rank starts; its one protocol is the release's (`sglang-0.5.23@unified`)."""
+    if args.cache not in CACHES:
+        raise OptionError(f"--cache must be one of {', '.join(CACHES)}, got {args.cache!r}")
+    if args.cache == "project":
+        if args.sglang is not None:
+            raise OptionError("--sglang needs --cache sglang")
+        return plan
+    if not args.sglang:
+        raise OptionError("--cache sglang needs --sglang SPEC (a release such as 0.5.23, "
+                          "a wheel file or a source tree)")
+    if args.protocols is not None or plan.pairing is not None:
+        raise OptionError("--cache sglang runs the release's own protocol: no --protocols "
+                          "or --pairing")
+    from sglang_adapter.target import LoadError, SourceError, resolve_target
+
+    try:
+        target = resolve_target(args.sglang)
+    except (SourceError, LoadError) as e:
+        raise OptionError(str(e)) from None
+    return replace(plan, sglang=target, protocols=(target.name,))
 
 
 def _neighbour(text: str | None) -> str | None:
