@@ -1,0 +1,153 @@
+"""`bench run --cache sglang` (sglang_adapter.cache, docs/sglang.md): SGLang 0.5.23's own
+check_hicache_events and check_prefetch_progress behind the harness's seam, served the
+harness's workload, against `--cache project` with the protocol that models the release,
+one seed, pinned: per request the same polls and decision, completion, hit-query and ack
+collectives; SGLang's collectives named by file:function:line; the run's self-checks hold.
+
+The wheel comes from the release cache (make sglang-fetch; CI caches it); absent, the
+end-to-end test is skipped, never passed. Bad input is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sglang_adapter.source import DEFAULT_CACHE
+
+REPO = Path(__file__).resolve().parent.parent
+# A small pinned serve with every policy; slow reads (120 ms a batch) and a short timeout
+# budget, so timeout polls reach SGLang's decision MAX and some prefetches end at a poll
+# (timed out), others at their final ack.
+RUN = ["--preset", "ci", "--tp", "2", "--requests", "6", "--bystanders", "2",
+       "--output-tokens", "4", "--repeats", "1", "--seed", "3", "--schedule", "pinned",
+       "--timeout-base", "0.004", "--storage-latency-ms", "120"]
+PER_REQUEST = ["polls", "decision_collectives", "completion_collectives",
+               "hit_query_collectives", "ack_collectives", "pp_hops", "terminated_by",
+               "prefetched_tokens", "hit_tokens"]
+DECISION_SITE = ("all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:"
+                 "359 < _all_reduce:386 < _can_terminate_prefetch:2311 < "
+                 "check_prefetch_progress:2405")
+
+
+def _bench_run(out: Path, *argv: str, timeout: float = 500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", "run", *argv, "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "BENCH_NO_PLOTS": "1"})
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cache", "sglang"], "--cache sglang needs --sglang SPEC"),
+    (["--sglang", "0.5.23"], "--sglang needs --cache sglang"),
+    (["--cache", "sglang", "--sglang", "nonsense"], "no such release, wheel or source tree"),
+    (["--cache", "sglang", "--sglang", "0.5.23", "--protocols", "pr36425"],
+     "runs the release's own protocol")])
+def test_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
+    from bench.commands.run import main
+
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
+@pytest.fixture(scope="module")
+def both_runs(tmp_path_factory):
+    """One seed served by SGLang's code and by the project's model of 0.5.23."""
+    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
+        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    root = tmp_path_factory.mktemp("sglang_run")
+    out = {}
+    for name, extra in (("sglang", ["--cache", "sglang", "--sglang", "0.5.23"]),
+                        ("project", ["--protocols", "sglang-0.5.23"])):
+        done = _bench_run(root / name, *RUN, *extra)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        out[name] = root / name
+    return out
+
+
+def _requests(run: Path) -> pd.DataFrame:
+    df = pd.read_csv(run / "requests.csv")
+    return df.set_index(["policy", "rid"]).sort_index()
+
+
+@pytest.mark.slow  # two 2-rank serves, one importing SGLang on each rank: about 2 minutes
+def test_sglang_and_project_agree_per_request(both_runs):
+    sgl, proj = _requests(both_runs["sglang"]), _requests(both_runs["project"])
+    assert set(sgl["protocol"]) == {"sglang-0.5.23@unified"}
+    assert sgl.index.equals(proj.index)
+    differ = (sgl[PER_REQUEST] != proj[PER_REQUEST]) & \
+        ~(sgl[PER_REQUEST].isna() & proj[PER_REQUEST].isna())
+    assert not differ.any().any(), sgl[PER_REQUEST][differ.any(axis=1)].join(
+        proj[PER_REQUEST][differ.any(axis=1)], rsuffix="_project").to_string()
+    # The run exercised SGLang's decision: timeout polls that reached its MAX.
+    timeout = sgl.loc["timeout"]
+    assert timeout["decision_collectives"].sum() > 0
+    assert (sgl.loc[["best_effort", "wait_complete"], "decision_collectives"] == 0).all()
+    assert set(timeout["terminated_by"]) >= {"poll", "ack"}
+    named = timeout[timeout["decision_collectives"] > 0]["call_sites"]
+    assert named.str.contains(DECISION_SITE, regex=False).all(), named.tolist()
+
+
+@pytest.mark.slow  # the same two serves (module fixture)
+def test_sglang_run_self_checks_hold(both_runs):
+    run = both_runs["sglang"]
+    ranks = pd.read_csv(run / "ranks.csv")
+    assert ranks["crosscheck_ok"].all()  # SGLang's collectives counted == torch's seq numbers
+    requests = pd.read_csv(run / "requests.csv")
+    assert requests["ranks_agree"].all() and requests["data_ok"].all()
+    assert (run / "verdict.json").exists()
+    # Per step SGLang's own packed MIN beside the harness's step agreement (docs/sglang.md).
+    steps = pd.read_csv(run / "steps.csv")
+    project = pd.read_csv(both_runs["project"] / "steps.csv")
+    assert len(steps) == len(project)
+    assert (steps["per_step_min"].to_numpy() == 2 * project["per_step_min"].to_numpy()).all()
+
+
+# ---- pure: which harness site each of SGLang's collectives plays; compare per request ------
+
+@pytest.mark.parametrize("op, site, via, expected", [
+    ("all_reduce", "mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359",
+     "_all_reduce:386 < _can_terminate_prefetch:2311 < check_prefetch_progress:2405",
+     "decision"),
+    ("all_reduce", "mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359",
+     "_all_reduce:386 < _sync_hicache_ready_counts:3459 < check_hicache_events:3681",
+     "per_step_min"),
+    ("isend", "mem_cache/unified_radix_cache.py:_pp_sync:404",
+     "_all_reduce:387 < _can_terminate_prefetch:2311", "pp_hop"),
+    ("all_reduce", "mem_cache/hiradix_cache.py:_all_reduce_attn_groups:222",
+     "can_terminate_prefetch:1617 < check_prefetch_progress:1643", "decision"),
+    ("all_reduce", "mem_cache/hiradix_cache.py:_sync_and_clamp_prefetch_result:1590",
+     "check_prefetch_progress:1658", "completion"),
+    ("barrier", "mem_cache/x.py:f:1", "", "sglang:mem_cache/x.py:f:1"),
+])
+def test_each_sglang_collective_plays_its_harness_site(op, site, via, expected):
+    from sglang_adapter.cache import site_of
+    from sglang_adapter.door import Call
+
+    assert site_of(Call(site, "tp_cpu", op, "r0", via)) == expected
+
+
+def test_compare_per_request_names_both_sides_call_sites():
+    from bench.compare.per_request import as_modelled, differences, section
+
+    def frame(protocol, decisions, sites):
+        return as_modelled(pd.DataFrame({
+            "protocol": protocol, "policy": "timeout", "repeat": 0, "rid": ["r0", "r1"],
+            "polls": [3, 2], "decision_collectives": decisions, "completion_collectives": 0,
+            "pp_hops": 0, "hit_query_collectives": 1, "ack_collectives": 1,
+            "call_sites": sites}))
+
+    a = frame("sglang-0.5.23", [3, 2], ["3x all_reduce@tp_cpu decision", "2x x"])
+    b = frame("sglang-0.5.23@unified", [3, 3], ["3x all_reduce@tp_cpu sglang.py:f:1", "3x y"])
+    assert set(b["protocol"]) == {"sglang-0.5.23"}  # rows pair by the release's model
+    n, lines = differences(a, b)
+    assert n == 2 and lines == ["timeout repeat 0 r1: decision_collectives 2 -> 3; A: 2x x; "
+                                "B: 3x y"]
+    printed, md = section(a, b)
+    assert printed[0].startswith("per request: 1 of 2 requests equal") and md[0] == \
+        "## Per request"
