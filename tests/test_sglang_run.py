@@ -55,15 +55,32 @@ def test_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and says in err, err
 
 
-@pytest.fixture(scope="module")
-def both_runs(tmp_path_factory):
-    """One seed served by SGLang's code and by the project's model of 0.5.23."""
-    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
-        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
-    root = tmp_path_factory.mktemp("sglang_run")
-    out = {}
-    for name, extra in (("sglang", ["--cache", "sglang", "--sglang", "0.5.23"]),
-                        ("project", ["--protocols", "sglang-0.5.23"])):
+# The releases and the project protocol that models each (docs/releases.md); the decision
+# site SGLang's timeout poll reaches in each. 0.5.19 and 0.5.18 run in make sglang-check.
+RELEASES = [
+    pytest.param(("0.5.23", "sglang-0.5.23", "unified", DECISION_SITE), id="0.5.23"),
+    pytest.param(("0.5.19", "pr36425", "unified",
+                  "all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:"
+                  "289 < _all_reduce:325 < _can_terminate_prefetch:1857 < "
+                  "check_prefetch_progress:1870"), marks=pytest.mark.sglang_matrix, id="0.5.19"),
+    pytest.param(("0.5.18", "pre27010", "hiradix",
+                  "all_reduce@tp_cpu mem_cache/hiradix_cache.py:_all_reduce_attn_groups:222 < "
+                  "can_terminate_prefetch:1617 < check_prefetch_progress:1643"),
+                 marks=pytest.mark.sglang_matrix, id="0.5.18"),
+]
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def both_runs(request, tmp_path_factory):
+    """One seed served by SGLang's code of a release and by the project's model of it."""
+    release, protocol, family, site = request.param
+    wheels = sorted(DEFAULT_CACHE.glob(f"sglang-{release}-*.whl"))
+    if not wheels:
+        pytest.skip(f"no sglang {release} wheel in {DEFAULT_CACHE} (make sglang-fetch)")
+    root = tmp_path_factory.mktemp(f"sglang_run_{release}")
+    out = {"name": f"sglang-{release}@{family}", "site": site}
+    for name, extra in (("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1])]),
+                        ("project", ["--protocols", protocol])):
         done = _bench_run(root / name, *RUN, *extra)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         out[name] = root / name
@@ -78,7 +95,7 @@ def _requests(run: Path) -> pd.DataFrame:
 @pytest.mark.slow  # two 2-rank serves, one importing SGLang on each rank: about 2 minutes
 def test_sglang_and_project_agree_per_request(both_runs):
     sgl, proj = _requests(both_runs["sglang"]), _requests(both_runs["project"])
-    assert set(sgl["protocol"]) == {"sglang-0.5.23@unified"}
+    assert set(sgl["protocol"]) == {both_runs["name"]}
     assert sgl.index.equals(proj.index)
     differ = (sgl[PER_REQUEST] != proj[PER_REQUEST]) & \
         ~(sgl[PER_REQUEST].isna() & proj[PER_REQUEST].isna())
@@ -87,10 +104,12 @@ def test_sglang_and_project_agree_per_request(both_runs):
     # The run exercised SGLang's decision: timeout polls that reached its MAX.
     timeout = sgl.loc["timeout"]
     assert timeout["decision_collectives"].sum() > 0
-    assert (sgl.loc[["best_effort", "wait_complete"], "decision_collectives"] == 0).all()
-    assert set(timeout["terminated_by"]) >= {"poll", "ack"}
+    assert (sgl.loc["best_effort", "decision_collectives"] == 0).all()
+    if not both_runs["name"].startswith("sglang-0.5.18"):  # PR #36425: no vote to wait
+        assert (sgl.loc["wait_complete", "decision_collectives"] == 0).all()
+    assert set(timeout["terminated_by"]) >= {"poll"}
     named = timeout[timeout["decision_collectives"] > 0]["call_sites"]
-    assert named.str.contains(DECISION_SITE, regex=False).all(), named.tolist()
+    assert named.str.contains(both_runs["site"], regex=False).all(), named.tolist()
 
 
 @pytest.mark.slow  # the same two serves (module fixture)
@@ -106,6 +125,19 @@ def test_sglang_run_self_checks_hold(both_runs):
     project = pd.read_csv(both_runs["project"] / "steps.csv")
     assert len(steps) == len(project)
     assert (steps["per_step_min"].to_numpy() == 2 * project["per_step_min"].to_numpy()).all()
+
+
+@pytest.mark.slow  # the same two serves (module fixture)
+def test_compare_pairs_the_runs_request_by_request(both_runs, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench", "compare", str(both_runs["project"]),
+                           str(both_runs["sglang"]), "--out", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    n = len(pd.read_csv(both_runs["sglang"] / "requests.csv"))
+    assert f"per request: {n} of {n} requests equal in every count" in done.stdout, \
+        done.stdout[-3000:] + done.stderr[-2000:]
+    # The one count that differs, per step: SGLang's own MIN beside the harness's agreement.
+    assert done.returncode == 1 and "step_collectives_per_step" in done.stdout
+    assert "## Per request" in (tmp_path / "compare.md").read_text()
 
 
 # ---- pure: which harness site each of SGLang's collectives plays; compare per request ------
