@@ -18,13 +18,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hicache.cost_model import per_step
 from sglang_adapter.source import DEFAULT_CACHE
 
 REPO = Path(__file__).resolve().parent.parent
 # A small pinned serve with every policy; slow reads (120 ms a batch) and a short timeout
 # budget, so timeout polls reach SGLang's decision MAX and some prefetches end at a poll
 # (timed out), others at their final ack.
-RUN = ["--preset", "ci", "--tp", "2", "--requests", "6", "--bystanders", "2",
+RUN = ["--preset", "ci", "--requests", "6", "--bystanders", "2",
        "--output-tokens", "4", "--repeats", "1", "--seed", "3", "--schedule", "pinned",
        "--timeout-base", "0.004", "--storage-latency-ms", "120"]
 PER_REQUEST = ["polls", "decision_collectives", "completion_collectives",
@@ -58,30 +59,36 @@ def test_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
 # The releases and the project protocol that models each (docs/releases.md); the decision
 # site SGLang's timeout poll reaches in each. 0.5.19 and 0.5.18 run in make sglang-check.
 RELEASES = [
-    pytest.param(("0.5.23", "sglang-0.5.23", "unified", DECISION_SITE), id="0.5.23"),
-    pytest.param(("0.5.19", "pr36425", "unified",
+    pytest.param(("0.5.23", "sglang-0.5.23", "unified", (2, 1), DECISION_SITE), id="0.5.23"),
+    pytest.param(("0.5.19", "pr36425", "unified", (2, 1),
                   "all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:"
                   "289 < _all_reduce:325 < _can_terminate_prefetch:1857 < "
                   "check_prefetch_progress:1870"), marks=pytest.mark.sglang_matrix, id="0.5.19"),
-    pytest.param(("0.5.18", "pre27010", "hiradix",
+    pytest.param(("0.5.18", "pre27010", "hiradix", (2, 1),
                   "all_reduce@tp_cpu mem_cache/hiradix_cache.py:_all_reduce_attn_groups:222 < "
                   "can_terminate_prefetch:1617 < check_prefetch_progress:1643"),
                  marks=pytest.mark.sglang_matrix, id="0.5.18"),
+    pytest.param(("0.5.23", "sglang-0.5.23", "unified", (1, 2),
+                  "isend@pp_cpu mem_cache/unified_radix_cache.py:_pp_sync:404 < _all_reduce:387 "
+                  "< _can_terminate_prefetch:2311 < check_prefetch_progress:2405"),
+                 marks=pytest.mark.sglang_matrix, id="0.5.23-tp1pp2"),
 ]
 
 
 @pytest.fixture(scope="module", params=RELEASES)
 def both_runs(request, tmp_path_factory):
     """One seed served by SGLang's code of a release and by the project's model of it."""
-    release, protocol, family, site = request.param
+    release, protocol, family, (tp, pp), site = request.param
     wheels = sorted(DEFAULT_CACHE.glob(f"sglang-{release}-*.whl"))
     if not wheels:
         pytest.skip(f"no sglang {release} wheel in {DEFAULT_CACHE} (make sglang-fetch)")
     root = tmp_path_factory.mktemp(f"sglang_run_{release}")
-    out = {"name": f"sglang-{release}@{family}", "site": site}
+    out = {"name": f"sglang-{release}@{family}", "site": site, "protocol": protocol,
+           "layout": (tp, pp)}
+    layout = ["--tp", str(tp), "--pp", str(pp)]
     for name, extra in (("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1])]),
                         ("project", ["--protocols", protocol])):
-        done = _bench_run(root / name, *RUN, *extra)
+        done = _bench_run(root / name, *RUN, *layout, *extra)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         out[name] = root / name
     return out
@@ -103,12 +110,13 @@ def test_sglang_and_project_agree_per_request(both_runs):
         proj[PER_REQUEST][differ.any(axis=1)], rsuffix="_project").to_string()
     # The run exercised SGLang's decision: timeout polls that reached its MAX.
     timeout = sgl.loc["timeout"]
-    assert timeout["decision_collectives"].sum() > 0
+    voted = timeout["decision_collectives"] + timeout["pp_hops"]  # TP MAX and/or PP hop
+    assert voted.sum() > 0
     assert (sgl.loc["best_effort", "decision_collectives"] == 0).all()
     if not both_runs["name"].startswith("sglang-0.5.18"):  # PR #36425: no vote to wait
         assert (sgl.loc["wait_complete", "decision_collectives"] == 0).all()
     assert set(timeout["terminated_by"]) >= {"poll"}
-    named = timeout[timeout["decision_collectives"] > 0]["call_sites"]
+    named = timeout[voted > 0]["call_sites"]
     assert named.str.contains(both_runs["site"], regex=False).all(), named.tolist()
 
 
@@ -120,11 +128,14 @@ def test_sglang_run_self_checks_hold(both_runs):
     requests = pd.read_csv(run / "requests.csv")
     assert requests["ranks_agree"].all() and requests["data_ok"].all()
     assert (run / "verdict.json").exists()
-    # Per step SGLang's own packed MIN beside the harness's step agreement (docs/sglang.md).
+    # Per step SGLang's own reductions beside the harness's step agreement (docs/sglang.md):
+    # what the release's model has per step, once more (rank 0; the polls' hops cancel).
     steps = pd.read_csv(run / "steps.csv")
     project = pd.read_csv(both_runs["project"] / "steps.csv")
     assert len(steps) == len(project)
-    assert (steps["per_step_min"].to_numpy() == 2 * project["per_step_min"].to_numpy()).all()
+    extra = sum(per_step(both_runs["protocol"], *both_runs["layout"]))
+    sites = ["per_step_min", "pp_hop"]
+    assert (steps[sites].sum(axis=1) - project[sites].sum(axis=1) == extra).all()
 
 
 @pytest.mark.slow  # the same two serves (module fixture)
@@ -135,9 +146,46 @@ def test_compare_pairs_the_runs_request_by_request(both_runs, tmp_path):
     n = len(pd.read_csv(both_runs["sglang"] / "requests.csv"))
     assert f"per request: {n} of {n} requests equal in every count" in done.stdout, \
         done.stdout[-3000:] + done.stderr[-2000:]
-    # The one count that differs, per step: SGLang's own MIN beside the harness's agreement.
-    assert done.returncode == 1 and "step_collectives_per_step" in done.stdout
+    # The one count that differs, per step: SGLang's own MIN beside the harness's agreement
+    # (compare's step counts hold no PP hop: at TP1 x PP2 they are equal).
+    tp = both_runs["layout"][0]
+    assert done.returncode == int(tp > 1), done.stdout[-3000:]
+    assert (tp == 1) or "step_collectives_per_step" in done.stdout
     assert "## Per request" in (tmp_path / "compare.md").read_text()
+
+
+def test_an_sglang_it_cannot_drive_is_refused_before_any_rank(tmp_path, capsys):
+    from bench.commands.run import main
+    from tests.test_sglang_adapter import UNDRIVABLE, _undrivable_tree
+
+    tree = _undrivable_tree(tmp_path / "renamed")
+    assert main(["--cache", "sglang", "--sglang", str(tree), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [f"bench run: sglang tree:renamed: {UNDRIVABLE}"], err
+    assert "sglang" not in sys.modules  # checked, then taken out of this process again
+
+
+@pytest.mark.slow  # one 2-rank serve importing a source tree on each rank: about 30 s
+def test_a_planted_all_reduce_shows_in_bench_run_at_its_line(tmp_path):
+    from tests.test_sglang_adapter import _planted_tree
+
+    wheels = sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl"))
+    if not wheels:
+        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    line = _planted_tree(wheels[-1], tmp_path / "tree")
+    done = _bench_run(tmp_path / "run", *RUN, "--tp", "2", "--policies", "wait_complete",
+                      "--cache",
+                      "sglang", "--sglang", str(tmp_path / "tree"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = pd.read_csv(tmp_path / "run" / "requests.csv")
+    assert set(rows["protocol"]) == {"sglang-tree:tree@unified"}
+    polled = rows[rows["polls"] > 0]
+    assert len(polled) and (polled["decision_collectives"] == polled["polls"]).all()
+    planted = f"x all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_can_terminate_prefetch:" \
+        f"{line} < check_prefetch_progress:"
+    for polls, sites in zip(polled["polls"], polled["call_sites"], strict=True):
+        assert f"{polls}{planted}" in sites, sites
+    assert pd.read_csv(tmp_path / "run" / "ranks.csv")["crosscheck_ok"].all()
 
 
 # ---- pure: which harness site each of SGLang's collectives plays; compare per request ------
