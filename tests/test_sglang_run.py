@@ -72,6 +72,8 @@ RELEASES = [
                   "isend@pp_cpu mem_cache/unified_radix_cache.py:_pp_sync:404 < _all_reduce:387 "
                   "< _can_terminate_prefetch:2311 < check_prefetch_progress:2405"),
                  marks=pytest.mark.sglang_matrix, id="0.5.23-tp1pp2"),
+    pytest.param(("0.5.23", "sglang-0.5.23", "unified", (2, 2), DECISION_SITE),
+                 marks=pytest.mark.sglang_matrix, id="0.5.23-tp2pp2"),
 ]
 
 
