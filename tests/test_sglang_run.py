@@ -88,7 +88,9 @@ def both_runs(request, tmp_path_factory):
     out = {"name": f"sglang-{release}@{family}", "site": site, "protocol": protocol,
            "layout": (tp, pp)}
     layout = ["--tp", str(tp), "--pp", str(pp)]
-    for name, extra in (("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1])]),
+    # SGLang's side serves the seed twice (repeat 1 replays repeat 0: --repeat-seeds same).
+    twice = ["--repeats", "2", "--repeat-seeds", "same"]
+    for name, extra in (("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1]), *twice]),
                         ("project", ["--protocols", protocol])):
         done = _bench_run(root / name, *RUN, *layout, *extra)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -96,9 +98,9 @@ def both_runs(request, tmp_path_factory):
     return out
 
 
-def _requests(run: Path) -> pd.DataFrame:
+def _requests(run: Path, repeat: int = 0) -> pd.DataFrame:
     df = pd.read_csv(run / "requests.csv")
-    return df.set_index(["policy", "rid"]).sort_index()
+    return df[df["repeat"] == repeat].set_index(["policy", "rid"]).sort_index()
 
 
 @pytest.mark.slow  # two 2-rank serves, one importing SGLang on each rank: about 2 minutes
@@ -122,6 +124,16 @@ def test_sglang_and_project_agree_per_request(both_runs):
     assert named.str.contains(both_runs["site"], regex=False).all(), named.tolist()
 
 
+@pytest.mark.slow  # the same serves (module fixture)
+def test_a_second_serve_of_the_seed_gives_the_same_counts(both_runs):
+    first, second = (_requests(both_runs["sglang"], r) for r in (0, 1))
+    columns = [*PER_REQUEST, "call_sites"]
+    assert len(first) and first[columns].fillna("").equals(second[columns].fillna(""))
+    steps = pd.read_csv(both_runs["sglang"] / "steps.csv")
+    digests = steps.groupby(["policy", "repeat"])["schedule_digest"].last().unstack()
+    assert (digests[0] == digests[1]).all()  # one schedule per seed, SGLang deciding
+
+
 @pytest.mark.slow  # the same two serves (module fixture)
 def test_sglang_run_self_checks_hold(both_runs):
     run = both_runs["sglang"]
@@ -133,6 +145,7 @@ def test_sglang_run_self_checks_hold(both_runs):
     # Per step SGLang's own reductions beside the harness's step agreement (docs/sglang.md):
     # what the release's model has per step, once more (rank 0; the polls' hops cancel).
     steps = pd.read_csv(run / "steps.csv")
+    steps = steps[steps["repeat"] == 0].reset_index(drop=True)
     project = pd.read_csv(both_runs["project"] / "steps.csv")
     assert len(steps) == len(project)
     extra = sum(per_step(both_runs["protocol"], *both_runs["layout"]))
@@ -145,7 +158,7 @@ def test_compare_pairs_the_runs_request_by_request(both_runs, tmp_path):
     done = subprocess.run([sys.executable, "-m", "bench", "compare", str(both_runs["project"]),
                            str(both_runs["sglang"]), "--out", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
-    n = len(pd.read_csv(both_runs["sglang"] / "requests.csv"))
+    n = len(_requests(both_runs["sglang"]))
     assert f"per request: {n} of {n} requests equal in every count" in done.stdout, \
         done.stdout[-3000:] + done.stderr[-2000:]
     # The one count that differs, per step: SGLang's own MIN beside the harness's agreement
