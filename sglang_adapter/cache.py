@@ -36,7 +36,7 @@ import functools
 import time
 
 from hicache.cache import HiCache
-from hicache.comm import COMPLETION, DECISION, PER_STEP_MIN, PP_HOP
+from hicache.comm import COMPLETION, DECISION, PER_STEP_MIN, PP_HOP, CollectiveError
 from sglang_adapter.door import Call, Door
 from sglang_adapter.loader import load
 from sglang_adapter.poll import make_rig
@@ -75,7 +75,7 @@ class SGLangCache(HiCache):
         self.target, self.door = target, door
         door.register("tp_cpu", tp_group)  # SGLang's collectives on the harness's groups
         door.register("pp_cpu", pp_group)
-        door.listener = self._record
+        door.listener, door.failure = self._record, self._failure
         self.handles: dict[str, object] = {}  # rid -> SGLang's key of its prefetch
         self._poll_s = 0.0
 
@@ -84,6 +84,15 @@ class SGLangCache(HiCache):
         where = f"{call.op}@{call.group} {call.site}" + (f" < {call.via}" if call.via else "")
         self.stats.counter.record(site_of(call), call.group, 1, call.rid, seconds, start,
                                   call.op, where=where)
+
+    def _failure(self, call: Call, error: Exception) -> CollectiveError:
+        """A collective SGLang issued failed: the error names its call site, step, request."""
+        ranks = self.comm.groups.ranks.get(call.group)
+        return CollectiveError(
+            f"SGLang's collective {call.op} at {call.site} < {call.via} on group "
+            f"'{call.group}' (ranks {ranks}) failed on rank {self.layout.rank} at step "
+            f"{self.stats.counter.step}{f' for request {call.rid}' if call.rid else ''}: "
+            f"{str(error).splitlines()[0][:300]}")
 
     def _tick(self) -> None:
         """SGLang's clock now: the step's stamp when pinned, else this rank's own."""
@@ -167,7 +176,7 @@ class SGLangCache(HiCache):
         return self._poll_s, 0.0, False
 
     def close(self) -> None:
-        self.door.listener = None
+        self.door.listener = self.door.failure = None
         super().close()
 
 

@@ -54,8 +54,11 @@ class Door:
         self.sequence: list | None = None
         self.step: int | None = None
         # Optional: told of every counted call once it returned, with its seconds and start
-        # (sglang_adapter.cache records it on the harness's counter).
+        # (sglang_adapter.cache records it on the harness's counter); and `failure(call,
+        # error)`, the exception to raise instead when a counted call fails (one that names
+        # SGLang's call site).
         self.listener = None
+        self.failure = None
 
     def register(self, name: str, group: dist.ProcessGroup | None) -> None:
         """Names a group for the counts and takes its sequence number as the baseline."""
@@ -93,7 +96,12 @@ class Door:
                     self.sequence.append([name, f"{op} {site} < {call.via}", self.rid,
                                           self.step])
             t0 = time.monotonic()
-            out = real(*args, **kwargs)
+            try:
+                out = real(*args, **kwargs)
+            except Exception as e:  # gloo: a timeout or a mispaired peer
+                if self.failure is None:
+                    raise
+                raise self.failure(call, e) from e
             if self.listener is not None:
                 self.listener(call, time.monotonic() - t0, t0)
             return out

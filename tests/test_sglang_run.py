@@ -203,6 +203,20 @@ def test_a_planted_all_reduce_shows_in_bench_run_at_its_line(tmp_path):
     assert pd.read_csv(tmp_path / "run" / "ranks.csv")["crosscheck_ok"].all()
 
 
+@pytest.mark.slow  # one 2-rank serve that fails at its collective timeout: about 25 s
+def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
+    """#30760 on SGLang's own poll through bench run: rank 1's walk stops early, rank 0's
+    timeout poll enters SGLang's decision MAX alone; the run fails naming SGLang's line."""
+    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
+        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    done = _bench_run(tmp_path / "run", *RUN, "--tp", "2", "--policies", "timeout",
+                      "--budget-skew", "0.9", "--collective-timeout", "5", "--cache",
+                      "sglang", "--sglang", "0.5.23")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "FAILED: rank 0 failed: CollectiveError: SGLang's collective all_reduce at " \
+        f"{DECISION_SITE.split(' ', 1)[1]} on group 'tp_cpu'" in done.stdout, done.stdout
+
+
 # ---- pure: which harness site each of SGLang's collectives plays; compare per request ------
 
 @pytest.mark.parametrize("op, site, via, expected", [
