@@ -37,6 +37,7 @@ import time
 
 from hicache.cache import HiCache
 from hicache.comm import COMPLETION, DECISION, PER_STEP_MIN, PP_HOP, CollectiveError
+from hicache.consensus import rank_consensus
 from sglang_adapter.door import Call, Door
 from sglang_adapter.loader import load
 from sglang_adapter.poll import make_rig
@@ -130,9 +131,12 @@ class SGLangCache(HiCache):
         handle = self.handles.get(rid)
         return int(handle is not None and handle in self.rig.cache.ongoing_prefetch)
 
-    def walk_progress(self, rid: str) -> bool:
-        """SGLang's check_prefetch_progress; when it says ready, the data path ends the
-        prefetch as SGLang's end path would."""
+    @rank_consensus(same_params=True, same_results=True)
+    def check_prefetch_progress(self, rid: str) -> bool:
+        """The walk's poll (PrefetchPoll.walk_progress calls it): SGLang's
+        check_prefetch_progress; when it says ready, the data path ends the prefetch as
+        SGLang's end path would. With the harness's consensus checker on, its parameters
+        and result are logged as SGLang's own @rank_consensus would log them."""
         op = self.ongoing.get(rid)
         if op is not None:
             self.stats.requests[rid].polls += 1

@@ -217,6 +217,34 @@ def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
         f"{DECISION_SITE.split(' ', 1)[1]} on group 'tp_cpu'" in done.stdout, done.stdout
 
 
+@pytest.mark.slow  # one 2-rank hazard cell importing SGLang on each rank: about 20 s
+def test_hazards_on_sglangs_decisions_find_38273_where_the_model_does(tmp_path):
+    """bench hazards --cache sglang: ongoing-skew (#38273) deadlocks on SGLang's decision
+    MAX at the first poll the ranks' ongoing_prefetch differ on, as the model's cell."""
+    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
+        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    done = subprocess.run([sys.executable, "-m", "bench", "hazards", "--cache", "sglang",
+                           "--sglang", "0.5.23", "--scenarios", "ongoing-skew", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = pd.read_csv(tmp_path / "hazards.csv").iloc[0]
+    assert (row["protocol"], row["outcome"]) == ("sglang-0.5.23@unified", "deadlock")
+    assert "rank 0: decision(r00) at step 1; rank 1: decision(r01) at step 1" in row["detail"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--sglang", "0.5.23"], "--sglang needs --cache sglang"),
+    (["--cache", "sglang"], "--cache sglang needs --sglang SPEC"),
+    (["--cache", "sglang", "--sglang", "0.5.23", "--protocols", "pr36425"], "no --protocols")])
+def test_hazards_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
+    from bench.commands.hazards import main
+
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
 # ---- pure: which harness site each of SGLang's collectives plays; compare per request ------
 
 @pytest.mark.parametrize("op, site, via, expected", [
