@@ -53,4 +53,37 @@ def resolve_target(spec: str) -> Target:
                   modelled_protocol(source))
 
 
-__all__ = ["LoadError", "SourceError", "Target", "resolve_target", "MODELLED"]
+# The system under test a verb serves with (hicache.seam): the project's HiCache, or
+# SGLang's own decisions behind the seam.
+CACHES = ("project", "sglang")
+
+
+class ChoiceError(ValueError):
+    """--cache / --sglang cannot be served; the message is one line for the user."""
+
+
+def choose(cache: str, spec: str | None, protocols_given: bool,
+           pairing_given: bool = False) -> Target | None:
+    """The Target of `--cache sglang --sglang SPEC` (None for `--cache project`), checked
+    once before any rank starts; ChoiceError (one line) when the options do not fit or
+    the SGLang cannot be had or driven."""
+    if cache not in CACHES:
+        raise ChoiceError(f"--cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    if cache == "project":
+        if spec is not None:
+            raise ChoiceError("--sglang needs --cache sglang")
+        return None
+    if not spec:
+        raise ChoiceError("--cache sglang needs --sglang SPEC (a release such as 0.5.23, a "
+                          "wheel file or a source tree)")
+    if protocols_given or pairing_given:
+        raise ChoiceError("--cache sglang runs the release's own protocol: no --protocols"
+                          f"{' or --pairing' if pairing_given else ''}")
+    try:
+        return resolve_target(spec)
+    except (SourceError, LoadError) as e:
+        raise ChoiceError(str(e)) from None
+
+
+__all__ = ["CACHES", "ChoiceError", "LoadError", "SourceError", "Target", "choose",
+           "resolve_target", "MODELLED"]

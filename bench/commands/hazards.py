@@ -23,6 +23,7 @@ from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
 from hicache.cost_model import PROTOCOLS
+from sglang_adapter.target import CACHES
 
 PROG = "bench hazards"
 
@@ -36,7 +37,7 @@ def parser() -> CliParser:
     a("--collective-timeout", type=float, default=2.0, help="seconds, every system group")
     a("--pp", type=int, default=None, help="pin the layout's PP size (scenarios needing more: "
                                             "bad input)")
-    a("--cache", choices=("project", "sglang"), default="project", help="the system under "
+    a("--cache", choices=CACHES, default="project", help="the system under "
       "test: the project's HiCache, or SGLang's own check_hicache_events and "
       "check_prefetch_progress (--sglang SPEC) behind the same seam, its release's protocol "
       "(--protocols is then not given; docs/sglang.md)")
@@ -71,22 +72,14 @@ def _spec(args) -> MatrixSpec:
 def _system_under_test(spec: MatrixSpec, args) -> MatrixSpec:
     """--cache sglang: the release read once here (one line, exit 2, when it cannot be had
     or driven); its cells run the release's model protocol under SGLang's decisions."""
-    if args.cache == "project":
-        if args.sglang is not None:
-            raise UsageError("--sglang needs --cache sglang")
-        return spec
-    if not args.sglang:
-        raise UsageError("--cache sglang needs --sglang SPEC (a release such as 0.5.23, a "
-                         "wheel file or a source tree)")
-    if args.protocols is not None:
-        raise UsageError("--cache sglang runs the release's own protocol: no --protocols")
-    from sglang_adapter.target import LoadError, SourceError, resolve_target
+    from sglang_adapter.target import ChoiceError, choose
 
     try:
-        target = resolve_target(args.sglang)
-    except (SourceError, LoadError) as e:
+        target = choose(args.cache, args.sglang, args.protocols is not None)
+    except ChoiceError as e:
         raise UsageError(str(e)) from None
-    return replace(spec, protocols=(target.protocol,), sglang=target)
+    return spec if target is None else replace(spec, protocols=(target.protocol,),
+                                               sglang=target)
 
 
 def _default_out() -> Path:

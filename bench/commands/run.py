@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, run_verb
 from bench.run import options
-from bench.run.options import CACHES, PAIRINGS, REPEAT_SEEDS
+from bench.run.options import PAIRINGS, REPEAT_SEEDS
 from bench.run.plan import (
     ALIASES,
     PRESET_HELP,
@@ -31,6 +31,7 @@ from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.pinned import SCHEDULES
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
+from sglang_adapter.target import CACHES
 
 PROG = "bench run"
 GROUPS = {  # --help's sections: title -> what they set

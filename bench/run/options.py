@@ -17,12 +17,11 @@ from bench.rundir.env import REPO_DIR
 from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage import StorageSpec
+from sglang_adapter.target import ChoiceError, choose
 
 REPEAT_SEEDS = ("same", "distinct")
 # Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
 PAIRINGS = ("duet", "step")
-# The system under test (hicache.seam): the project's HiCache, or SGLang's own decisions.
-CACHES = ("project", "sglang")
 # "0": never serve a disturbed cell again, whatever the preset says. bench ab sets it for
 # both sides, so a revision with --redo-disturbed and one from before it run alike.
 REDO_ENV = "BENCH_REDO_DISTURBED"
@@ -175,27 +174,13 @@ def build_plan(args: RunOptions) -> RunPlan:
 
 def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
     """--cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), read
-    from --sglang SPEC here once, so an SGLang that cannot be had or driven is refused
-    before any rank starts; its one protocol is the release's (`sglang-0.5.23@unified`)."""
-    if args.cache not in CACHES:
-        raise OptionError(f"--cache must be one of {', '.join(CACHES)}, got {args.cache!r}")
-    if args.cache == "project":
-        if args.sglang is not None:
-            raise OptionError("--sglang needs --cache sglang")
-        return plan
-    if not args.sglang:
-        raise OptionError("--cache sglang needs --sglang SPEC (a release such as 0.5.23, "
-                          "a wheel file or a source tree)")
-    if args.protocols is not None or plan.pairing is not None:
-        raise OptionError("--cache sglang runs the release's own protocol: no --protocols "
-                          "or --pairing")
-    from sglang_adapter.target import LoadError, SourceError, resolve_target
-
+    from --sglang SPEC here once; its one protocol is the release's (`...@unified`)."""
     try:
-        target = resolve_target(args.sglang)
-    except (SourceError, LoadError) as e:
+        target = choose(args.cache, args.sglang, args.protocols is not None,
+                        plan.pairing is not None)
+    except ChoiceError as e:
         raise OptionError(str(e)) from None
-    return replace(plan, sglang=target, protocols=(target.name,))
+    return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
 
 
 def _neighbour(text: str | None) -> str | None:
