@@ -64,8 +64,8 @@ sglang-fetch: dev  ## --sglang's deps (msgspec, dill, packaging) when missing, a
 	$(PY) -m sglang_adapter.source $(SGLANG)
 
 sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layouts, a planted change, the hazard cells (not in make test)
-	$(PY) -m sglang_adapter.source 0.5.19
-	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py tests/test_sglang_hazards.py
+	$(PY) -m sglang_adapter.source 0.5.19 0.5.18
+	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py tests/test_sglang_hazards.py tests/test_sglang_run.py
 
 lint: dev
 	$(PY) -m ruff check hicache bench tests scripts sglang_adapter

@@ -152,9 +152,13 @@ class CollectiveCounter:
         # (None: off): comparing two ranks' sequences on a group finds the first pair of
         # collectives that did not match, even where gloo paired them without an error.
         self.sequence: list[tuple[str, str, str | None, int]] | None = None
+        # Per request, where its collectives were issued: "op@group site" (ours), or for
+        # code that is not ours (SGLang's, counted at sglang_adapter.door) its
+        # "op@group file:function:line < the frames above".
+        self.where_by_rid: dict[str, Counter[str]] = defaultdict(Counter)
 
     def record(self, site: str, group: str, raw_ops: int, rid: str | None, seconds: float,
-               start: float | None = None, op: str = "all_reduce"):
+               start: float | None = None, op: str = "all_reduce", where: str | None = None):
         if self.events is not None and start is not None:
             self.events.span(COLLECTIVE, start, start + seconds, op, site, group, rid, self.step)
         with self._lock:
@@ -166,6 +170,8 @@ class CollectiveCounter:
                 self.sequence.append((group, site, rid, self.step))
             if rid is not None:
                 self.by_rid[rid][site] += 1
+                if where is not None:
+                    self.where_by_rid[rid][where] += 1
             if site in SCHEDULER_SITES or site == MODEL_ALLREDUCE:
                 self.by_step[self.step][site] += 1
             if site in SCHEDULER_SITES:
@@ -315,7 +321,8 @@ class Comm:
         except Exception as e:  # gloo raises RuntimeError on timeout or a mispaired peer
             raise self._error(site, group, rid, e) from e
         raw = raw_ops(out) if callable(raw_ops) else raw_ops
-        self.counter.record(site, group, raw, rid, time.monotonic() - t0, t0, op)
+        self.counter.record(site, group, raw, rid, time.monotonic() - t0, t0, op,
+                            f"{op}@{group} {site}")
         return out
 
     def _error(self, site: str, group: str, rid: str | None, e: Exception) -> CollectiveError:

@@ -37,9 +37,22 @@ ACK_PROTOCOLS = frozenset(PROTOCOLS) - {"pre27010"}
 # has no such mode). Only 0.5.23 (and pr39267 on it) takes the PP-ticket path with it.
 HOST_MEMORY = ("cache", "buffer_only")
 BUFFER_ONLY_PROTOCOLS = tuple(p for p in PROTOCOLS if p != "pre27010")
+# The releases a run of SGLang's own code names (`sglang-<release>@<cache class>`,
+# sglang_adapter.target) -> the project protocol that models that release (docs/releases.md).
+RELEASE_MODELS = {"sglang-0.5.18": "pre27010", "sglang-0.5.19": "pr36425",
+                  "sglang-0.5.23": "sglang-0.5.23"}
 # Protocols that decide in the poll from the same facts, so one poll can ask both
 # (hicache.twin, the step-paired design): the headline pair.
 TWINS = ("pr27010", "pr36425")
+
+
+def modelled(protocol: str) -> str:
+    """The project protocol a protocol column is modelled by: itself, or for a run of
+    SGLang's own code (`sglang-0.5.23@unified`) its release's; a source tree or a release
+    not read: the newest release's."""
+    if "@" not in protocol:
+        return protocol
+    return RELEASE_MODELS.get(protocol.split("@", 1)[0], "sglang-0.5.23")
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,7 @@ def hidden_per_step(protocol: str, tp: int, pp: int) -> int:
     """TP all-reduces of the per-step agreement rank 0 no longer waits for inside its step
     (pipelined: issued at the end of one step, normally done by the next); the PP relay
     still blocks where it is waited on."""
+    protocol = modelled(protocol)
     return per_step(protocol, tp, pp)[0] if protocol in PIPELINED else 0
 
 
@@ -105,6 +119,7 @@ def per_step(protocol: str, tp: int, pp: int, pp_rank: int = 0,
     """(TP all-reduces, PP hop ops) check_hicache_events' agreement costs a rank of PP stage
     `pp_rank` in one step. A relay costs stage 0 one send, the last stage one receive, a
     stage between them both; only stage 0 all-reduces a relayed value."""
+    protocol = modelled(protocol)
     t = tp_cost(tp)
     if pp == 1:
         return t, 0
@@ -117,6 +132,7 @@ def per_step(protocol: str, tp: int, pp: int, pp_rank: int = 0,
 def decision_per_poll(protocol: str, policy: str, tp: int, pp: int,
                       host_memory: str = "cache") -> tuple[int, int]:
     """(TP all-reduces, PP hops) that one poll of a pending prefetch costs rank 0."""
+    protocol = modelled(protocol)
     t, p = tp_cost(tp), pp_cost(pp)
     if ticket_path(protocol, pp, host_memory):
         return (t, p)  # the ticket's readiness, MAX-reduced on every poll
@@ -168,6 +184,7 @@ def expected_per_request(
     is then two reductions (the fixed-size bound, then the equal-size masks); 0.5.23's
     stays one (a larger tensor).
     """
+    protocol = modelled(protocol)
     t = tp_cost(tp)
     ar, hop = decision_per_poll(protocol, policy, tp, pp, host_memory)
     # pre27010 agrees on the usable length with one MIN when a poll terminates a prefetch

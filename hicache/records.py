@@ -122,6 +122,8 @@ class Stats:
             row["itl_s"] = [b - a for a, b in zip(t[:-1], t[1:], strict=True)]
             row.update({f"coll_{k}": v for k, v in self.counter.by_rid.get(rid, {}).items()})
             row["sync_s"] = self.counter.sched_seconds_by_rid.get(rid, 0.0)
+            where = self.counter.where_by_rid.get(rid, {})
+            row["call_sites"] = "; ".join(f"{n}x {w}" for w, n in sorted(where.items()))
             rows.append(row)
         return rows
 

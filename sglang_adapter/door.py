@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -52,6 +53,12 @@ class Door:
         # call is made (a hazard cell's pairing check; a journal survives a gloo abort).
         self.sequence: list | None = None
         self.step: int | None = None
+        # Optional: told of every counted call once it returned, with its seconds and start
+        # (sglang_adapter.cache records it on the harness's counter); and `failure(call,
+        # error)`, the exception to raise instead when a counted call fails (one that names
+        # SGLang's call site).
+        self.listener = None
+        self.failure = None
 
     def register(self, name: str, group: dist.ProcessGroup | None) -> None:
         """Names a group for the counts and takes its sequence number as the baseline."""
@@ -78,16 +85,26 @@ class Door:
         def counted(*args, **kwargs):
             frame = sys._getframe(1)
             site = self._site(frame)
-            if site is not None:
-                group = sig.bind_partial(*args, **kwargs).arguments.get("group")
-                name = self._names.get(id(group), "default" if group is None else "unnamed")
-                call = Call(site, name, op, self.rid, self._via(frame.f_back))
-                with self._lock:
-                    self.calls[call] += 1
-                    if self.sequence is not None:  # the chain: SGLang's helpers are shared
-                        self.sequence.append([name, f"{op} {site} < {call.via}", self.rid,
-                                              self.step])
-            return real(*args, **kwargs)
+            if site is None:
+                return real(*args, **kwargs)  # not SGLang's call: the harness counts its own
+            group = sig.bind_partial(*args, **kwargs).arguments.get("group")
+            name = self._names.get(id(group), "default" if group is None else "unnamed")
+            call = Call(site, name, op, self.rid, self._via(frame.f_back))
+            with self._lock:
+                self.calls[call] += 1
+                if self.sequence is not None:  # the chain: SGLang's helpers are shared
+                    self.sequence.append([name, f"{op} {site} < {call.via}", self.rid,
+                                          self.step])
+            t0 = time.monotonic()
+            try:
+                out = real(*args, **kwargs)
+            except Exception as e:  # gloo: a timeout or a mispaired peer
+                if self.failure is None:
+                    raise
+                raise self.failure(call, e) from e
+            if self.listener is not None:
+                self.listener(call, time.monotonic() - t0, t0)
+            return out
         return counted
 
     def _site(self, frame) -> str | None:

@@ -216,6 +216,16 @@ def load(source: Source) -> Loaded:
     return Loaded(source, modules, _family(source, modules))
 
 
+def unload() -> None:
+    """Takes SGLang and the stub modules out of this process again (the finder, and every
+    `sglang*` and STUBBED module), so what runs next here (the report's matplotlib, which
+    probes IPython) sees the real world; objects still holding them keep working."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+    for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")
+                 or stubbed(n)]:
+        del sys.modules[name]
+
+
 def _family(source: Source, modules: dict[str, types.ModuleType]) -> str:
     missing = []
     for family, (module, cls, names) in FAMILIES.items():

@@ -98,7 +98,9 @@ class PollRig:
     def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group):
         self.loaded, self.clock = loaded, VirtualTime()
         for module in (*loaded.modules.values(), _poll_timer()):  # SGLang's clock: virtual
-            if module is not None and getattr(module, "time", None) is time:
+            # `time`, or an earlier rig's clock (one rig per serve in `bench run`)
+            now = getattr(module, "time", None) if module is not None else None
+            if now is time or isinstance(now, VirtualTime):
                 module.time = self.clock
         cache = object.__new__(loaded.cache_class)
         cache.tp_group, cache.pp_group = tp_group, pp_group
@@ -120,6 +122,12 @@ class PollRig:
         raise NotImplementedError
 
     def _set_budget(self, seconds: float) -> None:
+        raise NotImplementedError
+
+    def configure(self, policy: str, page_size: int, base_s: float,
+                  per_ki_token_s: float) -> None:
+        """A serve's settings (`bench run --cache sglang`): the stop policy, the page size
+        and the timeout budget as SGLang's config carries them."""
         raise NotImplementedError
 
     def step(self) -> None:
@@ -175,18 +183,39 @@ class UnifiedRig(PollRig):
     def _set_budget(self, seconds: float) -> None:
         self.cache.prefetch_timeout_base = seconds
 
+    def configure(self, policy: str, page_size: int, base_s: float,
+                  per_ki_token_s: float) -> None:
+        self.cache.prefetch_stop_policy = policy
+        self.cache.tree_core.page_size = page_size
+        # The budget per page as unified_cache/storage_attachment.py apply_runtime_config
+        # derives it from the per-1024-token figure.
+        self.cache.prefetch_timeout_base = base_s
+        self.cache.prefetch_timeout_per_page = per_ki_token_s * page_size / 1024
+
     def _admit(self, case: PollCase, rid: str):
+        return self.register(rid, list(range(case.prompt_tokens)))
+
+    def handle(self, rid: str):
+        """The key SGLang's cache keeps a request's prefetch under (0.5.23: a handle)."""
+        handle_cls = getattr(self.loaded.modules[UNIFIED], "CacheRequestHandle", None)
+        return rid if handle_cls is None else handle_cls(rid, 0)
+
+    def register(self, rid: str, tokens: list[int]):
         """The ongoing prefetch prefetch_from_storage would have registered (no host
-        slots yet: its hit was not agreed)."""
+        slots yet: its hit was not agreed); returns its handle."""
         urc = self.loaded.modules[UNIFIED]
-        handle_cls = getattr(urc, "CacheRequestHandle", None)
-        handle = rid if handle_cls is None else handle_cls(rid, 0)
-        tokens = list(range(case.prompt_tokens))
+        handle = self.handle(rid)
         op = self.loaded.attr(CONTROLLER, "PrefetchOperation")(handle, tokens)
         op.stats_requested_tokens = len(tokens)
         self.cache.ongoing_prefetch[handle] = urc._OngoingPrefetch(
             None, tokens, None, op, None, {})
         return handle
+
+    def operation(self, handle):
+        return self.cache.ongoing_prefetch[handle].operation
+
+    def forget(self, handle) -> None:
+        self.cache.revoke_pending_prefetch(handle)
 
 
 class HiRadixRig(PollRig):
@@ -204,22 +233,38 @@ class HiRadixRig(PollRig):
         _empty_queues(ctl)
         cache.cache_controller = ctl
 
-    def _set_budget(self, seconds: float) -> None:
+    def configure(self, policy: str, page_size: int, base_s: float,
+                  per_ki_token_s: float) -> None:
+        self.cache.prefetch_stop_policy, self.cache.page_size = policy, page_size
+        self._set_budget(base_s, per_ki_token_s)
+
+    def _set_budget(self, seconds: float, per_ki_token_s: float = 0.0) -> None:
         # SGLang's own parse of --hicache-storage-backend-extra-config builds the config.
         extra = json.dumps({"prefetch_timeout_base": seconds,
-                            "prefetch_timeout_per_ki_token": 0})
+                            "prefetch_timeout_per_ki_token": per_ki_token_s})
         self.cache.prefetch_timeout_config = \
             self.cache._parse_storage_backend_extra_config(extra)[2]
 
     def _admit(self, case: PollCase, rid: str):
+        return self.register(rid, list(range(case.prompt_tokens)))
+
+    def handle(self, rid: str):
+        return rid
+
+    def register(self, rid: str, tokens: list[int]):
         """The ongoing prefetch prefetch_from_storage would have registered: its anchor
         protected on the host (a root-level node), no host slots yet."""
         node = self.loaded.attr("sglang.srt.mem_cache.radix_cache", "TreeNode")()
         node.protect_host()
-        tokens = list(range(case.prompt_tokens))
         op = self.loaded.attr(HIRADIX, "PrefetchOperation")(rid, tokens)
         self.cache.ongoing_prefetch[rid] = (node, tokens, op)
         return rid
+
+    def operation(self, handle):
+        return self.cache.ongoing_prefetch[handle][2]
+
+    def forget(self, handle) -> None:
+        self.cache._revoke_pending_prefetch(handle)
 
 
 def make_rig(loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group) -> PollRig:

@@ -12,6 +12,7 @@ bound or differed between the runs, 2 bad input.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
@@ -22,6 +23,7 @@ from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
 from hicache.cost_model import PROTOCOLS
+from sglang_adapter.target import CACHES
 
 PROG = "bench hazards"
 
@@ -29,19 +31,25 @@ PROG = "bench hazards"
 def parser() -> CliParser:
     p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     a = p.add_argument
-    a("--protocols", default=",".join(PROTOCOLS), help="comma-separated (default: all)")
+    a("--protocols", help="comma-separated (default: all)")
     a("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated of {', '.join(SCENARIOS)}")
     a("--seed", type=int, default=0, help="storage noise seed (the workload is fixed)")
     a("--collective-timeout", type=float, default=2.0, help="seconds, every system group")
     a("--pp", type=int, default=None, help="pin the layout's PP size (scenarios needing more: "
                                             "bad input)")
+    a("--cache", choices=CACHES, default="project", help="the system under "
+      "test: the project's HiCache, or SGLang's own check_hicache_events and "
+      "check_prefetch_progress (--sglang SPEC) behind the same seam, its release's protocol "
+      "(--protocols is then not given; docs/sglang.md)")
+    a("--sglang", metavar="SPEC", help="with --cache sglang: a release (0.5.23), a wheel "
+      "file or a source tree")
     a("--twice", action="store_true", help="run every cell twice and compare the outcomes")
     a("--out", default="", help="results directory (default results/<UTC>_hazards_<sha>)")
     return p
 
 
 def _spec(args) -> MatrixSpec:
-    protocols = tuple(x for x in args.protocols.split(",") if x)
+    protocols = tuple(x for x in (args.protocols or ",".join(PROTOCOLS)).split(",") if x)
     unknown = [x for x in protocols if x not in PROTOCOLS]
     if unknown or not protocols:
         raise UsageError(f"unknown protocol {unknown[0] if unknown else ''!r}; choose from "
@@ -56,8 +64,22 @@ def _spec(args) -> MatrixSpec:
         raise UsageError(str(e)) from None
     if not scenarios:
         raise UsageError(f"no scenario named; choose from {', '.join(SCENARIOS)}")
-    return MatrixSpec(protocols, tuple(scenarios), args.seed, args.collective_timeout,
+    spec = MatrixSpec(protocols, tuple(scenarios), args.seed, args.collective_timeout,
                       Path(args.out) if args.out else _default_out())
+    return _system_under_test(spec, args)
+
+
+def _system_under_test(spec: MatrixSpec, args) -> MatrixSpec:
+    """--cache sglang: the release read once here (one line, exit 2, when it cannot be had
+    or driven); its cells run the release's model protocol under SGLang's decisions."""
+    from sglang_adapter.target import ChoiceError, choose
+
+    try:
+        target = choose(args.cache, args.sglang, args.protocols is not None)
+    except ChoiceError as e:
+        raise UsageError(str(e)) from None
+    return spec if target is None else replace(spec, protocols=(target.protocol,),
+                                               sglang=target)
 
 
 def _default_out() -> Path:

@@ -4,13 +4,15 @@ rows are matched and judged)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
 from bench.analysis import verdict
 from bench.compare.metrics import TIMING_METRICS, TimingMetric, counts
+from bench.compare.per_request import as_modelled, sglang_run
+from bench.compare.per_request import section as per_request_section
 from bench.compare.rules import TimingOptions, count_rows, timing_rows
 from bench.run.plan import plan_differences
 from bench.rundir.files import ResultFileError, clean_key
@@ -190,6 +192,10 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
     """Refuse incomparable runs, match A's and B's configurations, build every row (timing
     `metrics` by name, all present when None; `threshold` as compare's --threshold)."""
     check_comparable(a, b)
+    paired = sglang_run(a.requests) or sglang_run(b.requests)
+    if paired:  # SGLang's own code against the project's model of it: rows pair by model
+        a, b = (replace(r, requests=as_modelled(r.requests), steps=as_modelled(r.steps))
+                for r in (a, b))
     keys = match_keys(a, b)
     groups = {(s, t): _groups(run.table(t), keys, f"{run.path}/{t}.csv")
               for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
@@ -202,4 +208,8 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
                       key=_order):
         cells = dict(zip(keys, key, strict=True))
         comp.rows += [cells | row for row in _config_rows(key, groups, metrics, present, timing)]
+    if paired:
+        lines, md = per_request_section(a.requests, b.requests)
+        comp.header += lines
+        comp.sections += md
     return comp

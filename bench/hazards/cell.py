@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from bench.hazards.scenarios import Scenario
+from hicache.cache import HiCache
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from hicache.scheduler import Request
@@ -76,8 +77,9 @@ def prompts(s: Scenario) -> list[list[int]]:
 
 
 def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeout_s: float,
-             cell_dir: str) -> dict:
-    """The launcher's entry point (bench.run.launch) on every rank."""
+             cell_dir: str, sglang=None) -> dict:
+    """The launcher's entry point (bench.run.launch) on every rank; `sglang`: a
+    sglang_adapter.target.Target whose decisions serve behind the seam (None: HiCache)."""
     torch.set_num_threads(1)
     # A process gloo aborts (a peer's collective of another size) says why only on its
     # stderr, in C++ (EnforceNotMet, with both sizes): kept in the cell for the classifier.
@@ -90,7 +92,7 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=HARNESS_TIMEOUT_S))
     groups = setup_distributed(layout, torch.device("cpu"), timeout_s)
-    system = System(cfg, layout, groups, torch.device("cpu"), seed)
+    system = System(cfg, layout, groups, torch.device("cpu"), seed, _cache_factory(sglang))
     # Every collective in order (the pairing check) and the rank-consensus log, journaled.
     paths = journal_paths(Path(cell_dir), rank)
     system.stats.counter.sequence = Journal(paths["sequence"])
@@ -112,6 +114,15 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
     if error is not None:
         raise CellFailed(report["error"])
     return {"rank": rank}
+
+
+def _cache_factory(sglang):
+    """The system under test: HiCache, or SGLang's decisions (imported in this rank)."""
+    if sglang is None:
+        return HiCache
+    from sglang_adapter.cache import factory
+
+    return factory(sglang)
 
 
 def _await_thread_error(system: System, error: Exception, bound_s: float = 1.0) -> None:

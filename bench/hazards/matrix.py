@@ -19,8 +19,10 @@ from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, r
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
+from sglang_adapter.target import Target
 
 _PRELOADED = False
+SGLANG_IMPORT_S = 20.0  # a rank's import of SGLang's decision path, on shared cores
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,20 @@ class MatrixSpec:
     seed: int = 0
     timeout_s: float = 2.0  # each system collective's timeout
     out: Path = Path("results/hazards")
+    # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache); the
+    # cells run its release's model protocol as the data path's, named `Target.name`
+    sglang: Target | None = None
 
     def bound_s(self, s: Scenario) -> float:
         """A cell's wall-clock bound: start-up, a serve of a few hundred steps, and a
-        deadlock's two collective timeouts (the harness group's for the start-up)."""
-        return HARNESS_TIMEOUT_S + 10.0 + 2 * self.timeout_s
+        deadlock's two collective timeouts (the harness group's for the start-up); with
+        SGLang, its import on every rank too."""
+        load = SGLANG_IMPORT_S * s.world if self.sglang is not None else 0.0
+        return HARNESS_TIMEOUT_S + 10.0 + 2 * self.timeout_s + load
+
+    def label(self, protocol: str) -> str:
+        """The protocol column of a cell: the protocol, or SGLang's release and class."""
+        return protocol if self.sglang is None else self.sglang.name
 
 
 def _preload() -> None:
@@ -58,18 +69,20 @@ def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
 
 def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:
     _preload()  # a cell's ranks fork from a server that imported torch once (4 ranks: long)
-    cell_dir = spec.out / "cells" / f"{s.name}__{protocol}{tag}"
+    cell_dir = spec.out / "cells" / f"{s.name}__{spec.label(protocol)}{tag}"
     cell_dir.mkdir(parents=True, exist_ok=True)
     for old in cell_dir.glob("rank*.json"):
         old.unlink()
     t0 = time.monotonic()
     got, dead = launch_to_end(s.world, run_cell,
-                              (s, protocol, spec.seed, spec.timeout_s, str(cell_dir)),
+                              (s, protocol, spec.seed, spec.timeout_s, str(cell_dir),
+                               spec.sglang),
                               timeout_s=spec.bound_s(s), method="forkserver")
     wall = time.monotonic() - t0
     reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
                for r in range(s.world)]
-    row = {"scenario": s.name, "issue": s.issue, "protocol": protocol, "policy": s.policy,
+    row = {"scenario": s.name, "issue": s.issue, "protocol": spec.label(protocol),
+           "policy": s.policy,
            "tp": 2, "pp": s.pp, "seed": spec.seed,
            **classify(reports),
            "exit_codes": exit_codes_text(got, dead, s.world), "wall_s": round(wall, 2),

@@ -17,6 +17,7 @@ from bench.rundir.env import REPO_DIR
 from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage import StorageSpec
+from sglang_adapter.target import ChoiceError, choose
 
 REPEAT_SEEDS = ("same", "distinct")
 # Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
@@ -86,6 +87,8 @@ class RunOptions:
     neighbour: str | None = None
     pairing: str | None = None
     plant: str | None = None
+    cache: str = "project"
+    sglang: str | None = None
     out: Path | None = None
 
     @classmethod
@@ -155,6 +158,7 @@ def build_plan(args: RunOptions) -> RunPlan:
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())),
                    neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing))
+    plan = _system_under_test(plan, args)
     if args.schedule is None:
         plan = _pin_if_possible(plan)
     if args.redo_disturbed and plan.schedule != "pinned":
@@ -166,6 +170,17 @@ def build_plan(args: RunOptions) -> RunPlan:
         plan = replace(plan, redo_disturbed=None)
     _check_configs(plan)
     return plan
+
+
+def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
+    """--cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), read
+    from --sglang SPEC here once; its one protocol is the release's (`...@unified`)."""
+    try:
+        target = choose(args.cache, args.sglang, args.protocols is not None,
+                        plan.pairing is not None)
+    except ChoiceError as e:
+        raise OptionError(str(e)) from None
+    return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
 
 
 def _neighbour(text: str | None) -> str | None:

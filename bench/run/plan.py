@@ -18,6 +18,7 @@ from hicache.cost_model import POLICIES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel, roofline
 from hicache.storage import StorageSpec
+from sglang_adapter.target import Target
 
 # The five protocols the project compares: what "every protocol" means for a preset (the
 # default, ci and pp presets), so a protocol added for a release finding does not grow them.
@@ -76,6 +77,9 @@ class RunPlan:
     # "duet" (all at the same time, each on ranks of its own: bench.run.duet) or "step"
     # (every poll also asks the first protocol, back to back in the same step: hicache.twin)
     pairing: str | None = None
+    # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), its
+    # protocol column `Target.name`; None: the project's cache (--cache project)
+    sglang: Target | None = None
     out_dir: str = ""
 
     @property
@@ -121,7 +125,9 @@ class RunPlan:
         return model if self.step_ms is None else replace(model, decode_base_ms=self.step_ms)
 
     def config(self, cell: Cell) -> HiCacheConfig:
-        cfg = HiCacheConfig(protocol=cell.protocol, policy=cell.policy, tp=self.tp,
+        # --cache sglang: the release's project protocol runs the data path
+        protocol = self.sglang.protocol if self.sglang is not None else cell.protocol
+        cfg = HiCacheConfig(protocol=protocol, policy=cell.policy, tp=self.tp,
                             pp=self.pp, model=self.model, step_time=self.step_time(),
                             pad_forward=self.device == "cpu", twin_protocol=self.twin(cell),
                             **dict(self.system))

@@ -19,9 +19,7 @@ from bench.run.launch import launch
 from hicache.cost_model import decision_per_poll, per_step
 from sglang_adapter.poll import POLICIES, PollCase, poll_rank
 from sglang_adapter.source import Source
-
-# The protocol the project models each supported release's UnifiedRadixCache poll with.
-MODELLED = {"0.5.18": "pre27010", "0.5.19": "pr36425", "0.5.23": "sglang-0.5.23"}
+from sglang_adapter.target import MODELLED, modelled_protocol  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -38,11 +36,6 @@ class PollOptions:
             raise ValueError(f"--tp {self.tp} --pp {self.pp}: 1..8 ranks in all")
         for policy in self.policies:
             PollCase(policy, self.pending_polls)  # validates both
-
-
-def modelled_protocol(source: Source) -> str:
-    """The release's modelled protocol; a tree or other release: the newest's."""
-    return MODELLED.get(source.version or "", "sglang-0.5.23")
 
 
 def run_polls(opts: PollOptions, timeout_s: float = 600.0) -> tuple[list[dict], bool]:

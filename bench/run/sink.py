@@ -255,6 +255,7 @@ def _counts(r: dict) -> dict:
             "hit_query_collectives": r.get("coll_hit_query", 0),
             "ack_collectives": r.get("coll_ack", 0),
             "ticket_collectives": r.get("coll_ticket", 0), "pp_hops": r.get("coll_pp_hop", 0),
+            "call_sites": r.get("call_sites", ""),
             "terminated_by": r["terminated_by"], "op_issued": r["op_issued"],
             "io_issued": r["io_issued"], "prefetch_requested_tokens": r["requested_tokens"],
             "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"],
@@ -273,7 +274,8 @@ def data_plane(plan: RunPlan) -> dict:
 
 def _plan_dict(plan: RunPlan) -> dict:
     d = {k: v for k, v in plan.__dict__.items()
-         if k not in ("workload", "storage", "system", "trace")}
+         if k not in ("workload", "storage", "system", "trace", "sglang")}
     d.update(workload=plan.workload.__dict__, storage=plan.storage.__dict__,
-             system=dict(plan.system), trace=plan.trace and plan.trace.__dict__)
+             system=dict(plan.system), trace=plan.trace and plan.trace.__dict__,
+             sglang=plan.sglang and {**plan.sglang.__dict__, "name": plan.sglang.name})
     return d

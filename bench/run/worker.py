@@ -17,8 +17,10 @@ from bench.run import calibrate, duet, fit, machine, workload
 from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
 from bench.run.sink import ResultSink
+from hicache.cache import HiCache
 from hicache.comm import Groups, Layout
 from hicache.loadback import h2d_peak
+from hicache.seam import CacheFactory
 from hicache.system import System, pick_device, setup_distributed
 
 log = logging.getLogger("bench")
@@ -43,13 +45,14 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None) -> 
     if sink:
         sink.say(fit.oversized_line(plan, device))
     steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
+    make_cache = cache_factory(plan)
     for cell in cells:
         if sink:
             sink.begin(cell, len(cells))
         attempt = 0
         while True:
             attempt += 1
-            payload = run_cell(plan, cell, layout, groups, device, steps, lane)
+            payload = run_cell(plan, cell, layout, groups, device, steps, lane, make_cache)
             gathered = _gather(payload, world)
             why = _disturbed(gathered) if rank == 0 else None
             # Pinned, the next serve replays the same schedule; free, it would not. Every
@@ -89,18 +92,31 @@ def _agree(flag: bool, layout: Layout) -> bool:
     return bool(box[0])
 
 
+def cache_factory(plan: RunPlan) -> CacheFactory:
+    """The system under test (hicache.seam): the project's HiCache, or with --cache sglang
+    SGLang's decisions behind the seam (sglang_adapter.cache, which imports SGLang in this
+    process once)."""
+    if plan.sglang is None:
+        return HiCache
+    from sglang_adapter.cache import factory
+
+    return factory(plan.sglang)
+
+
 def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
-             device: torch.device, steps: list[int], lane: Lane | None = None) -> dict:
+             device: torch.device, steps: list[int], lane: Lane | None = None,
+             make_cache: CacheFactory = HiCache) -> dict:
     cfg = plan.config(cell)
     spec = plan.workload_for(cell)
     rank0 = layout.rank == 0
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
         short = replace(spec, output_tokens=min(4, spec.output_tokens))
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
-        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane)
+        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane, make_cache)
     main = plan.build_workload(cell)
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
-    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane)
+    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane,
+                           make_cache)
     cpu_s, wall_s, machine1 = time.process_time() - cpu0, time.monotonic() - wall0, \
         machine.read()
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
@@ -129,8 +145,8 @@ def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:
 
 
 def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int],
-           lane: Lane | None = None):
-    system = System(cfg, layout, groups, device, seed)
+           lane: Lane | None = None, make_cache: CacheFactory = HiCache):
+    system = System(cfg, layout, groups, device, seed, make_cache)
     system.populate(wl.histories)
     _barrier(layout, device)  # all ranks start the timed region together
     if lane is not None:

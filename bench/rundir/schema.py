@@ -37,7 +37,7 @@ WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
                     *WRITE_PATH_COLUMNS, "absent_polls", "schedule", "schedule_digest",
                     "vt_s", "pin_wait_ms", "forward_late_ms", "poll_ms", "twin_protocol",
-                    "twin_poll_ms", "twin_first"]
+                    "twin_poll_ms", "twin_first", "call_sites"]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",
@@ -45,7 +45,7 @@ REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
     "absent_polls", "decision_collectives",
     "completion_collectives", "hit_query_collectives", "ack_collectives",
-    "ticket_collectives", "pp_hops", "terminated_by", "op_issued", "io_issued",
+    "ticket_collectives", "pp_hops", "call_sites", "terminated_by", "op_issued", "io_issued",
     "prefetch_requested_tokens", "hit_tokens", "prefetched_tokens", *TOKEN_COLUMNS,
     "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
     "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok", "schedule_digest",

@@ -1,0 +1,200 @@
+"""SGLang's own decisions behind the harness's seam (hicache.seam.CacheUnderTest):
+`bench run --cache sglang --sglang SPEC` (docs/sglang.md, "bench run --cache sglang").
+
+`SGLangCache` is the project's `HiCache` for the data path (prefix tree, host and device
+pools, the storage tier's hit query, IO and acks on the project's controller threads,
+load-back) with SGLang's code making the decisions, on the same scheduler thread and groups:
+
+- every step, SGLang's own `check_hicache_events` (UnifiedRadixCache, or HiRadixCache for
+  0.5.18) runs before the harness's own step agreement and drains;
+- every poll the walk makes is SGLang's own `check_prefetch_progress` of that request,
+  with its `_can_terminate_prefetch` / `can_terminate_prefetch`, `_all_reduce*`, `_pp_sync`
+  and `@rank_consensus` decorators as shipped; the project's own poll is not run. When
+  SGLang says the prefetch may end, the data path ends it as SGLang's end path would
+  (revoked without host slots, else inserted with the acks' agreed tokens).
+
+Stand-ins, each made here or in sglang_adapter.poll: SGLang's cache and controller objects
+are built without `__init__` (the rig of sglang_adapter.poll); each prefetch the data path
+issues is registered in SGLang's `ongoing_prefetch` as `prefetch_from_storage` would
+(a `PrefetchOperation` of the same tokens, no host slots: `host_indices` stays None, so
+SGLang's poll never takes its "KV landed" exemption from the deadline); one that the data
+path ends in its drains (final ack, a hit below the threshold, no host memory) leaves
+SGLang's `ongoing_prefetch` through SGLang's own `revoke_pending_prefetch` (its end path
+`_handle_prefetch_result` inserts into a tree core this rig does not build). SGLang's clock
+(`time` in its modules) reads the step's stamp (pinned: virtual) or this rank's monotonic
+clock. SGLang's controller threads do not run: the hit-query MIN and the ack MINs are the
+project's, counted by its `Comm` as in a `--cache project` run.
+
+Every collective SGLang issues is counted at the door (sglang_adapter.door) and recorded
+on the harness's counter under the site it plays (decision, per-step MIN, PP hop), on the
+harness's group it ran on, with its file:function:line per request.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from hicache.cache import HiCache
+from hicache.comm import COMPLETION, DECISION, PER_STEP_MIN, PP_HOP, CollectiveError
+from hicache.consensus import rank_consensus
+from sglang_adapter.door import Call, Door
+from sglang_adapter.loader import load
+from sglang_adapter.poll import make_rig
+from sglang_adapter.target import Target
+
+P2P_OPS = ("isend", "irecv", "send", "recv")
+# SGLang's functions (anywhere in a call's frames) -> the harness's site for it.
+ROLES = (("can_terminate_prefetch", DECISION), ("_sync_and_clamp_prefetch_result", COMPLETION),
+         ("check_hicache_events", PER_STEP_MIN))
+
+
+def site_of(call: Call) -> str:
+    """The harness's site for one of SGLang's collectives; its own call site when it plays
+    none of them (still counted, and held against torch's sequence numbers)."""
+    if call.op in P2P_OPS:
+        return PP_HOP
+    frames = f"{call.site} < {call.via}"
+    for function, site in ROLES:
+        if function in frames:
+            return site
+    return f"sglang:{call.site}"
+
+
+class SGLangCache(HiCache):
+    """One rank's cache for `--cache sglang` (module docstring). Built by `factory`."""
+
+    def __init__(self, cfg, layout, comm, storage, device, stats, consensus=None, *,
+                 target: Target, door: Door, loaded):
+        super().__init__(cfg, layout, comm, storage, device, stats, consensus)
+        groups = comm.groups.pg
+        tp_group = groups["tp_cpu"] if layout.tp > 1 else None
+        pp_group = groups["pp_cpu"] if layout.pp > 1 else None
+        self.rig = make_rig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group)
+        self.rig.configure(cfg.policy, cfg.page_size, cfg.timeout_base_s,
+                           cfg.timeout_per_ki_token_s)
+        self.target, self.door = target, door
+        door.register("tp_cpu", tp_group)  # SGLang's collectives on the harness's groups
+        door.register("pp_cpu", pp_group)
+        door.listener, door.failure = self._record, self._failure
+        self.handles: dict[str, object] = {}  # rid -> SGLang's key of its prefetch
+        self._poll_s = 0.0
+
+    def _record(self, call: Call, seconds: float, start: float) -> None:
+        """One collective SGLang issued, on the harness's counter (the door's listener)."""
+        where = f"{call.op}@{call.group} {call.site}" + (f" < {call.via}" if call.via else "")
+        self.stats.counter.record(site_of(call), call.group, 1, call.rid, seconds, start,
+                                  call.op, where=where)
+
+    def _failure(self, call: Call, error: Exception) -> CollectiveError:
+        """A collective SGLang issued failed: the error names its call site, step, request."""
+        ranks = self.comm.groups.ranks.get(call.group)
+        return CollectiveError(
+            f"SGLang's collective {call.op} at {call.site} < {call.via} on group "
+            f"'{call.group}' (ranks {ranks}) failed on rank {self.layout.rank} at step "
+            f"{self.stats.counter.step}{f' for request {call.rid}' if call.rid else ''}: "
+            f"{str(error).splitlines()[0][:300]}")
+
+    def _tick(self) -> None:
+        """SGLang's clock now: the step's stamp when pinned, else this rank's own."""
+        self.rig.clock.now = self.step_stamp if self.pinned else time.monotonic()
+
+    # ---- the seam ------------------------------------------------------------------------
+
+    def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
+        super().admit(rid, tokens, stamp)
+        op = self.ongoing.get(rid)
+        if op is not None:  # the data path issued it: SGLang's cache holds it ongoing too
+            # its start time (0.5.18 times out from it) on the clock of this step's stamp
+            self.rig.clock.now = stamp if self.pinned else time.monotonic()
+            self.handles[rid] = self.rig.register(rid, list(op.tokens))
+
+    def check_hicache_events(self, stamp: float, busy: bool) -> bool:
+        self.step_stamp, self._poll_s = stamp, 0.0
+        self._tick()
+        self.door.rid = None
+        self.rig.step()  # SGLang's own check_hicache_events: its per-step reductions
+        any_busy = super().check_hicache_events(stamp, busy)  # the data path's drains
+        self._forget_ended()
+        return any_busy
+
+    def _forget_ended(self) -> None:
+        """Prefetches the data path ended in its drains leave SGLang's ongoing_prefetch."""
+        for rid in [r for r in self.handles if r not in self.ongoing]:
+            self.rig.forget(self.handles.pop(rid))
+
+    def begin_walk(self, waiting: list[str]) -> int:
+        self._bulk = None
+        return 0
+
+    def walk_polls(self, rid: str) -> int:
+        handle = self.handles.get(rid)
+        return int(handle is not None and handle in self.rig.cache.ongoing_prefetch)
+
+    @rank_consensus(same_params=True, same_results=True)
+    def check_prefetch_progress(self, rid: str) -> bool:
+        """The walk's poll (PrefetchPoll.walk_progress calls it): SGLang's
+        check_prefetch_progress; when it says ready, the data path ends the prefetch as
+        SGLang's end path would. With the harness's consensus checker on, its parameters
+        and result are logged as SGLang's own @rank_consensus would log them."""
+        op = self.ongoing.get(rid)
+        if op is not None:
+            self.stats.requests[rid].polls += 1
+            self._mirror(op)
+        self._tick()
+        self.door.rid = rid
+        t0 = time.perf_counter()
+        try:
+            handle = self.handles.get(rid)
+            ready = bool(self.rig.cache.check_prefetch_progress(
+                self.rig.handle(rid) if handle is None else handle))
+        finally:
+            self.door.rid = None
+            self._poll_s += time.perf_counter() - t0
+        if op is None:
+            return ready
+        if not ready:
+            return False
+        self.handles.pop(rid, None)
+        self._expire(op)
+        self._terminate(op)  # the IO thread stops at its next batch boundary
+        if op.host_slots is None:
+            self._revoke(op, via="poll")
+        else:
+            self._finalize(op, self._usable_after_poll(op), "poll")
+        return True
+
+    def _mirror(self, op) -> None:
+        """What the data path's IO has done, in SGLang's operation before its poll reads
+        it: the agreed hit's pages and the tokens completed (0.5.18's wait_complete and
+        timeout compare them; 0.5.19 on read them only with host slots, never here)."""
+        handle = self.handles.get(op.rid)
+        if handle is not None:
+            mirror = self.rig.operation(handle)
+            mirror.hash_value = list(op.hash_value) if op.host_slots is not None else []
+            mirror.completed_tokens = op.completed_tokens
+
+    @property
+    def poll_timing(self) -> tuple[float, float, bool]:
+        """SGLang's polls' host seconds this step (no twin)."""
+        return self._poll_s, 0.0, False
+
+    def close(self) -> None:
+        self.door.listener = self.door.failure = None
+        super().close()
+
+
+@functools.cache
+def _loaded(target: Target):
+    """SGLang imported once per process (sglang_adapter.loader: one per process)."""
+    loaded = load(target.source)
+    door = Door(target.root)
+    door.install()
+    return loaded, door
+
+
+def factory(target: Target):
+    """The CacheFactory (hicache.seam) of a `--cache sglang` run; loads SGLang in this
+    process on its first call."""
+    loaded, door = _loaded(target)
+    return functools.partial(SGLangCache, target=target, door=door, loaded=loaded)

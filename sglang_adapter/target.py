@@ -1,0 +1,89 @@
+"""What `bench run --cache sglang --sglang SPEC` serves with, resolved once before any rank
+starts: where SGLang is read from, the cache class its release builds, and the project
+protocol that models that release (the harness's data path runs it: sglang_adapter.cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hicache.cost_model import RELEASE_MODELS, modelled
+from sglang_adapter.loader import LoadError, load, unload
+from sglang_adapter.source import Source, SourceError, resolve
+
+# The protocol the project models each supported release's poll with (docs/releases.md).
+MODELLED = {name.removeprefix("sglang-"): proto for name, proto in RELEASE_MODELS.items()}
+
+
+def modelled_protocol(source: Source) -> str:
+    """The release's modelled protocol; a tree or other release: the newest's."""
+    return modelled(f"sglang-{source.version}@")
+
+
+@dataclass(frozen=True)
+class Target:
+    """An SGLang a run can drive (picklable: it travels to the ranks in the plan)."""
+
+    root: str  # the wheel or folder `sglang` is imported from
+    label: str  # 0.5.23, or tree:<folder>
+    version: str | None
+    family: str  # unified | hiradix (sglang_adapter.loader.FAMILIES)
+    protocol: str  # the project protocol of the release: the data path's
+
+    @property
+    def name(self) -> str:
+        """The protocol column of its rows, e.g. sglang-0.5.23@unified."""
+        return f"sglang-{self.label}@{self.family}"
+
+    @property
+    def source(self) -> Source:
+        return Source(self.root, self.label, self.version)
+
+
+def resolve_target(spec: str) -> Target:
+    """SPEC resolved and its decision path imported once here (this process), so an SGLang
+    that cannot be had or driven is refused before any rank starts: SourceError or
+    LoadError, whose message is the one line for the user."""
+    source = resolve(spec)
+    try:
+        loaded = load(source)
+    finally:
+        unload()  # this process only checks it; each rank imports its own
+    return Target(source.root, source.label, source.version, loaded.family,
+                  modelled_protocol(source))
+
+
+# The system under test a verb serves with (hicache.seam): the project's HiCache, or
+# SGLang's own decisions behind the seam.
+CACHES = ("project", "sglang")
+
+
+class ChoiceError(ValueError):
+    """--cache / --sglang cannot be served; the message is one line for the user."""
+
+
+def choose(cache: str, spec: str | None, protocols_given: bool,
+           pairing_given: bool = False) -> Target | None:
+    """The Target of `--cache sglang --sglang SPEC` (None for `--cache project`), checked
+    once before any rank starts; ChoiceError (one line) when the options do not fit or
+    the SGLang cannot be had or driven."""
+    if cache not in CACHES:
+        raise ChoiceError(f"--cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    if cache == "project":
+        if spec is not None:
+            raise ChoiceError("--sglang needs --cache sglang")
+        return None
+    if not spec:
+        raise ChoiceError("--cache sglang needs --sglang SPEC (a release such as 0.5.23, a "
+                          "wheel file or a source tree)")
+    if protocols_given or pairing_given:
+        raise ChoiceError("--cache sglang runs the release's own protocol: no --protocols"
+                          f"{' or --pairing' if pairing_given else ''}")
+    try:
+        return resolve_target(spec)
+    except (SourceError, LoadError) as e:
+        raise ChoiceError(str(e)) from None
+
+
+__all__ = ["CACHES", "ChoiceError", "LoadError", "SourceError", "Target", "choose",
+           "resolve_target", "MODELLED"]
