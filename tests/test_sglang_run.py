@@ -182,6 +182,7 @@ def test_an_sglang_it_cannot_drive_is_refused_before_any_rank(tmp_path, capsys):
 
 
 @pytest.mark.slow  # one 2-rank serve importing a source tree on each rank: about 30 s
+@pytest.mark.sglang_matrix  # make sglang-check: CI keeps the release's serves (CI time)
 def test_a_planted_all_reduce_shows_in_bench_run_at_its_line(tmp_path):
     from tests.test_sglang_adapter import _planted_tree
 
@@ -205,6 +206,7 @@ def test_a_planted_all_reduce_shows_in_bench_run_at_its_line(tmp_path):
 
 
 @pytest.mark.slow  # one 2-rank serve that fails at its collective timeout: about 25 s
+@pytest.mark.sglang_matrix  # make sglang-check (CI time); sglang-poll's cells run in CI
 def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
     """#30760 on SGLang's own poll through bench run: rank 1's walk stops early, rank 0's
     timeout poll enters SGLang's decision MAX alone; the run fails naming SGLang's line."""
@@ -219,6 +221,7 @@ def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
 
 
 @pytest.mark.slow  # one 2-rank hazard cell importing SGLang on each rank: about 20 s
+@pytest.mark.sglang_matrix  # make sglang-check (CI time); sglang-poll's cells run in CI
 def test_hazards_on_sglangs_decisions_find_38273_where_the_model_does(tmp_path):
     """bench hazards --cache sglang: ongoing-skew (#38273) deadlocks on SGLang's decision
     MAX (rank 0's ongoing_prefetch holds a request rank 1's does not), as the model's cell."""
