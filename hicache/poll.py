@@ -70,6 +70,11 @@ class PrefetchPoll:
         if op.ticketed:
             self._take_ticket(op)
             return True
+        self._end_at_poll(op)
+        return True
+
+    def _end_at_poll(self, op: PrefetchOp) -> None:
+        """A poll said the prefetch may end: it ends here, revoked or finalised."""
         self._expire(op)
         self._terminate(op)  # the IO thread stops at its next batch boundary
         if op.host_slots is None:
@@ -78,7 +83,6 @@ class PrefetchPoll:
             self._revoke(op, via="poll")
         else:
             self._finalize(op, self._usable_after_poll(op), "poll")
-        return True
 
     def _absent_poll(self, rid: str) -> bool:
         """Nothing ongoing on this rank: not a poll, except that pr38284 still enters the

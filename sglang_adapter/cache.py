@@ -156,12 +156,7 @@ class SGLangCache(HiCache):
         if not ready:
             return False
         self.handles.pop(rid, None)
-        self._expire(op)
-        self._terminate(op)  # the IO thread stops at its next batch boundary
-        if op.host_slots is None:
-            self._revoke(op, via="poll")
-        else:
-            self._finalize(op, self._usable_after_poll(op), "poll")
+        self._end_at_poll(op)  # as the project's poll ends it (SGLang's end path: module doc)
         return True
 
     def _mirror(self, op) -> None:

@@ -53,3 +53,16 @@ def run_verb(prog: str, body: Callable[[list[str]], int], argv: list[str],
     except bad_input as e:
         print(f"{prog}: {e}".splitlines()[0], file=sys.stderr)
         return 2
+
+
+def add_cache_options(add: Callable, protocol_note: str) -> None:
+    """`--cache` and `--sglang`, alike in every verb that serves (`add`: the parser's
+    add_argument); `protocol_note` says what becomes of the verb's protocols."""
+    from sglang_adapter.target import CACHES
+
+    add("--cache", choices=CACHES, default="project", help="the system under test: project "
+        "(the project's HiCache) or sglang (SGLang's own check_hicache_events and "
+        "check_prefetch_progress, read from --sglang, behind the same seam, on the "
+        f"project's data path; {protocol_note}; docs/sglang.md)")
+    add("--sglang", metavar="SPEC", help="with --cache sglang: a release (0.5.23; fetched "
+        "once into ~/.cache/hicache-bench/sglang), a wheel file or a source tree")

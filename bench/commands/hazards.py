@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
 from bench.hazards.matrix import MatrixSpec, run_matrix, run_one
 from bench.hazards.report import write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
@@ -23,7 +23,6 @@ from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
 from hicache.cost_model import PROTOCOLS
-from sglang_adapter.target import CACHES
 
 PROG = "bench hazards"
 
@@ -37,12 +36,7 @@ def parser() -> CliParser:
     a("--collective-timeout", type=float, default=2.0, help="seconds, every system group")
     a("--pp", type=int, default=None, help="pin the layout's PP size (scenarios needing more: "
                                             "bad input)")
-    a("--cache", choices=CACHES, default="project", help="the system under "
-      "test: the project's HiCache, or SGLang's own check_hicache_events and "
-      "check_prefetch_progress (--sglang SPEC) behind the same seam, its release's protocol "
-      "(--protocols is then not given; docs/sglang.md)")
-    a("--sglang", metavar="SPEC", help="with --cache sglang: a release (0.5.23), a wheel "
-      "file or a source tree")
+    add_cache_options(a, "its release's protocol, so --protocols is not given")
     a("--twice", action="store_true", help="run every cell twice and compare the outcomes")
     a("--out", default="", help="results directory (default results/<UTC>_hazards_<sha>)")
     return p

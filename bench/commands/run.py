@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands import trace_flags
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
 from bench.run import options
 from bench.run.options import PAIRINGS, REPEAT_SEEDS
 from bench.run.plan import (
@@ -31,7 +31,6 @@ from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.pinned import SCHEDULES
 from hicache.shapes import SHAPES
 from hicache.step_time import GPUS
-from sglang_adapter.target import CACHES
 
 PROG = "bench run"
 GROUPS = {  # --help's sections: title -> what they set
@@ -85,12 +84,7 @@ def parser() -> CliParser:
       "only: every poll asks the first protocol too, back to back on the same facts, each "
       "timed, their answers checked equal: the host cost per step paired within the step; "
       "docs/usage.md, Pairing)")
-    a("--cache", choices=CACHES, default="project", help="the system under test: project "
-      "(the project's HiCache) or sglang (SGLang's own check_hicache_events and "
-      "check_prefetch_progress, read from --sglang, behind the same seam, on the project's "
-      "data path; its protocol is the release's, e.g. sglang-0.5.23@unified; docs/sglang.md)")
-    a("--sglang", metavar="SPEC", help="with --cache sglang: a release (0.5.23; fetched "
-      "once into ~/.cache/hicache-bench/sglang), a wheel file or a source tree")
+    add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified")
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")
