@@ -118,5 +118,7 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
 
     a = np.sort(np.asarray(values, dtype=float))
     cdf = bdtr(np.arange(a.size + 1), a.size, 0.5)
+    # the first rank whose CDF reaches alpha; alpha a hair lower so that a CDF equal to it
+    # up to rounding counts as reaching it, as binom.ppf's own tolerance does
     j = max(1, int(np.searchsorted(cdf, (1 - level) / 2 * (1 - 1e-12))))
     return float(a[j - 1]), float(a[a.size - j])
