@@ -15,7 +15,7 @@ from hicache.cost_model import (
 from hicache.pinned import SCHEDULES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel
-from hicache.storage import StorageSpec
+from hicache.storage_spec import StorageSpec
 
 WRITE_POLICIES = ("none", "write_through", "write_back")
 HAZARDS = ("", "ongoing_skew", "early_return", "span_skew")

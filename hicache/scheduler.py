@@ -28,17 +28,9 @@ from hicache.config import HiCacheConfig
 from hicache.consensus import ConsensusChecker
 from hicache.events import FORWARD, LOAD_BACK, POLL, STEP
 from hicache.records import RequestStats, Stats, StepStats
+from hicache.request import Request
 from hicache.seam import CacheUnderTest
 from hicache.toy_model import Model
-
-
-@dataclass(frozen=True)
-class Request:
-    rid: str
-    tokens: list[int]
-    arrival_offset_s: float  # seconds after the run's start, on rank 0's clock
-    output_tokens: int = 1  # the first token, then one per decode step
-    kind: str = "prefetch"  # prefetch | bystander (nothing to fetch): reported apart
 
 
 @dataclass

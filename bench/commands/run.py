@@ -151,10 +151,9 @@ def parser() -> CliParser:
 
 
 def resolve_device(kind: str, ranks_here: int, data_backend: str | None = None) -> str:
-    import torch
+    from bench.run.gpus import gpus_and_nccl
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    nccl = torch.distributed.is_nccl_available()
+    gpus, nccl = gpus_and_nccl()
     if kind == "auto":
         if data_backend == "gloo":
             return "cuda" if gpus else "cpu"
@@ -284,8 +283,7 @@ def _run_local(plan: RunPlan) -> int:
 
 def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:
     """Every cell served, serially in one world or as a duet; the error, or None."""
-    from bench.run.launch import LaunchError, launch
-    from bench.run.worker import run_rank
+    from bench.run.launch import Entry, LaunchError, launch
 
     if plan.pairing == "duet":
         from bench.run import duet
@@ -295,7 +293,8 @@ def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:
         merge_lanes(RunDir(plan.out_dir), duet.lane_dirs(plan))
         return "; ".join(errors) or None
     try:
-        launch(plan.world_size, run_rank, (plan,), timeout_s=timeout_s)
+        launch(plan.world_size, Entry("bench.run.worker", "run_rank"), (plan,),
+               timeout_s=timeout_s)
     except LaunchError as e:
         return str(e)
     return None

@@ -21,8 +21,8 @@ from bench.hazards.scenarios import Scenario
 from hicache.cache import HiCache
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
-from hicache.scheduler import Request
-from hicache.storage import StorageSpec
+from hicache.request import Request
+from hicache.storage_spec import StorageSpec
 from hicache.system import System, setup_distributed
 
 HARNESS_TIMEOUT_S = 30.0

@@ -16,7 +16,7 @@ from bench.run.workload import WorkloadSpec
 from bench.rundir.env import REPO_DIR
 from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
-from hicache.storage import StorageSpec
+from hicache.storage_spec import StorageSpec
 from sglang_adapter.target import ChoiceError, choose
 
 REPEAT_SEEDS = ("same", "distinct")
@@ -118,9 +118,9 @@ def _positive(name: str, value, allow_zero: bool = False) -> None:
 
 def build_plan(args: RunOptions) -> RunPlan:
     """The plan the options ask for, every value checked (OptionError when one is bad)."""
-    import torch
+    from bench.run.gpus import gpus_and_nccl
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpus_and_nccl()[0]
     preset = PRESETS[args.preset](gpus if args.device != "cpu" else 0)
     for name in ("requests", "repeats", "tp", "pp", "nproc", "kill_step", "output_tokens",
                  "max_running", "bystander_rate", "storage_gbps"):

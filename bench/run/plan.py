@@ -17,7 +17,7 @@ from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES
 from hicache.shapes import get_shape
 from hicache.step_time import StepTimeModel, roofline
-from hicache.storage import StorageSpec
+from hicache.storage_spec import StorageSpec
 from sglang_adapter.target import Target
 
 # The five protocols the project compares: what "every protocol" means for a preset (the
