@@ -15,10 +15,14 @@ import os
 import tempfile
 from collections.abc import Hashable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
+# pandas (about 0.4 s to import) only where a function reads frames: the ranks import this
+# module for its writers and never need it.
 
 
 @contextlib.contextmanager
@@ -54,6 +58,8 @@ def column_by_repeat(frame: pd.DataFrame, column: str) -> dict[int, np.ndarray]:
     """Repeat -> the column's non-missing values as floats, repeats in order: what
     `{r: g[column].dropna() for r, g in frame.groupby("repeat")}` gives, without cutting
     every other column of the frame per repeat (the summaries call this thousands of times)."""
+    import pandas as pd
+
     if frame.empty:
         return {}
     repeats = frame["repeat"].to_numpy()
@@ -108,6 +114,8 @@ class ResultFileError(ValueError):
 
 def read_csv_checked(path: Path | str, required: list[str]) -> pd.DataFrame:
     """Read a result CSV, requiring `required` columns; ResultFileError says what is wrong."""
+    import pandas as pd
+
     path = Path(path)
     if not path.is_file():
         raise ResultFileError(f"{path}: no such file")
@@ -126,6 +134,8 @@ def numeric_columns(frame: pd.DataFrame, columns: list[str], where: Path | str,
                     not_empty: list[str] = ()) -> pd.DataFrame:
     """A copy with `columns` (those present) as numbers; a non-numeric cell, or an empty one
     in a `not_empty` column, is a ResultFileError naming the file and column."""
+    import pandas as pd
+
     frame = frame.copy()
     for col in (c for c in columns if c in frame.columns):
         values = pd.to_numeric(frame[col], errors="coerce")
@@ -164,6 +174,8 @@ def list_cell(values, fmt: str = ".4f") -> str:
 def parse_list_cell(cell: object, where: str, column: str) -> list[float]:
     """'a;b;c' -> floats; an empty cell -> []; anything else a ResultFileError naming the
     file and column."""
+    import pandas as pd
+
     if pd.isna(cell) or not str(cell).strip():
         return []
     try:

@@ -13,8 +13,10 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd  # annotations only: the ranks import this module, never pandas
 
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import (
