@@ -11,6 +11,7 @@ needs it (with `--dist loadfile`, once per file at worst).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -19,11 +20,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import PRELOAD, START
+
 REPO = Path(__file__).resolve().parent.parent
 # Every `bench run` a test makes (in process or not) draws no plots unless the test's
 # environment says otherwise: four PNGs cost 1-3.5 s of a 9 s run here, and the plots are
 # tested where they are drawn (tests/test_report.py, which passes `plots=` itself).
 os.environ.setdefault("BENCH_NO_PLOTS", "1")
+# The tests' ranks fork from one server that imported torch and the project once
+# (tests/helpers.py, START); it starts at the first launch, with the environment above.
+if START == "forkserver":
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench.run.launch import LaunchError, launch
+from bench.run.launch import LaunchError
 from hicache.comm import CollectiveCounter, CollectiveError, Comm, Layout
 from hicache.consensus import ConsensusChecker
 from hicache.system import setup_distributed
-from tests.helpers import build_scenario, scenario
+from tests.helpers import build_scenario, launch, scenario
 
 
 def stamp(stamp_dir: str, rank: int) -> None:

@@ -1,10 +1,22 @@
-"""Test doubles and scripted scenarios run on real gloo groups (spawned per test)."""
+"""Test doubles and scripted scenarios run on real gloo groups (ranks started per launch).
+
+How the tests start ranks (`START`): "forkserver" by default. Python starts one fresh
+interpreter per session (as spawn would, single-threaded, no CUDA), which imports torch and
+the project once (tests/conftest.py); each rank is forked from it, never from pytest's own
+threaded process, so the reason to spawn holds, and a launch costs about 0.1 s instead of
+1.5-2 s of importing torch twice on 2 cores. `HICACHE_TEST_START=spawn` runs every launch
+spawned, as `bench run` always does. The one thing a forked rank does not see is an
+environment variable the test process set after the server started: a test that needs one
+in its ranks passes it as an argument.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from bench.run.launch import launch
+from bench.run import launch as launcher
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from hicache.controller import KV, SIDECAR
@@ -12,6 +24,19 @@ from hicache.hashing import page_hashes
 from hicache.scheduler import Request
 from hicache.storage import StorageSpec
 from hicache.system import System, setup_distributed
+
+START = os.environ.get("HICACHE_TEST_START", "forkserver")
+PRELOAD = ["tests.helpers"]  # what the forkserver imports once (torch, hicache)
+
+
+def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0) -> list:
+    """bench.run.launch.launch, started as the tests start ranks (START)."""
+    return launcher.launch(world, fn, args, timeout_s=timeout_s, method=START)
+
+
+def launch_to_end(world: int, fn, args: tuple = (), timeout_s: float = 120.0):
+    """bench.run.launch.launch_to_end, started as the tests start ranks (START)."""
+    return launcher.launch_to_end(world, fn, args, timeout_s=timeout_s, method=START)
 
 
 def prompts(n: int, prefix_tokens: int, new_tokens: int) -> list[list[int]]:

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.run.launch import launch
 from hicache.comm import DECISION, HIT_GROUPS, HIT_QUERY, CollectiveCounter, Comm, Layout
 from hicache.system import setup_distributed
+from tests.helpers import launch
 
 pytestmark = pytest.mark.dist
 

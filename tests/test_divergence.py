@@ -242,7 +242,7 @@ def test_pp_stages_disagree_before_27010_and_agree_after():
 @pytest.mark.dist
 @pytest.mark.timeout(60)
 def test_consensus_checker_catches_injected_divergence():
-    from bench.run.launch import launch
+    from tests.helpers import launch
 
     variants = ["same", "different", "extra", "late"]
     per_rank = launch(2, consensus_probe, (variants, T), timeout_s=45)

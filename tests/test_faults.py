@@ -18,7 +18,6 @@ import time
 import pytest
 import torch
 
-from bench.run.launch import launch_to_end
 from hicache.cache import HiCache
 from hicache.comm import CollectiveCounter, CollectiveError, Comm, Groups, Layout
 from hicache.config import HiCacheConfig
@@ -26,7 +25,7 @@ from hicache.consensus import compare_decisions
 from hicache.records import Stats
 from hicache.storage import StorageSpec, make_storage
 from tests.fault_helpers import launch_timed, stamped_scenario, wait_for_stamps
-from tests.helpers import case, run_cases, scenario
+from tests.helpers import case, launch_to_end, run_cases, scenario
 
 T = 5.0  # collective timeout in these tests (the product default is 60 s)
 SLACK_S = 10.0  # process start-up, populate and the steps before the fault, on a busy CI box

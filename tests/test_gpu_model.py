@@ -14,13 +14,13 @@ from math import inf
 import pytest
 import torch
 
-from bench.run.launch import launch
 from hicache.comm import MODEL_ALLREDUCE, CollectiveCounter, Comm, Groups, Layout
 from hicache.config import HiCacheConfig
 from hicache.gpu_model import GpuModel
 from hicache.shapes import SHAPES, ModelShape
 from hicache.system import make_model, setup_distributed
 from hicache.toy_model import Model
+from tests.helpers import launch
 
 MINI = ModelShape("mini", layers=3, hidden=64, heads=8, kv_heads=2, head_dim=8,
                   intermediate=96, vocab=100, dtype="bf16")

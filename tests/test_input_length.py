@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.run.launch import launch
 from hicache.comm import Layout
 from hicache.config import HiCacheConfig
 from hicache.scheduler import Request
 from hicache.storage import StorageSpec
 from hicache.system import System, setup_distributed
+from tests.helpers import launch
 
 PAGE, POOL = 64, 8
 LIMIT = POOL * PAGE - 6  # SGLang's max_req_input_len

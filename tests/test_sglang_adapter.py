@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.run.launch import launch
 from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
 from sglang_adapter.poll import POLICIES, PollCase, poll_rank
 from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve
+from tests.helpers import launch
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELS = DEFAULT_CACHE

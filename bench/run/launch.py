@@ -79,9 +79,10 @@ def _start(world: int, fn, args: tuple, method: str = "spawn"):
     return procs, results
 
 
-def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0) -> list:
+def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0,
+           method: str = "spawn") -> list:
     """Runs fn on `world` ranks; returns the per-rank results in rank order."""
-    procs, results = _start(world, fn, args)
+    procs, results = _start(world, fn, args, method)
     got: dict[int, tuple] = {}
     deadline = time.monotonic() + timeout_s
     try:
