@@ -71,7 +71,8 @@ def test_real_runs_compare_counts_exactly(runs, capsys):
     assert json.loads((runs[0] / "env.json").read_text())["schema_version"] == SCHEMA_VERSION
 
 
-def test_identical_runs_are_all_same(runs, capsys, tmp_path):
+def test_identical_runs_are_all_same(runs, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("BENCH_NO_PLOTS", "0")  # this test reads the plot (conftest.py)
     code, out, _, csv = compare(capsys, runs[0], runs[0], out=tmp_path / "out")
     assert code == 0
     assert out[-1] == "compare: 0 better, 0 worse, 26 same"
@@ -81,6 +82,13 @@ def test_identical_runs_are_all_same(runs, capsys, tmp_path):
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "**compare: 0 better, 0 worse, 26 same** (exit status 0)" in md
     assert "![timing ratios B/A](compare_ratios.png)" in md
+
+
+def test_no_plots_draws_none_and_says_so(runs, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("BENCH_NO_PLOTS", "1")
+    assert compare(capsys, runs[0], runs[0], out=tmp_path / "out")[0] == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["compare.csv", "compare.md"]
+    assert "Not drawn: BENCH_NO_PLOTS=1." in (tmp_path / "out" / "compare.md").read_text()
 
 
 def test_timings_are_paired_by_repeat_and_drift_is_named(runs, capsys, tmp_path):

@@ -13,6 +13,7 @@ import pandas as pd
 from bench.analysis import lead
 from bench.analysis import trace_tiers as trace_report
 from bench.analysis.conditions import condition_lines
+from bench.analysis.plots import NO_PLOTS
 from bench.analysis.provenance import provenance_lines
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
 from bench.analysis.verdict import (
@@ -41,7 +42,6 @@ from bench.tables import markdown_table
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
-NO_PLOTS = "BENCH_NO_PLOTS"  # "1": `bench run` draws no plots (bench ab's block runs)
 
 
 def _n_text(summary: pd.DataFrame) -> str:

@@ -322,10 +322,8 @@ def planted(plan: RunPlan):
 def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     """The end of every run, in this one process: summary, plots, verdict and report built
     once from the rows the ranks wrote, printed from the same objects."""
-    from bench.analysis.report import (  # matplotlib: imported once, at the end
-        NO_PLOTS,
-        write_report,
-    )
+    from bench.analysis.plots import plots_wanted
+    from bench.analysis.report import write_report  # matplotlib: imported once, at the end
     from bench.analysis.summarize import format_table
 
     took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
@@ -333,7 +331,7 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
         print(f"FAILED: {error or 'the ranks wrote no rows'} {took}")
         return 1
     try:
-        report = write_report(run_dir, plots=os.environ.get(NO_PLOTS) != "1")
+        report = write_report(run_dir, plots=plots_wanted())
     except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
         print(f"FAILED: could not build the report: {e} {took}")
         return 1

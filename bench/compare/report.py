@@ -10,7 +10,7 @@ from pathlib import Path
 from matplotlib.figure import Figure  # the OO API renders with Agg; no pyplot global state
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from bench.analysis.plots import save_figure
+from bench.analysis.plots import NO_PLOTS, plots_wanted, save_figure
 from bench.compare.comparison import Comparison, Run
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import write_csv_atomic, write_text_atomic
@@ -140,7 +140,7 @@ def render_markdown(comp: Comparison, plot: str | None) -> str:
         "## Configurations on one side only", "",
         *([f"- {line}" for line in one_sided] or ["None."]), "",
         "## Timing ratios", "",
-        f"![timing ratios B/A]({plot})" if plot else "No timing ratio to plot.", "",
+        _plot_line(plot), "",
     ])
 
 
@@ -158,6 +158,12 @@ def _ratio_ticks(rows: list[dict], metric: str) -> list[float]:
                   else (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100))
     ticks = [t for t in candidates if low / 1.3 <= t <= high * 1.3]
     return ticks if len(ticks) > 1 else [1.0]
+
+
+def _plot_line(plot: str | None) -> str:
+    if plot:
+        return f"![timing ratios B/A]({plot})"
+    return f"Not drawn: {NO_PLOTS}=1." if not plots_wanted() else "No timing ratio to plot."
 
 
 def plot_ratios(comp: Comparison, path: Path) -> bool:
@@ -198,6 +204,7 @@ def write_outputs(comp: Comparison, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     v = comp.verb
     write_csv(comp, out / f"{v}.csv")
-    plot = f"{v}_ratios.png" if plot_ratios(comp, out / f"{v}_ratios.png") else None
+    drawn = plots_wanted() and plot_ratios(comp, out / f"{v}_ratios.png")
+    plot = f"{v}_ratios.png" if drawn else None
     write_text_atomic(out / f"{v}.md", render_markdown(comp, plot))
     return [out / n for n in (f"{v}.md", f"{v}.csv", plot) if n]
