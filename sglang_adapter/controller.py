@@ -1,0 +1,224 @@
+"""SGLang's own controller path on real gloo ranks (0.5.19 on: UnifiedRadixCache with a
+HybridCacheController): `prefetch_from_storage`, the controller's prefetch (hit-query), IO,
+ack-sync and backup threads with their collectives on the groups SGLang makes itself,
+`check_hicache_events`' drains consuming their queues, `check_prefetch_progress`, and the
+end of a prefetch (`_handle_prefetch_result`), over the harness's storage tier.
+
+Real (from the wheel, unchanged): everything above, `HybridCacheController.prefetch` /
+`submit_prefetch` / `allocate_storage_hit` / `append_host_mem_release`, the base
+controller's `prefetch_thread_func`, `_storage_hit_query`, `_sync_prefetch_hit_query`,
+`prefetch_io_aux_func`, `_page_transfer`, `_generic_page_get`, `prefetch_sync_thread_func`,
+`_reduce_prefetch_ack`, `_create_sync_groups` (SGLang's `create_custom_parallel_group`:
+its own gloo groups) and `_start_storage_threads`; the backend is built by SGLang's
+`StorageBackendFactory` ("dynamic") from `sglang_adapter.sgl_storage.HarnessStorage`, a
+subclass of the wheel's `HiCacheStorage`.
+
+Stand-ins, and why (docs/sglang.md, "SGLang's own controller path"):
+- the controller object is built without `__init__` (it reads the device KV pool's
+  `device`, `layer_num` and layer-transfer counter, and `attach_storage_backend` reads a
+  launched server's `get_parallel()` / `get_flags()`): the attributes they set are set here
+  as they set them, the storage config from this rank's layout; every step after that is
+  SGLang's own (`attach`, below);
+- the host pool group and the tree core (sglang_adapter.stand_ins): memory-less;
+- the cache object as the poll rig builds it (sglang_adapter.poll.UnifiedRig), plus what
+  `prefetch_from_storage` and the drains read (`__init__` / `_reset_full` / `init_hicache`).
+The clock: SGLang's threads run on real time; the rig's virtual clock drives only the
+timeout budget (as in the poll rig). How many polls a prefetch takes is therefore the
+threads' real timing, not pinned.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections import defaultdict
+from queue import Queue
+
+import torch
+import torch.distributed as dist
+
+from hicache.hashing import page_hashes
+from hicache.pools import expected_rows
+from hicache.storage import StorageSpec, make_storage
+from sglang_adapter.door import Door
+from sglang_adapter.loader import UNIFIED, Loaded, load, native_hash
+from sglang_adapter.poll import CONTROLLER, STEP_S, UnifiedRig, grid_groups
+from sglang_adapter.source import DEFAULT_CACHE, Source
+from sglang_adapter.stand_ins import TIER, HostPool, HostPoolGroup, Tier, TreeCore, digest
+
+BASE = "sglang.srt.mem_cache.base_prefix_cache"
+STORAGE = "sglang.srt.mem_cache.hicache_storage"
+FACTORY = "sglang.srt.mem_cache.storage.backend_factory"
+PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
+POOL = "kv"
+
+
+class ControllerRig(UnifiedRig):
+    """One rank's UnifiedRadixCache with SGLang's own HybridCacheController and threads."""
+
+    def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group, *,
+                 storage, host_tokens: int, page_size: int):
+        self.page_size, self.host_tokens = page_size, host_tokens
+        self.tier = Tier(storage, POOL, PAGE_ELEMS)
+        self.layout = (rank, tp, pp)
+        super().__init__(loaded, rank, tp, pp, tp_group, pp_group)
+
+    def _build(self, cache) -> None:
+        super()._build(cache)  # the poll rig's cache: groups, policy, per-prefetch state
+        base = self.loaded.modules[UNIFIED]
+        self.tree = TreeCore(self.page_size, _module(BASE).IncLockRefResult,
+                             _module(BASE).DecLockRefResult)
+        cache.tree_core, cache.disable = self.tree, False
+        cache.tree_components, cache.components = (base.BASE_COMPONENT_TYPE,), {}
+        cache.sidecar_pool_specs, cache.prefetch_threshold = [], self.page_size
+        cache._prefetch_outcome_stats = defaultdict(int)
+        cache.prefetch_loaded_storage_start_by_reqid, cache.ongoing_backup = {}, {}
+        cache.ongoing_write_through, cache.ongoing_load_back = {}, {}
+        cache.cache_controller = self._controller(cache)
+
+    def _controller(self, cache):
+        """The controller as `__init__` leaves it, then attached as
+        `attach_storage_backend` attaches it (module docstring)."""
+        kv = _module(STORAGE).PoolName.KV
+        self.host = HostPool(self.host_tokens, self.page_size, PAGE_ELEMS)
+        ctl = object.__new__(self.loaded.attr(CONTROLLER, "HybridCacheController"))
+        ctl.tp_group, ctl.attn_cp_group, ctl.attn_tp_group = cache.tp_group, None, cache.tp_group
+        ctl.pp_group, ctl.host_memory_mode, ctl.is_kv_sharded = cache.pp_group, "cache", False
+        ctl.prefetch_hits_sync_groups, ctl.prefetch_completion_sync_groups = [], []
+        ctl.mem_pool_host = HostPoolGroup(self.host, kv)
+        ctl.storage_host_pool, ctl.page_size = self.host, self.page_size
+        ctl.write_policy, ctl.io_backend, ctl.enable_storage = "write_through", "", False
+        ctl.storage_backend = ctl.storage_backend_type = None
+        ctl.enable_storage_metrics, ctl.host_write_staged_tokens_fn = False, None
+        ctl.page_get_func, ctl.page_set_func = ctl._generic_page_get, ctl._generic_page_set
+        ctl.storage_stop_event = threading.Event()
+        ctl.ack_prefetch_queue = Queue()
+        ctl.load_queue, ctl.write_queue, ctl.ack_load_queue, ctl.ack_write_queue = [], [], [], []
+        ctl.extra_host_mem_release_queues = {}
+        ctl.pp_prefetch_command_group = ctl.pp_prefetch_command_thread = None
+        ctl.pp_prefetch_command_queue, ctl.pp_prefetch_state_lock = Queue(), threading.Lock()
+        ctl.pp_prefetch_states, ctl.pp_prefetch_decisions = {}, {}
+        self._attach(ctl)
+        return ctl
+
+    def _attach(self, ctl) -> None:
+        """`attach_storage_backend`'s steps, SGLang's own from the factory on."""
+        rank, tp, pp = self.layout
+        ctl.storage_backend_type = "dynamic"
+        ctl.storage_config = _module(STORAGE).HiCacheStorageConfig(
+            tp_rank=rank % tp, tp_size=tp, pp_rank=rank // tp, pp_size=pp, attn_cp_rank=0,
+            attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+            is_page_first_layout=False, model_name="hicache-bench",
+            extra_config={"backend_name": "harness", "class_name": "HarnessStorage",
+                          "module_path": "sglang_adapter.sgl_storage"})
+        TIER["tier"] = self.tier
+        ctl.storage_backend = _module(FACTORY).StorageBackendFactory.create_backend(
+            "dynamic", ctl.storage_config, ctl.storage_host_pool)
+        ctl.storage_backend.register_mem_pool_host(ctl.storage_host_pool)
+        ctl.storage_backend.on_host_pools_registered()
+        ctl.enable_storage = True
+        ctl.prefetch_threshold = self.page_size
+        ctl.prefetch_capacity_limit = int(0.5 * self.host.logical_size)
+        ctl.prefetch_tokens_occupied = 0
+        ctl.prefetch_hits_sync_groups = ctl._create_sync_groups()
+        ctl.prefetch_completion_sync_groups = ctl._create_sync_groups()
+        ctl.storage_stop_event.clear()
+        ctl._start_storage_threads()
+
+    def sync_groups(self) -> dict[str, object]:
+        """SGLang's own groups, by the role it made them for (one per base group)."""
+        ctl, out = self.cache.cache_controller, {}
+        for role, groups in (("hit", ctl.prefetch_hits_sync_groups),
+                             ("ack", ctl.prefetch_completion_sync_groups)):
+            for i, g in enumerate(groups):
+                out[f"sglang_{role}{i or ''}"] = g
+        return out
+
+    def issue(self, rid: str, tokens: list[int]):
+        """SGLang's own `prefetch_from_storage` for `tokens` from the root; first the pages'
+        names in both chains, so the backend can translate (sglang_adapter.sgl_storage)."""
+        urc = self.loaded.modules[UNIFIED]
+        handle = self.handle(rid)
+        key = urc.RadixKey(tokens).page_aligned(self.page_size)
+        names = self.loaded.attr("sglang.srt.mem_cache.utils", "get_storage_hash_str")(
+            key, None, page_size=self.page_size)
+        self.tier.learn(names, page_hashes(tokens, self.page_size)[: len(names)])
+        self.cache.prefetch_from_storage(handle, None, tokens)
+        return handle
+
+    def loaded_pages(self) -> tuple[int, int]:
+        """(pages inserted, of them holding what storage holds under the tier's name)."""
+        pages = good = 0
+        for tokens, slots, _ in self.tree.inserted:
+            names = page_hashes(tokens, self.page_size)
+            rows = expected_rows(names, self.tier.storage.rank, POOL, PAGE_ELEMS)
+            for i in range(len(names)):
+                pages += 1
+                good += self.host.pages.get(slots[i * self.page_size]) == digest(rows[i])
+        return pages, good
+
+    def stop(self) -> None:
+        self.cache.cache_controller._stop_storage_threads()
+
+
+def _module(name: str):
+    import sys
+    return sys.modules[name]
+
+
+def serve_one(rig: ControllerRig, door: Door, rid: str, tokens: list[int], policy: str,
+              budget_s: float = 3.5, max_steps: int = 400) -> dict:
+    """Issues one prefetch through SGLang's `prefetch_from_storage`, then steps (SGLang's
+    `check_hicache_events`, then its poll) until the poll says it may end."""
+    rig.configure(policy, rig.page_size, budget_s, 0.0)
+    door.rid = rid
+    handle = rig.issue(rid, tokens)
+    issued = handle in rig.cache.ongoing_prefetch
+    for polls in range(1, max_steps + 1):
+        door.rid = f"{rid}/step"
+        rig.step()
+        door.rid = rid
+        ready = bool(rig.cache.check_prefetch_progress(handle))
+        door.rid = None
+        if ready:
+            return {"issued": issued, "polls": polls, "inserted": len(rig.tree.inserted)}
+        rig.clock.now += STEP_S
+        threading.Event().wait(0.01)  # let SGLang's threads run between steps
+    raise AssertionError(f"{rid}: SGLang's poll never let it end in {max_steps} steps")
+
+
+def controller_rank(rank: int, world: int, source: Source, tp: int, cases: list[tuple],
+                    stall_ms: float = 0.0, seed: int = 0) -> dict:
+    """A spawned rank (bench.run.launch): SGLang's controller path at TP `tp` (PP 1) for
+    each case (rid, policy, prompt pages, pages stored); returns per request the polls and
+    the door's calls, the pages loaded against storage and the crosscheck."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    loaded = load(source)
+    native_hash(source, str(DEFAULT_CACHE))
+    tp_group, pp_group = grid_groups(rank, tp, 1)
+    storage = make_storage(StorageSpec(latency_ms=1.0, exists_latency_ms=0.1,
+                                       stall_ms=stall_ms, seed=seed),
+                           rank, rank % tp)
+    door = Door(source.root)
+    door.register("tp", tp_group)
+    door.install()
+    try:
+        rig = ControllerRig(loaded, rank, tp, 1, tp_group, pp_group, storage=storage,
+                            host_tokens=4096 * 64, page_size=64)
+        for name, group in rig.sync_groups().items():
+            door.register(name, group)
+        outcomes = {}
+        for rid, policy, pages, stored in cases:
+            tokens = [zlib.crc32(f"{rid}:{i}".encode()) % 30000 + 1 for i in range(pages * 64)]
+            storage.put(page_hashes(tokens, 64)[:stored], POOL, PAGE_ELEMS)
+            outcomes[rid] = serve_one(rig, door, rid, tokens, policy)
+        rig.stop()
+    finally:
+        door.uninstall()
+    dist.barrier()
+    names = rig.tier.names
+    return {"outcomes": outcomes, "loaded": rig.loaded_pages(),
+            "same_names": sum(k == v for k, v in names.items()), "names": len(names),
+            "crosscheck": door.crosscheck(),
+            "calls": [(c.site, c.group, c.op, c.rid, c.via, n) for c, n in door.calls.items()]}
