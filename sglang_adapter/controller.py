@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 from queue import Queue
 
 import torch
 import torch.distributed as dist
 
+from hicache.cost_model import Expected, expected_per_request
 from hicache.hashing import page_hashes
 from hicache.pools import expected_rows
 from hicache.storage import StorageSpec, make_storage
@@ -49,6 +51,7 @@ from sglang_adapter.stand_ins import TIER, HostPool, HostPoolGroup, Tier, TreeCo
 BASE = "sglang.srt.mem_cache.base_prefix_cache"
 STORAGE = "sglang.srt.mem_cache.hicache_storage"
 FACTORY = "sglang.srt.mem_cache.storage.backend_factory"
+STEP_WAIT_S = 0.01  # real time between two steps: SGLang's threads run meanwhile
 PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
 POOL = "kv"
 
@@ -57,9 +60,9 @@ class ControllerRig(UnifiedRig):
     """One rank's UnifiedRadixCache with SGLang's own HybridCacheController and threads."""
 
     def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group, *,
-                 storage, host_tokens: int, page_size: int):
+                 storage, host_tokens: int, page_size: int, stall_s: float = 0.0):
         self.page_size, self.host_tokens = page_size, host_tokens
-        self.tier = Tier(storage, POOL, PAGE_ELEMS)
+        self.tier = Tier(storage, POOL, PAGE_ELEMS, stall_s=stall_s)
         self.layout = (rank, tp, pp)
         super().__init__(loaded, rank, tp, pp, tp_group, pp_group)
 
@@ -134,7 +137,7 @@ class ControllerRig(UnifiedRig):
                 out[f"sglang_{role}{i or ''}"] = g
         return out
 
-    def issue(self, rid: str, tokens: list[int]):
+    def issue(self, rid: str, tokens: list[int], slow: bool = False):
         """SGLang's own `prefetch_from_storage` for `tokens` from the root; first the pages'
         names in both chains, so the backend can translate (sglang_adapter.sgl_storage)."""
         urc = self.loaded.modules[UNIFIED]
@@ -142,7 +145,7 @@ class ControllerRig(UnifiedRig):
         key = urc.RadixKey(tokens).page_aligned(self.page_size)
         names = self.loaded.attr("sglang.srt.mem_cache.utils", "get_storage_hash_str")(
             key, None, page_size=self.page_size)
-        self.tier.learn(names, page_hashes(tokens, self.page_size)[: len(names)])
+        self.tier.learn(names, page_hashes(tokens, self.page_size)[: len(names)], slow)
         self.cache.prefetch_from_storage(handle, None, tokens)
         return handle
 
@@ -166,59 +169,133 @@ def _module(name: str):
     return sys.modules[name]
 
 
-def serve_one(rig: ControllerRig, door: Door, rid: str, tokens: list[int], policy: str,
-              budget_s: float = 3.5, max_steps: int = 400) -> dict:
+@dataclass(frozen=True)
+class ControllerCase:
+    """One request through SGLang's controller path: its prompt's pages, how many of them
+    storage holds, its stop policy and timeout budget (virtual seconds), and whether its
+    reads stall (a slow storage node: `Tier.stall_s`)."""
+
+    rid: str
+    policy: str
+    pages: int
+    stored: int
+    budget_s: float = 3.5
+    slow: bool = False
+
+    def tokens(self, page_size: int) -> list[int]:
+        """The prompt, the same on every rank (crc32, not the salted hash())."""
+        return [zlib.crc32(f"{self.rid}:{i}".encode()) % 30000 + 1
+                for i in range(self.pages * page_size)]
+
+
+def serve_one(rig: ControllerRig, door: Door, case: ControllerCase,
+              max_steps: int = 400) -> dict:
     """Issues one prefetch through SGLang's `prefetch_from_storage`, then steps (SGLang's
-    `check_hicache_events`, then its poll) until the poll says it may end."""
-    rig.configure(policy, rig.page_size, budget_s, 0.0)
-    door.rid = rid
-    handle = rig.issue(rid, tokens)
-    issued = handle in rig.cache.ongoing_prefetch
+    `check_hicache_events`, then its poll) until the poll says it may end. Returns what
+    the model of the release needs to price it: the polls that found it ongoing, the pages
+    it fetched (its agreed hit, cut to the host slots it got), whether it went to IO."""
+    rig.configure(case.policy, rig.page_size, case.budget_s, 0.0)
+    door.rid = case.rid
+    handle = rig.issue(case.rid, case.tokens(rig.page_size), case.slow)
+    info = rig.cache.ongoing_prefetch.get(handle)
+    ongoing_polls = 0
     for polls in range(1, max_steps + 1):
-        door.rid = f"{rid}/step"
+        door.rid = f"{case.rid}/step"
         rig.step()
-        door.rid = rid
+        door.rid = case.rid
+        ongoing = handle in rig.cache.ongoing_prefetch
+        ongoing_polls += ongoing
         ready = bool(rig.cache.check_prefetch_progress(handle))
         door.rid = None
         if ready:
-            return {"issued": issued, "polls": polls, "inserted": len(rig.tree.inserted)}
+            op = info.operation if info is not None else None
+            io = op is not None and op.host_indices is not None
+            return {"issued": op is not None, "polls": polls, "ongoing_polls": ongoing_polls,
+                    "io_issued": io, "hit_pages": len(op.hash_value) if io else 0,
+                    "ended_by": "poll" if ongoing else "drain",
+                    "deadline": bool(op is not None and op.deadline_expired)}
         rig.clock.now += STEP_S
-        threading.Event().wait(0.01)  # let SGLang's threads run between steps
-    raise AssertionError(f"{rid}: SGLang's poll never let it end in {max_steps} steps")
+        threading.Event().wait(STEP_WAIT_S)  # SGLang's threads run between steps
+    raise AssertionError(f"{case.rid}: SGLang's poll never let it end in {max_steps} steps")
 
 
-def controller_rank(rank: int, world: int, source: Source, tp: int, cases: list[tuple],
-                    stall_ms: float = 0.0, seed: int = 0) -> dict:
+def settle(rig: ControllerRig, door: Door, max_steps: int = 1000) -> int:
+    """Steps until SGLang's threads and queues are idle and every host slot is back (a
+    prefetch a poll ended may still be reading; its acks are reduced and drained all the
+    same), on every rank alike: the idleness is MIN-agreed over the TP group each step."""
+    ctl = rig.cache.cache_controller
+    door.rid = "settle/step"
+    for steps in range(1, max_steps + 1):
+        rig.step()
+        idle = all(q.empty() for q in (ctl.prefetch_queue, ctl.prefetch_buffer,
+                                       ctl.prefetch_sync_queue, ctl.prefetch_hit_queue,
+                                       ctl.ack_prefetch_queue, ctl.host_mem_release_queue))
+        free = rig.host.available_size() + sum(len(s) for _, s, _ in rig.tree.inserted)
+        flag = torch.tensor([int(idle and free == rig.host.size)])
+        # The rig's own agreement, on the world group (no group the door holds against
+        # torch's sequence numbers): not SGLang's.
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item():
+            door.rid = None
+            return steps
+        threading.Event().wait(STEP_WAIT_S)
+    raise AssertionError("SGLang's controller never went idle")
+
+
+def held_against_model(outcome: dict, policy: str, tp: int, pp: int) -> Expected:
+    """What the project's model of 0.5.23 (`sglang-0.5.23`) says rank 0 issues for this
+    request, from what SGLang did with it (no side-car pool in this rig)."""
+    return expected_per_request(
+        "sglang-0.5.23", policy, tp, pp, outcome["ongoing_polls"], outcome["hit_pages"],
+        outcome["issued"], outcome["io_issued"], outcome["ended_by"] == "poll")
+
+
+def counted(calls, rid: str) -> Expected:
+    """SGLang's own collectives for one request, by the role of the frame that issued them."""
+    by = Counter()
+    for site, _group, _op, who, via, n in calls:
+        if who == rid:
+            role = ("hit_query" if "_sync_prefetch_hit_query" in via else
+                    "ack" if "_reduce_prefetch_ack" in via else
+                    "decision" if "_can_terminate_prefetch" in via else site)
+            by[role] += n
+    extra = set(by) - {"hit_query", "ack", "decision"}
+    assert not extra, f"{rid}: collectives of no known role: {extra}"
+    return Expected(by["decision"], 0, 0, by["hit_query"], by["ack"])
+
+
+def controller_rank(rank: int, world: int, source: Source, tp: int,
+                    cases: list[ControllerCase], stall_s: float = 0.5, seed: int = 0) -> dict:
     """A spawned rank (bench.run.launch): SGLang's controller path at TP `tp` (PP 1) for
-    each case (rid, policy, prompt pages, pages stored); returns per request the polls and
-    the door's calls, the pages loaded against storage and the crosscheck."""
+    each case; returns per request what it did, SGLang's collectives and the model's, the
+    pages loaded against storage and the door's crosscheck."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     loaded = load(source)
     native_hash(source, str(DEFAULT_CACHE))
     tp_group, pp_group = grid_groups(rank, tp, 1)
-    storage = make_storage(StorageSpec(latency_ms=1.0, exists_latency_ms=0.1,
-                                       stall_ms=stall_ms, seed=seed),
+    storage = make_storage(StorageSpec(latency_ms=1.0, exists_latency_ms=0.1, seed=seed),
                            rank, rank % tp)
     door = Door(source.root)
     door.register("tp", tp_group)
     door.install()
     try:
         rig = ControllerRig(loaded, rank, tp, 1, tp_group, pp_group, storage=storage,
-                            host_tokens=4096 * 64, page_size=64)
+                            host_tokens=4096 * 64, page_size=64, stall_s=stall_s)
         for name, group in rig.sync_groups().items():
             door.register(name, group)
         outcomes = {}
-        for rid, policy, pages, stored in cases:
-            tokens = [zlib.crc32(f"{rid}:{i}".encode()) % 30000 + 1 for i in range(pages * 64)]
-            storage.put(page_hashes(tokens, 64)[:stored], POOL, PAGE_ELEMS)
-            outcomes[rid] = serve_one(rig, door, rid, tokens, policy)
+        for case in cases:
+            storage.put(page_hashes(case.tokens(64), 64)[: case.stored], POOL, PAGE_ELEMS)
+            outcomes[case.rid] = serve_one(rig, door, case)
+        settle(rig, door)
         rig.stop()
     finally:
         door.uninstall()
     dist.barrier()
-    names = rig.tier.names
-    return {"outcomes": outcomes, "loaded": rig.loaded_pages(),
-            "same_names": sum(k == v for k, v in names.items()), "names": len(names),
-            "crosscheck": door.crosscheck(),
-            "calls": [(c.site, c.group, c.op, c.rid, c.via, n) for c, n in door.calls.items()]}
+    calls = [(c.site, c.group, c.op, c.rid, c.via, n) for c, n in door.calls.items()]
+    return {"outcomes": outcomes, "loaded": rig.loaded_pages(), "names": rig.tier.names,
+            "crosscheck": door.crosscheck(), "calls": calls,
+            "sglang": {c.rid: counted(calls, c.rid) for c in cases},
+            "model": {c.rid: held_against_model(outcomes[c.rid], c.policy, tp, 1)
+                      for c in cases}}

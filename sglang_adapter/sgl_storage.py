@@ -44,8 +44,10 @@ class HarnessStorage(HiCacheStorage):
         """Pages up to the first the tier could not return; None from there on (SGLang's
         `_generic_page_get` stops at the first None)."""
         tier = self.tier
+        names = tier.translate(list(keys))
+        tier.stall(names)
         out = torch.empty(len(keys), tier.page_elems)
-        got = tier.storage.batch_get(tier.translate(list(keys)), tier.pool, out).pages
+        got = tier.storage.batch_get(names, tier.pool, out).pages
         return [out[i] if i < got else None for i in range(len(keys))]
 
     def get(self, key, target_location=None, target_sizes=None):

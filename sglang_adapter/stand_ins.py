@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
+import time
 import types
 from dataclasses import dataclass, field
 
@@ -139,12 +140,23 @@ class Tier:
     storage: Storage
     pool: str  # the tier's pool SGLang's KV pages are read from / written to
     page_elems: int  # values per stored page
+    stall_s: float = 0.0  # a read of a slow request's pages stalls this long first
     names: dict[str, str] = field(default_factory=dict)  # SGLang's name -> the tier's
+    slow: set[str] = field(default_factory=set)  # tier names whose reads stall
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def learn(self, sglang_names: list[str], tier_names: list[str]) -> None:
+    def learn(self, sglang_names: list[str], tier_names: list[str], slow: bool = False) -> None:
         with self.lock:
             self.names.update(zip(sglang_names, tier_names, strict=True))
+            if slow:
+                self.slow.update(tier_names)
+
+    def stall(self, tier_names: list[str]) -> None:
+        """A slow storage node: the read of a slow request's pages waits first."""
+        with self.lock:
+            slow = any(n in self.slow for n in tier_names)
+        if slow:
+            time.sleep(self.stall_s)
 
     def translate(self, keys: list[str]) -> list[str]:
         with self.lock:

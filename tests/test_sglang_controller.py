@@ -3,8 +3,9 @@ docs/sglang.md "SGLang's own controller path"): `prefetch_from_storage`, the con
 hit-query, IO and ack-sync threads with their collectives on the groups SGLang makes, the
 drains in `check_hicache_events`, the poll, the end of a prefetch, over the harness's
 storage tier through a subclass of the wheel's own `HiCacheStorage`; counted at the door
-per request and held against torch's sequence numbers. The wheel comes from the release
-cache (a test whose wheel is absent is skipped, never passed)."""
+per request, held against torch's sequence numbers and against the project's model of the
+release. The wheel comes from the release cache (a test whose wheel is absent is skipped,
+never passed)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections import Counter
 import pytest
 
 from bench.run.launch import launch
-from sglang_adapter.controller import controller_rank
+from sglang_adapter.controller import ControllerCase, controller_rank
 from sglang_adapter.source import DEFAULT_CACHE, resolve
 
 pytestmark = pytest.mark.dist
@@ -24,9 +25,13 @@ ACK = ("managers/cache_controller.py:_all_reduce:447",
        "_reduce_prefetch_ack:1482 < _reduce_prefetch_ack:1922 < prefetch_sync_thread_func:1947")
 STEP = "_all_reduce:386 < _sync_hicache_ready_counts:3459 < check_hicache_events:3681"
 DECISION = "_all_reduce:386 < _can_terminate_prefetch:2311 < check_prefetch_progress:2405"
-# rid, policy, prompt pages, pages in storage (a 130-page hit is read in two 128-page batches)
-CASES = [("wc-part", "wait_complete", 4, 3), ("wc-long", "wait_complete", 130, 130),
-         ("be", "best_effort", 4, 4), ("to", "timeout", 4, 4), ("wc-miss", "wait_complete", 4, 0)]
+# A 130-page hit is read in two 128-page batches; "to-cut"'s reads stall past its budget.
+CASES = [ControllerCase("wc-part", "wait_complete", 4, 3),
+         ControllerCase("wc-long", "wait_complete", 130, 130),
+         ControllerCase("be", "best_effort", 4, 4),
+         ControllerCase("to", "timeout", 4, 4),
+         ControllerCase("wc-miss", "wait_complete", 4, 0),
+         ControllerCase("to-cut", "timeout", 4, 4, budget_s=1.5, slow=True)]
 
 
 def _wheel(version: str):
@@ -48,37 +53,48 @@ def served():
     return launch(2, controller_rank, (_wheel("0.5.23"), 2, CASES), timeout_s=280)
 
 
-def test_every_rank_ends_every_prefetch_at_the_same_poll(served):
+def test_every_rank_ends_every_prefetch_at_the_same_poll_the_same_way(served):
     assert served[0]["outcomes"] == served[1]["outcomes"]
-    assert all(o["issued"] for o in served[0]["outcomes"].values())
+    out = served[0]["outcomes"]
+    assert all(o["issued"] for o in out.values())
+    assert (out["wc-miss"]["io_issued"], out["wc-part"]["hit_pages"],
+            out["wc-long"]["hit_pages"]) == (False, 3, 130)
+    # wait_complete ends in the ack drain; the stalled read's deadline ends it at a poll
+    # with its IO in flight (host slots held), which is revoked and cut at 0 pages.
+    assert out["wc-part"]["ended_by"] == out["wc-long"]["ended_by"] == "drain"
+    assert out["to-cut"] == {**out["to-cut"], "ended_by": "poll", "deadline": True,
+                             "io_issued": True}
 
 
-def test_the_hit_query_min_is_sglangs_on_its_own_group_once_per_request(served):
+def test_every_request_costs_what_the_model_of_the_release_says(served):
+    """Decision, completion, PP hop, hit-query and ack collectives per request, SGLang's
+    own against `hicache.cost_model.expected_per_request` for sglang-0.5.23."""
+    for r in served:
+        assert r["sglang"] == r["model"], {k: (r["sglang"][k], r["model"][k])
+                                           for k in r["model"]}
+
+
+def test_the_hit_query_and_acks_are_sglangs_on_its_own_groups(served):
     for r in served:
         calls = _by_request(r["calls"])
-        for rid, *_ in CASES:
-            assert calls[rid][("sglang_hit", "all_reduce", *HIT)] == 1, (rid, calls[rid])
-
-
-def test_one_ack_min_per_read_batch_on_sglangs_completion_group(served):
-    """wait_complete reads every agreed page: one MIN per 128-page batch that carries a
-    count (the final ack is passed on unreduced); a miss (0 pages agreed, below the
-    threshold) is revoked in the hit drain and never read."""
-    for r in served:
-        calls = _by_request(r["calls"])
-        acks = {rid: calls[rid][("sglang_ack", "all_reduce", *ACK)] for rid, *_ in CASES}
-        assert (acks["wc-part"], acks["wc-long"], acks["wc-miss"]) == (1, 2, 0), acks
+        for case in CASES:
+            assert calls[case.rid][("sglang_hit", "all_reduce", *HIT)] == 1, case.rid
+        acks = {c.rid: calls[c.rid][("sglang_ack", "all_reduce", *ACK)] for c in CASES}
+        # one MIN per 128-page batch read (the final ack is passed on unreduced), also for
+        # a read a poll cut short; none for a miss revoked in the hit drain.
+        assert (acks["wc-part"], acks["wc-long"], acks["wc-miss"], acks["to-cut"]) == \
+            (1, 2, 0, 1), acks
 
 
 def test_decisions_and_the_step_are_sglangs_on_the_tp_group(served):
+    site = "mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359"
     for r in served:
         calls = _by_request(r["calls"])
-        site = "mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359"
-        for rid, policy, *_ in CASES:
-            decisions = calls[rid][("tp", "all_reduce", site, DECISION)]
-            polls = r["outcomes"][rid]["polls"]
-            assert decisions == 0 if policy != "timeout" else 1 <= decisions <= polls
-            assert calls[f"{rid}/step"][("tp", "all_reduce", site, STEP)] == polls
+        for case in CASES:
+            out = r["outcomes"][case.rid]
+            decisions = calls[case.rid][("tp", "all_reduce", site, DECISION)]
+            assert decisions == (out["ongoing_polls"] if case.policy == "timeout" else 0)
+            assert calls[f"{case.rid}/step"][("tp", "all_reduce", site, STEP)] == out["polls"]
 
 
 def test_what_sglang_loaded_is_what_storage_holds(served):
@@ -102,4 +118,6 @@ def test_sglangs_page_names_are_the_tiers_for_an_unnamespaced_prompt(served):
     """SGLang's chain (0.5.23's compiled hash_binding.cpp, built from the wheel) and the
     project's (hicache/hashing.py) name every page of these prompts alike."""
     for r in served:
-        assert r["names"] == sum(pages for _, _, pages, _ in CASES) == r["same_names"]
+        names = r["names"]
+        assert len(names) == sum(c.pages for c in CASES)
+        assert all(k == v for k, v in names.items())
