@@ -29,6 +29,7 @@ threads' real timing, not pinned.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import zlib
 from collections import Counter, defaultdict
@@ -43,14 +44,16 @@ from hicache.hashing import page_hashes
 from hicache.pools import expected_rows
 from hicache.storage import StorageSpec, make_storage
 from sglang_adapter.door import Door
-from sglang_adapter.loader import UNIFIED, Loaded, load, native_hash
+from sglang_adapter.loader import UNIFIED, Loaded, LoadError, load, native_hash
 from sglang_adapter.poll import CONTROLLER, STEP_S, UnifiedRig, grid_groups
 from sglang_adapter.source import DEFAULT_CACHE, Source
 from sglang_adapter.stand_ins import TIER, HostPool, HostPoolGroup, Tier, TreeCore, digest
+from sglang_adapter.target import modelled_protocol
 
 BASE = "sglang.srt.mem_cache.base_prefix_cache"
 STORAGE = "sglang.srt.mem_cache.hicache_storage"
 FACTORY = "sglang.srt.mem_cache.storage.backend_factory"
+UTILS = "sglang.srt.mem_cache.utils"
 STEP_WAIT_S = 0.01  # real time between two steps: SGLang's threads run meanwhile
 PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
 POOL = "kv"
@@ -105,20 +108,20 @@ class ControllerRig(UnifiedRig):
         return ctl
 
     def _attach(self, ctl) -> None:
-        """`attach_storage_backend`'s steps, SGLang's own from the factory on."""
-        rank, tp, pp = self.layout
+        """`attach_storage_backend`'s steps as the release takes them, SGLang's own from the
+        factory on (0.5.19: `backup_skip` an attribute it sets, no `on_host_pools_registered`;
+        0.5.23: a property, and the hook)."""
         ctl.storage_backend_type = "dynamic"
-        ctl.storage_config = _module(STORAGE).HiCacheStorageConfig(
-            tp_rank=rank % tp, tp_size=tp, pp_rank=rank // tp, pp_size=pp, attn_cp_rank=0,
-            attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
-            is_page_first_layout=False, model_name="hicache-bench",
-            extra_config={"backend_name": "harness", "class_name": "HarnessStorage",
-                          "module_path": "sglang_adapter.sgl_storage"})
+        ctl.get_hash_str = _module(UTILS).get_hash_str
+        ctl.storage_config = self._storage_config()
+        if not isinstance(getattr(type(ctl), "backup_skip", None), property):
+            ctl.backup_skip = False  # as 0.5.19 sets it: not an MLA model
         TIER["tier"] = self.tier
         ctl.storage_backend = _module(FACTORY).StorageBackendFactory.create_backend(
             "dynamic", ctl.storage_config, ctl.storage_host_pool)
         ctl.storage_backend.register_mem_pool_host(ctl.storage_host_pool)
-        ctl.storage_backend.on_host_pools_registered()
+        if hasattr(ctl.storage_backend, "on_host_pools_registered"):
+            ctl.storage_backend.on_host_pools_registered()
         ctl.enable_storage = True
         ctl.prefetch_threshold = self.page_size
         ctl.prefetch_capacity_limit = int(0.5 * self.host.logical_size)
@@ -127,6 +130,20 @@ class ControllerRig(UnifiedRig):
         ctl.prefetch_completion_sync_groups = ctl._create_sync_groups()
         ctl.storage_stop_event.clear()
         ctl._start_storage_threads()
+
+    def _storage_config(self):
+        """What `_generate_storage_config` builds from a launched server's parallel state,
+        from this rank's layout (the fields the release's HiCacheStorageConfig has)."""
+        rank, tp, pp = self.layout
+        config = _module(STORAGE).HiCacheStorageConfig
+        values = dict(
+            tp_rank=rank % tp, tp_size=tp, pp_rank=rank // tp, pp_size=pp, attn_cp_rank=0,
+            attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+            is_page_first_layout=False, model_name="hicache-bench",
+            extra_config={"backend_name": "harness", "class_name": "HarnessStorage",
+                          "module_path": "sglang_adapter.sgl_storage"})
+        names = {f.name for f in dataclasses.fields(config)}
+        return config(**{k: v for k, v in values.items() if k in names})
 
     def sync_groups(self) -> dict[str, object]:
         """SGLang's own groups, by the role it made them for (one per base group)."""
@@ -143,7 +160,8 @@ class ControllerRig(UnifiedRig):
         urc = self.loaded.modules[UNIFIED]
         handle = self.handle(rid)
         key = urc.RadixKey(tokens).page_aligned(self.page_size)
-        names = self.loaded.attr("sglang.srt.mem_cache.utils", "get_storage_hash_str")(
+        utils = self.loaded.modules[UTILS]  # 0.5.23 names by the namespaced chain
+        names = getattr(utils, "get_storage_hash_str", utils.get_hash_str)(
             key, None, page_size=self.page_size)
         self.tier.learn(names, page_hashes(tokens, self.page_size)[: len(names)], slow)
         self.cache.prefetch_from_storage(handle, None, tokens)
@@ -213,7 +231,7 @@ def serve_one(rig: ControllerRig, door: Door, case: ControllerCase,
             return {"issued": op is not None, "polls": polls, "ongoing_polls": ongoing_polls,
                     "io_issued": io, "hit_pages": len(op.hash_value) if io else 0,
                     "ended_by": "poll" if ongoing else "drain",
-                    "deadline": bool(op is not None and op.deadline_expired)}
+                    "deadline": bool(getattr(op, "deadline_expired", False))}
         rig.clock.now += STEP_S
         threading.Event().wait(STEP_WAIT_S)  # SGLang's threads run between steps
     raise AssertionError(f"{case.rid}: SGLang's poll never let it end in {max_steps} steps")
@@ -242,11 +260,12 @@ def settle(rig: ControllerRig, door: Door, max_steps: int = 1000) -> int:
     raise AssertionError("SGLang's controller never went idle")
 
 
-def held_against_model(outcome: dict, policy: str, tp: int, pp: int) -> Expected:
-    """What the project's model of 0.5.23 (`sglang-0.5.23`) says rank 0 issues for this
-    request, from what SGLang did with it (no side-car pool in this rig)."""
+def held_against_model(protocol: str, outcome: dict, policy: str, tp: int, pp: int
+                       ) -> Expected:
+    """What the project's model of the release (`sglang-0.5.23`, `pr36425`) says rank 0
+    issues for this request, from what SGLang did with it (no side-car pool in this rig)."""
     return expected_per_request(
-        "sglang-0.5.23", policy, tp, pp, outcome["ongoing_polls"], outcome["hit_pages"],
+        protocol, policy, tp, pp, outcome["ongoing_polls"], outcome["hit_pages"],
         outcome["issued"], outcome["io_issued"], outcome["ended_by"] == "poll")
 
 
@@ -255,9 +274,11 @@ def counted(calls, rid: str) -> Expected:
     by = Counter()
     for site, _group, _op, who, via, n in calls:
         if who == rid:
-            role = ("hit_query" if "_sync_prefetch_hit_query" in via else
-                    "ack" if "_reduce_prefetch_ack" in via else
-                    "decision" if "_can_terminate_prefetch" in via else site)
+            # the hit query's MIN: inline in prefetch_thread_func (0.5.19), in
+            # _sync_prefetch_hit_query under it (0.5.23); the ack's under the ack thread
+            role = ("hit_query" if "prefetch_thread_func" in via else
+                    "ack" if "prefetch_sync_thread_func" in via else
+                    "decision" if "_can_terminate_prefetch" in via else f"{site} < {via}")
             by[role] += n
     extra = set(by) - {"hit_query", "ack", "decision"}
     assert not extra, f"{rid}: collectives of no known role: {extra}"
@@ -272,6 +293,9 @@ def controller_rank(rank: int, world: int, source: Source, tp: int,
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     loaded = load(source)
+    if loaded.family != "unified":
+        raise LoadError(f"sglang {source.label}: the controller rig drives UnifiedRadixCache "
+                        "with a HybridCacheController (0.5.19 on), not HiRadixCache")
     native_hash(source, str(DEFAULT_CACHE))
     tp_group, pp_group = grid_groups(rank, tp, 1)
     storage = make_storage(StorageSpec(latency_ms=1.0, exists_latency_ms=0.1, seed=seed),
@@ -297,5 +321,7 @@ def controller_rank(rank: int, world: int, source: Source, tp: int,
     return {"outcomes": outcomes, "loaded": rig.loaded_pages(), "names": rig.tier.names,
             "crosscheck": door.crosscheck(), "calls": calls,
             "sglang": {c.rid: counted(calls, c.rid) for c in cases},
-            "model": {c.rid: held_against_model(outcomes[c.rid], c.policy, tp, 1)
+            "protocol": modelled_protocol(source),
+            "model": {c.rid: held_against_model(modelled_protocol(source), outcomes[c.rid],
+                                                c.policy, tp, 1)
                       for c in cases}}

@@ -14,6 +14,7 @@ inserts and issues no collective (SGLang's tree core issues none either: no
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import threading
 import time
@@ -118,8 +119,10 @@ class TreeCore:
         return None, None  # the root: no namespace of its own
 
     def inc_host_lock_ref(self, node_id):
+        """SGLang's receipt of a host lock on the anchor (0.5.23 records the node in it)."""
         self.host_locks += 1
-        return self._lock_result(node_id=node_id)
+        names = {f.name for f in dataclasses.fields(self._lock_result)}
+        return self._lock_result(**({"node_id": node_id} if "node_id" in names else {}))
 
     def dec_host_lock_ref(self, node_id, params):
         self.host_locks -= 1

@@ -70,6 +70,7 @@ def test_every_request_costs_what_the_model_of_the_release_says(served):
     """Decision, completion, PP hop, hit-query and ack collectives per request, SGLang's
     own against `hicache.cost_model.expected_per_request` for sglang-0.5.23."""
     for r in served:
+        assert r["protocol"] == "sglang-0.5.23"
         assert r["sglang"] == r["model"], {k: (r["sglang"][k], r["model"][k])
                                            for k in r["model"]}
 
@@ -121,3 +122,17 @@ def test_sglangs_page_names_are_the_tiers_for_an_unnamespaced_prompt(served):
         names = r["names"]
         assert len(names) == sum(c.pages for c in CASES)
         assert all(k == v for k, v in names.items())
+
+
+@pytest.mark.sglang_matrix
+def test_sglang_0519s_controller_path_costs_what_pr36425_says():
+    """0.5.19 (its hit-query MIN inline in prefetch_thread_func, keyed by rid; no deadline
+    flag): the same serve, every request held against the project's model of 0.5.19."""
+    served = launch(2, controller_rank, (_wheel("0.5.19"), 2, CASES), timeout_s=280)
+    assert served[0]["outcomes"] == served[1]["outcomes"]
+    for r in served:
+        assert r["protocol"] == "pr36425"
+        assert r["sglang"] == r["model"], r["sglang"]
+        assert r["loaded"][0] == r["loaded"][1] >= 3 + 130
+        assert all(counted == seen > 0 for counted, seen in r["crosscheck"].values())
+    assert served[0]["outcomes"]["to-cut"]["ended_by"] == "poll"
