@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -146,3 +147,42 @@ def test_sglang_0519s_controller_path_costs_what_pr36425_says():
         assert r["loaded"][0] == r["loaded"][1] >= 3 + 130
         assert all(counted == seen > 0 for counted, seen in r["crosscheck"].values())
     assert served[0]["outcomes"]["to-cut"]["ended_by"] == "poll"
+
+
+PLANT_BEFORE = "        reduced = packed.tolist()\n"
+PLANTED = ("        self._all_reduce(packed, torch.distributed.ReduceOp.MIN, "
+           "self.prefetch_hits_sync_groups)  # planted\n")
+
+
+def _planted_tree(wheel: Path, dest: Path) -> int:
+    """0.5.23's Python files (and its page-hash source) unpacked to `dest`, with a second
+    MIN of the packed hit planted in HybridCacheController._sync_prefetch_hit_query (the
+    same values: it changes no result, only the count); returns the planted line."""
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(dest, [n for n in z.namelist() if n.startswith("sglang/")
+                            and (n.endswith(".py") or n.endswith("hash_binding.cpp"))])
+    path = dest / "sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py"
+    text = path.read_text()
+    at = text.index(PLANT_BEFORE, text.index("def _sync_prefetch_hit_query"))
+    path.write_text(text[:at] + PLANTED + text[at:])
+    return text[:at].count("\n") + 1
+
+
+@pytest.mark.sglang_matrix
+def test_a_planted_hit_query_min_shows_once_per_request_at_its_line(tmp_path):
+    """SGLang's hit query is measured where SGLang issues it: a MIN planted in a copied
+    tree's `_sync_prefetch_hit_query` is one more hit-query collective per request, on
+    SGLang's own hit group, named at the planted line, and the model is off by exactly it."""
+    line = _planted_tree(Path(_wheel("0.5.23").root), tmp_path / "tree")
+    served = launch(2, controller_rank, (resolve(str(tmp_path / "tree")), 2, CASES),
+                    timeout_s=280)
+    planted = ("managers/cache_controller.py:_all_reduce:447",
+               f"_sync_prefetch_hit_query:{line} < prefetch_thread_func:1356")
+    for r in served:
+        calls = _by_request(r["calls"])
+        for case in CASES:
+            assert calls[case.rid][("sglang_hit", "all_reduce", *planted)] == 1, case.rid
+            sglang, model = r["sglang"][case.rid], r["model"][case.rid]
+            assert (sglang.hit_query, sglang.ack, sglang.decision) == \
+                (model.hit_query + 1, model.ack, model.decision)
+        assert all(counted == seen > 0 for counted, seen in r["crosscheck"].values())
