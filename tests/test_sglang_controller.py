@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -18,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from bench.run.launch import launch
-from sglang_adapter.controller import ControllerCase, controller_rank
+from sglang_adapter import controller_check as check
+from sglang_adapter.controller import controller_rank
 from sglang_adapter.source import DEFAULT_CACHE, resolve
 
 pytestmark = pytest.mark.dist
@@ -29,13 +32,9 @@ ACK = ("managers/cache_controller.py:_all_reduce:447",
        "_reduce_prefetch_ack:1482 < _reduce_prefetch_ack:1922 < prefetch_sync_thread_func:1947")
 STEP = "_all_reduce:386 < _sync_hicache_ready_counts:3459 < check_hicache_events:3681"
 DECISION = "_all_reduce:386 < _can_terminate_prefetch:2311 < check_prefetch_progress:2405"
-# A 130-page hit is read in two 128-page batches; "to-cut"'s reads stall past its budget.
-CASES = [ControllerCase("wc-part", "wait_complete", 4, 3),
-         ControllerCase("wc-long", "wait_complete", 130, 130),
-         ControllerCase("be", "best_effort", 4, 4),
-         ControllerCase("to", "timeout", 4, 4),
-         ControllerCase("wc-miss", "wait_complete", 4, 0),
-         ControllerCase("to-cut", "timeout", 4, 4, budget_s=4.5, slow=True)]
+# The check's six requests: a 130-page hit is read in two 128-page batches; "to-cut"'s
+# reads stall past its budget.
+CASES = check.CASES
 
 
 def _wheel(version: str):
@@ -186,3 +185,14 @@ def test_a_planted_hit_query_min_shows_once_per_request_at_its_line(tmp_path):
             assert (sglang.hit_query, sglang.ack, sglang.decision) == \
                 (model.hit_query + 1, model.ack, model.decision)
         assert all(counted == seen > 0 for counted, seen in r["crosscheck"].values())
+
+
+def test_the_check_prints_ok_for_this_serve_and_refuses_bad_input_in_one_line(served):
+    table, ok = check.rows(served)
+    assert ok and [row[0] for row in table] == [c.rid for c in CASES]
+    assert all(row[-1] is True for row in table)
+    done = subprocess.run([sys.executable, "-m", "sglang_adapter.controller_check", "nope"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "--sglang nope: no such release, wheel or source tree (a release looks like 0.5.23)"]
