@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.run import sglang_controller as check
 from bench.run.launch import launch
-from sglang_adapter import controller_check as check
 from sglang_adapter.controller import controller_rank
 from sglang_adapter.source import DEFAULT_CACHE, resolve
 
@@ -187,12 +187,13 @@ def test_a_planted_hit_query_min_shows_once_per_request_at_its_line(tmp_path):
         assert all(counted == seen > 0 for counted, seen in r["crosscheck"].values())
 
 
-def test_the_check_prints_ok_for_this_serve_and_refuses_bad_input_in_one_line(served):
+def test_the_verb_says_ok_for_this_serve_and_refuses_bad_input_in_one_line(served):
     table, ok = check.rows(served)
     assert ok and [row[0] for row in table] == [c.rid for c in CASES]
     assert all(row[-1] is True for row in table)
-    done = subprocess.run([sys.executable, "-m", "sglang_adapter.controller_check", "nope"],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip().splitlines() == [
-        "--sglang nope: no such release, wheel or source tree (a release looks like 0.5.23)"]
+    for argv, says in ((["--sglang", "nope", "--controller"], "no such release"),
+                       (["--sglang", "0.5.23", "--controller", "--tp", "4"], "TP2 x PP1")):
+        done = subprocess.run([sys.executable, "-m", "bench", "sglang-poll", *argv],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stdout == "", done
+        assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr
