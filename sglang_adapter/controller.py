@@ -317,11 +317,15 @@ def controller_rank(rank: int, world: int, source: Source, tp: int,
     finally:
         door.uninstall()
     dist.barrier()
+    return _report(rig, door, source, tp, cases, outcomes)
+
+
+def _report(rig: ControllerRig, door: Door, source: Source, tp: int,
+            cases: list[ControllerCase], outcomes: dict) -> dict:
     calls = [(c.site, c.group, c.op, c.rid, c.via, n) for c, n in door.calls.items()]
+    protocol = modelled_protocol(source)
     return {"outcomes": outcomes, "loaded": rig.loaded_pages(), "names": rig.tier.names,
-            "crosscheck": door.crosscheck(), "calls": calls,
+            "crosscheck": door.crosscheck(), "calls": calls, "protocol": protocol,
             "sglang": {c.rid: counted(calls, c.rid) for c in cases},
-            "protocol": modelled_protocol(source),
-            "model": {c.rid: held_against_model(modelled_protocol(source), outcomes[c.rid],
-                                                c.policy, tp, 1)
+            "model": {c.rid: held_against_model(protocol, outcomes[c.rid], c.policy, tp, 1)
                       for c in cases}}
