@@ -63,20 +63,28 @@ class ControllerRig(UnifiedRig):
     """One rank's UnifiedRadixCache with SGLang's own HybridCacheController and threads."""
 
     def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group, *,
-                 storage, host_tokens: int, page_size: int, stall_s: float = 0.0):
+                 storage, host_tokens: int, page_size: int, stall_s: float = 0.0,
+                 host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0):
+        """`host` / `tree`: the host pool and tree core SGLang's path writes into (default
+        the memory-less stand-ins; `bench run --cache sglang --sglang-controller` passes
+        ones over the harness's own pool and tree: sglang_adapter.run_controller)."""
         self.page_size, self.host_tokens = page_size, host_tokens
-        self.tier = Tier(storage, POOL, PAGE_ELEMS, stall_s=stall_s)
+        self.threshold = threshold or page_size
+        self.tier = Tier(storage, POOL, page_elems, stall_s=stall_s)
+        self.host = host or HostPool(host_tokens, page_size, page_elems)
+        self.tree = tree
         self.layout = (rank, tp, pp)
         super().__init__(loaded, rank, tp, pp, tp_group, pp_group)
 
     def _build(self, cache) -> None:
         super()._build(cache)  # the poll rig's cache: groups, policy, per-prefetch state
         base = self.loaded.modules[UNIFIED]
-        self.tree = TreeCore(self.page_size, _module(BASE).IncLockRefResult,
-                             _module(BASE).DecLockRefResult)
+        if self.tree is None:
+            self.tree = TreeCore(self.page_size, _module(BASE).IncLockRefResult,
+                                 _module(BASE).DecLockRefResult)
         cache.tree_core, cache.disable = self.tree, False
         cache.tree_components, cache.components = (base.BASE_COMPONENT_TYPE,), {}
-        cache.sidecar_pool_specs, cache.prefetch_threshold = [], self.page_size
+        cache.sidecar_pool_specs, cache.prefetch_threshold = [], self.threshold
         cache._prefetch_outcome_stats = defaultdict(int)
         cache.prefetch_loaded_storage_start_by_reqid, cache.ongoing_backup = {}, {}
         cache.ongoing_write_through, cache.ongoing_load_back = {}, {}
@@ -86,7 +94,6 @@ class ControllerRig(UnifiedRig):
         """The controller as `__init__` leaves it, then attached as
         `attach_storage_backend` attaches it (module docstring)."""
         kv = _module(STORAGE).PoolName.KV
-        self.host = HostPool(self.host_tokens, self.page_size, PAGE_ELEMS)
         ctl = object.__new__(self.loaded.attr(CONTROLLER, "HybridCacheController"))
         ctl.tp_group, ctl.attn_cp_group, ctl.attn_tp_group = cache.tp_group, None, cache.tp_group
         ctl.pp_group, ctl.host_memory_mode, ctl.is_kv_sharded = cache.pp_group, "cache", False
@@ -123,7 +130,7 @@ class ControllerRig(UnifiedRig):
         if hasattr(ctl.storage_backend, "on_host_pools_registered"):
             ctl.storage_backend.on_host_pools_registered()
         ctl.enable_storage = True
-        ctl.prefetch_threshold = self.page_size
+        ctl.prefetch_threshold = self.threshold
         ctl.prefetch_capacity_limit = int(0.5 * self.host.logical_size)
         ctl.prefetch_tokens_occupied = 0
         ctl.prefetch_hits_sync_groups = ctl._create_sync_groups()
@@ -154,17 +161,20 @@ class ControllerRig(UnifiedRig):
                 out[f"sglang_{role}{i or ''}"] = g
         return out
 
-    def issue(self, rid: str, tokens: list[int], slow: bool = False):
-        """SGLang's own `prefetch_from_storage` for `tokens` from the root; first the pages'
-        names in both chains, so the backend can translate (sglang_adapter.sgl_storage)."""
+    def issue(self, rid: str, tokens: list[int], slow: bool = False, *, anchor=None,
+              prior: str | None = None):
+        """SGLang's own `prefetch_from_storage` for `tokens` after `anchor` (the host node
+        the prompt's prefix matched; None: the root), whose last page is named `prior`;
+        first the pages' names in both chains, so the backend can translate
+        (sglang_adapter.sgl_storage)."""
         urc = self.loaded.modules[UNIFIED]
         handle = self.handle(rid)
         key = urc.RadixKey(tokens).page_aligned(self.page_size)
         utils = self.loaded.modules[UTILS]  # 0.5.23 names by the namespaced chain
         names = getattr(utils, "get_storage_hash_str", utils.get_hash_str)(
-            key, None, page_size=self.page_size)
-        self.tier.learn(names, page_hashes(tokens, self.page_size)[: len(names)], slow)
-        self.cache.prefetch_from_storage(handle, None, tokens)
+            key, prior, page_size=self.page_size)
+        self.tier.learn(names, page_hashes(tokens, self.page_size, prior)[: len(names)], slow)
+        self.cache.prefetch_from_storage(handle, anchor, tokens, last_hash=prior)
         return handle
 
     def loaded_pages(self) -> tuple[int, int]:

@@ -24,7 +24,9 @@ from bench.run.launch import launch
 from sglang_adapter.controller import controller_rank
 from sglang_adapter.source import DEFAULT_CACHE, resolve
 
-pytestmark = pytest.mark.dist
+# make sglang-check: in make test SGLang 0.5.23's controller path runs inside `bench run
+# --cache sglang --sglang-controller` (tests/test_sglang_run.py), one TP2 launch for both.
+pytestmark = [pytest.mark.dist, pytest.mark.sglang_matrix]
 
 HIT = ("managers/cache_controller.py:_all_reduce:447",
        "_sync_prefetch_hit_query:1502 < prefetch_thread_func:1356")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.cost_model import per_step
+from hicache.cost_model import expected_per_request, per_step
 from sglang_adapter.source import DEFAULT_CACHE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 RUN = ["--preset", "ci", "--requests", "6", "--bystanders", "2",
        "--output-tokens", "4", "--repeats", "1", "--seed", "3", "--schedule", "pinned",
        "--timeout-base", "0.004", "--storage-latency-ms", "120"]
+# The same workload and seed on the free schedule: SGLang's controller threads run on real
+# time (--sglang-controller runs under --schedule free only: docs/sglang.md).
+FREE = [a if a != "pinned" else "free" for a in RUN]
 PER_REQUEST = ["polls", "decision_collectives", "completion_collectives",
                "hit_query_collectives", "ack_collectives", "pp_hops", "terminated_by",
                "prefetched_tokens", "hit_tokens"]
@@ -48,7 +51,8 @@ def _bench_run(out: Path, *argv: str, timeout: float = 500) -> subprocess.Comple
     (["--sglang", "0.5.23"], "--sglang needs --cache sglang"),
     (["--cache", "sglang", "--sglang", "nonsense"], "no such release, wheel or source tree"),
     (["--cache", "sglang", "--sglang", "0.5.23", "--protocols", "pr36425"],
-     "runs the release's own protocol")])
+     "runs the release's own protocol"),
+    (["--sglang-controller"], "--sglang-controller needs --cache sglang")])
 def test_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
     from bench.commands.run import main
 
@@ -91,9 +95,13 @@ def both_runs(request, tmp_path_factory):
     layout = ["--tp", str(tp), "--pp", str(pp)]
     # SGLang's side serves the seed twice (repeat 1 replays repeat 0: --repeat-seeds same).
     twice = ["--repeats", "2", "--repeat-seeds", "same"]
-    for name, extra in (("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1]), *twice]),
-                        ("project", ["--protocols", protocol])):
-        done = _bench_run(root / name, *RUN, *layout, *extra)
+    runs = [("sglang", RUN, ["--cache", "sglang", "--sglang", str(wheels[-1]), *twice]),
+            ("project", RUN, ["--protocols", protocol])]
+    if (release, (tp, pp)) == ("0.5.23", (2, 1)):  # SGLang's controller path: the data path
+        runs.append(("controller", FREE, ["--cache", "sglang", "--sglang", str(wheels[-1]),
+                                          "--sglang-controller"]))
+    for name, run, extra in runs:
+        done = _bench_run(root / name, *run, *layout, *extra)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         out[name] = root / name
     return out
@@ -299,3 +307,94 @@ def test_compare_per_request_names_both_sides_call_sites():
     printed, md = section(a, b)
     assert printed[0].startswith("per request: 1 of 2 requests equal") and md[0] == \
         "## Per request"
+
+
+# --sglang-controller: SGLang's own controller path as the data path (sglang_adapter.
+# run_controller): its hit query and acks on the groups it makes, named at its lines.
+HIT_SITE = ("all_reduce@sglang_hit managers/cache_controller.py:_all_reduce:447 < "
+            "_sync_prefetch_hit_query:1502 < prefetch_thread_func:1356")
+ACK_SITE = ("all_reduce@sglang_ack managers/cache_controller.py:_all_reduce:447 < "
+            "_reduce_prefetch_ack:1482 < _reduce_prefetch_ack:1922 < "
+            "prefetch_sync_thread_func:1947")
+
+
+def _controller(both_runs):
+    if "controller" not in both_runs:
+        pytest.skip("SGLang's controller path runs in bench run at 0.5.23, TP2")
+    return both_runs["controller"]
+
+
+@pytest.mark.slow  # the same serves (module fixture)
+def test_controller_run_self_checks_hold_with_sglangs_own_groups(both_runs):
+    run = _controller(both_runs)
+    ranks = pd.read_csv(run / "ranks.csv")
+    # the counter, SGLang's hit and ack groups included, equals torch's sequence numbers
+    assert ranks["crosscheck_ok"].all() and (ranks["host_slots_unaccounted"] == 0).all()
+    assert (ranks["hit_query"] > 0).all() and (ranks["ack"] > 0).all()
+    requests = pd.read_csv(run / "requests.csv")
+    assert requests["ranks_agree"].all() and requests["data_ok"].all()
+    assert set(requests["schedule"]) == {"free"}
+    assert json.loads((run / "verdict.json").read_text())["ok"]
+
+
+@pytest.mark.slow  # the same serves (module fixture)
+def test_controller_run_costs_what_the_model_says_given_its_polls(both_runs):
+    """Every request's decision, completion, hit-query and ack collectives, SGLang's own
+    (its threads and drains deciding how each prefetch went), against the project's model
+    of 0.5.23 priced on what SGLang did with it."""
+    sgl = _requests(_controller(both_runs))
+    assert set(sgl["protocol"]) == {both_runs["name"]}
+    for (policy, rid), r in sgl.iterrows():
+        hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
+        want = expected_per_request(both_runs["protocol"], policy, 2, 1, r["polls"],
+                                    hit_pages, r["op_issued"], r["io_issued"],
+                                    r["terminated_by"] == "poll")
+        got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
+               r["hit_query_collectives"], r["ack_collectives"])
+        assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,
+                       want.ack), (policy, rid, r["terminated_by"], r["polls"])
+    issued = sgl[sgl["op_issued"]]
+    assert issued["call_sites"].str.contains(HIT_SITE, regex=False).all()
+    acked = sgl[sgl["ack_collectives"] > 0]
+    assert len(acked) and acked["call_sites"].str.contains(ACK_SITE, regex=False).all()
+    assert set(sgl.loc["timeout", "terminated_by"]) >= {"poll"}  # its decision MAX, too
+    assert sgl.loc["timeout", "call_sites"].str.contains(DECISION_SITE, regex=False).any()
+
+
+@pytest.mark.slow  # the same serves (module fixture)
+def test_controller_run_and_project_agree_where_the_schedule_cannot_differ(both_runs):
+    """Against the project's pinned run of the seed: the same requests issue, every one
+    queries its hit once, and wait_complete (which ends only at its final ack, whatever
+    the timing) ends the same way with the same tokens and acks. Polls, and how timeout /
+    best_effort end, follow the threads' real timing (docs/sglang.md)."""
+    sgl, proj = _requests(_controller(both_runs)), _requests(both_runs["project"])
+    assert sgl.index.equals(proj.index)
+    same = ["op_issued", "hit_query_collectives"]
+    assert sgl[same].equals(proj[same])
+    wc = ["terminated_by", "prefetched_tokens", "hit_tokens", "ack_collectives",
+          "decision_collectives", "io_issued"]
+    assert sgl.loc["wait_complete", wc].equals(proj.loc["wait_complete", wc])
+
+
+@pytest.mark.slow  # the same serves (module fixture)
+def test_compare_names_sglangs_controller_sites_per_request(both_runs, tmp_path):
+    run = _controller(both_runs)
+    done = subprocess.run([sys.executable, "-m", "bench", "compare", str(both_runs["project"]),
+                           str(run), "--out", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-2000:]
+    assert "per request:" in done.stdout, done.stdout[-3000:]
+    assert "## Per request" in (tmp_path / "compare.md").read_text()
+
+
+def test_the_controller_is_refused_under_a_pinned_schedule(tmp_path, capsys):
+    from bench.commands.run import main
+
+    wheels = sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl"))
+    if not wheels:
+        pytest.skip(f"no sglang 0.5.23 wheel in {DEFAULT_CACHE} (make sglang-fetch)")
+    argv = ["--cache", "sglang", "--sglang", str(wheels[-1]), "--sglang-controller",
+            "--schedule", "pinned", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "runs under --schedule free only" in err, err

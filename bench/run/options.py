@@ -89,6 +89,7 @@ class RunOptions:
     plant: str | None = None
     cache: str = "project"
     sglang: str | None = None
+    sglang_controller: bool = False
     out: Path | None = None
 
     @classmethod
@@ -180,7 +181,28 @@ def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
                         plan.pairing is not None)
     except ChoiceError as e:
         raise OptionError(str(e)) from None
+    if args.sglang_controller:
+        _controller_fits(plan, target)
+        target = replace(target, controller=True)
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
+
+
+def _controller_fits(plan: RunPlan, target) -> None:
+    """--sglang-controller: what SGLang's controller path behind the seam can serve
+    (sglang_adapter.run_controller); OptionError (one line) for the rest."""
+    system = dict(plan.system)
+    why = ("needs --cache sglang" if target is None else
+           "needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
+           else "runs under --schedule free only (SGLang's threads run on real time: "
+           "docs/sglang.md)" if plan.schedule != "free"
+           else "runs at --pp 1 only" if plan.pp != 1
+           else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
+           else "serves host memory as a cache tier only" if
+           system.get("host_memory", "cache") != "cache"
+           else "serves no write path (--write-policy none)" if
+           system.get("write_policy", "none") != "none" else None)
+    if why is not None:
+        raise OptionError(f"--sglang-controller {why}")
 
 
 def _neighbour(text: str | None) -> str | None:
