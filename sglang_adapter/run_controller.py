@@ -36,6 +36,7 @@ import time
 from hicache.consensus import rank_consensus
 from sglang_adapter.cache import SGLangCache
 from sglang_adapter.controller import BASE, ControllerRig, _module
+from sglang_adapter.pinned_controller import ControllerPin, WatchedHits
 from sglang_adapter.run_stand_ins import ProjectHostPool, ProjectTreeCore
 
 SGLANG_QUEUES = ("prefetch_queue", "prefetch_buffer", "prefetch_sync_queue",
@@ -48,7 +49,7 @@ class ControllerCache(SGLangCache):
     def _make_rig(self, loaded, tp_group, pp_group, storage):
         cfg, page = self.cfg, self.page
         self.ops: dict[str, object] = {}  # rid -> SGLang's PrefetchOperation, once issued
-        self.ended: set[str] = set()
+        self.hit_drained: set[str] = set()
         host = ProjectHostPool(self.host_kv, page)
         tree = ProjectTreeCore(page, _module(BASE).IncLockRefResult,
                                _module(BASE).DecLockRefResult, self.tree)
@@ -58,7 +59,25 @@ class ControllerCache(SGLangCache):
                             host=host, tree=tree, page_elems=cfg.kv_page_elems,
                             threshold=cfg.prefetch_threshold)
         self._groups = rig.sync_groups()  # on the door in start(): it is not set yet here
+        self.gate = None
+        if cfg.schedule == "pinned":  # what SGLang's drains see: on the virtual clock
+            self.gate = ControllerPin(rig.cache.cache_controller, rig.tier, page,
+                                      cfg.kv_page_elems, cfg.storage.exists_latency_ms / 1e3,
+                                      cfg.collective_timeout_s, self.layout.rank)
+            rig.tier.gate = self.gate
+        hits = rig.cache.cache_controller.prefetch_hit_queue
+        if not isinstance(hits, WatchedHits):
+            hits.__class__ = WatchedHits  # SGLang's prefetch thread already waits on it
+        hits.on_hit = self._hit_drained
         return rig
+
+    def _hit_drained(self, operation) -> None:
+        """SGLang's hit drain took this operation's agreed hit (also one a poll already
+        ended: its hit is recorded when drained, as the project's drain records it)."""
+        rid = getattr(operation.request_id, "rid", operation.request_id)
+        if rid in self.ops and self.ops[rid] is operation:
+            self.hit_drained.add(rid)
+            self.stats.requests[rid].hit_tokens = len(operation.hash_value) * self.page
 
     @property
     def own_groups(self) -> dict:
@@ -109,6 +128,8 @@ class ControllerCache(SGLangCache):
             self.door.rid = None
         info = self.rig.cache.ongoing_prefetch.get(handle)
         if info is not None:
+            if self.gate is not None:
+                self.gate.issued(info.operation, rid, stamp)
             st.op_issued = True
             self.ops[rid] = info.operation
             self.handles[rid] = handle
@@ -119,7 +140,14 @@ class ControllerCache(SGLangCache):
         self.step_stamp, self._poll_s = stamp, 0.0
         self._tick()
         self.door.rid = None
+        if self.gate is not None:  # before SGLang's step reads its queues
+            for shadow in self.gate.advance(stamp):
+                self.stats.requests[shadow.rid].io_done_vt = shadow.io_end_v
         self.rig.step()  # SGLang's check_hicache_events: its drains of its threads' queues
+        if self.gate is not None:  # the gates' waits leave the measured clock (hicache.pinned)
+            waited = self.gate.pin.take_waited()
+            self.pin.waited_s += waited
+            self.pin.waited_total_s += waited
         self._observe()
         # The harness's per-step agreement: who is busy (nothing of the project's to drain)
         return super(SGLangCache, self).check_hicache_events(stamp, busy or self.has_work())
@@ -137,10 +165,8 @@ class ControllerCache(SGLangCache):
     def _ended(self, rid: str, via: str) -> None:
         """The stats of a prefetch SGLang ended (hicache.poll._end's, from SGLang's op)."""
         self.handles.pop(rid)
-        op, st = self.ops[rid], self.stats.requests[rid]
-        drained = op.host_indices is not None or via == "revoked"
-        if drained and not st.io_issued:
-            st.hit_tokens = len(op.hash_value) * self.page
+        st = self.stats.requests[rid]
+        drained = rid in self.hit_drained
         usable = self.sgl_tree.fetched.get(rid, 0)
         st.terminated_by, st.prefetched_tokens = via, usable
         st.ready, st.ready_vt = time.monotonic(), self.step_stamp
@@ -168,6 +194,8 @@ class ControllerCache(SGLangCache):
             self.door.rid = None
             self._poll_s += time.perf_counter() - t0
         if ready and handle is not None:
+            if self.gate is not None:  # its reads stop at this step (the replay's answer)
+                self.ops[rid].pin_shadow.terminated_v = self.step_stamp
             self._ended(rid, "poll")
         return ready
 

@@ -19,10 +19,26 @@ maps each name to itself; it matters for namespaced requests and mid-prompt prio
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
+from sglang_adapter.pinned_controller import plan_of
 from sglang_adapter.stand_ins import TIER
+
+
+def _plan(depth: int = 8):
+    """Pinned: the read plan of the batch SGLang's IO thread is reading, from its
+    `_page_transfer` frame (the operation and the batch's first page); else None."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_page_transfer" and "operation" in frame.f_locals:
+            return plan_of(frame.f_locals["operation"], frame.f_locals.get("i", 0))
+        frame = frame.f_back
+    return None
 
 
 class HarnessStorage(HiCacheStorage):
@@ -35,6 +51,8 @@ class HarnessStorage(HiCacheStorage):
         self.tier = TIER["tier"]
 
     def batch_exists(self, keys, extra_info=None) -> int:
+        if self.tier.gate is not None:  # its modelled time (sglang_adapter.pinned_controller)
+            self.tier.gate.exists_calls += 1
         return self.tier.storage.batch_exists(self.tier.translate(list(keys)))
 
     def exists(self, key) -> bool:
@@ -47,7 +65,7 @@ class HarnessStorage(HiCacheStorage):
         names = tier.translate(list(keys))
         tier.stall(names)
         out = torch.empty(len(keys), tier.page_elems)
-        got = tier.storage.batch_get(names, tier.pool, out).pages
+        got = tier.storage.batch_get(names, tier.pool, out, _plan()).pages
         return [out[i] if i < got else None for i in range(len(keys))]
 
     def get(self, key, target_location=None, target_sizes=None):

@@ -147,6 +147,7 @@ class Tier:
     names: dict[str, str] = field(default_factory=dict)  # SGLang's name -> the tier's
     slow: set[str] = field(default_factory=set)  # tier names whose reads stall
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: object = None  # pinned: sglang_adapter.pinned_controller.ControllerPin
 
     def learn(self, sglang_names: list[str], tier_names: list[str], slow: bool = False) -> None:
         with self.lock:

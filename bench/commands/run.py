@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
 from bench.run import options
-from bench.run.options import PAIRINGS, REPEAT_SEEDS
+from bench.run.options import PAIRINGS, REPEAT_SEEDS, SGLANG_PATHS
 from bench.run.plan import (
     ALIASES,
     PRESET_HELP,
@@ -85,11 +85,13 @@ def parser() -> CliParser:
       "timed, their answers checked equal: the host cost per step paired within the step; "
       "docs/usage.md, Pairing)")
     add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified")
-    a("--sglang-controller", action="store_true", help="with --cache sglang: SGLang's own "
-      "controller path is the data path too (prefetch_from_storage, its hit-query, IO and "
-      "ack threads on the groups it makes, its drains and end path, over the harness's "
-      "storage, host pool and tree); --schedule free, --pp 1, host memory a cache tier, no "
-      "side-car pool or write path (docs/sglang.md)")
+    a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
+      "controller (SGLang's controller path is the data path too: prefetch_from_storage, "
+      "its hit-query, IO and ack threads on the groups it makes, its drains and end path, "
+      "over the harness's storage, host pool and tree; 0.5.19 on, --pp 1, host memory a "
+      "cache tier, no side-car pool or write path), decisions (SGLang's check_hicache_events "
+      "and check_prefetch_progress on the project's data path), or auto (the default: "
+      "controller where the run fits it, else decisions; docs/sglang.md)")
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")

@@ -89,7 +89,7 @@ class RunOptions:
     plant: str | None = None
     cache: str = "project"
     sglang: str | None = None
-    sglang_controller: bool = False
+    sglang_path: str | None = None  # auto | controller | decisions (None: auto)
     out: Path | None = None
 
     @classmethod
@@ -181,28 +181,34 @@ def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
                         plan.pairing is not None)
     except ChoiceError as e:
         raise OptionError(str(e)) from None
-    if args.sglang_controller:
-        _controller_fits(plan, target)
-        target = replace(target, controller=True)
-    return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
+    path = args.sglang_path or "auto"
+    if target is None:
+        if args.sglang_path is not None:
+            raise OptionError("--sglang-path needs --cache sglang")
+        return plan
+    why = _controller_unfit(plan, target)
+    if path == "controller" and why is not None:
+        raise OptionError(f"--sglang-path controller {why}")
+    target = replace(target, controller=path != "decisions" and why is None)
+    return replace(plan, sglang=target, protocols=(target.name,))
 
 
-def _controller_fits(plan: RunPlan, target) -> None:
-    """--sglang-controller: what SGLang's controller path behind the seam can serve
-    (sglang_adapter.run_controller); OptionError (one line) for the rest."""
+# What of SGLang `--cache sglang` runs (docs/sglang.md): its controller path as the data
+# path too (sglang_adapter.run_controller), or its decisions on the project's data path.
+SGLANG_PATHS = ("auto", "controller", "decisions")
+
+
+def _controller_unfit(plan: RunPlan, target) -> str | None:
+    """Why SGLang's controller path behind the seam (sglang_adapter.run_controller) cannot
+    serve this run, in words for one line; None when it can."""
     system = dict(plan.system)
-    why = ("needs --cache sglang" if target is None else
-           "needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
-           else "runs under --schedule free only (SGLang's threads run on real time: "
-           "docs/sglang.md)" if plan.schedule != "free"
-           else "runs at --pp 1 only" if plan.pp != 1
-           else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
-           else "serves host memory as a cache tier only" if
-           system.get("host_memory", "cache") != "cache"
-           else "serves no write path (--write-policy none)" if
-           system.get("write_policy", "none") != "none" else None)
-    if why is not None:
-        raise OptionError(f"--sglang-controller {why}")
+    return ("needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
+            else "runs at --pp 1 only" if plan.pp != 1
+            else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
+            else "serves host memory as a cache tier only" if
+            system.get("host_memory", "cache") != "cache"
+            else "serves no write path (--write-policy none)" if
+            system.get("write_policy", "none") != "none" else None)
 
 
 def _neighbour(text: str | None) -> str | None:
