@@ -1,5 +1,7 @@
 """SGLang's own decisions behind the harness's seam (hicache.seam.CacheUnderTest):
-`bench run --cache sglang --sglang SPEC` (docs/sglang.md, "bench run --cache sglang").
+`bench run --cache sglang --sglang SPEC --sglang-path decisions`, and where SGLang's
+controller path cannot serve the run (docs/sglang.md, "bench run --cache sglang"); where it
+can, `sglang_adapter.run_controller.ControllerCache` (a subclass) runs it as the data path.
 
 `SGLangCache` is the project's `HiCache` for the data path (prefix tree, host and device
 pools, the storage tier's hit query, IO and acks on the project's controller threads,

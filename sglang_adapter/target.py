@@ -5,7 +5,7 @@ protocol that models that release (the harness's data path runs it: sglang_adapt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hicache.cost_model import RELEASE_MODELS, modelled
 from sglang_adapter.loader import LoadError, load, unload
@@ -88,5 +88,38 @@ def choose(cache: str, spec: str | None, protocols_given: bool,
         raise ChoiceError(str(e)) from None
 
 
-__all__ = ["CACHES", "ChoiceError", "LoadError", "SourceError", "Target", "choose",
-           "resolve_target", "MODELLED"]
+# What of SGLang `--cache sglang` runs (docs/sglang.md): its controller path as the data
+# path too (sglang_adapter.run_controller), or its decisions on the project's data path
+# (sglang_adapter.cache); auto: the controller where the run fits it.
+SGLANG_PATHS = ("auto", "controller", "decisions")
+
+
+def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
+    """Why SGLang's controller path behind the seam cannot serve a run of this layout and
+    HiCacheConfig overrides (`system`), in words for one line; None when it can."""
+    return ("needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
+            else "runs at --pp 1 only" if pp != 1
+            else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
+            else "serves host memory as a cache tier only" if
+            system.get("host_memory", "cache") != "cache"
+            else "serves no write path (--write-policy none)" if
+            system.get("write_policy", "none") != "none" else None)
+
+
+def pick_path(target: Target | None, path: str | None, pp: int, system: dict
+              ) -> Target | None:
+    """The Target with `--sglang-path` applied (None: auto): the controller path where the
+    run fits it and the path allows it; ChoiceError (one line) when it was asked for and
+    cannot serve, or given without --cache sglang."""
+    if target is None:
+        if path is not None:
+            raise ChoiceError("--sglang-path needs --cache sglang")
+        return None
+    why = controller_unfit(target, pp, system)
+    if path == "controller" and why is not None:
+        raise ChoiceError(f"--sglang-path controller {why}")
+    return replace(target, controller=path != "decisions" and why is None)
+
+
+__all__ = ["CACHES", "SGLANG_PATHS", "ChoiceError", "LoadError", "SourceError", "Target",
+           "choose", "controller_unfit", "pick_path", "resolve_target", "MODELLED"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
 from bench.run import options
-from bench.run.options import PAIRINGS, REPEAT_SEEDS, SGLANG_PATHS
+from bench.run.options import PAIRINGS, REPEAT_SEEDS
 from bench.run.plan import (
     ALIASES,
     PRESET_HELP,
@@ -85,6 +85,8 @@ def parser() -> CliParser:
       "timed, their answers checked equal: the host cost per step paired within the step; "
       "docs/usage.md, Pairing)")
     add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified")
+    from sglang_adapter.target import SGLANG_PATHS
+
     a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
       "controller (SGLang's controller path is the data path too: prefetch_from_storage, "
       "its hit-query, IO and ack threads on the groups it makes, its drains and end path, "

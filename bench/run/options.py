@@ -17,7 +17,7 @@ from bench.rundir.env import REPO_DIR
 from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage import StorageSpec
-from sglang_adapter.target import ChoiceError, choose
+from sglang_adapter.target import ChoiceError, choose, pick_path
 
 REPEAT_SEEDS = ("same", "distinct")
 # Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
@@ -174,41 +174,13 @@ def build_plan(args: RunOptions) -> RunPlan:
 
 
 def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
-    """--cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), read
-    from --sglang SPEC here once; its one protocol is the release's (`...@unified`)."""
+    """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once."""
     try:
-        target = choose(args.cache, args.sglang, args.protocols is not None,
-                        plan.pairing is not None)
+        target = choose(args.cache, args.sglang, args.protocols is not None, bool(plan.pairing))
+        target = pick_path(target, args.sglang_path, plan.pp, dict(plan.system))
     except ChoiceError as e:
         raise OptionError(str(e)) from None
-    path = args.sglang_path or "auto"
-    if target is None:
-        if args.sglang_path is not None:
-            raise OptionError("--sglang-path needs --cache sglang")
-        return plan
-    why = _controller_unfit(plan, target)
-    if path == "controller" and why is not None:
-        raise OptionError(f"--sglang-path controller {why}")
-    target = replace(target, controller=path != "decisions" and why is None)
-    return replace(plan, sglang=target, protocols=(target.name,))
-
-
-# What of SGLang `--cache sglang` runs (docs/sglang.md): its controller path as the data
-# path too (sglang_adapter.run_controller), or its decisions on the project's data path.
-SGLANG_PATHS = ("auto", "controller", "decisions")
-
-
-def _controller_unfit(plan: RunPlan, target) -> str | None:
-    """Why SGLang's controller path behind the seam (sglang_adapter.run_controller) cannot
-    serve this run, in words for one line; None when it can."""
-    system = dict(plan.system)
-    return ("needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
-            else "runs at --pp 1 only" if plan.pp != 1
-            else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
-            else "serves host memory as a cache tier only" if
-            system.get("host_memory", "cache") != "cache"
-            else "serves no write path (--write-policy none)" if
-            system.get("write_policy", "none") != "none" else None)
+    return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
 
 
 def _neighbour(text: str | None) -> str | None:
