@@ -98,10 +98,13 @@ class ControllerCache(SGLangCache):
         return None
 
     def has_work(self) -> bool:
-        """SGLang holds a prefetch, a queued item or host slots not yet back (an IO in
-        flight, a release not yet drained), or writes are pending."""
+        """SGLang holds a prefetch, host slots not yet back (an IO in flight, a release not
+        yet drained) or work queued for its threads, or writes are pending. Pinned, the
+        last is the hit queries not yet drained (the gated count: the same every serve of
+        the seed), not the threads' queues on real time."""
         ctl = self.rig.cache.cache_controller
-        queued = any(not getattr(ctl, q).empty() for q in SGLANG_QUEUES)
+        queued = (bool(self.gate.pin.hits.submitted) if self.gate is not None else
+                  any(not getattr(ctl, q).empty() for q in SGLANG_QUEUES))
         return bool(self.rig.cache.ongoing_prefetch) or queued or \
             self.host_slots_unaccounted() > 0 or self.writes_pending()
 
