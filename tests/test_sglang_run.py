@@ -96,9 +96,6 @@ def both_runs(request, tmp_path_factory):
     layout = ["--tp", str(tp), "--pp", str(pp)]
     # SGLang's side serves the seed twice (repeat 1 replays repeat 0: --repeat-seeds same).
     twice = ["--repeats", "2", "--repeat-seeds", "same"]
-    # SGLang's controller path is the data path where the run fits it (--sglang-path auto:
-    # 0.5.19 on, PP 1), else SGLang's decisions on the project's data path.
-    out["controller"] = path != "decisions" and family == "unified" and pp == 1
     runs = [("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1]), *twice,
                         "--sglang-path", path]),
             ("project", ["--protocols", protocol])]
@@ -106,6 +103,11 @@ def both_runs(request, tmp_path_factory):
         done = _bench_run(root / name, *RUN, *layout, *extra)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         out[name] = root / name
+    # SGLang's controller path is the data path where the run fits it (--sglang-path auto:
+    # 0.5.19 on, PP 1, its page-hash extension builds here), else SGLang's decisions on the
+    # project's data path; the run's plan says which ran.
+    plan = json.loads((root / "sglang" / "env.json").read_text())["plan"]
+    out["controller"] = bool(plan["sglang"]["controller"])
     return out
 
 
@@ -329,7 +331,8 @@ ACK_SITE = ("all_reduce@sglang_ack managers/cache_controller.py:_all_reduce:447 
 
 def _controller(both_runs):
     if not both_runs["controller"]:
-        pytest.skip("SGLang's decisions on the project's data path here (--sglang-path)")
+        pytest.skip("SGLang's decisions on the project's data path ran here (--sglang-path "
+                    "decisions, or the run or this machine does not fit the controller path)")
     return both_runs["sglang"]
 
 
