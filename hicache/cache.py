@@ -118,6 +118,10 @@ class HiCache(StepEvents, PrefetchPoll):
     def error(self) -> BaseException | None:
         return self.controller.error
 
+    @property
+    def own_groups(self) -> dict:
+        return {}  # every group it uses is Comm's
+
     def has_work(self) -> bool:
         return bool(self.ongoing) or self.writes_pending()
 

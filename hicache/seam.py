@@ -83,6 +83,13 @@ class CacheUnderTest(Protocol):
         groups (a twin protocol's), which System.crosscheck adds; None: none."""
         ...
 
+    @property
+    def own_groups(self) -> dict[str, torch.distributed.ProcessGroup]:
+        """Process groups the cache made itself, beside `Comm`'s (SGLang's own controller
+        path makes its hit-query and ack groups): held against torch's sequence numbers by
+        System.crosscheck as the harness's are; {} for none."""
+        ...
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     def warm_host(self, prefixes: list[list[int]]) -> None:

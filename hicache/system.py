@@ -135,10 +135,13 @@ class System:
     def crosscheck(self) -> dict[str, tuple[int, int]]:
         """Per group: (ops our counter saw, ops torch's sequence number saw) since build."""
         now = self.groups.sequence_numbers()
+        # the cache's own groups (made with it: counted from 0, as torch's numbers are)
+        now.update({g: pg._get_sequence_number_for_group()
+                    for g, pg in self.cache.own_groups.items() if pg is not None})
         counted = self.stats.counter.raw_by_group.copy()
         if self.cache.beside_counter is not None:  # a twin protocol's polls (hicache.twin)
             counted.update(self.cache.beside_counter.raw_by_group)
-        return {g: (counted.get(g, 0), now[g] - self._seq0[g]) for g in now}
+        return {g: (counted.get(g, 0), now[g] - self._seq0.get(g, 0)) for g in now}
 
     def close(self) -> None:
         self.storage.close()

@@ -1,5 +1,7 @@
 """SGLang's own decisions behind the harness's seam (hicache.seam.CacheUnderTest):
-`bench run --cache sglang --sglang SPEC` (docs/sglang.md, "bench run --cache sglang").
+`bench run --cache sglang --sglang SPEC --sglang-path decisions`, and where SGLang's
+controller path cannot serve the run (docs/sglang.md, "bench run --cache sglang"); where it
+can, `sglang_adapter.run_controller.ControllerCache` (a subclass) runs it as the data path.
 
 `SGLangCache` is the project's `HiCache` for the data path (prefix tree, host and device
 pools, the storage tier's hit query, IO and acks on the project's controller threads,
@@ -36,17 +38,22 @@ import functools
 import time
 
 from hicache.cache import HiCache
-from hicache.comm import COMPLETION, DECISION, PER_STEP_MIN, PP_HOP, CollectiveError
+from hicache.comm import ACK, COMPLETION, DECISION, HIT_QUERY, PER_STEP_MIN, PP_HOP, CollectiveError
 from hicache.consensus import rank_consensus
 from sglang_adapter.door import Call, Door
-from sglang_adapter.loader import load
+from sglang_adapter.loader import load, native_hash
 from sglang_adapter.poll import make_rig
+from sglang_adapter.source import DEFAULT_CACHE
 from sglang_adapter.target import Target
 
 P2P_OPS = ("isend", "irecv", "send", "recv")
 # SGLang's functions (anywhere in a call's frames) -> the harness's site for it.
+# The hit query's MIN (inline in prefetch_thread_func in 0.5.19, in its
+# _sync_prefetch_hit_query in 0.5.23) and the acks' (under prefetch_sync_thread_func) are
+# issued only when SGLang's controller threads run (sglang_adapter.run_controller).
 ROLES = (("can_terminate_prefetch", DECISION), ("_sync_and_clamp_prefetch_result", COMPLETION),
-         ("check_hicache_events", PER_STEP_MIN))
+         ("check_hicache_events", PER_STEP_MIN), ("prefetch_thread_func", HIT_QUERY),
+         ("prefetch_sync_thread_func", ACK))
 
 
 def site_of(call: Call) -> str:
@@ -70,7 +77,7 @@ class SGLangCache(HiCache):
         groups = comm.groups.pg
         tp_group = groups["tp_cpu"] if layout.tp > 1 else None
         pp_group = groups["pp_cpu"] if layout.pp > 1 else None
-        self.rig = make_rig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group)
+        self.rig = self._make_rig(loaded, tp_group, pp_group, storage)
         self.rig.configure(cfg.policy, cfg.page_size, cfg.timeout_base_s,
                            cfg.timeout_per_ki_token_s)
         self.target, self.door = target, door
@@ -79,6 +86,11 @@ class SGLangCache(HiCache):
         door.listener, door.failure = self._record, self._failure
         self.handles: dict[str, object] = {}  # rid -> SGLang's key of its prefetch
         self._poll_s = 0.0
+
+    def _make_rig(self, loaded, tp_group, pp_group, storage):
+        """SGLang's cache and controller objects (the poll rig: sglang_adapter.poll)."""
+        layout = self.layout
+        return make_rig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group)
 
     def _record(self, call: Call, seconds: float, start: float) -> None:
         """One collective SGLang issued, on the harness's counter (the door's listener)."""
@@ -183,6 +195,8 @@ class SGLangCache(HiCache):
 def _loaded(target: Target):
     """SGLang imported once per process (sglang_adapter.loader: one per process)."""
     loaded = load(target.source)
+    if target.controller:  # SGLang names storage pages with its own compiled extension
+        native_hash(target.source, str(DEFAULT_CACHE))
     door = Door(target.root)
     door.install()
     return loaded, door
@@ -190,6 +204,11 @@ def _loaded(target: Target):
 
 def factory(target: Target):
     """The CacheFactory (hicache.seam) of a `--cache sglang` run; loads SGLang in this
-    process on its first call."""
+    process on its first call. With `target.controller` SGLang's controller path is the
+    data path too (sglang_adapter.run_controller)."""
     loaded, door = _loaded(target)
-    return functools.partial(SGLangCache, target=target, door=door, loaded=loaded)
+    cls = SGLangCache
+    if target.controller:
+        from sglang_adapter.run_controller import ControllerCache
+        cls = ControllerCache
+    return functools.partial(cls, target=target, door=door, loaded=loaded)

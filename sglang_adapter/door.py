@@ -43,7 +43,7 @@ class Door:
     def __init__(self, root: str):
         self.marker = f"{root}/sglang/srt/"
         self.calls: Counter[Call] = Counter()
-        self.rid: str | None = None  # the request the driver is polling, if any
+        self._local = threading.local()  # the request in hand, per thread (`rid`)
         self._names: dict[int, str] = {}
         self._seq0: dict[str, int] = {}
         self._groups: dict[str, dist.ProcessGroup] = {}
@@ -59,6 +59,16 @@ class Door:
         # SGLang's call site).
         self.listener = None
         self.failure = None
+
+    @property
+    def rid(self) -> str | None:
+        """The request the calling thread has in hand: the driver's (the scheduler thread
+        sets it around a poll), None on any other thread."""
+        return getattr(self._local, "rid", None)
+
+    @rid.setter
+    def rid(self, value: str | None) -> None:
+        self._local.rid = value
 
     def register(self, name: str, group: dist.ProcessGroup | None) -> None:
         """Names a group for the counts and takes its sequence number as the baseline."""
@@ -89,11 +99,12 @@ class Door:
                 return real(*args, **kwargs)  # not SGLang's call: the harness counts its own
             group = sig.bind_partial(*args, **kwargs).arguments.get("group")
             name = self._names.get(id(group), "default" if group is None else "unnamed")
-            call = Call(site, name, op, self.rid, self._via(frame.f_back))
+            rid = self.rid if self.rid is not None else self._request_of(frame)
+            call = Call(site, name, op, rid, self._via(frame.f_back))
             with self._lock:
                 self.calls[call] += 1
                 if self.sequence is not None:  # the chain: SGLang's helpers are shared
-                    self.sequence.append([name, f"{op} {site} < {call.via}", self.rid,
+                    self.sequence.append([name, f"{op} {site} < {call.via}", call.rid,
                                           self.step])
             t0 = time.monotonic()
             try:
@@ -112,6 +123,19 @@ class Door:
         if not path.startswith(self.marker):
             return None  # not SGLang's call: the harness counts its own
         return f"{path[len(self.marker):]}:{frame.f_code.co_name}:{frame.f_lineno}"
+
+    def _request_of(self, frame, depth: int = 6) -> str | None:
+        """The request an SGLang background thread's collective is for, read from SGLang's
+        own frames: its hit query and ack reduce hold the `operation` (`request_id`) or the
+        `ack` (`rid`) they reduce. None for one of no request (the step's, a group's setup)."""
+        while frame is not None and depth and frame.f_code.co_filename.startswith(self.marker):
+            local = frame.f_locals
+            for name, attr in (("ack", "rid"), ("operation", "request_id")):
+                rid = getattr(local.get(name), attr, None)
+                if isinstance(rid, str):
+                    return rid
+            frame, depth = frame.f_back, depth - 1
+        return None
 
     def _via(self, frame, depth: int = 4) -> str:
         """Up to `depth` SGLang frames above the call (decorator wrappers included)."""
@@ -137,3 +161,4 @@ class Door:
             counted[call.group] += n
         return {name: (counted[name], g._get_sequence_number_for_group() - self._seq0[name])
                 for name, g in self._groups.items()}
+

@@ -254,3 +254,40 @@ def _import(name: str, source: Source) -> types.ModuleType:
     if isinstance(module, StubModule) or not origin.startswith(source.root):
         raise LoadError(f"sglang {source.label}: {name} did not come from {source.root}")
     return module
+
+
+NATIVE_HASH = "sglang.srt.mem_cache.cpp_utils.native_hash"
+
+
+def native_hash(source: Source, cache_dir: str) -> None:
+    """Builds SGLang's own page-hash extension (`cpp_utils/hash_binding.cpp`, which names
+    every storage page: `get_storage_hash_str`) with SGLang's own loader
+    (`native_hash._load_native_hash_module`, its flags, torch's JIT build, cached in torch's
+    extension folder). A wheel is read as a zip, where the compiler cannot read the source:
+    the source is copied out to `cache_dir` first and the loader pointed at the copy for
+    that one call. LoadError (one line) when it cannot be built."""
+    import os
+    import shutil
+    import zipfile
+
+    module = importlib.import_module(NATIVE_HASH)
+    origin = module.__file__
+    if source.root.endswith(".whl"):
+        folder = os.path.join(cache_dir, f"native-{os.path.basename(source.root)}")
+        os.makedirs(folder, exist_ok=True)
+        target = os.path.join(folder, "hash_binding.cpp")
+        if not os.path.exists(target):
+            with zipfile.ZipFile(source.root) as wheel, \
+                    wheel.open("sglang/srt/mem_cache/cpp_utils/hash_binding.cpp") as src, \
+                    open(target + ".part", "wb") as out:
+                shutil.copyfileobj(src, out)
+            os.replace(target + ".part", target)
+        module.__file__ = os.path.join(folder, "native_hash.py")
+    try:
+        module._load_native_hash_module()
+    except Exception as e:
+        cause = e.__cause__ or e
+        raise LoadError(f"sglang {source.label}: its page-hash extension does not build "
+                        f"({type(cause).__name__}: {str(cause).splitlines()[0][:160]})") from e
+    finally:
+        module.__file__ = origin

@@ -5,11 +5,11 @@ protocol that models that release (the harness's data path runs it: sglang_adapt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hicache.cost_model import RELEASE_MODELS, modelled
-from sglang_adapter.loader import LoadError, load, unload
-from sglang_adapter.source import Source, SourceError, resolve
+from sglang_adapter.loader import LoadError, load, native_hash, unload
+from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve
 
 # The protocol the project models each supported release's poll with (docs/releases.md).
 MODELLED = {name.removeprefix("sglang-"): proto for name, proto in RELEASE_MODELS.items()}
@@ -29,6 +29,10 @@ class Target:
     version: str | None
     family: str  # unified | hiradix (sglang_adapter.loader.FAMILIES)
     protocol: str  # the project protocol of the release: the data path's
+    # --sglang-controller: SGLang's controller path is the data path too
+    # (sglang_adapter.run_controller); else the project's (sglang_adapter.cache)
+    controller: bool = False
+    native_error: str | None = None  # why SGLang's page-hash extension does not build here
 
     @property
     def name(self) -> str:
@@ -40,17 +44,25 @@ class Target:
         return Source(self.root, self.label, self.version)
 
 
-def resolve_target(spec: str) -> Target:
+def resolve_target(spec: str, native: bool = False) -> Target:
     """SPEC resolved and its decision path imported once here (this process), so an SGLang
     that cannot be had or driven is refused before any rank starts: SourceError or
-    LoadError, whose message is the one line for the user."""
+    LoadError, whose message is the one line for the user. `native`: also build SGLang's
+    page-hash extension here (its controller path names storage pages with it; built once,
+    then torch's extension cache), recording why it does not build in `native_error`."""
     source = resolve(spec)
+    error = None
     try:
         loaded = load(source)
+        if native and loaded.family == "unified":
+            try:
+                native_hash(source, str(DEFAULT_CACHE))
+            except LoadError as e:
+                error = str(e).split("does not build ", 1)[-1]
     finally:
         unload()  # this process only checks it; each rank imports its own
     return Target(source.root, source.label, source.version, loaded.family,
-                  modelled_protocol(source))
+                  modelled_protocol(source), native_error=error)
 
 
 # The system under test a verb serves with (hicache.seam): the project's HiCache, or
@@ -63,7 +75,7 @@ class ChoiceError(ValueError):
 
 
 def choose(cache: str, spec: str | None, protocols_given: bool,
-           pairing_given: bool = False) -> Target | None:
+           pairing_given: bool = False, native: bool = False) -> Target | None:
     """The Target of `--cache sglang --sglang SPEC` (None for `--cache project`), checked
     once before any rank starts; ChoiceError (one line) when the options do not fit or
     the SGLang cannot be had or driven."""
@@ -80,10 +92,54 @@ def choose(cache: str, spec: str | None, protocols_given: bool,
         raise ChoiceError("--cache sglang runs the release's own protocol: no --protocols"
                           f"{' or --pairing' if pairing_given else ''}")
     try:
-        return resolve_target(spec)
+        return resolve_target(spec, native)
     except (SourceError, LoadError) as e:
         raise ChoiceError(str(e)) from None
 
 
-__all__ = ["CACHES", "ChoiceError", "LoadError", "SourceError", "Target", "choose",
-           "resolve_target", "MODELLED"]
+# What of SGLang `--cache sglang` runs (docs/sglang.md): its controller path as the data
+# path too (sglang_adapter.run_controller), or its decisions on the project's data path
+# (sglang_adapter.cache); auto: the controller where the run fits it.
+SGLANG_PATHS = ("auto", "controller", "decisions")
+
+
+def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
+    """Why SGLang's controller path behind the seam cannot serve a run of this layout and
+    HiCacheConfig overrides (`system`), in words for one line; None when it can."""
+    return ("needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
+            else f"needs SGLang's page-hash extension, which does not build here "
+            f"{target.native_error}"
+            if target.native_error else "runs at --pp 1 only" if pp != 1
+            else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
+            else "serves host memory as a cache tier only" if
+            system.get("host_memory", "cache") != "cache"
+            else "serves no write path (--write-policy none)" if
+            system.get("write_policy", "none") != "none" else None)
+
+
+def pick_path(target: Target | None, path: str | None, pp: int, system: dict
+              ) -> Target | None:
+    """The Target with `--sglang-path` applied (None: auto): the controller path where the
+    run fits it and the path allows it; ChoiceError (one line) when it was asked for and
+    cannot serve, or given without --cache sglang."""
+    if target is None:
+        if path is not None:
+            raise ChoiceError("--sglang-path needs --cache sglang")
+        return None
+    why = controller_unfit(target, pp, system)
+    if path == "controller" and why is not None:
+        raise ChoiceError(f"--sglang-path controller {why}")
+    return replace(target, controller=path != "decisions" and why is None)
+
+
+def choose_for_run(cache: str, spec: str | None, protocols_given: bool, pairing_given: bool,
+                   path: str | None, pp: int, system: dict) -> Target | None:
+    """`bench run`'s choose: the Target with `--sglang-path` applied (pick_path), SGLang's
+    page-hash extension built here first unless the path is `decisions`."""
+    target = choose(cache, spec, protocols_given, pairing_given, native=path != "decisions")
+    return pick_path(target, path, pp, system)
+
+
+__all__ = ["CACHES", "SGLANG_PATHS", "ChoiceError", "LoadError", "SourceError", "Target",
+           "choose", "choose_for_run", "controller_unfit", "pick_path", "resolve_target",
+           "MODELLED"]

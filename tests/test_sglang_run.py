@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.cost_model import per_step
+from hicache.cost_model import expected_per_request, per_step
 from sglang_adapter.source import DEFAULT_CACHE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +48,8 @@ def _bench_run(out: Path, *argv: str, timeout: float = 500) -> subprocess.Comple
     (["--sglang", "0.5.23"], "--sglang needs --cache sglang"),
     (["--cache", "sglang", "--sglang", "nonsense"], "no such release, wheel or source tree"),
     (["--cache", "sglang", "--sglang", "0.5.23", "--protocols", "pr36425"],
-     "runs the release's own protocol")])
+     "runs the release's own protocol"),
+    (["--sglang-path", "controller"], "--sglang-path needs --cache sglang")])
 def test_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys):
     from bench.commands.run import main
 
@@ -75,13 +76,17 @@ RELEASES = [
                  marks=pytest.mark.sglang_matrix, id="0.5.23-tp1pp2"),
     pytest.param(("0.5.23", "sglang-0.5.23", "unified", (2, 2), DECISION_SITE),
                  marks=pytest.mark.sglang_matrix, id="0.5.23-tp2pp2"),
+    # SGLang's decisions on the project's data path where the controller path also fits
+    pytest.param(("0.5.23", "sglang-0.5.23", "unified", (2, 1), DECISION_SITE, "decisions"),
+                 marks=pytest.mark.sglang_matrix, id="0.5.23-decisions"),
 ]
 
 
 @pytest.fixture(scope="module", params=RELEASES)
 def both_runs(request, tmp_path_factory):
     """One seed served by SGLang's code of a release and by the project's model of it."""
-    release, protocol, family, (tp, pp), site = request.param
+    release, protocol, family, (tp, pp), site, *rest = request.param
+    path = rest[0] if rest else "auto"
     wheels = sorted(DEFAULT_CACHE.glob(f"sglang-{release}-*.whl"))
     if not wheels:
         pytest.skip(f"no sglang {release} wheel in {DEFAULT_CACHE} (make sglang-fetch)")
@@ -91,11 +96,18 @@ def both_runs(request, tmp_path_factory):
     layout = ["--tp", str(tp), "--pp", str(pp)]
     # SGLang's side serves the seed twice (repeat 1 replays repeat 0: --repeat-seeds same).
     twice = ["--repeats", "2", "--repeat-seeds", "same"]
-    for name, extra in (("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1]), *twice]),
-                        ("project", ["--protocols", protocol])):
+    runs = [("sglang", ["--cache", "sglang", "--sglang", str(wheels[-1]), *twice,
+                        "--sglang-path", path]),
+            ("project", ["--protocols", protocol])]
+    for name, extra in runs:
         done = _bench_run(root / name, *RUN, *layout, *extra)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         out[name] = root / name
+    # SGLang's controller path is the data path where the run fits it (--sglang-path auto:
+    # 0.5.19 on, PP 1, its page-hash extension builds here), else SGLang's decisions on the
+    # project's data path; the run's plan says which ran.
+    plan = json.loads((root / "sglang" / "env.json").read_text())["plan"]
+    out["controller"] = bool(plan["sglang"]["controller"])
     return out
 
 
@@ -146,9 +158,15 @@ def test_sglang_run_self_checks_hold(both_runs):
     # Per step SGLang's own reductions beside the harness's step agreement (docs/sglang.md):
     # what the release's model has per step, once more (rank 0; the polls' hops cancel).
     steps = pd.read_csv(run / "steps.csv")
-    steps = steps[steps["repeat"] == 0].reset_index(drop=True)
-    project = pd.read_csv(both_runs["project"] / "steps.csv")
-    assert len(steps) == len(project)
+    steps = steps[steps["repeat"] == 0].set_index(["policy", "step"])
+    project = pd.read_csv(both_runs["project"] / "steps.csv").set_index(["policy", "step"])
+    if both_runs["controller"]:
+        # SGLang frees a cut read's host slots in its release drain, at a step: the serve
+        # steps on, idle, until they are back (the project frees them after its last step)
+        after = steps.loc[steps.index.difference(project.index)]
+        assert (after[["polled", "scheduled", "waiting", "running"]] == 0).all().all()
+        steps = steps.loc[project.index]
+    assert steps.index.equals(project.index)
     extra = sum(per_step(both_runs["protocol"], *both_runs["layout"]))
     sites = ["per_step_min", "pp_hop"]
     assert (steps[sites].sum(axis=1) - project[sites].sum(axis=1) == extra).all()
@@ -299,3 +317,71 @@ def test_compare_per_request_names_both_sides_call_sites():
     printed, md = section(a, b)
     assert printed[0].startswith("per request: 1 of 2 requests equal") and md[0] == \
         "## Per request"
+
+
+# --sglang-path controller (auto where it fits): SGLang's own controller path as the data
+# path (sglang_adapter.run_controller): its hit query and acks on the groups it makes,
+# named at its lines (0.5.23's).
+HIT_SITE = ("all_reduce@sglang_hit managers/cache_controller.py:_all_reduce:447 < "
+            "_sync_prefetch_hit_query:1502 < prefetch_thread_func:1356")
+ACK_SITE = ("all_reduce@sglang_ack managers/cache_controller.py:_all_reduce:447 < "
+            "_reduce_prefetch_ack:1482 < _reduce_prefetch_ack:1922 < "
+            "prefetch_sync_thread_func:1947")
+
+
+def _controller(both_runs):
+    if not both_runs["controller"]:
+        pytest.skip("SGLang's decisions on the project's data path ran here (--sglang-path "
+                    "decisions, or the run or this machine does not fit the controller path)")
+    return both_runs["sglang"]
+
+
+@pytest.mark.slow  # the same serves (module fixture)
+def test_controller_run_self_checks_hold_with_sglangs_own_groups(both_runs):
+    run = _controller(both_runs)
+    ranks = pd.read_csv(run / "ranks.csv")
+    # the counter, SGLang's hit and ack groups included, equals torch's sequence numbers
+    assert ranks["crosscheck_ok"].all() and (ranks["host_slots_unaccounted"] == 0).all()
+    assert (ranks["hit_query"] > 0).all() and (ranks["ack"] > 0).all()
+    requests = pd.read_csv(run / "requests.csv")
+    assert requests["ranks_agree"].all() and requests["data_ok"].all()
+    assert json.loads((run / "verdict.json").read_text())["ok"]
+
+
+@pytest.mark.slow  # the same serves (module fixture)
+def test_controller_run_costs_what_the_model_says_given_its_polls(both_runs):
+    """Every request's decision, completion, hit-query and ack collectives, SGLang's own
+    (its threads and drains deciding how each prefetch went), against the project's model
+    of 0.5.23 priced on what SGLang did with it."""
+    sgl = _requests(_controller(both_runs))
+    assert set(sgl["protocol"]) == {both_runs["name"]}
+    for (policy, rid), r in sgl.iterrows():
+        hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
+        want = expected_per_request(both_runs["protocol"], policy, 2, 1, r["polls"],
+                                    hit_pages, r["op_issued"], r["io_issued"],
+                                    r["terminated_by"] == "poll")
+        got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
+               r["hit_query_collectives"], r["ack_collectives"])
+        assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,
+                       want.ack), (policy, rid, r["terminated_by"], r["polls"])
+    acked = sgl[sgl["ack_collectives"] > 0]
+    assert len(acked) and (sgl.loc[sgl["op_issued"], "hit_query_collectives"] == 1).all()
+    if both_runs["name"].startswith("sglang-0.5.23@"):
+        issued = sgl[sgl["op_issued"]]
+        assert issued["call_sites"].str.contains(HIT_SITE, regex=False).all()
+        assert acked["call_sites"].str.contains(ACK_SITE, regex=False).all()
+    assert set(sgl.loc["timeout", "terminated_by"]) >= {"poll"}  # its decision MAX, too
+    assert sgl.loc["timeout", "call_sites"].str.contains(both_runs["site"], regex=False).any()
+
+
+def test_the_controller_path_is_refused_where_it_cannot_serve(tmp_path, capsys):
+    from bench.commands.run import main
+
+    wheels = sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl"))
+    if not wheels:
+        pytest.skip(f"no sglang 0.5.23 wheel in {DEFAULT_CACHE} (make sglang-fetch)")
+    argv = ["--cache", "sglang", "--sglang", str(wheels[-1]), "--sglang-path", "controller",
+            "--extra-pool", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "serves no side-car pool" in err, err

@@ -61,8 +61,9 @@ def add_cache_options(add: Callable, protocol_note: str) -> None:
     from sglang_adapter.target import CACHES
 
     add("--cache", choices=CACHES, default="project", help="the system under test: project "
-        "(the project's HiCache) or sglang (SGLang's own check_hicache_events and "
-        "check_prefetch_progress, read from --sglang, behind the same seam, on the "
-        f"project's data path; {protocol_note}; docs/sglang.md)")
+        "(the project's HiCache) or sglang (SGLang's own code read from --sglang behind "
+        "the same seam: bench run, see --sglang-path; bench hazards: its "
+        "check_hicache_events and check_prefetch_progress on the project's data path; "
+        f"{protocol_note}; docs/sglang.md)")
     add("--sglang", metavar="SPEC", help="with --cache sglang: a release (0.5.23; fetched "
         "once into ~/.cache/hicache-bench/sglang), a wheel file or a source tree")

@@ -85,6 +85,15 @@ def parser() -> CliParser:
       "timed, their answers checked equal: the host cost per step paired within the step; "
       "docs/usage.md, Pairing)")
     add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified")
+    from sglang_adapter.target import SGLANG_PATHS
+
+    a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
+      "controller (SGLang's controller path is the data path too: prefetch_from_storage, "
+      "its hit-query, IO and ack threads on the groups it makes, its drains and end path, "
+      "over the harness's storage, host pool and tree; 0.5.19 on, --pp 1, host memory a "
+      "cache tier, no side-car pool or write path), decisions (SGLang's check_hicache_events "
+      "and check_prefetch_progress on the project's data path), or auto (the default: "
+      "controller where the run fits it, else decisions; docs/sglang.md)")
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")

@@ -1,5 +1,6 @@
 """Usage: python -m bench sglang-poll --sglang SPEC [--tp N] [--pp N] [--policies P,..]
                                     [--pending-polls K]
+       python -m bench sglang-poll --sglang SPEC --controller
        python -m bench sglang-poll --sglang SPEC --hazard walk-skew|ongoing-skew
                                     [--policies P,..] [--collective-timeout S] [--twice]
                                     [--out DIR]
@@ -17,6 +18,13 @@ a source tree (a checkout's python/, e.g. a pull request's branch). docs/sglang.
 runs real and what is a stand-in. Exit 0: every row OK; 1: a count differs, the ranks
 disagree or the counts miss torch's sequence numbers; 2: bad input, an SGLang it cannot
 drive, or no network (one line on stderr).
+
+With --controller, SGLang's own controller path instead (0.5.19 on, TP2): its
+prefetch_from_storage, its controller's hit-query, IO and ack threads with their MINs on the
+groups SGLang makes, a HiCacheStorage subclass serving the harness's storage tier, its
+drains and poll, for six requests; per request its decision / hit-query / ack collectives
+beside the model's (docs/sglang.md, "SGLang's own controller path"). Exit 0: all equal and
+the self-checks hold; 1: not; 2: bad input.
 
 With --hazard, the hazard matrix's skew scenario on SGLang's own poll at TP2 (#30760
 walk-skew: rank 1's walk polls one pending prefetch fewer in a step; #38273 ongoing-skew:
@@ -37,6 +45,8 @@ from bench.tables import markdown_table
 PROG = "bench sglang-poll"
 HAZARD_COLUMNS = ("scenario", "sglang", "policy", "outcome", "step", "poll_collectives",
                   "gloo", "site")
+CONTROLLER_COLUMNS = ("request", "policy", "polls", "ended_by", "hit_pages", "sglang d/h/a",
+                      "model d/h/a", "ok")
 COLUMNS = ("request", "policy", "polls", "sglang_per_poll", "model_per_poll",
            "sglang_per_step", "model_per_step", "ok", "call_sites")
 
@@ -54,6 +64,9 @@ def _parse(argv: list[str]):
     parser.add_argument("--pending-polls", type=int, default=None,
                         help="polls that find each prefetch pending (default 3; 2 with "
                              "--hazard)")
+    parser.add_argument("--controller", action="store_true",
+                        help="run SGLang's controller path (threads, groups, storage "
+                             "backend) at TP2 instead")
     parser.add_argument("--hazard", choices=("walk-skew", "ongoing-skew"),
                         help="run a skew scenario instead of counting (TP2)")
     parser.add_argument("--collective-timeout", type=float, default=4.0,
@@ -72,6 +85,8 @@ def _main(argv: list[str]) -> int:
     from sglang_adapter.source import resolve
 
     args = _parse(argv)
+    if args.controller:
+        return _controller_main(args)
     if args.hazard:
         return _hazard_main(args)
     args.pending_polls = 3 if args.pending_polls is None else args.pending_polls
@@ -148,3 +163,18 @@ def main(argv: list[str]) -> int:
     from sglang_adapter.source import SourceError
 
     return run_verb(PROG, _main, argv, bad_input=(UsageError, SourceError, LoadError))
+
+
+def _controller_main(args) -> int:
+    from bench.run.sglang_controller import run_controller
+
+    if args.hazard or args.tp != 2 or args.pp != 1:
+        raise UsageError("--controller runs at TP2 x PP1, without --hazard")
+    # An SGLang it cannot have or drive: SourceError / LoadError, one line (main).
+    table, ok, header, r0 = run_controller(args.sglang)
+    print(header)
+    print(markdown_table(list(CONTROLLER_COLUMNS), [[str(v) for v in row] for row in table]))
+    print(f"pages loaded = storage: {r0['loaded'][1]} of {r0['loaded'][0]}; "
+          f"door = torch's sequence numbers: {r0['crosscheck']}")
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1

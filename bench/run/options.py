@@ -17,7 +17,7 @@ from bench.rundir.env import REPO_DIR
 from hicache.config import HiCacheConfig
 from hicache.cost_model import POLICIES, PROTOCOLS
 from hicache.storage_spec import StorageSpec
-from sglang_adapter.target import ChoiceError, choose
+from sglang_adapter.target import ChoiceError, choose_for_run
 
 REPEAT_SEEDS = ("same", "distinct")
 # Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
@@ -89,6 +89,7 @@ class RunOptions:
     plant: str | None = None
     cache: str = "project"
     sglang: str | None = None
+    sglang_path: str | None = None  # auto | controller | decisions (None: auto)
     out: Path | None = None
 
     @classmethod
@@ -173,11 +174,10 @@ def build_plan(args: RunOptions) -> RunPlan:
 
 
 def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
-    """--cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), read
-    from --sglang SPEC here once; its one protocol is the release's (`...@unified`)."""
+    """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once."""
     try:
-        target = choose(args.cache, args.sglang, args.protocols is not None,
-                        plan.pairing is not None)
+        target = choose_for_run(args.cache, args.sglang, args.protocols is not None,
+                                bool(plan.pairing), args.sglang_path, plan.pp, dict(plan.system))
     except ChoiceError as e:
         raise OptionError(str(e)) from None
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))

@@ -1,0 +1,341 @@
+"""SGLang's own controller path on real gloo ranks (0.5.19 on: UnifiedRadixCache with a
+HybridCacheController): `prefetch_from_storage`, the controller's prefetch (hit-query), IO,
+ack-sync and backup threads with their collectives on the groups SGLang makes itself,
+`check_hicache_events`' drains consuming their queues, `check_prefetch_progress`, and the
+end of a prefetch (`_handle_prefetch_result`), over the harness's storage tier.
+
+Real (from the wheel, unchanged): everything above, `HybridCacheController.prefetch` /
+`submit_prefetch` / `allocate_storage_hit` / `append_host_mem_release`, the base
+controller's `prefetch_thread_func`, `_storage_hit_query`, `_sync_prefetch_hit_query`,
+`prefetch_io_aux_func`, `_page_transfer`, `_generic_page_get`, `prefetch_sync_thread_func`,
+`_reduce_prefetch_ack`, `_create_sync_groups` (SGLang's `create_custom_parallel_group`:
+its own gloo groups) and `_start_storage_threads`; the backend is built by SGLang's
+`StorageBackendFactory` ("dynamic") from `sglang_adapter.sgl_storage.HarnessStorage`, a
+subclass of the wheel's `HiCacheStorage`.
+
+Stand-ins, and why (docs/sglang.md, "SGLang's own controller path"):
+- the controller object is built without `__init__` (it reads the device KV pool's
+  `device`, `layer_num` and layer-transfer counter, and `attach_storage_backend` reads a
+  launched server's `get_parallel()` / `get_flags()`): the attributes they set are set here
+  as they set them, the storage config from this rank's layout; every step after that is
+  SGLang's own (`attach`, below);
+- the host pool group and the tree core (sglang_adapter.stand_ins): memory-less;
+- the cache object as the poll rig builds it (sglang_adapter.poll.UnifiedRig), plus what
+  `prefetch_from_storage` and the drains read (`__init__` / `_reset_full` / `init_hicache`).
+The clock: SGLang's threads run on real time; the rig's virtual clock drives only the
+timeout budget (as in the poll rig). How many polls a prefetch takes is therefore the
+threads' real timing, not pinned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import zlib
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from queue import Queue
+
+import torch
+import torch.distributed as dist
+
+from hicache.cost_model import Expected, expected_per_request
+from hicache.hashing import page_hashes
+from hicache.pools import expected_rows
+from hicache.storage import StorageSpec, make_storage
+from sglang_adapter.door import Door
+from sglang_adapter.loader import UNIFIED, Loaded, LoadError, load, native_hash
+from sglang_adapter.poll import CONTROLLER, STEP_S, UnifiedRig, grid_groups
+from sglang_adapter.source import DEFAULT_CACHE, Source
+from sglang_adapter.stand_ins import TIER, HostPool, HostPoolGroup, Tier, TreeCore, digest
+from sglang_adapter.target import modelled_protocol
+
+BASE = "sglang.srt.mem_cache.base_prefix_cache"
+STORAGE = "sglang.srt.mem_cache.hicache_storage"
+FACTORY = "sglang.srt.mem_cache.storage.backend_factory"
+UTILS = "sglang.srt.mem_cache.utils"
+STEP_WAIT_S = 0.01  # real time between two steps: SGLang's threads run meanwhile
+PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
+POOL = "kv"
+
+
+class ControllerRig(UnifiedRig):
+    """One rank's UnifiedRadixCache with SGLang's own HybridCacheController and threads."""
+
+    def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group, *,
+                 storage, host_tokens: int, page_size: int, stall_s: float = 0.0,
+                 host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0):
+        """`host` / `tree`: the host pool and tree core SGLang's path writes into (default
+        the memory-less stand-ins; `bench run --cache sglang --sglang-controller` passes
+        ones over the harness's own pool and tree: sglang_adapter.run_controller)."""
+        self.page_size, self.host_tokens = page_size, host_tokens
+        self.threshold = threshold or page_size
+        self.tier = Tier(storage, POOL, page_elems, stall_s=stall_s)
+        self.host = host or HostPool(host_tokens, page_size, page_elems)
+        self.tree = tree
+        self.layout = (rank, tp, pp)
+        super().__init__(loaded, rank, tp, pp, tp_group, pp_group)
+
+    def _build(self, cache) -> None:
+        super()._build(cache)  # the poll rig's cache: groups, policy, per-prefetch state
+        base = self.loaded.modules[UNIFIED]
+        if self.tree is None:
+            self.tree = TreeCore(self.page_size, _module(BASE).IncLockRefResult,
+                                 _module(BASE).DecLockRefResult)
+        cache.tree_core, cache.disable = self.tree, False
+        cache.tree_components, cache.components = (base.BASE_COMPONENT_TYPE,), {}
+        cache.sidecar_pool_specs, cache.prefetch_threshold = [], self.threshold
+        cache._prefetch_outcome_stats = defaultdict(int)
+        cache.prefetch_loaded_storage_start_by_reqid, cache.ongoing_backup = {}, {}
+        cache.ongoing_write_through, cache.ongoing_load_back = {}, {}
+        cache.cache_controller = self._controller(cache)
+
+    def _controller(self, cache):
+        """The controller as `__init__` leaves it, then attached as
+        `attach_storage_backend` attaches it (module docstring)."""
+        kv = _module(STORAGE).PoolName.KV
+        ctl = object.__new__(self.loaded.attr(CONTROLLER, "HybridCacheController"))
+        ctl.tp_group, ctl.attn_cp_group, ctl.attn_tp_group = cache.tp_group, None, cache.tp_group
+        ctl.pp_group, ctl.host_memory_mode, ctl.is_kv_sharded = cache.pp_group, "cache", False
+        ctl.prefetch_hits_sync_groups, ctl.prefetch_completion_sync_groups = [], []
+        ctl.mem_pool_host = HostPoolGroup(self.host, kv)
+        ctl.storage_host_pool, ctl.page_size = self.host, self.page_size
+        ctl.write_policy, ctl.io_backend, ctl.enable_storage = "write_through", "", False
+        ctl.storage_backend = ctl.storage_backend_type = None
+        ctl.enable_storage_metrics, ctl.host_write_staged_tokens_fn = False, None
+        ctl.page_get_func, ctl.page_set_func = ctl._generic_page_get, ctl._generic_page_set
+        ctl.storage_stop_event = threading.Event()
+        ctl.ack_prefetch_queue = Queue()
+        ctl.load_queue, ctl.write_queue, ctl.ack_load_queue, ctl.ack_write_queue = [], [], [], []
+        ctl.extra_host_mem_release_queues = {}
+        ctl.pp_prefetch_command_group = ctl.pp_prefetch_command_thread = None
+        ctl.pp_prefetch_command_queue, ctl.pp_prefetch_state_lock = Queue(), threading.Lock()
+        ctl.pp_prefetch_states, ctl.pp_prefetch_decisions = {}, {}
+        self._attach(ctl)
+        return ctl
+
+    def _attach(self, ctl) -> None:
+        """`attach_storage_backend`'s steps as the release takes them, SGLang's own from the
+        factory on (0.5.19: `backup_skip` an attribute it sets, no `on_host_pools_registered`;
+        0.5.23: a property, and the hook)."""
+        ctl.storage_backend_type = "dynamic"
+        ctl.get_hash_str = _module(UTILS).get_hash_str
+        ctl.storage_config = self._storage_config()
+        if not isinstance(getattr(type(ctl), "backup_skip", None), property):
+            ctl.backup_skip = False  # as 0.5.19 sets it: not an MLA model
+        TIER["tier"] = self.tier
+        ctl.storage_backend = _module(FACTORY).StorageBackendFactory.create_backend(
+            "dynamic", ctl.storage_config, ctl.storage_host_pool)
+        ctl.storage_backend.register_mem_pool_host(ctl.storage_host_pool)
+        if hasattr(ctl.storage_backend, "on_host_pools_registered"):
+            ctl.storage_backend.on_host_pools_registered()
+        ctl.enable_storage = True
+        ctl.prefetch_threshold = self.threshold
+        ctl.prefetch_capacity_limit = int(0.5 * self.host.logical_size)
+        ctl.prefetch_tokens_occupied = 0
+        ctl.prefetch_hits_sync_groups = ctl._create_sync_groups()
+        ctl.prefetch_completion_sync_groups = ctl._create_sync_groups()
+        ctl.storage_stop_event.clear()
+        ctl._start_storage_threads()
+
+    def _storage_config(self):
+        """What `_generate_storage_config` builds from a launched server's parallel state,
+        from this rank's layout (the fields the release's HiCacheStorageConfig has)."""
+        rank, tp, pp = self.layout
+        config = _module(STORAGE).HiCacheStorageConfig
+        values = dict(
+            tp_rank=rank % tp, tp_size=tp, pp_rank=rank // tp, pp_size=pp, attn_cp_rank=0,
+            attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+            is_page_first_layout=False, model_name="hicache-bench",
+            extra_config={"backend_name": "harness", "class_name": "HarnessStorage",
+                          "module_path": "sglang_adapter.sgl_storage"})
+        names = {f.name for f in dataclasses.fields(config)}
+        return config(**{k: v for k, v in values.items() if k in names})
+
+    def sync_groups(self) -> dict[str, object]:
+        """SGLang's own groups, by the role it made them for (one per base group)."""
+        ctl, out = self.cache.cache_controller, {}
+        for role, groups in (("hit", ctl.prefetch_hits_sync_groups),
+                             ("ack", ctl.prefetch_completion_sync_groups)):
+            for i, g in enumerate(groups):
+                out[f"sglang_{role}{i or ''}"] = g
+        return out
+
+    def issue(self, rid: str, tokens: list[int], slow: bool = False, *, anchor=None,
+              prior: str | None = None):
+        """SGLang's own `prefetch_from_storage` for `tokens` after `anchor` (the host node
+        the prompt's prefix matched; None: the root), whose last page is named `prior`;
+        first the pages' names in both chains, so the backend can translate
+        (sglang_adapter.sgl_storage)."""
+        urc = self.loaded.modules[UNIFIED]
+        handle = self.handle(rid)
+        key = urc.RadixKey(tokens).page_aligned(self.page_size)
+        utils = self.loaded.modules[UTILS]  # 0.5.23 names by the namespaced chain
+        names = getattr(utils, "get_storage_hash_str", utils.get_hash_str)(
+            key, prior, page_size=self.page_size)
+        self.tier.learn(names, page_hashes(tokens, self.page_size, prior)[: len(names)], slow)
+        self.cache.prefetch_from_storage(handle, anchor, tokens, last_hash=prior)
+        return handle
+
+    def loaded_pages(self) -> tuple[int, int]:
+        """(pages inserted, of them holding what storage holds under the tier's name)."""
+        pages = good = 0
+        for tokens, slots, _ in self.tree.inserted:
+            names = page_hashes(tokens, self.page_size)
+            rows = expected_rows(names, self.tier.storage.rank, POOL, PAGE_ELEMS)
+            for i in range(len(names)):
+                pages += 1
+                good += self.host.pages.get(slots[i * self.page_size]) == digest(rows[i])
+        return pages, good
+
+    def stop(self) -> None:
+        self.cache.cache_controller._stop_storage_threads()
+
+
+def _module(name: str):
+    import sys
+    return sys.modules[name]
+
+
+@dataclass(frozen=True)
+class ControllerCase:
+    """One request through SGLang's controller path: its prompt's pages, how many of them
+    storage holds, its stop policy and timeout budget (virtual seconds), and whether its
+    reads stall (a slow storage node: `Tier.stall_s`)."""
+
+    rid: str
+    policy: str
+    pages: int
+    stored: int
+    budget_s: float = 3.5
+    slow: bool = False
+
+    def tokens(self, page_size: int) -> list[int]:
+        """The prompt, the same on every rank (crc32, not the salted hash())."""
+        return [zlib.crc32(f"{self.rid}:{i}".encode()) % 30000 + 1
+                for i in range(self.pages * page_size)]
+
+
+def serve_one(rig: ControllerRig, door: Door, case: ControllerCase,
+              max_steps: int = 400) -> dict:
+    """Issues one prefetch through SGLang's `prefetch_from_storage`, then steps (SGLang's
+    `check_hicache_events`, then its poll) until the poll says it may end. Returns what
+    the model of the release needs to price it: the polls that found it ongoing, the pages
+    it fetched (its agreed hit, cut to the host slots it got), whether it went to IO."""
+    rig.configure(case.policy, rig.page_size, case.budget_s, 0.0)
+    door.rid = case.rid
+    handle = rig.issue(case.rid, case.tokens(rig.page_size), case.slow)
+    info = rig.cache.ongoing_prefetch.get(handle)
+    ongoing_polls = 0
+    for polls in range(1, max_steps + 1):
+        door.rid = f"{case.rid}/step"
+        rig.step()
+        door.rid = case.rid
+        ongoing = handle in rig.cache.ongoing_prefetch
+        ongoing_polls += ongoing
+        ready = bool(rig.cache.check_prefetch_progress(handle))
+        door.rid = None
+        if ready:
+            op = info.operation if info is not None else None
+            io = op is not None and op.host_indices is not None
+            return {"issued": op is not None, "polls": polls, "ongoing_polls": ongoing_polls,
+                    "io_issued": io, "hit_pages": len(op.hash_value) if io else 0,
+                    "ended_by": "poll" if ongoing else "drain",
+                    "deadline": bool(getattr(op, "deadline_expired", False))}
+        rig.clock.now += STEP_S
+        threading.Event().wait(STEP_WAIT_S)  # SGLang's threads run between steps
+    raise AssertionError(f"{case.rid}: SGLang's poll never let it end in {max_steps} steps")
+
+
+def settle(rig: ControllerRig, door: Door, max_steps: int = 1000) -> int:
+    """Steps until SGLang's threads and queues are idle and every host slot is back (a
+    prefetch a poll ended may still be reading; its acks are reduced and drained all the
+    same), on every rank alike: the idleness is MIN-agreed over the TP group each step."""
+    ctl = rig.cache.cache_controller
+    door.rid = "settle/step"
+    for steps in range(1, max_steps + 1):
+        rig.step()
+        idle = all(q.empty() for q in (ctl.prefetch_queue, ctl.prefetch_buffer,
+                                       ctl.prefetch_sync_queue, ctl.prefetch_hit_queue,
+                                       ctl.ack_prefetch_queue, ctl.host_mem_release_queue))
+        free = rig.host.available_size() + sum(len(s) for _, s, _ in rig.tree.inserted)
+        flag = torch.tensor([int(idle and free == rig.host.size)])
+        # The rig's own agreement, on the world group (no group the door holds against
+        # torch's sequence numbers): not SGLang's.
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item():
+            door.rid = None
+            return steps
+        threading.Event().wait(STEP_WAIT_S)
+    raise AssertionError("SGLang's controller never went idle")
+
+
+def held_against_model(protocol: str, outcome: dict, policy: str, tp: int, pp: int
+                       ) -> Expected:
+    """What the project's model of the release (`sglang-0.5.23`, `pr36425`) says rank 0
+    issues for this request, from what SGLang did with it (no side-car pool in this rig)."""
+    return expected_per_request(
+        protocol, policy, tp, pp, outcome["ongoing_polls"], outcome["hit_pages"],
+        outcome["issued"], outcome["io_issued"], outcome["ended_by"] == "poll")
+
+
+def counted(calls, rid: str) -> Expected:
+    """SGLang's own collectives for one request, by the role of the frame that issued them."""
+    by = Counter()
+    for site, _group, _op, who, via, n in calls:
+        if who == rid:
+            # the hit query's MIN: inline in prefetch_thread_func (0.5.19), in
+            # _sync_prefetch_hit_query under it (0.5.23); the ack's under the ack thread
+            role = ("hit_query" if "prefetch_thread_func" in via else
+                    "ack" if "prefetch_sync_thread_func" in via else
+                    "decision" if "_can_terminate_prefetch" in via else f"{site} < {via}")
+            by[role] += n
+    extra = set(by) - {"hit_query", "ack", "decision"}
+    assert not extra, f"{rid}: collectives of no known role: {extra}"
+    return Expected(by["decision"], 0, 0, by["hit_query"], by["ack"])
+
+
+def controller_rank(rank: int, world: int, source: Source, tp: int,
+                    cases: list[ControllerCase], stall_s: float = 0.5, seed: int = 0) -> dict:
+    """A spawned rank (bench.run.launch): SGLang's controller path at TP `tp` (PP 1) for
+    each case; returns per request what it did, SGLang's collectives and the model's, the
+    pages loaded against storage and the door's crosscheck."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    loaded = load(source)
+    if loaded.family != "unified":
+        raise LoadError(f"sglang {source.label}: the controller rig drives UnifiedRadixCache "
+                        "with a HybridCacheController (0.5.19 on), not HiRadixCache")
+    native_hash(source, str(DEFAULT_CACHE))
+    tp_group, pp_group = grid_groups(rank, tp, 1)
+    storage = make_storage(StorageSpec(latency_ms=1.0, exists_latency_ms=0.1, seed=seed),
+                           rank, rank % tp)
+    door = Door(source.root)
+    door.register("tp", tp_group)
+    door.install()
+    try:
+        rig = ControllerRig(loaded, rank, tp, 1, tp_group, pp_group, storage=storage,
+                            host_tokens=4096 * 64, page_size=64, stall_s=stall_s)
+        for name, group in rig.sync_groups().items():
+            door.register(name, group)
+        outcomes = {}
+        for case in cases:
+            storage.put(page_hashes(case.tokens(64), 64)[: case.stored], POOL, PAGE_ELEMS)
+            outcomes[case.rid] = serve_one(rig, door, case)
+        settle(rig, door)
+        rig.stop()
+    finally:
+        door.uninstall()
+    dist.barrier()
+    return _report(rig, door, source, tp, cases, outcomes)
+
+
+def _report(rig: ControllerRig, door: Door, source: Source, tp: int,
+            cases: list[ControllerCase], outcomes: dict) -> dict:
+    calls = [(c.site, c.group, c.op, c.rid, c.via, n) for c, n in door.calls.items()]
+    protocol = modelled_protocol(source)
+    return {"outcomes": outcomes, "loaded": rig.loaded_pages(), "names": rig.tier.names,
+            "crosscheck": door.crosscheck(), "calls": calls, "protocol": protocol,
+            "sglang": {c.rid: counted(calls, c.rid) for c in cases},
+            "model": {c.rid: held_against_model(protocol, outcomes[c.rid], c.policy, tp, 1)
+                      for c in cases}}

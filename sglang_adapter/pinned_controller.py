@@ -1,0 +1,227 @@
+"""A pinned schedule for SGLang's controller threads (`bench run --cache sglang
+--sglang-controller --schedule pinned`): what SGLang's drains see each step is a function of
+the seed, as the project's is (hicache.pinned).
+
+SGLang's threads still do the real work (its hit queries with their MIN, its reads into the
+harness's host pool, its acks with their MIN); only what becomes visible when is gated, with
+the project's own machinery (`hicache.pinned.Pin`: `HitTimeline`, `VirtualIO`):
+
+- **hits**: `prefetch_hit_queue.qsize()`, which `_sync_hicache_ready_counts` reduces, is the
+  count of hit queries whose modelled end (admission, the previous query's end, the
+  `batch_exists` calls SGLang's thread really made x their modelled latency) has passed on
+  the virtual clock, waiting for the real thread when it is behind;
+- **reads**: when SGLang's hit drain hands an operation to its IO thread
+  (`prefetch_buffer.put`), its batch reads are drawn (`Storage.plan_read`, in drain order)
+  and replayed on the virtual clock (`VirtualIO`); the backend's `batch_get` reads with
+  that batch's plan (sglang_adapter.sgl_storage);
+- **the IO thread's termination check** before each batch (`_page_transfer`'s
+  `operation.is_terminated()`) answers whether a poll at a step no later than the batch's
+  virtual start ended the prefetch, once the replay has reached it (the IO thread waits);
+  the prefetch thread's check before its query answers False (queried always, as the
+  project's pinned hit query is, so its modelled time does not hang on a race with a poll);
+  every other caller gets SGLang's own flag;
+- **acks**: `ack_prefetch_queue.qsize()` is the count of acks (one per batch, then the
+  final one) whose virtual time has passed, waiting for SGLang's ack thread.
+
+The gates are installed by changing the class of SGLang's own queue objects (the threads
+already block on them) and an instance attribute `is_terminated` on each operation.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from queue import Queue
+
+from hicache.pinned import Pin, VirtualIO
+
+BATCH_PAGES = 128  # SGLang's STORAGE_BATCH_SIZE (hicache.cost_model.IO_BATCH_PAGES)
+
+
+@dataclass(eq=False)
+class Shadow:
+    """An SGLang PrefetchOperation as the pinned schedule's replay sees it."""
+
+    rid: str
+    start_stamp: float
+    hit_due: float | None = None
+    hash_value: list = field(default_factory=list)
+    terminated_v: float | None = None
+    io_stopped: bool = False
+    io_end_v: float | None = None
+    plans: list = field(default_factory=list)
+    stopped: dict = field(default_factory=dict)  # batch -> whether the replay skipped it
+
+
+class _ReplayIO(VirtualIO):
+    """VirtualIO that records, per batch, whether the replay stopped it (what the IO
+    thread's check before that batch answers)."""
+
+    def _step(self, job, now: float) -> bool:
+        start = max(job.issued, self.cursor) if job.start is None else job.start
+        op = job.op
+        if start < now and job.batch < len(job.plans):
+            op.stopped[job.batch] = op.terminated_v is not None and op.terminated_v <= start
+        return super()._step(job, now)
+
+
+class WatchedHits(Queue):
+    """SGLang's prefetch_hit_queue, telling `on_hit` of each hit its drain takes (the
+    harness records a request's agreed hit when it is drained, as the project does)."""
+
+    on_hit = None
+
+    def get(self, block=True, timeout=None):
+        item = super().get(block, timeout)
+        if item is not None and self.on_hit is not None:
+            self.on_hit(item)
+        return item
+
+
+class GatedHits(WatchedHits):
+    """SGLang's prefetch_hit_queue with its size on the virtual clock (module doc)."""
+
+    gate: ControllerPin
+
+    def qsize(self) -> int:
+        return self.gate.visible_hits()
+
+    def put(self, item, block=True, timeout=None) -> None:
+        if item is not None:
+            self.gate.hit_done(item)
+        super().put(item, block, timeout)
+        self.gate.notify()
+
+    def get(self, block=True, timeout=None):
+        item = super().get(block, timeout)
+        self.gate.pin.hits.drained(1)
+        return item
+
+
+class GatedAcks(Queue):
+    """SGLang's ack_prefetch_queue with its size on the virtual clock (module doc)."""
+
+    gate: ControllerPin
+
+    def qsize(self) -> int:
+        return self.gate.pin.visible_acks()
+
+    def real_size(self) -> int:
+        return super().qsize()
+
+    def put(self, item, block=True, timeout=None) -> None:
+        super().put(item, block, timeout)
+        self.gate.notify()
+
+    def get(self, block=True, timeout=None):
+        item = super().get(block, timeout)
+        self.gate.pin.acks_drained += 1
+        return item
+
+
+class HandOff(Queue):
+    """SGLang's prefetch_buffer: an operation handed to the IO thread gets its read plans."""
+
+    gate: ControllerPin
+
+    def put(self, item, block=True, timeout=None) -> None:
+        if item is not None:
+            self.gate.plan(item)
+        super().put(item, block, timeout)
+
+
+class _RealSize:
+    def __init__(self, q: GatedAcks):
+        self.q = q
+
+    def qsize(self) -> int:
+        return self.q.real_size()
+
+
+class ControllerPin:
+    """The scheduler thread's side of the pinned schedule over SGLang's controller, plus
+    the gates its threads pass (module docstring)."""
+
+    def __init__(self, ctl, tier, page_size: int, elems: int, exists_s: float,
+                 timeout_s: float, rank: int):
+        self.ctl, self.tier, self.elems, self.exists_s = ctl, tier, elems, exists_s
+        self.progress = threading.Condition()
+        for q, cls in ((ctl.prefetch_hit_queue, GatedHits), (ctl.ack_prefetch_queue, GatedAcks),
+                       (ctl.prefetch_buffer, HandOff)):
+            assert q.empty(), "the gates go on before any prefetch"
+            q.__class__, q.gate = cls, self  # the threads already wait on these objects
+        self.pin = Pin(page_size, True, exists_s, self.progress, _RealSize(ctl.ack_prefetch_queue),
+                       timeout_s, rank)
+        self.pin.io = _ReplayIO(page_size, True)
+        self.now = 0.0
+        self.exists_calls = 0  # SGLang's batch_exists calls so far (its prefetch thread's)
+        self._calls_seen = 0
+        self._hit_cursor = 0.0
+
+    # ---- the scheduler thread -------------------------------------------------------------
+
+    def issued(self, operation, rid: str, stamp: float) -> Shadow:
+        shadow = Shadow(rid, stamp)
+        operation.pin_shadow = shadow
+        real = type(operation).is_terminated
+        operation.is_terminated = lambda: self.is_terminated(operation, real)
+        self.pin.hits.submitted.append(shadow)
+        return shadow
+
+    def advance(self, now: float) -> list[Shadow]:
+        """Before SGLang's step reads its queues: what completed before `now`."""
+        self.now = now
+        ended = self.pin.advance(now, {})
+        self.notify()
+        return ended
+
+    def visible_hits(self) -> int:
+        return self.pin.hits.visible(self.now, self.pin.wait)
+
+    def plan(self, operation) -> None:
+        """Its batch reads drawn now, in hand-off order, replayed from this step on."""
+        shadow = operation.pin_shadow
+        names = self.tier.translate(list(operation.hash_value))
+        storage = self.tier.storage
+        shadow.hash_value = list(operation.hash_value)
+        shadow.plans = [storage.plan_read(names[i: i + BATCH_PAGES], self.tier.pool, self.elems)
+                        for i in range(0, len(names), BATCH_PAGES)]
+        self.pin.io.submit(shadow, self.now, shadow.plans)
+
+    def notify(self) -> None:
+        with self.progress:
+            self.progress.notify_all()
+
+    # ---- SGLang's threads ------------------------------------------------------------------
+
+    def hit_done(self, operation) -> None:
+        """SGLang's prefetch thread put its agreed hit: its modelled end."""
+        shadow = operation.pin_shadow
+        calls, self._calls_seen = self.exists_calls - self._calls_seen, self.exists_calls
+        start = max(shadow.start_stamp, self._hit_cursor)
+        self._hit_cursor = start + calls * self.exists_s
+        shadow.hit_due = self._hit_cursor
+
+    def is_terminated(self, operation, real) -> bool:
+        caller = sys._getframe(2)
+        name = caller.f_code.co_name
+        if name == "prefetch_thread_func":
+            return False
+        if name == "_page_transfer" and "i" in caller.f_locals:
+            batch, shadow = caller.f_locals["i"] // BATCH_PAGES, operation.pin_shadow
+            with self.progress:
+                ok = self.progress.wait_for(lambda: batch in shadow.stopped,
+                                            self.pin.timeout_s)
+            if not ok:
+                raise RuntimeError(f"{shadow.rid}: batch {batch} never replayed (pinned)")
+            return shadow.stopped[batch]
+        return real(operation)
+
+
+def plan_of(operation, batch_start: int):
+    """The read plan of the batch SGLang's IO thread is reading (None: unpinned)."""
+    shadow = getattr(operation, "pin_shadow", None)
+    if shadow is None or not shadow.plans:
+        return None
+    return shadow.plans[batch_start // BATCH_PAGES]

@@ -1,0 +1,210 @@
+"""SGLang's own controller path as the data path of `bench run --cache sglang --sglang SPEC
+--sglang-controller` (docs/sglang.md, "bench run --cache sglang --sglang-controller").
+
+`ControllerCache` keeps `SGLangCache`'s decisions (SGLang's `check_hicache_events` every
+step, its `check_prefetch_progress` for every poll the walk makes) and replaces the
+project's data path under them by SGLang's (the controller rig, sglang_adapter.controller):
+
+- **issue**: SGLang's own `prefetch_from_storage`, anchored at the host prefix the
+  harness's tree matched (named by its last page's hash);
+- **hit query, IO, acks**: the HybridCacheController's own threads, started by its own
+  `_start_storage_threads`, with their MINs on the gloo groups SGLang makes itself
+  (`_create_sync_groups`), reading the harness's storage tier through SGLang's own
+  backend factory (sglang_adapter.sgl_storage);
+- **drains and end**: SGLang's `check_hicache_events` drains those threads' queues;
+  `_handle_prefetch_result` inserts what was fetched.
+
+The hand-off to the harness (sglang_adapter.run_stand_ins): SGLang's host pool is the
+harness's host KV pool (`ProjectHostPool`: its token indices onto the pool's page slots,
+what the IO thread reads written into them), its tree core inserts into the harness's
+radix tree (`ProjectTreeCore`), so the harness's load-back, data checks and host-slot
+accounting run on what SGLang loaded. The per-request stats are read from SGLang's
+operations and what its tree core was given. The project's own controller threads do not
+run; the harness's per-step agreement still runs beside SGLang's (its `busy` flag ends the
+serve on every rank alike), with nothing of the project's to drain.
+
+Schedule: SGLang's threads run on real time, so this runs under `--schedule free` only
+(docs/sglang.md says what a pinned schedule would need). TP only (PP 1), no side-car pool,
+host memory as a cache tier, no write path: refused in one line before any rank starts
+(bench.run.options).
+"""
+
+from __future__ import annotations
+
+import time
+
+from hicache.consensus import rank_consensus
+from sglang_adapter.cache import SGLangCache
+from sglang_adapter.controller import BASE, ControllerRig, _module
+from sglang_adapter.pinned_controller import ControllerPin, WatchedHits
+from sglang_adapter.run_stand_ins import ProjectHostPool, ProjectTreeCore
+
+SGLANG_QUEUES = ("prefetch_queue", "prefetch_buffer", "prefetch_sync_queue",
+                 "prefetch_hit_queue", "ack_prefetch_queue", "host_mem_release_queue")
+
+
+class ControllerCache(SGLangCache):
+    """One rank's cache with SGLang's controller path as its data path (module doc)."""
+
+    def _make_rig(self, loaded, tp_group, pp_group, storage):
+        cfg, page = self.cfg, self.page
+        self.ops: dict[str, object] = {}  # rid -> SGLang's PrefetchOperation, once issued
+        self.hit_drained: set[str] = set()
+        host = ProjectHostPool(self.host_kv, page)
+        tree = ProjectTreeCore(page, _module(BASE).IncLockRefResult,
+                               _module(BASE).DecLockRefResult, self.tree)
+        self.sgl_tree = tree
+        rig = ControllerRig(loaded, self.layout.rank, self.layout.tp, 1, tp_group, None,
+                            storage=storage, host_tokens=host.size, page_size=page,
+                            host=host, tree=tree, page_elems=cfg.kv_page_elems,
+                            threshold=cfg.prefetch_threshold)
+        self._groups = rig.sync_groups()  # on the door in start(): it is not set yet here
+        self.gate = None
+        if cfg.schedule == "pinned":  # what SGLang's drains see: on the virtual clock
+            self.gate = ControllerPin(rig.cache.cache_controller, rig.tier, page,
+                                      cfg.kv_page_elems, cfg.storage.exists_latency_ms / 1e3,
+                                      cfg.collective_timeout_s, self.layout.rank)
+            rig.tier.gate = self.gate
+        hits = rig.cache.cache_controller.prefetch_hit_queue
+        if not isinstance(hits, WatchedHits):
+            hits.__class__ = WatchedHits  # SGLang's prefetch thread already waits on it
+        hits.on_hit = self._hit_drained
+        return rig
+
+    def _hit_drained(self, operation) -> None:
+        """SGLang's hit drain took this operation's agreed hit (also one a poll already
+        ended: its hit is recorded when drained, as the project's drain records it)."""
+        rid = getattr(operation.request_id, "rid", operation.request_id)
+        if rid in self.ops and self.ops[rid] is operation:
+            self.hit_drained.add(rid)
+            self.stats.requests[rid].hit_tokens = len(operation.hash_value) * self.page
+
+    @property
+    def own_groups(self) -> dict:
+        """SGLang's hit-query and ack groups (hicache.seam): held against torch's sequence
+        numbers beside the harness's."""
+        return dict(self._groups)
+
+    # ---- lifecycle: SGLang's threads, not the project's ---------------------------------
+
+    def start(self) -> None:
+        for name, group in self._groups.items():  # the door exists by now
+            self.door.register(name, group)
+
+    def stop(self, grace_s: float) -> None:
+        self.rig.stop()
+
+    def error(self) -> BaseException | None:
+        return None
+
+    def has_work(self) -> bool:
+        """SGLang holds a prefetch, host slots not yet back (an IO in flight, a release not
+        yet drained) or work queued for its threads, or writes are pending. Pinned, the
+        last is the hit queries not yet drained (the gated count: the same every serve of
+        the seed), not the threads' queues on real time."""
+        ctl = self.rig.cache.cache_controller
+        queued = (bool(self.gate.pin.hits.submitted) if self.gate is not None else
+                  any(not getattr(ctl, q).empty() for q in SGLANG_QUEUES))
+        return bool(self.rig.cache.ongoing_prefetch) or queued or \
+            self.host_slots_unaccounted() > 0 or self.writes_pending()
+
+    def prefetching(self, rid: str) -> bool:
+        return self.rig.handle(rid) in self.rig.cache.ongoing_prefetch
+
+    # ---- arrival ------------------------------------------------------------------------
+
+    def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
+        """SGLang's own prefetch_from_storage after the host prefix the harness's tree
+        matched (its own threshold, rate limit and anchor lock)."""
+        self.prompts[rid] = tokens
+        m = self._match_and_lock(rid, tokens)
+        aligned = len(tokens) // self.page * self.page
+        key = tokens[m.pages * self.page: aligned]
+        st = self.stats.requests[rid]
+        st.requested_tokens = len(key)
+        self._tick()
+        self.sgl_tree.anchor(rid, tokens[: m.pages * self.page], m.hashes)
+        self.door.rid = rid
+        try:
+            handle = self.rig.issue(rid, key, anchor=rid, prior=m.last_hash)
+        finally:
+            self.door.rid = None
+        info = self.rig.cache.ongoing_prefetch.get(handle)
+        if info is not None:
+            if self.gate is not None:
+                self.gate.issued(info.operation, rid, stamp)
+            st.op_issued = True
+            self.ops[rid] = info.operation
+            self.handles[rid] = handle
+
+    # ---- per step -------------------------------------------------------------------------
+
+    def check_hicache_events(self, stamp: float, busy: bool) -> bool:
+        self.step_stamp, self._poll_s = stamp, 0.0
+        self._tick()
+        self.door.rid = None
+        if self.gate is not None:  # before SGLang's step reads its queues
+            for shadow in self.gate.advance(stamp):
+                self.stats.requests[shadow.rid].io_done_vt = shadow.io_end_v
+        self.rig.step()  # SGLang's check_hicache_events: its drains of its threads' queues
+        if self.gate is not None:  # the gates' waits leave the measured clock (hicache.pinned)
+            waited = self.gate.pin.take_waited()
+            self.pin.waited_s += waited
+            self.pin.waited_total_s += waited
+        self._observe()
+        # The harness's per-step agreement: who is busy (nothing of the project's to drain)
+        return super(SGLangCache, self).check_hicache_events(stamp, busy or self.has_work())
+
+    def _observe(self) -> None:
+        """What SGLang's drains did: a hit it handed to IO, a prefetch it ended."""
+        ongoing = self.rig.cache.ongoing_prefetch
+        for rid, handle in list(self.handles.items()):
+            op, st = self.ops[rid], self.stats.requests[rid]
+            if op.host_indices is not None and not st.io_issued:
+                st.io_issued, st.hit_tokens = True, len(op.hash_value) * self.page
+            if handle not in ongoing:  # the hit drain revoked it, or the ack drain ended it
+                self._ended(rid, "ack" if op.host_indices is not None else "revoked")
+
+    def _ended(self, rid: str, via: str) -> None:
+        """The stats of a prefetch SGLang ended (hicache.poll._end's, from SGLang's op)."""
+        self.handles.pop(rid)
+        st = self.stats.requests[rid]
+        drained = rid in self.hit_drained
+        usable = self.sgl_tree.fetched.get(rid, 0)
+        st.terminated_by, st.prefetched_tokens = via, usable
+        st.ready, st.ready_vt = time.monotonic(), self.step_stamp
+        self.stats.decisions[rid] = (via, usable, st.hit_tokens if drained else None)
+
+    # ---- the walk's poll ------------------------------------------------------------------
+
+    def walk_polls(self, rid: str) -> int:
+        return int(rid in self.handles)
+
+    @rank_consensus(same_params=True, same_results=True)
+    def check_prefetch_progress(self, rid: str) -> bool:
+        """SGLang's own check_prefetch_progress; when it lets an ongoing prefetch go, its
+        own end path (`_handle_prefetch_result`) has inserted what was fetched."""
+        handle = self.handles.get(rid)
+        if handle is not None:
+            self.stats.requests[rid].polls += 1
+        self._tick()
+        self.door.rid = rid
+        t0 = time.perf_counter()
+        try:
+            ready = bool(self.rig.cache.check_prefetch_progress(
+                self.rig.handle(rid) if handle is None else handle))
+        finally:
+            self.door.rid = None
+            self._poll_s += time.perf_counter() - t0
+        if ready and handle is not None:
+            if self.gate is not None:  # its reads stop at this step (the replay's answer)
+                self.ops[rid].pin_shadow.terminated_v = self.step_stamp
+            self._ended(rid, "poll")
+        return ready
+
+    def close(self) -> None:
+        self.rig.stop()
+        super().close()
+
+
+__all__ = ["ControllerCache"]

@@ -1,0 +1,88 @@
+"""SGLang's host pool and tree core over the harness's own (`bench run --cache sglang
+--sglang-controller`, sglang_adapter.run_controller): what SGLang's controller path loads
+lands where the harness's load-back, data checks and host-slot accounting read it.
+
+- `ProjectHostPool`: SGLang's host KV pool as the harness's host `PagePool` (SGLang counts
+  token indices, the pool page slots: token index = slot x page size + offset); a page
+  SGLang's IO thread reads is written into its slot as it came from storage.
+- `ProjectTreeCore`: SGLang's tree core over the harness's `RadixTree`: the anchor of each
+  prefetch is its request's matched host prefix (node id = the request id), and
+  `insert_host` inserts the prefix plus what was fetched, as the project's own
+  finalisation does (`hicache.poll._finalize`); the pages already in the tree are
+  reported as SGLang's `prefix_len`, whose host slots SGLang's own end path frees.
+Neither issues a collective (SGLang's tree core issues none either).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from hicache.pools import PagePool
+from hicache.radix_tree import RadixTree
+from sglang_adapter.stand_ins import TreeCore
+
+
+class ProjectHostPool:
+    """SGLang's host KV pool over the harness's host `PagePool` (module docstring)."""
+
+    layout = "layer_first"
+    shared_allocation_domain = None  # not a shared host layout (pool_host/base.py)
+
+    def __init__(self, pool: PagePool, page_size: int):
+        self.pool, self.page_size, self.page_elems = pool, page_size, pool.page_elems
+        self.size = self.logical_size = pool.num_pages * page_size
+
+    def available_size(self) -> int:
+        return self.pool.available * self.page_size
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Token indices of whole pages for `need_size` tokens, or None."""
+        slots = self.pool.alloc(-(-need_size // self.page_size))
+        if slots is None:
+            return None
+        offsets = torch.arange(self.page_size)
+        index = [torch.full((self.page_size,), s * self.page_size) + offsets for s in slots]
+        return torch.cat(index)[:need_size] if index else torch.empty(0, dtype=torch.int64)
+
+    def free(self, indices: torch.Tensor) -> int:
+        self.pool.free(sorted({int(i) // self.page_size for i in indices.tolist()}))
+        return len(indices)
+
+    def get_dummy_flat_data_page(self) -> torch.Tensor:
+        """The buffer one page is read into (SGLang's `_generic_page_get`)."""
+        return torch.empty(self.page_elems, dtype=self.pool.data.dtype)
+
+    def set_from_flat_data_page(self, index, data_page: torch.Tensor) -> None:
+        self.pool.write([int(index) // self.page_size], data_page.reshape(1, -1))
+
+    def get_data_page(self, index, flat: bool = True) -> torch.Tensor:
+        raise NotImplementedError("write-back through SGLang's controller: not on this path")
+
+
+class ProjectTreeCore(TreeCore):
+    """SGLang's tree core over the harness's radix tree (module docstring)."""
+
+    def __init__(self, page_size: int, lock_result, dec_result, tree: RadixTree):
+        super().__init__(page_size, lock_result, dec_result)
+        self.tree = tree
+        self.anchors: dict[str, tuple[list[int], list[str]]] = {}
+        self.fetched: dict[str, int] = {}  # rid -> tokens SGLang inserted for it
+
+    def anchor(self, rid: str, tokens: list[int], hashes: list[str]) -> None:
+        """The host prefix `rid`'s prefetch starts after (its node id is `rid`)."""
+        self.anchors[rid] = (list(tokens), list(hashes))
+
+    def insert_host(self, node_id, key, host_indices, hash_values):
+        prefix, hashes = self.anchors[node_id]
+        base = len(prefix) // self.page_size
+        fetched = list(key.token_ids)
+        slots = [int(i) // self.page_size for i in host_indices.tolist()[:: self.page_size]]
+        overlap = self.tree.insert(prefix + fetched, [-1] * base + slots,
+                                   hashes + list(hash_values))
+        self.fetched[node_id] = len(fetched)
+        self.inserted.append((fetched, host_indices.tolist(), list(hash_values)))
+        dup = max(0, overlap - base)  # pages another request inserted meanwhile
+        return types.SimpleNamespace(cache_actions=[], host_insert_dropped=False,
+                                     prefix_len=dup * self.page_size)
