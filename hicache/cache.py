@@ -133,13 +133,19 @@ class HiCache(StepEvents, PrefetchPoll):
 
     # ---- arrival: prefix match and prefetch issue --------------------------------------------
 
-    def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
+    def _storage_key(self, rid: str, tokens: list[int]):
+        """The request's match in the host tree (locked) and the whole pages after it: what
+        a prefetch would ask storage for (its length is the request's requested_tokens)."""
         self.prompts[rid] = tokens
         m = self._match_and_lock(rid, tokens)
         aligned = len(tokens) // self.page * self.page
         key = tokens[m.pages * self.page: aligned]
+        self.stats.requests[rid].requested_tokens = len(key)
+        return m, key
+
+    def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
+        m, key = self._storage_key(rid, tokens)
         st = self.stats.requests[rid]
-        st.requested_tokens = len(key)
         if rid in self.expired or len(key) < self.cfg.prefetch_threshold:
             return
         if not self.buffer_only and not self.cfg.unbounded_pools and \

@@ -116,12 +116,8 @@ class ControllerCache(SGLangCache):
     def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
         """SGLang's own prefetch_from_storage after the host prefix the harness's tree
         matched (its own threshold, rate limit and anchor lock)."""
-        self.prompts[rid] = tokens
-        m = self._match_and_lock(rid, tokens)
-        aligned = len(tokens) // self.page * self.page
-        key = tokens[m.pages * self.page: aligned]
+        m, key = self._storage_key(rid, tokens)
         st = self.stats.requests[rid]
-        st.requested_tokens = len(key)
         self._tick()
         self.sgl_tree.anchor(rid, tokens[: m.pages * self.page], m.hashes)
         self.door.rid = rid
