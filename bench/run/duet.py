@@ -25,12 +25,11 @@ No serve is run again for a disturbance (--redo-disturbed is off): a burst hits 
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import torch.multiprocessing as mp
 
 from bench.run.plan import Cell, RunPlan
 
@@ -102,8 +101,7 @@ def run_duet(plan: RunPlan, timeout_s: float) -> list[str]:
     """Runs every lane at once (each launch in a thread of this process); returns the
     errors of the lanes that failed ([] when none did). The lanes' rows are merged into
     plan.out_dir by bench.rundir (RunDir.merge_lanes)."""
-    from bench.run.launch import LaunchError, launch
-    from bench.run.worker import run_rank
+    from bench.run.launch import Entry, LaunchError, launch
 
     ctx = mp.get_context("spawn")
     n = lanes(plan)
@@ -113,8 +111,8 @@ def run_duet(plan: RunPlan, timeout_s: float) -> list[str]:
     def one(i: int, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         try:
-            launch(plan.world_size, run_rank, (replace(plan, out_dir=str(path)), Lane(i, sync)),
-                   timeout_s=timeout_s)
+            launch(plan.world_size, Entry("bench.run.worker", "run_rank"),
+                   (replace(plan, out_dir=str(path)), Lane(i, sync)), timeout_s=timeout_s)
         except LaunchError as e:
             errors.append(f"lane {i}: {e}")
             sync.barrier.abort()  # the other lanes stop waiting for this one
