@@ -2,6 +2,7 @@
 block, verdicts on made-up runs, the binary search with a fake ab, and the revision checks
 on a scratch git repository."""
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -252,6 +253,32 @@ def test_the_confirming_ab_runs_the_next_seeds(tmp_path, monkeypatch):
     assert again.run_args == ("--protocols", "pr27010", "--policies", "wait_complete")
 
 
+def test_gate_json_sizes_both_sides_serve(tmp_path, monkeypatch):
+    """gate.json's ab.requests / ab.bystanders reach both sides' `bench run` alike."""
+    from bench.gate import ab as gate_ab
+
+    monkeypatch.setattr(gate_ab, "resolve", lambda name, repo: Revision(name, "0" * 40))
+    settings = {"ab": {"revision": "base", "preset": "ci", "blocks": 2, "requests": 8,
+                       "bystanders": 0}}
+    plan = gate_ab.gate_plan(settings, tmp_path)
+    assert plan.run_args == ("--requests", "8", "--bystanders", "0")
+    for k in range(plan.blocks):
+        command = plan.command(k, tmp_path)
+        assert command[command.index("--requests") + 1] == "8"
+
+
+@pytest.mark.parametrize("key,value", [("requests", 0), ("requests", "8"), ("requests", True),
+                                       ("bystanders", -1), ("bystanders", 2.5)])
+def test_gate_json_refuses_a_bad_serve_size(tmp_path, key, value):
+    from bench.gate.baseline import read_settings
+    from bench.rundir.files import ResultFileError
+
+    (tmp_path / "gate.json").write_text(json.dumps(
+        {"ab": {"revision": "base", "preset": "ci", key: value}}))
+    with pytest.raises(ResultFileError, match=f"ab.{key}.*must be an integer"):
+        read_settings(tmp_path)
+
+
 def test_no_confirm_needs_ab(clean, capsys):  # noqa: F811
     assert main_gate([str(clean[0]), "--baseline", str(clean[1]), "--no-confirm"]) == 2
     assert "--no-confirm needs --ab" in capsys.readouterr().err
@@ -341,6 +368,22 @@ def test_unknown_revision_exits_2_with_one_line(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown revision 'no-such-revision-xyz'" in err
     assert main_ab([WORKTREE, WORKTREE, "--repeats", "0"]) == 2
+
+
+def test_ab_and_bisect_size_every_run_alike(tmp_path, capsys):
+    from bench.commands.ab import build_plan
+    from bench.commands.bisect import main as main_bisect
+
+    plan = build_plan([WORKTREE, WORKTREE, "--requests", "12", "--bystanders", "0",
+                       "--out", str(tmp_path / "ab")])
+    for k in range(plan.blocks):
+        command = plan.command(k, tmp_path)
+        assert command[-4:] == ["--requests", "12", "--bystanders", "0"]
+    assert main_ab([WORKTREE, WORKTREE, "--requests", "0"]) == 2
+    assert main_bisect(["HEAD", "HEAD", "--metric", "step_mean_ms", "--bystanders", "-1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["bench ab: --requests must be >= 1, got 0",
+                   "bench bisect: --bystanders must be >= 0, got -1"]
 
 
 # ---- the order effect, the blocks' sides, the rank tests -------------------------------------

@@ -1,5 +1,5 @@
 """The gate, ab and bisect on REAL small runs of a scratch history (base, a harmless commit,
-a commit whose pr36425 poll sleeps 2 ms and adds no collective): a run of the base becomes
+a commit whose pr36425 poll sleeps 4 ms and adds no collective): a run of the base becomes
 the baseline (its commit the baseline revision), `bench gate --ab` runs that revision
 beside the tree it gates and fails the slow one on step time, confirmed by a second A/B,
 while every exact count check holds; `bench bisect` calls the harmless commit "same" (a real
@@ -13,18 +13,25 @@ import pytest
 from bench.gate.timing import AB_METRICS
 from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 
-# The ci preset's own configuration, narrowed to what the slow poll moves.
-RUN = ["--preset", "ci", "--protocols", "before,after", "--policies", "wait_complete"]
-AB = {"protocols": "after", "policies": "wait_complete", "blocks": 3, "repeats_per_block": 1}
+# The ci preset's own configuration, narrowed to what the slow poll moves, on a burst of 12
+# prefetching requests + 12 bystanders (the preset's 24 + 24 halved: about 5 waiting requests
+# polled a step: a 2 ms poll added about 7 ms to a ~9 ms step, its first A/B's interval
+# [1.29, 2.55] just clear of the 25 % threshold, so the poll sleeps 4 ms: as many ms of sleep
+# in a serve as 2 ms on the 24 + 24, the step about 2.5x as long).
+SIZE = {"requests": 12, "bystanders": 12}
+SIZE_ARGS = [x for key, n in SIZE.items() for x in (f"--{key}", str(n))]
+RUN = ["--preset", "ci", "--protocols", "before,after", "--policies", "wait_complete",
+       *SIZE_ARGS]
+AB = {"protocols": "after", "policies": "wait_complete", "blocks": 3, "repeats_per_block": 1,
+      **SIZE}
 # Three interleaved blocks (A B, B A, A B), so a burst of load on this machine during one run
 # cannot pass for a regression. A whole run of the same code here can take 2.5x the step time
-# of the next, so with 3 pairs (t quantile 4.3) the tests check the mechanism on a 2 ms poll
+# of the next, so with 3 pairs (t quantile 4.3) the tests check the mechanism on a 4 ms poll
 # against thresholds of 25%. The ci preset is pinned: a slower poll no longer lets more IO
-# finish before the walk, so every pending request is polled every step, ~10 a step in the
-# gate's A/B (make bench's burst of 24): about +20 ms on a ~9 ms step (the 20 ms poll of
-# the free-running days made each slow run 15x longer,
-# past the gate's 400 s). The gate's power at its real thresholds, a few
-# tenths of a ms a poll, is scripts/gate_power.py's to measure.
+# finish before the walk, so every pending request is polled every step (the 20 ms poll of
+# the free-running days made each slow run 15x longer, past the gate's 400 s). The gate's
+# power at its real thresholds, a few tenths of a ms a poll, is scripts/gate_power.py's to
+# measure.
 THRESHOLD = 0.25
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,7 +46,7 @@ def history(tmp_path_factory):
     root = tmp_path_factory.mktemp("history")
     repo, base = scratch_repo(root / "repo")
     clean = commit(repo, "docs: a harmless edit", harmless)
-    slow = commit(repo, "pr36425: the poll sleeps 2 ms", slow_poll(0.002))
+    slow = commit(repo, "pr36425: the poll sleeps 4 ms", slow_poll(0.004))
     git(repo, "checkout", "-q", base)
     run, baseline = root / "base_run", root / "baseline"
     ok(bench(repo, "run", *RUN, "--out", str(run)))
@@ -78,10 +85,10 @@ def test_bisect_names_the_slow_commit(history):
     root, repo, commits, _ = history
     done = ok(bench(repo, "bisect", commits["base"], commits["slow"], "--metric",
                     "step_mean_ms", "--config", "pr36425/wait_complete", "--protocols",
-                    "after", "--policies", "wait_complete", "--repeats", "3",
+                    "after", "--policies", "wait_complete", "--repeats", "3", *SIZE_ARGS,
                     "--threshold", str(THRESHOLD), "--no-verify", "--out", str(root / "bisect")))
     lines = done.stdout.strip().splitlines()
     assert any(line.startswith(f"bisect: step 1: {commits['clean'][:10]} docs: a harmless "
                                "edit: same") for line in lines), done.stdout
     assert lines[-1] == f"bisect: first bad commit {commits['slow']} pr36425: the poll " \
-                        "sleeps 2 ms"
+                        "sleeps 4 ms"

@@ -92,9 +92,10 @@ def make_plan(rev_a: str, rev_b: str, preset: str = DEFAULT_PRESET,
               blocks: int = DEFAULT_BLOCKS, seed: int = 0, per_block: int = 1,
               threshold: float = 0.05, protocols: str | None = None,
               policies: str | None = None, metrics: list[str] | None = None,
-              out: Path | None = None) -> AbPlan:
-    """The plan of `bench ab REV_A REV_B` (and of each bisect step); ValueError (one line)
-    for bad settings, RevisionError for an unknown or dirty revision."""
+              out: Path | None = None, size: dict[str, int] | None = None) -> AbPlan:
+    """The plan of `bench ab REV_A REV_B` (and of each bisect step); `size` the runs'
+    --requests / --bystanders. ValueError (one line) for bad settings, RevisionError for an
+    unknown or dirty revision."""
     from bench.ab.revisions import resolve
     from bench.rundir.env import REPO_DIR
 
@@ -103,9 +104,14 @@ def make_plan(rev_a: str, rev_b: str, preset: str = DEFAULT_PRESET,
                          f"and {per_block}")
     if not (math.isfinite(threshold) and threshold >= 0):
         raise ValueError(f"--threshold must be a finite number >= 0, got {threshold}")
+    size = size or {}
+    for key, least in (("requests", 1), ("bystanders", 0)):
+        if key in size and size[key] < least:
+            raise ValueError(f"--{key} must be >= {least}, got {size[key]}")
     a, b = resolve(rev_a, REPO_DIR), resolve(rev_b, REPO_DIR)
     run_args = [x for flag, v in (("--protocols", protocols), ("--policies", policies))
                 if v for x in (flag, v)]
+    run_args += [x for key, n in size.items() for x in (f"--{key}", str(n))]
     out = out or RunDir.new("ab", a.short, "vs", b.short).path
     return AbPlan(a, b, preset, blocks, seed, per_block, threshold, tuple(run_args),
                   tuple(metrics) if metrics else None, out)

@@ -1,6 +1,7 @@
 """Usage: python -m bench ab REV_A REV_B [--preset ci] [--repeats 6] [--threshold 0.05]
                                   [--out DIR] [--seed 0] [--protocols P,..] [--policies P,..]
                                   [--metric NAME ...] [--repeats-per-block 1]
+                                  [--requests N] [--bystanders N] [--neighbour SPEC]
 
 Did this commit make it better or worse? Both revisions on this machine, interleaved.
 
@@ -33,7 +34,13 @@ import sys
 from pathlib import Path
 
 from bench.ab.blocks import DEFAULT_BLOCKS, DEFAULT_PRESET
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import (
+    CliParser,
+    UsageError,
+    add_size_options,
+    run_verb,
+    size_of,
+)
 from bench.compare.metrics import metric_list
 from bench.neighbour import Neighbour, SpecError
 from bench.neighbour import parse as parse_neighbour
@@ -59,6 +66,7 @@ def parser() -> CliParser:
                    help="repeats of each block's runs (default 1)")
     p.add_argument("--protocols", help="passed to every run (comma list)")
     p.add_argument("--policies", help="passed to every run (comma list)")
+    add_size_options(p.add_argument)
     p.add_argument("--metric", action="append", metavar="NAME",
                    help="timing metrics to judge (default all; see bench compare)")
     p.add_argument("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the "
@@ -76,7 +84,7 @@ def build_plan(argv: list[str]):
     args = parser().parse_args(argv)
     return make_plan(args.rev_a, args.rev_b, args.preset, args.repeats, args.seed,
                      args.repeats_per_block, args.threshold, args.protocols, args.policies,
-                     metric_list(args.metric), args.out)
+                     metric_list(args.metric), args.out, size_of(args))
 
 
 def _main(argv: list[str]) -> int:

@@ -1,7 +1,8 @@
 """Usage: python -m bench bisect GOOD BAD --metric NAME [--config PROTOCOL/POLICY]
                                       [--preset ci] [--repeats 6] [--repeats-per-block 1]
                                       [--threshold 0.05] [--protocols P,..]
-                                      [--policies P,..] [--out DIR] [--no-verify]
+                                      [--policies P,..] [--requests N] [--bystanders N]
+                                      [--out DIR] [--no-verify]
 
 The first commit between GOOD and BAD that made a timing metric worse.
 
@@ -22,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, UsageError, add_size_options, run_verb, size_of
 
 PROG = "bench bisect"
 
@@ -46,6 +47,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="ab's: worse only when the whole 95%% interval lies above 1 + T")
     p.add_argument("--protocols", help="passed to every run (comma list)")
     p.add_argument("--policies", help="passed to every run (comma list)")
+    add_size_options(p.add_argument)
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="results folder (default results/bisect_<GOOD>_<BAD>_<UTC time>)")
     p.add_argument("--no-verify", action="store_true",
@@ -69,7 +71,7 @@ def _main(argv: list[str]) -> int:
     args = _parse(argv)
     base = make_plan(args.good, args.good, args.preset, args.repeats, 0,
                      args.repeats_per_block, args.threshold, args.protocols, args.policies,
-                     [args.metric])  # checks GOOD and the settings the way ab does
+                     [args.metric], size=size_of(args))  # checks GOOD and the settings as ab
     bad = resolve(args.bad, REPO_DIR)
     commits = commits_between(base.a, bad, REPO_DIR)
     if not commits:

@@ -67,3 +67,18 @@ def add_cache_options(add: Callable, protocol_note: str) -> None:
         f"{protocol_note}; docs/sglang.md)")
     add("--sglang", metavar="SPEC", help="with --cache sglang: a release (0.5.23; fetched "
         "once into ~/.cache/hicache-bench/sglang), a wheel file or a source tree")
+
+
+def add_size_options(add: Callable) -> None:
+    """`--requests` and `--bystanders` of an A/B's runs (ab, bisect): passed to every run of
+    both sides alike, to size each serve (the preset's figures when absent)."""
+    add("--requests", type=int, metavar="N", help="passed to every run: prefetching requests "
+        "per serve (default: the preset's)")
+    add("--bystanders", type=int, metavar="N", help="passed to every run: bystanders per "
+        "serve (default: the preset's)")
+
+
+def size_of(args: argparse.Namespace) -> dict[str, int]:
+    """The size options given: {"requests": N, "bystanders": M}, either absent."""
+    return {k: getattr(args, k) for k in ("requests", "bystanders")
+            if getattr(args, k) is not None}

@@ -59,10 +59,15 @@ def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
     return summary, read_settings(baseline_dir)
 
 
-def _positive_int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ResultFileError(f"{where}: must be an integer >= 1, got {value!r}")
+def _positive_int(value: object, where: str, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ResultFileError(f"{where}: must be an integer >= {least}, got {value!r}")
     return value
+
+
+# gate.json `ab` keys that size each side's serve: passed to both sides' `bench run` as
+# --requests N and --bystanders N (the preset's figures when absent); bystanders may be 0.
+AB_SIZE_KEYS = {"requests": 1, "bystanders": 0}
 
 
 def check_ab(ab: object, where: str) -> dict:
@@ -80,6 +85,9 @@ def check_ab(ab: object, where: str) -> dict:
                               f"{ab['schedule']!r}")
     for key in ("blocks", "repeats_per_block"):
         _positive_int(ab.get(key, 1), f"{where} (ab.{key})")
+    for key, least in AB_SIZE_KEYS.items():
+        if key in ab:
+            _positive_int(ab[key], f"{where} (ab.{key})", least)
     return ab
 
 
