@@ -26,11 +26,18 @@ $(DEV_STAMP): $(STAMP)
 	bash scripts/setup_env.sh --dev $(VENV)
 	touch $(DEV_STAMP)
 
+# make test and test-fast: the tests that time what they check (marker timed) run alone,
+# after the others have run on $(WORKERS) pytest-xdist workers (serially without xdist).
+WORKERS ?= 2
+XDIST = $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n $(WORKERS) --dist loadfile")
+
 test: dev  ## all tests, slow ones included
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) -m "not timed"
+	$(PY) -m pytest -q -m timed
 
 test-fast: dev  ## skip the slow end-to-end and 4-rank tests
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not timed"
+	$(PY) -m pytest -q -m "not slow and timed"
 
 test-stats: dev  ## checks that hold at 95 %, so fail by chance now and then: not in make test
 	$(PY) -m pytest -q -m statistical

@@ -17,7 +17,8 @@
 # 3. No torch: a plain venv, the pinned CPU build torch==2.13.0 first (an unpinned torch
 #    would resolve to a multi-GB CUDA build), then `pip install -e .`.
 # --dev (make test, make lint, make gate) adds the dev-only tools pytest, pytest-benchmark,
-# pytest-timeout and ruff, installing only those missing (the network is needed only then).
+# pytest-timeout and ruff, installing only those missing (the network is needed only then),
+# and pytest-xdist where it can (make test runs serially without it).
 # `make setup` / `make bench` never install them.
 set -euo pipefail
 DEV=0
@@ -84,6 +85,11 @@ install_dev() {
     ensure_pip
     "$VENV/bin/python" "${PIP[@]}" "${missing[@]}"
   fi
+  # make test's two workers (docs/testing.md); without it the tests run one at a time
+  "$VENV/bin/python" -c "import xdist" >/dev/null 2>&1 && return 0
+  if "$VENV/bin/python" "${PIP[@]}" pytest-xdist >/dev/null 2>&1; then return 0; fi
+  echo "setup: pytest-xdist is not installed and cannot be installed here: make test runs" \
+    "every test in one process (slower, the same tests)"
 }
 
 if [[ ! -x "$VENV/bin/python" ]]; then

@@ -39,8 +39,28 @@ if START == "forkserver":
 # bench microbench) selects it as written.
 OPT_IN = ("microbench", "sglang_matrix", "statistical")
 
+# The files whose tests time what they check (marker `timed`): `make test` runs them alone,
+# after the others have run on two workers, so no other test's ranks share the cores with them.
+TIMED = {
+    "test_gate_real": "real A/Bs judge step time and TTFT",
+    "test_fidelity": "a pinned headline against a free run of its seed, on the wall clock",
+    "test_step_pairing": "a planted spin must show in its side's host time",
+    "test_duet": "both lanes must serve at the same time",
+    "test_machine": "a run beside planted CPU burners must see them, and only them",
+    "test_neighbour": "the planted neighbour's CPU share is measured",
+    "test_race": "the side-car race must fire within its window",
+    "test_faults": "a fault is named within a bound on the wall clock",
+    "test_divergence": "a mispaired collective fails at its timeout, named in time",
+    "test_hazards": "a deadlock is named within two collective timeouts",
+    "test_sglang_hazards": "a deadlock is named within SGLang's collective timeout",
+}
 
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: the marker must be there
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in TIMED:
+            item.add_marker(pytest.mark.timed)
     expr = config.getoption("markexpr") or ""
     left_out = [m for m in OPT_IN if m not in expr]
     keep, drop = [], []

@@ -1,7 +1,9 @@
 """The test tiers select what docs/testing.md says: `pytest -m "not slow"` (make test-fast)
 leaves out the opt-in markers as `make test` does, although pytest keeps only the last -m
-(tests/conftest.py, OPT_IN); naming a marker (make test-stats, make sglang-check) selects it."""
+(tests/conftest.py, OPT_IN); naming a marker (make test-stats, make sglang-check) selects it;
+the files that time what they check carry `timed` (TIMED), which make test runs alone."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,22 +12,32 @@ from tests import conftest
 
 
 class Item:
-    def __init__(self, name: str, *markers: str):
-        self.name, self.markers = name, markers
+    def __init__(self, name: str, *markers: str, stem: str = "test_plain"):
+        self.name, self.markers, self.path = name, list(markers), Path(f"tests/{stem}.py")
 
     def get_closest_marker(self, name: str):
         return name if name in self.markers else None
+
+    def add_marker(self, mark) -> None:
+        self.markers.append(mark.name)
 
 
 ITEMS = [Item("plain"), Item("slow", "slow"), Item("rig", "sglang_matrix", "dist"),
          Item("chance", "statistical"), Item("timed", "microbench")]
 
 
-def selected(markexpr: str) -> tuple[list[str], list[str]]:
+def test_the_timed_files_are_marked():
+    items = [Item("ab", stem="test_gate_real"), Item("plain")]
+    selected("not timed", items)
+    assert items[0].markers == ["timed"] and items[1].markers == []
+    assert all((conftest.REPO / "tests" / f"{stem}.py").exists() for stem in conftest.TIMED)
+
+
+def selected(markexpr: str, items: list | None = None) -> tuple[list[str], list[str]]:
     dropped = []
     config = SimpleNamespace(getoption=lambda name: markexpr, hook=SimpleNamespace(
         pytest_deselected=lambda items: dropped.extend(i.name for i in items)))
-    items = list(ITEMS)
+    items = list(ITEMS) if items is None else items
     conftest.pytest_collection_modifyitems(config, items)
     return [i.name for i in items], dropped
 
