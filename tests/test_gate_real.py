@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from bench.ab import size_args
 from bench.gate.timing import AB_METRICS
 from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 
@@ -19,7 +20,7 @@ from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_p
 # [1.29, 2.55] just clear of the 25 % threshold, so the poll sleeps 4 ms: as many ms of sleep
 # in a serve as 2 ms on the 24 + 24, the step about 2.5x as long).
 SIZE = {"requests": 12, "bystanders": 12}
-SIZE_ARGS = [x for key, n in SIZE.items() for x in (f"--{key}", str(n))]
+SIZE_ARGS = size_args(SIZE)
 RUN = ["--preset", "ci", "--protocols", "before,after", "--policies", "wait_complete",
        *SIZE_ARGS]
 AB = {"protocols": "after", "policies": "wait_complete", "blocks": 3, "repeats_per_block": 1,

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.ab import RUN_SIZES, procs, size_args
 from bench.ab import order as order_effect
-from bench.ab import procs
 from bench.ab.revisions import Revision, checked_out
 from bench.analysis import verdict
 from bench.analysis.plots import NO_PLOTS
@@ -105,13 +105,13 @@ def make_plan(rev_a: str, rev_b: str, preset: str = DEFAULT_PRESET,
     if not (math.isfinite(threshold) and threshold >= 0):
         raise ValueError(f"--threshold must be a finite number >= 0, got {threshold}")
     size = size or {}
-    for key, least in (("requests", 1), ("bystanders", 0)):
+    for key, least in RUN_SIZES.items():
         if key in size and size[key] < least:
             raise ValueError(f"--{key} must be >= {least}, got {size[key]}")
     a, b = resolve(rev_a, REPO_DIR), resolve(rev_b, REPO_DIR)
     run_args = [x for flag, v in (("--protocols", protocols), ("--policies", policies))
                 if v for x in (flag, v)]
-    run_args += [x for key, n in size.items() for x in (f"--{key}", str(n))]
+    run_args += size_args(size)
     out = out or RunDir.new("ab", a.short, "vs", b.short).path
     return AbPlan(a, b, preset, blocks, seed, per_block, threshold, tuple(run_args),
                   tuple(metrics) if metrics else None, out)

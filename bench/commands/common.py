@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from bench.ab import RUN_SIZES
 from bench.rundir.files import ResultFileError
 
 
@@ -80,5 +81,4 @@ def add_size_options(add: Callable) -> None:
 
 def size_of(args: argparse.Namespace) -> dict[str, int]:
     """The size options given: {"requests": N, "bystanders": M}, either absent."""
-    return {k: getattr(args, k) for k in ("requests", "bystanders")
-            if getattr(args, k) is not None}
+    return {k: getattr(args, k) for k in RUN_SIZES if getattr(args, k) is not None}

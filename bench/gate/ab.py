@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bench.ab import RUN_SIZES, size_args
 from bench.ab.blocks import AbPlan, comparison, run_blocks, write_plan
 from bench.ab.revisions import WORKTREE, Revision, RevisionError, resolve
 from bench.compare.comparison import Comparison
 from bench.compare.report import write_outputs
-from bench.gate.baseline import AB_SIZE_KEYS
 from bench.rundir.files import ResultFileError
 
 DEFAULT_BLOCKS = 2  # gate.json's `ab` without `blocks`
@@ -36,7 +36,7 @@ def gate_plan(settings: dict, out: Path, seed: int = 0) -> AbPlan:
                             "--ab") from None
     run_args = [x for key in ("schedule", "protocols", "policies") if ab.get(key)
                 for x in (f"--{key}", ab[key])]
-    run_args += [x for key in AB_SIZE_KEYS if key in ab for x in (f"--{key}", str(ab[key]))]
+    run_args += size_args({key: ab[key] for key in RUN_SIZES if key in ab})
     return AbPlan(a, Revision(WORKTREE, None), ab["preset"], ab.get("blocks", DEFAULT_BLOCKS),
                   seed=seed, per_block=ab.get("repeats_per_block", 1),
                   run_args=tuple(run_args), out=out)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.ab import RUN_SIZES
 from bench.gate.checks import BASELINE_KEY
 from bench.run.plan import plan_differences
 from bench.rundir.files import (
@@ -65,10 +66,6 @@ def _positive_int(value: object, where: str, least: int = 1) -> int:
     return value
 
 
-# gate.json `ab` keys that size each side's serve: passed to both sides' `bench run` as
-# --requests N and --bystanders N (the preset's figures when absent); bystanders may be 0.
-AB_SIZE_KEYS = {"requests": 1, "bystanders": 0}
-
 
 def check_ab(ab: object, where: str) -> dict:
     """gate.json's `ab`: how `bench gate --ab` runs the baseline revision beside this tree."""
@@ -85,7 +82,7 @@ def check_ab(ab: object, where: str) -> dict:
                               f"{ab['schedule']!r}")
     for key in ("blocks", "repeats_per_block"):
         _positive_int(ab.get(key, 1), f"{where} (ab.{key})")
-    for key, least in AB_SIZE_KEYS.items():
+    for key, least in RUN_SIZES.items():  # ab.requests / ab.bystanders size both sides
         if key in ab:
             _positive_int(ab[key], f"{where} (ab.{key})", least)
     return ab
