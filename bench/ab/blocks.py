@@ -32,7 +32,7 @@ from bench.ab import RUN_SIZES, procs, size_args
 from bench.ab import order as order_effect
 from bench.ab.revisions import Revision, checked_out
 from bench.analysis import verdict
-from bench.analysis.plots import NO_PLOTS
+from bench.analysis.plot_switch import NO_PLOTS
 from bench.compare.comparison import Comparison, Run, compare, load_run
 from bench.run.options import REDO_ENV
 from bench.rundir.files import ResultFileError, write_json_atomic

@@ -7,7 +7,6 @@ written atomically.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,15 +25,6 @@ SITES = {"decision_collectives": "decision", "completion_collectives": "completi
 # in collectives for the request, lies inside lag and queue and is drawn beside them.
 PHASES = {"queue_ms": "queue", "prefetch_io_ms": "prefetch IO", "sched_lag_ms": "scheduler lag",
           "load_back_ms": "load-back", "prefill_ms": "prefill"}
-
-NO_PLOTS = "BENCH_NO_PLOTS"  # "1": draw no plots (bench ab's block runs; the test suite)
-
-
-def plots_wanted() -> bool:
-    """False when the environment says NO_PLOTS=1: a figure costs 1-3 s here, and a caller
-    that only reads the numbers (bench ab's block runs, the tests) says so."""
-    return os.environ.get(NO_PLOTS) != "1"
-
 
 def ordered(values: Sequence, reference: Sequence) -> list:
     """Distinct values in `reference` order, unknown ones after (sorted by text)."""

@@ -13,7 +13,7 @@ import pandas as pd
 from bench.analysis import lead
 from bench.analysis import trace_tiers as trace_report
 from bench.analysis.conditions import condition_lines
-from bench.analysis.plots import NO_PLOTS
+from bench.analysis.plot_switch import NO_PLOTS
 from bench.analysis.provenance import provenance_lines
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
 from bench.analysis.verdict import (

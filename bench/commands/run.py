@@ -331,8 +331,8 @@ def planted(plan: RunPlan):
 def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     """The end of every run, in this one process: summary, plots, verdict and report built
     once from the rows the ranks wrote, printed from the same objects."""
-    from bench.analysis.plots import plots_wanted
-    from bench.analysis.report import write_report  # matplotlib: imported once, at the end
+    from bench.analysis.plot_switch import plots_wanted
+    from bench.analysis.report import write_report  # matplotlib only where it draws
     from bench.analysis.summarize import format_table
 
     took = f"({time.monotonic() - t0:.0f}s, {run_dir})"

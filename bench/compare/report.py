@@ -10,7 +10,8 @@ from pathlib import Path
 from matplotlib.figure import Figure  # the OO API renders with Agg; no pyplot global state
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from bench.analysis.plots import NO_PLOTS, plots_wanted, save_figure
+from bench.analysis.plot_switch import NO_PLOTS, plots_wanted
+from bench.analysis.plots import save_figure
 from bench.compare.comparison import Comparison, Run
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import write_csv_atomic, write_text_atomic
