@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import PRELOAD, START
+from tests.tiers import OPT_IN, TIMED
 
 REPO = Path(__file__).resolve().parent.parent
 # Every `bench run` a test makes (in process or not) draws no plots unless the test's
@@ -31,29 +32,6 @@ os.environ.setdefault("BENCH_NO_PLOTS", "1")
 # (tests/helpers.py, START); it starts at the first launch, with the environment above.
 if START == "forkserver":
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-
-
-# Out of `make test` unless asked for by name: pyproject's addopts leaves them out with -m,
-# but pytest keeps only the last -m, so `pytest -m "not slow"` (make test-fast) would bring
-# them back. A -m expression that names one of them (make sglang-check, make test-stats,
-# bench microbench) selects it as written.
-OPT_IN = ("microbench", "sglang_matrix", "statistical")
-
-# The files whose tests time what they check (marker `timed`): `make test` runs them alone,
-# after the others have run on two workers, so no other test's ranks share the cores with them.
-TIMED = {
-    "test_gate_real": "real A/Bs judge step time and TTFT",
-    "test_fidelity": "a pinned headline against a free run of its seed, on the wall clock",
-    "test_step_pairing": "a planted spin must show in its side's host time",
-    "test_duet": "both lanes must serve at the same time",
-    "test_machine": "a run beside planted CPU burners must see them, and only them",
-    "test_neighbour": "the planted neighbour's CPU share is measured",
-    "test_race": "the side-car race must fire within its window",
-    "test_faults": "a fault is named within a bound on the wall clock",
-    "test_divergence": "a mispaired collective fails at its timeout, named in time",
-    "test_hazards": "a deadlock is named within two collective timeouts",
-    "test_sglang_hazards": "a deadlock is named within SGLang's collective timeout",
-}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects: the marker must be there

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests import conftest
+from tests import conftest, tiers
 
 
 class Item:
@@ -30,7 +30,7 @@ def test_the_timed_files_are_marked():
     items = [Item("ab", stem="test_gate_real"), Item("plain")]
     selected("not timed", items)
     assert items[0].markers == ["timed"] and items[1].markers == []
-    assert all((conftest.REPO / "tests" / f"{stem}.py").exists() for stem in conftest.TIMED)
+    assert all((conftest.REPO / "tests" / f"{stem}.py").exists() for stem in tiers.TIMED)
 
 
 def selected(markexpr: str, items: list | None = None) -> tuple[list[str], list[str]]:
