@@ -24,10 +24,17 @@ JUDGED_COUNTS = ["decision_collectives_per_req", "critical_collectives_per_req",
 
 
 @pytest.fixture(scope="module")
-def runs(bench_run):
-    """Two real runs of the same code: A and B (built once per session, conftest.py; no
-    plots: compare draws its own)."""
-    return bench_run("compare_a", *RUN), bench_run("compare_b", *RUN)
+def run_a(bench_run):
+    """A real run (built once per session, conftest.py; no plots: compare draws its own),
+    compared with itself and with doctored copies of it."""
+    return bench_run("compare_a", *RUN)
+
+
+@pytest.fixture(scope="module")
+def runs(run_a, bench_run):
+    """Two real runs of the same code, A and B: B is a second real run, so the tests that
+    read it are slow."""
+    return run_a, bench_run("compare_b", *RUN)
 
 
 def doctor(src: Path, dst: Path, requests=None, steps=None, env=None) -> Path:
@@ -57,6 +64,7 @@ def verdicts(csv, metric, protocol=None):
     return set(rows.verdict)
 
 
+@pytest.mark.slow  # a second real run of the same code (about 15 s)
 def test_real_runs_compare_counts_exactly(runs, capsys):
     code, out, err, csv = compare(capsys, *runs)
     assert code in (0, 1) and not err  # two runs of one commit: timings may drift
@@ -71,9 +79,9 @@ def test_real_runs_compare_counts_exactly(runs, capsys):
     assert json.loads((runs[0] / "env.json").read_text())["schema_version"] == SCHEMA_VERSION
 
 
-def test_identical_runs_are_all_same(runs, capsys, tmp_path, monkeypatch):
+def test_identical_runs_are_all_same(run_a, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_NO_PLOTS", "0")  # this test reads the plot (conftest.py)
-    code, out, _, csv = compare(capsys, runs[0], runs[0], out=tmp_path / "out")
+    code, out, _, csv = compare(capsys, run_a, run_a, out=tmp_path / "out")
     assert code == 0
     assert out[-1] == "compare: 0 better, 0 worse, 26 same"
     assert set(csv.verdict) == {"same", "info"}
@@ -84,13 +92,14 @@ def test_identical_runs_are_all_same(runs, capsys, tmp_path, monkeypatch):
     assert "![timing ratios B/A](compare_ratios.png)" in md
 
 
-def test_no_plots_draws_none_and_says_so(runs, capsys, tmp_path, monkeypatch):
+def test_no_plots_draws_none_and_says_so(run_a, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_NO_PLOTS", "1")
-    assert compare(capsys, runs[0], runs[0], out=tmp_path / "out")[0] == 0
+    assert compare(capsys, run_a, run_a, out=tmp_path / "out")[0] == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["compare.csv", "compare.md"]
     assert "Not drawn: BENCH_NO_PLOTS=1." in (tmp_path / "out" / "compare.md").read_text()
 
 
+@pytest.mark.slow  # the same second real run (B)
 def test_timings_are_paired_by_repeat_and_drift_is_named(runs, capsys, tmp_path):
     code, out, _, csv = compare(capsys, *runs, out=tmp_path / "out")
     assert any(line.startswith("note: the two runs were made at different times: drift")
@@ -99,11 +108,11 @@ def test_timings_are_paired_by_repeat_and_drift_is_named(runs, capsys, tmp_path)
     assert (timing.repeats == 3).all() and timing.ratio_mdd.notna().all()
 
 
-def test_too_few_repeats_are_not_comparable(runs, capsys, tmp_path):
+def test_too_few_repeats_are_not_comparable(run_a, capsys, tmp_path):
     def two(frame):
         return frame[frame.repeat < 2]
-    a = doctor(runs[0], tmp_path / "a", requests=two, steps=two)
-    b = doctor(runs[1], tmp_path / "b", requests=two, steps=two)
+    a = doctor(run_a, tmp_path / "a", requests=two, steps=two)
+    b = doctor(run_a, tmp_path / "b", requests=two, steps=two)
     code, out, _, csv = compare(capsys, a, b, out=tmp_path / "out")
     timing = csv[csv.kind == "timing"]
     assert set(timing.verdict) == {"not comparable"} and timing.ratio_ci_low.isna().all()
@@ -116,9 +125,9 @@ def add_decision(frame):
     return frame
 
 
-def test_extra_decision_collective_is_worse(runs, capsys, tmp_path):
-    b = doctor(runs[0], tmp_path / "b", requests=add_decision)
-    code, out, _, csv = compare(capsys, runs[0], b)
+def test_extra_decision_collective_is_worse(run_a, capsys, tmp_path):
+    b = doctor(run_a, tmp_path / "b", requests=add_decision)
+    code, out, _, csv = compare(capsys, run_a, b)
     assert code == 1
     assert verdicts(csv, "decision_collectives_per_req") == {"worse"}
     assert verdicts(csv, "critical_collectives_per_req") == {"worse"}
@@ -126,23 +135,23 @@ def test_extra_decision_collective_is_worse(runs, capsys, tmp_path):
     assert out[-1] == "compare: 0 better, 4 worse, 22 same"  # 2 configurations x 2 counts
 
 
-def test_fewer_collectives_are_better_whatever_the_threshold(runs, capsys, tmp_path):
+def test_fewer_collectives_are_better_whatever_the_threshold(run_a, capsys, tmp_path):
     def drop_acks(frame):
         frame["ack_collectives"] -= 1
         return frame
-    b = doctor(runs[0], tmp_path / "b", requests=drop_acks)
-    code, out, _, csv = compare(capsys, runs[0], b, "--threshold", "10")
+    b = doctor(run_a, tmp_path / "b", requests=drop_acks)
+    code, out, _, csv = compare(capsys, run_a, b, "--threshold", "10")
     assert code == 0
     assert verdicts(csv, "background_collectives_per_req") == {"better"}
 
 
-def test_more_polls_at_the_same_cost_per_poll_are_same(runs, capsys, tmp_path):
+def test_more_polls_at_the_same_cost_per_poll_are_same(run_a, capsys, tmp_path):
     def one_more_poll(frame):  # pr27010 at TP2: one decision all-reduce per poll
         frame["polls"] += 1
         frame.loc[frame.protocol == "pr27010", "decision_collectives"] += 1
         return frame
-    b = doctor(runs[0], tmp_path / "b", requests=one_more_poll)
-    code, out, _, csv = compare(capsys, runs[0], b)
+    b = doctor(run_a, tmp_path / "b", requests=one_more_poll)
+    code, out, _, csv = compare(capsys, run_a, b)
     assert code == 0
     rows = csv[csv.metric == "decision_collectives_per_req"].set_index("protocol")
     assert rows.loc["pr27010", "b_minus_a"] == 1.0 and rows.loc["pr27010", "verdict"] == "same"
@@ -150,7 +159,7 @@ def test_more_polls_at_the_same_cost_per_poll_are_same(runs, capsys, tmp_path):
     assert rows.loc["pr36425", "verdict"] == "same"
     # ... but one more decision collective than polls is a change per poll: worse.
     b2 = doctor(b, tmp_path / "b2", requests=add_decision)
-    assert compare(capsys, runs[0], b2)[0] == 1
+    assert compare(capsys, run_a, b2)[0] == 1
 
 
 def scale_ttft(factor):
@@ -160,9 +169,9 @@ def scale_ttft(factor):
     return edit
 
 
-def test_doubled_ttft_is_worse_with_ci_excluding_1(runs, capsys, tmp_path):
-    b = doctor(runs[0], tmp_path / "b", requests=scale_ttft(2.0))
-    code, out, _, csv = compare(capsys, runs[0], b)
+def test_doubled_ttft_is_worse_with_ci_excluding_1(run_a, capsys, tmp_path):
+    b = doctor(run_a, tmp_path / "b", requests=scale_ttft(2.0))
+    code, out, _, csv = compare(capsys, run_a, b)
     assert code == 1
     ttft = csv[csv.metric.str.startswith("ttft_")]
     assert set(ttft.verdict) == {"worse"} and (ttft.ratio_ci_low > 1.05).all()
@@ -171,9 +180,9 @@ def test_doubled_ttft_is_worse_with_ci_excluding_1(runs, capsys, tmp_path):
     assert out[-1] == "compare: 0 better, 8 worse, 18 same"
 
 
-def test_halved_ttft_is_better(runs, capsys, tmp_path):
-    b = doctor(runs[0], tmp_path / "b", requests=scale_ttft(0.5))
-    code, _, _, csv = compare(capsys, runs[0], b)
+def test_halved_ttft_is_better(run_a, capsys, tmp_path):
+    b = doctor(run_a, tmp_path / "b", requests=scale_ttft(0.5))
+    code, _, _, csv = compare(capsys, run_a, b)
     assert code == 0
     assert verdicts(csv, "ttft_p50_ms") == {"better"}
 
@@ -206,19 +215,19 @@ def set_env(**changes):
     (lambda env: {k: v for k, v in env.items() if k != "schema_version"},
      f"schema versions differ (A {SCHEMA_VERSION}, B 2)"),
 ])
-def test_mismatched_runs_exit_2(runs, capsys, tmp_path, env, message):
-    b = doctor(runs[0], tmp_path / "b", env=env)
-    code, out, err, csv = compare(capsys, runs[0], b)
+def test_mismatched_runs_exit_2(run_a, capsys, tmp_path, env, message):
+    b = doctor(run_a, tmp_path / "b", env=env)
+    code, out, err, csv = compare(capsys, run_a, b)
     assert code == 2 and not out and csv is None
     assert err.count("\n") == 1 and err.startswith("bench compare: refused: ")
     assert message in err
 
 
-def test_row_on_one_side_is_listed(runs, capsys, tmp_path):
+def test_row_on_one_side_is_listed(run_a, capsys, tmp_path):
     def drop_after(frame):
         return frame[frame.protocol != "pr36425"]
-    b = doctor(runs[0], tmp_path / "b", requests=drop_after, steps=drop_after)
-    code, out, _, csv = compare(capsys, runs[0], b, out=tmp_path / "out")
+    b = doctor(run_a, tmp_path / "b", requests=drop_after, steps=drop_after)
+    code, out, _, csv = compare(capsys, run_a, b, out=tmp_path / "out")
     assert code == 0
     assert any(line.startswith("only in A: pr36425/wait_complete") for line in out)
     assert "- only in A: pr36425/wait_complete" in (tmp_path / "out" / "compare.md").read_text()
@@ -226,9 +235,9 @@ def test_row_on_one_side_is_listed(runs, capsys, tmp_path):
     assert out[-1] == "compare: 0 better, 0 worse, 13 same"
 
 
-def test_env_differences_warned_at_the_top(runs, capsys, tmp_path):
-    b = doctor(runs[0], tmp_path / "b", env=set_env(host="elsewhere", cpu_count=64))
-    code, out, _, _ = compare(capsys, runs[0], b)
+def test_env_differences_warned_at_the_top(run_a, capsys, tmp_path):
+    b = doctor(run_a, tmp_path / "b", env=set_env(host="elsewhere", cpu_count=64))
+    code, out, _, _ = compare(capsys, run_a, b)
     assert code == 0
     assert out[0].startswith("warning: timings may not be comparable: host ")
     assert "-> elsewhere" in out[0] and "CPU count" in out[0]
@@ -250,11 +259,11 @@ def serving_columns(step_factor=1.0):
     return requests, steps
 
 
-def test_serving_columns_are_compared_when_present(runs, capsys, tmp_path):
+def test_serving_columns_are_compared_when_present(run_a, capsys, tmp_path):
     ra, sa = serving_columns()
     rb, sb = serving_columns(step_factor=1.5)
-    a = doctor(runs[0], tmp_path / "a", requests=ra, steps=sa)
-    b = doctor(runs[0], tmp_path / "b", requests=rb, steps=sb)
+    a = doctor(run_a, tmp_path / "a", requests=ra, steps=sa)
+    b = doctor(run_a, tmp_path / "b", requests=rb, steps=sb)
     code, out, _, csv = compare(capsys, a, b)
     assert code == 1
     assert verdicts(csv, "decode_step_p50_ms") == {"worse"}
@@ -265,15 +274,15 @@ def test_serving_columns_are_compared_when_present(runs, capsys, tmp_path):
     assert itl.n_a == (len(pd.read_csv(a / "requests.csv")) // 2 - 1) * 6  # gaps, one config
 
 
-def test_metric_on_one_side_only_is_not_comparable(runs, capsys, tmp_path):
+def test_metric_on_one_side_only_is_not_comparable(run_a, capsys, tmp_path):
     """A from before the serving regime (no classes, ITL or step times) against B."""
     def old_requests(frame):
         return frame.drop(columns=["itl_ms", "request_class"])
 
     def old_steps(frame):
         return frame.drop(columns=["step_ms", "kind"])
-    a = doctor(runs[0], tmp_path / "a", requests=old_requests, steps=old_steps)
-    code, out, _, csv = compare(capsys, a, runs[0])
+    a = doctor(run_a, tmp_path / "a", requests=old_requests, steps=old_steps)
+    code, out, _, csv = compare(capsys, a, run_a)
     assert code == 0
     for metric in ("itl_p50_ms", "decode_step_p99_ms"):
         assert verdicts(csv, metric) == {"not comparable"}, metric
@@ -282,10 +291,10 @@ def test_metric_on_one_side_only_is_not_comparable(runs, capsys, tmp_path):
     assert "only B carries ('itl_ms',)" in set(csv.note.dropna())
 
 
-def test_metric_selection(runs, capsys, tmp_path):
-    code, out, _, csv = compare(capsys, runs[0], runs[0], "--metric", "ttft_p99_ms")
+def test_metric_selection(run_a, capsys, tmp_path):
+    code, out, _, csv = compare(capsys, run_a, run_a, "--metric", "ttft_p99_ms")
     assert code == 0 and set(csv[csv.kind == "timing"].metric) == {"ttft_p99_ms"}
-    code, _, err, _ = compare(capsys, runs[0], runs[0], "--metric", "ttft_p42_ms",
+    code, _, err, _ = compare(capsys, run_a, run_a, "--metric", "ttft_p42_ms",
                               out=tmp_path / "x")
     assert code == 2 and "unknown --metric ttft_p42_ms" in err
 
@@ -317,10 +326,10 @@ def break_itl(run):
     (break_numbers, "non-numeric values in column decision_collectives"),
     (break_itl, "bad itl_ms cell"),
 ])
-def test_bad_input_exits_2_with_one_line(runs, capsys, tmp_path, damage, message):
-    b = doctor(runs[0], tmp_path / "b")
+def test_bad_input_exits_2_with_one_line(run_a, capsys, tmp_path, damage, message):
+    b = doctor(run_a, tmp_path / "b")
     damage(b)
-    code, out, err, _ = compare(capsys, runs[0], b, out=tmp_path / "out")
+    code, out, err, _ = compare(capsys, run_a, b, out=tmp_path / "out")
     assert code == 2 and not out
     assert err.count("\n") == 1 and err.startswith("bench compare: ") and message in err
 
@@ -449,7 +458,7 @@ def test_one_collective_more_per_poll_path_is_not_same():
     assert "per poll, 1 -> 1" in got["decision_collectives_per_req"][1]  # 4 digits hide it
 
 
-def test_mixed_worse_and_better_run_exits_1(runs, capsys, tmp_path):
+def test_mixed_worse_and_better_run_exits_1(run_a, capsys, tmp_path):
     """One collective more in one request of one configuration, one ack fewer in every
     request: background better everywhere, decision and critical worse in one
     configuration, and the run is worse (exit 1)."""
@@ -457,8 +466,8 @@ def test_mixed_worse_and_better_run_exits_1(runs, capsys, tmp_path):
         frame.loc[frame.index[0], "decision_collectives"] += 1
         frame["ack_collectives"] -= 1
         return frame
-    b = doctor(runs[0], tmp_path / "b", requests=mixed)
-    code, out, _, csv = compare(capsys, runs[0], b)
+    b = doctor(run_a, tmp_path / "b", requests=mixed)
+    code, out, _, csv = compare(capsys, run_a, b)
     assert code == 1
     assert out[-1] == "compare: 2 better, 2 worse, 22 same"
     decision = csv[csv.metric == "decision_collectives_per_req"]

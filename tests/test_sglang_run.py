@@ -23,12 +23,12 @@ from hicache.cost_model import expected_per_request, per_step
 from sglang_adapter.source import DEFAULT_CACHE
 
 REPO = Path(__file__).resolve().parent.parent
-# A small pinned serve with every policy; slow reads (120 ms a batch) and a short timeout
+# A small pinned serve with every policy; slow reads (60 ms a batch) and a short timeout
 # budget, so timeout polls reach SGLang's decision MAX and some prefetches end at a poll
 # (timed out), others at their final ack.
 RUN = ["--preset", "ci", "--requests", "6", "--bystanders", "2",
        "--output-tokens", "4", "--repeats", "1", "--seed", "3", "--schedule", "pinned",
-       "--timeout-base", "0.004", "--storage-latency-ms", "120"]
+       "--timeout-base", "0.004", "--storage-latency-ms", "60"]
 PER_REQUEST = ["polls", "decision_collectives", "completion_collectives",
                "hit_query_collectives", "ack_collectives", "pp_hops", "terminated_by",
                "prefetched_tokens", "hit_tokens"]
