@@ -6,6 +6,7 @@ while every exact count check holds; `bench bisect` calls the harmless commit "s
 ab of base and harmless commit) and names the slow one. The gate's pass path on ab is run for
 real by `make gate` in CI, and judged on made-up A/Bs in tests/test_ab.py."""
 
+import csv
 import json
 
 import pytest
@@ -35,6 +36,15 @@ AB = {"protocols": "after", "policies": "wait_complete", "blocks": 3, "repeats_p
 # measure.
 THRESHOLD = 0.25
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def verdict(ab_csv, metric: str) -> str:
+    """pr36425's verdict on `metric` in an A/B's ab.csv."""
+    with open(ab_csv, newline="") as f:
+        rows = [r for r in csv.DictReader(f)
+                if r["metric"] == metric and r["protocol"] == "pr36425"]
+    assert len(rows) == 1, rows
+    return rows[0]["verdict"]
 
 
 def ok(done, code=0):
@@ -69,11 +79,12 @@ def test_gate_ab_fails_the_slow_poll_on_step_time_only(history):
     lines = out.splitlines()
     failing = [line for line in lines if line.startswith(tuple(f"{m}_ab" for m in AB_METRICS))]
     assert failing and all("pr36425" in line for line in failing), out
-    # Step time fails, or fails the first A/B and meets a second A/B that a burst of load on
-    # this machine widened past 1 (3 pairs): the gate still fails on another metric above.
-    step = [line for line in lines if line.startswith("step_mean_ab") or (
-        line.startswith("note: step_mean_ab") and "failed the first A/B only" in line)]
-    assert step and all("pr36425" in line for line in step), out
+    # Step time is judged worse by one of the two A/Bs: 3 pairs beside a burst of load on
+    # this machine can widen either past the threshold (one disturbed block of A read 15 ms
+    # of a 9 ms step: [0.88, 4.26], its confirmation [2.45, 4.52]), and the gate confirms
+    # only what the first failed; it still fails the tree on another metric above.
+    step = [verdict(run / part / "ab.csv", "step_mean_ms") for part in ("ab", "ab_confirm")]
+    assert "worse" in step, (step, out)
     # No collective was added: the exact count checks hold (only failures are listed).
     assert not any(line.startswith(("decision_exact", "background_exact",
                                     "per_poll_vs_baseline")) for line in lines)
