@@ -120,25 +120,54 @@ def populate(system: System, rank: int, prefixes: list[list[int]], holes=()) -> 
                 system.storage.put([h], pool, pools.get(pool, cfg.kv_page_elems))
 
 
-def _fr_counts(groups) -> dict[str, int]:
-    """Flight-recorder entries so far per system group (the default group is excluded)."""
+def _fr_entries() -> list[dict]:
+    """The flight recorder's entries so far, oldest first (no stack traces: they are most of
+    the cost of a dump)."""
     import pickle
 
-    entries = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())["entries"]
-    by_pg_name: dict[str, int] = {}
+    trace = torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False)
+    return sorted(pickle.loads(trace)["entries"], key=lambda e: e["record_id"])
+
+
+def _fr_per_case(groups, first_id: int, n_cases: int) -> list[dict[str, int]]:
+    """Flight-recorder entries per system group for each of `n_cases` configurations run
+    since record `first_id`, from one dump: each configuration ends with one barrier on the
+    default group (the harness's group, not counted), which closes its share of the entries."""
+    import torch.distributed as dist
+
+    entries = [e for e in _fr_entries() if e["record_id"] >= first_id]
+    if not entries or entries[0]["record_id"] != first_id:
+        raise RuntimeError(f"the flight recorder's ring ({FR_BUFFER} entries) overflowed: "
+                           "raise FR_BUFFER or run fewer configurations in one launch")
+    names: dict[str, list[str]] = {}  # torch's group name -> the system's names for it
+    for name, pg in groups.pg.items():
+        if pg is not None:
+            names.setdefault(pg.group_name, []).append(name)
+    default = dist.distributed_c10d._get_default_group().group_name
+    fresh = {name: 0 for group in names.values() for name in group}
+    per_case = [dict(fresh)]
     for e in entries:
         pg_name = e["process_group"][0]
-        by_pg_name[pg_name] = by_pg_name.get(pg_name, 0) + 1
-    return {name: by_pg_name.get(pg.group_name, 0)
-            for name, pg in groups.pg.items() if pg is not None}
+        if pg_name == default:  # the harness's: not counted; its barrier ends a configuration
+            if e["profiling_name"].endswith(":barrier"):
+                per_case.append(dict(fresh))
+            continue
+        if pg_name not in names:
+            raise RuntimeError(f"a collective on group {pg_name}, not the system's or the "
+                               "harness's")
+        for name in names[pg_name]:
+            per_case[-1][name] += 1
+    if len(per_case) != n_cases + 1 or any(per_case[-1].values()):
+        raise RuntimeError(f"{len(per_case) - 1} harness barriers recorded for {n_cases} "
+                           "configurations")
+    return per_case[:-1]
 
 
-def _run_one(rank: int, groups, c: dict, flight_recorder: bool) -> dict:
+def _run_one(rank: int, groups, c: dict) -> dict:
     import torch.distributed as dist
 
     cfg = HiCacheConfig(storage=StorageSpec(**c["storage_kw"]), **c["cfg_kw"])
     layout = Layout(rank, cfg.tp, cfg.pp)
-    fr0 = _fr_counts(groups) if flight_recorder else {}
     system = System(cfg, layout, groups, torch.device("cpu"))
     if c.get("patch"):  # "module:function", called with (system, rank) before the serve
         import importlib
@@ -160,9 +189,6 @@ def _run_one(rank: int, groups, c: dict, flight_recorder: bool) -> dict:
            "host_slots_unaccounted": getattr(stats, "host_slots_unaccounted", None),
            "write_path": stats.write_path}
     system.close()
-    if flight_recorder:
-        fr1 = _fr_counts(groups)
-        out["fr"] = {g: fr1[g] - fr0.get(g, 0) for g in fr1}
     dist.barrier()  # the next configuration starts on quiet groups on every rank
     return out
 
@@ -179,7 +205,13 @@ def cases_worker(rank: int, world: int, cases: list[dict], flight_recorder: bool
     assert first.world_size == world
     groups = setup_distributed(Layout(rank, first.tp, first.pp), torch.device("cpu"),
                                first.collective_timeout_s)
-    return [_run_one(rank, groups, c, flight_recorder) for c in cases]
+    before = _fr_entries() if flight_recorder else []
+    first_id = before[-1]["record_id"] + 1 if before else 0
+    results = [_run_one(rank, groups, c) for c in cases]
+    if flight_recorder:  # one dump for the launch: a dump per configuration cost quadratic time
+        for out, fr in zip(results, _fr_per_case(groups, first_id, len(cases)), strict=True):
+            out["fr"] = fr
+    return results
 
 
 def run_cases(world: int, cases: list[dict], timeout_s: float = 90.0,
