@@ -263,9 +263,10 @@ def native_hash(source: Source, cache_dir: str) -> None:
     """Builds SGLang's own page-hash extension (`cpp_utils/hash_binding.cpp`, which names
     every storage page: `get_storage_hash_str`) with SGLang's own loader
     (`native_hash._load_native_hash_module`, its flags, torch's JIT build, cached in torch's
-    extension folder). A wheel is read as a zip, where the compiler cannot read the source:
-    the source is copied out to `cache_dir` first and the loader pointed at the copy for
-    that one call. LoadError (one line) when it cannot be built."""
+    extension folder). A wheel read as a zip (where it could not be unpacked,
+    sglang_adapter.source) holds a source the compiler cannot read: it is copied out to
+    `cache_dir` first and the loader pointed at the copy for that one call. LoadError (one
+    line) when it cannot be built."""
     import os
     import shutil
     import zipfile

@@ -3,9 +3,9 @@
 
 SPEC is one of
 - a release, `0.5.23`: its wheel, fetched once with `pip download --no-deps sglang==V` into
-  a cache folder (default ~/.cache/hicache-bench/sglang, or $HICACHE_BENCH_SGLANG_CACHE)
-  and read as a zip (zipimport);
-- a wheel file (`sglang-V-*.whl`), read the same way;
+  a cache folder (default ~/.cache/hicache-bench/sglang, or $HICACHE_BENCH_SGLANG_CACHE);
+  its Python files are unpacked once into that folder (`unpack`) and imported from there;
+- a wheel file (`sglang-V-*.whl`), unpacked the same way;
 - a source tree: a checkout's `python/sglang/` (or `python/`), or an unpacked wheel's
   `sglang/` (or the folder holding it). This is how a pull request's branch is measured.
 
@@ -15,10 +15,13 @@ before it exits 2.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +38,14 @@ class SourceError(ValueError):
 
 @dataclass(frozen=True)
 class Source:
-    """An importable SGLang: `root` is a sys.path entry (a wheel file or a folder) holding
-    the `sglang` package; `label` names it in results (`0.5.23`, `tree:<folder name>`)."""
+    """An importable SGLang: `root` is a sys.path entry (a folder, or a wheel file read as a
+    zip where it could not be unpacked) holding the `sglang` package; `label` names it in
+    results (`0.5.23`, `tree:<folder name>`)."""
 
     root: str
     label: str
     version: str | None  # the release, when known (a wheel's name); None for a tree
+    wheel: str | None = None  # the wheel file `root` was unpacked from
 
 
 def resolve(spec: str, cache_dir: Path | None = None) -> Source:
@@ -50,17 +55,64 @@ def resolve(spec: str, cache_dir: Path | None = None) -> Source:
         raise SourceError("--sglang needs a release (0.5.23), a wheel file or a source tree")
     if RELEASE.match(spec):
         wheel = cached_wheel(spec, cache_dir or DEFAULT_CACHE)
-        return Source(str(wheel), spec, spec)
+        return _wheel_source(wheel, spec, cache_dir or DEFAULT_CACHE)
     path = Path(spec).expanduser()
     if path.is_file():
         match = WHEEL.match(path.name)
         if not match:
             raise SourceError(f"--sglang {spec}: not an sglang wheel (sglang-V-*.whl)")
-        return Source(str(path.resolve()), match["version"], match["version"])
+        return _wheel_source(path.resolve(), match["version"], cache_dir or DEFAULT_CACHE)
     if path.is_dir():
         return _tree(path)
     raise SourceError(f"--sglang {spec}: no such release, wheel or source tree "
                       f"(a release looks like 0.5.23)")
+
+
+def _wheel_source(wheel: Path, version: str, cache_dir: Path) -> Source:
+    """The wheel unpacked in the cache folder; the wheel itself (read as a zip) where the
+    folder cannot be written."""
+    try:
+        root = unpacked(wheel, cache_dir)
+    except OSError:
+        root = wheel
+    except zipfile.BadZipFile:
+        raise SourceError(f"--sglang {wheel}: not a readable wheel (a zip)") from None
+    return Source(str(root), version, version, str(wheel))
+
+
+def unpack(wheel: Path, dest: Path) -> None:
+    """What a zip import serves of the wheel: the `sglang` package's Python files, and the
+    sources of its page-hash extension (cpp_utils, which SGLang's own loader compiles);
+    no extension modules (a zip never loads them either)."""
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(dest, [n for n in z.namelist() if n.startswith("sglang/") and (
+            n.endswith(".py") or "/mem_cache/cpp_utils/" in n)])
+
+
+def unpacked(wheel: Path, cache_dir: Path) -> Path:
+    """The wheel unpacked once (`unpack`) into cache_dir/unpacked/<wheel>-<its sha256>, so
+    imports keep their bytecode in __pycache__: a zip has none, and every rank compiled the
+    decision path's modules again, about 6 s of CPU. Ranks and runs racing to unpack the
+    same wheel each unpack to a folder of their own and rename it into place."""
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    name = f"{wheel.name.removesuffix('.whl')}-{digest.hexdigest()[:16]}"
+    folder = cache_dir / "unpacked" / name
+    if folder.is_dir():
+        return folder
+    part = folder.with_name(f"{folder.name}.part-{os.getpid()}")
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        unpack(wheel, part)
+        os.rename(part, folder)
+    except OSError:
+        if not folder.is_dir():  # not another process's folder, renamed first: a real failure
+            raise
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
+    return folder
 
 
 def _tree(path: Path) -> Source:

@@ -20,7 +20,7 @@ import pytest
 
 from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
 from sglang_adapter.poll import POLICIES, PollCase, poll_rank
-from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve
+from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve, unpack
 from tests.helpers import launch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,8 +41,51 @@ def _wheel(version: str) -> Path:
 def test_a_release_resolves_to_its_cached_wheel():
     wheel = _wheel("0.5.23")
     src = resolve("0.5.23", WHEELS)
-    assert src == Source(str(wheel), "0.5.23", "0.5.23")
+    assert src == Source(src.root, "0.5.23", "0.5.23", str(wheel))
     assert resolve(str(wheel)).label == "0.5.23"
+    # imported from its Python files, unpacked once beside the wheel (bytecode kept)
+    assert Path(src.root).parent == WHEELS / "unpacked" and resolve(str(wheel)).root == src.root
+    assert (Path(src.root) / "sglang/srt/mem_cache/hicache_storage.py").is_file()
+    assert not list(Path(src.root).rglob("*.so"))  # no extension modules: a zip loads none
+
+
+def _tiny_wheel(folder: Path, body: str) -> Path:
+    wheel = folder / "sglang-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("sglang/srt/mem_cache/x.py", body)
+        z.writestr("sglang/srt/mem_cache/cpp_utils/hash_binding.cpp", "// c++")
+        z.writestr("sglang/srt/kernel.so", b"\x7fELF")
+        z.writestr("sglang-9.9.9.dist-info/METADATA", "Name: sglang")
+    return wheel
+
+
+def test_a_wheel_is_unpacked_once_per_content(tmp_path):
+    cache = tmp_path / "cache"
+    src = resolve(str(_tiny_wheel(tmp_path, "A = 1\n")), cache)
+    root = Path(src.root)
+    assert src.version == "9.9.9" and src.wheel == str(tmp_path / "sglang-9.9.9-py3-none-any.whl")
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
+        "sglang/srt/mem_cache/cpp_utils/hash_binding.cpp", "sglang/srt/mem_cache/x.py"]
+    assert resolve(src.wheel, cache).root == src.root  # unpacked once
+    other = resolve(str(_tiny_wheel(tmp_path, "A = 2\n")), cache)  # same name, new content
+    assert other.root != src.root
+    assert (Path(other.root) / "sglang/srt/mem_cache/x.py").read_text() == "A = 2\n"
+    assert not list((cache / "unpacked").glob("*.part-*"))
+
+
+def test_a_wheel_is_read_as_a_zip_where_the_cache_cannot_be_written(tmp_path):
+    wheel = _tiny_wheel(tmp_path, "A = 1\n")
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")  # the cache folder cannot be made under a file
+    assert resolve(str(wheel), blocked).root == str(wheel)
+
+
+def test_a_wheel_that_is_no_zip_is_one_line(tmp_path):
+    wheel = tmp_path / "sglang-9.9.9-py3-none-any.whl"
+    wheel.write_text("no zip")
+    with pytest.raises(SourceError, match="not a readable wheel") as e:
+        resolve(str(wheel), tmp_path / "cache")
+    assert "\n" not in str(e.value)
 
 
 def test_a_source_tree_resolves_from_the_checkout_or_the_package(tmp_path):
@@ -170,11 +213,10 @@ PLANTED = ("            torch.distributed.all_reduce(torch.zeros(1), "
 
 
 def _planted_tree(wheel: Path, dest: Path) -> int:
-    """The wheel's Python files unpacked to `dest` with an all-reduce planted in
-    `_can_terminate_prefetch`'s wait_complete branch; returns the planted line."""
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(dest, [n for n in z.namelist() if n.startswith("sglang/")
-                            and n.endswith(".py")])
+    """The wheel's Python files unpacked to `dest` (as `resolve` unpacks it) with an
+    all-reduce planted in `_can_terminate_prefetch`'s wait_complete branch; returns the
+    planted line."""
+    unpack(wheel, dest)
     path = dest / "sglang" / "srt" / "mem_cache" / "unified_radix_cache.py"
     text = path.read_text()
     start = text.index("def _can_terminate_prefetch")

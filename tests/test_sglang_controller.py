@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 from bench.run import sglang_controller as check
 from bench.run.launch import launch
 from sglang_adapter.controller import controller_rank
-from sglang_adapter.source import DEFAULT_CACHE, resolve
+from sglang_adapter.source import DEFAULT_CACHE, resolve, unpack
 
 # make sglang-check: in make test SGLang 0.5.23's controller path runs inside `bench run
 # --cache sglang --sglang-controller` (tests/test_sglang_run.py), one TP2 launch for both.
@@ -156,12 +155,11 @@ PLANTED = ("        self._all_reduce(packed, torch.distributed.ReduceOp.MIN, "
 
 
 def _planted_tree(wheel: Path, dest: Path) -> int:
-    """0.5.23's Python files (and its page-hash source) unpacked to `dest`, with a second
-    MIN of the packed hit planted in HybridCacheController._sync_prefetch_hit_query (the
-    same values: it changes no result, only the count); returns the planted line."""
-    with zipfile.ZipFile(wheel) as z:
-        z.extractall(dest, [n for n in z.namelist() if n.startswith("sglang/")
-                            and (n.endswith(".py") or n.endswith("hash_binding.cpp"))])
+    """0.5.23's Python files (and its page-hash sources) unpacked to `dest` as `resolve`
+    unpacks a wheel, with a second MIN of the packed hit planted in
+    HybridCacheController._sync_prefetch_hit_query (the same values: it changes no result,
+    only the count); returns the planted line."""
+    unpack(wheel, dest)
     path = dest / "sglang/srt/mem_cache/hybrid_cache/hybrid_cache_controller.py"
     text = path.read_text()
     at = text.index(PLANT_BEFORE, text.index("def _sync_prefetch_hit_query"))
@@ -174,7 +172,7 @@ def test_a_planted_hit_query_min_shows_once_per_request_at_its_line(tmp_path):
     """SGLang's hit query is measured where SGLang issues it: a MIN planted in a copied
     tree's `_sync_prefetch_hit_query` is one more hit-query collective per request, on
     SGLang's own hit group, named at the planted line, and the model is off by exactly it."""
-    line = _planted_tree(Path(_wheel("0.5.23").root), tmp_path / "tree")
+    line = _planted_tree(Path(_wheel("0.5.23").wheel), tmp_path / "tree")
     served = launch(2, controller_rank, (resolve(str(tmp_path / "tree")), 2, CASES),
                     timeout_s=280)
     planted = ("managers/cache_controller.py:_all_reduce:447",
