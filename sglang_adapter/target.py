@@ -109,7 +109,13 @@ def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
     return ("needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
             else f"needs SGLang's page-hash extension, which does not build here "
             f"{target.native_error}"
-            if target.native_error else "runs at --pp 1 only" if pp != 1
+            if target.native_error else run_unfit(pp, system))
+
+
+def run_unfit(pp: int, system: dict) -> str | None:
+    """controller_unfit's reasons that are the run's, whatever the SGLang: known before
+    SGLang is imported or its page-hash extension built."""
+    return ("runs at --pp 1 only" if pp != 1
             else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
             else "serves host memory as a cache tier only" if
             system.get("host_memory", "cache") != "cache"
@@ -135,11 +141,18 @@ def pick_path(target: Target | None, path: str | None, pp: int, system: dict
 def choose_for_run(cache: str, spec: str | None, protocols_given: bool, pairing_given: bool,
                    path: str | None, pp: int, system: dict) -> Target | None:
     """`bench run`'s choose: the Target with `--sglang-path` applied (pick_path), SGLang's
-    page-hash extension built here first unless the path is `decisions`."""
-    target = choose(cache, spec, protocols_given, pairing_given, native=path != "decisions")
+    page-hash extension built here first where the controller path may serve the run. A
+    run the controller path cannot serve whatever the SGLang (run_unfit) is refused
+    `--sglang-path controller` before SGLang is imported."""
+    why = run_unfit(pp, system)
+    if path == "controller" and why is not None and cache == "sglang" and spec:
+        raise ChoiceError(f"--sglang-path controller {why}")
+    target = choose(cache, spec, protocols_given, pairing_given,
+                    native=path != "decisions" and why is None)
     return pick_path(target, path, pp, system)
 
 
 __all__ = ["CACHES", "SGLANG_PATHS", "ChoiceError", "LoadError", "SourceError", "Target",
            "choose", "choose_for_run", "controller_unfit", "pick_path", "resolve_target",
+           "run_unfit",
            "MODELLED"]

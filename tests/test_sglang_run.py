@@ -385,3 +385,21 @@ def test_the_controller_path_is_refused_where_it_cannot_serve(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "serves no side-car pool" in err, err
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--extra-pool"], "serves no side-car pool"), (["--pp", "2"], "runs at --pp 1 only"),
+    (["--host-memory", "buffer_only"], "serves host memory as a cache tier only"),
+    (["--write-policy", "write_through"], "serves no write path")])
+def test_a_run_the_controller_path_cannot_serve_is_refused_before_sglang_is_read(
+        flags, says, tmp_path, capsys):
+    """The run's own reasons need no SGLang: refused before SPEC is resolved (a SPEC that
+    names nothing would be its own error otherwise), so no import, no extension build."""
+    from bench.commands.run import main
+
+    argv = ["--cache", "sglang", "--sglang", str(tmp_path / "no-sglang-here"),
+            "--sglang-path", "controller", *flags, "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and f"--sglang-path controller {says}" in err, err
+    assert not (tmp_path / "out").exists()
