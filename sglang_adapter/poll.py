@@ -32,33 +32,17 @@ from __future__ import annotations
 import json
 import time
 import types
-from dataclasses import dataclass
 from queue import Queue
 
 import torch
 import torch.distributed as dist
 
+from sglang_adapter.cases import PAGE, POLICIES, STEP_S, PollCase  # noqa: F401 (re-exported)
 from sglang_adapter.door import Door
 from sglang_adapter.loader import HIRADIX, UNIFIED, Loaded, load
 from sglang_adapter.source import Source
 
 CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
-POLICIES = ("best_effort", "wait_complete", "timeout")
-STEP_S = 1.0  # the virtual clock's advance per poll (one scheduler step)
-PAGE = 64
-
-
-@dataclass(frozen=True)
-class PollCase:
-    policy: str
-    pending_polls: int  # polls that find it pending before it may end (not best_effort)
-    prompt_tokens: int = 16 * PAGE
-
-    def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy {self.policy!r}: one of {', '.join(POLICIES)}")
-        if self.pending_polls < 1:
-            raise ValueError("pending_polls must be >= 1")
 
 
 class VirtualTime:

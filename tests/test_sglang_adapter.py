@@ -256,6 +256,21 @@ def test_the_verb_checks_its_options_before_fetching_anything():
     assert "\n" not in done.stderr.strip()
 
 
+def test_bad_options_are_refused_before_torch_is_imported():
+    """A refusal costs no torch import (2.5 s of CPU here): the options, the hazard cells
+    and the controller's layout are checked first."""
+    bad = [["--tp", "0"], ["--policies", "eager"], ["--hazard", "walk-skew", "--tp", "4"],
+           ["--hazard", "walk-skew", "--collective-timeout", "0"],
+           ["--controller", "--pp", "2"]]
+    code = ("import sys\nfrom bench.commands.sglang_poll import main\n"
+            f"codes = [main(['--sglang', '9.9.9', *a]) for a in {bad!r}]\n"
+            "print(codes, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
+                          capture_output=True, timeout=60)
+    assert done.stdout.split() == ["[2,", "2,", "2,", "2,", "2]", "False"], done
+    assert len(done.stderr.strip().splitlines()) == len(bad), done.stderr
+
+
 def test_the_verb_refuses_an_sglang_it_cannot_drive_in_one_line(tmp_path):
     done = _verb("--sglang", str(_undrivable_tree(tmp_path / "renamed")))
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -52,7 +52,7 @@ COLUMNS = ("request", "policy", "polls", "sglang_per_poll", "model_per_poll",
 
 
 def _parse(argv: list[str]):
-    from sglang_adapter.poll import POLICIES
+    from sglang_adapter.cases import POLICIES
 
     parser = CliParser.from_doc(PROG, __doc__)
     parser.add_argument("--sglang", required=True, metavar="SPEC",
@@ -107,7 +107,7 @@ def _main(argv: list[str]) -> int:
 
 
 def _cases(args) -> list:
-    from bench.hazards.sglang import HazardCase
+    from bench.hazards.sglang_case import HazardCase
 
     if args.tp != 2 or args.pp != 1:
         raise UsageError("--hazard runs at TP2 x PP1 (its skew is between two TP ranks)")
@@ -128,12 +128,12 @@ def _out(args) -> Path:
 
 
 def _hazard_main(args) -> int:
-    from bench.hazards.classify import HARNESS
+    cases = _cases(args)  # checked before SPEC is resolved: no download for bad options
+    from bench.hazards.classify import HARNESS  # torch: only once the options held
     from bench.hazards.sglang import run_hazard
     from sglang_adapter.loader import load
     from sglang_adapter.source import resolve
 
-    cases = _cases(args)  # checked before SPEC is resolved: no download for bad options
     source = resolve(args.sglang)
     load(source)  # an SGLang it cannot drive: one line before any rank starts
     out = _out(args)
@@ -166,10 +166,10 @@ def main(argv: list[str]) -> int:
 
 
 def _controller_main(args) -> int:
-    from bench.run.sglang_controller import run_controller
-
     if args.hazard or args.tp != 2 or args.pp != 1:
         raise UsageError("--controller runs at TP2 x PP1, without --hazard")
+    from bench.run.sglang_controller import run_controller  # torch: once the options held
+
     # An SGLang it cannot have or drive: SourceError / LoadError, one line (main).
     table, ok, header, r0 = run_controller(args.sglang)
     print(header)

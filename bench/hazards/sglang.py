@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,34 +29,13 @@ import torch.distributed as dist
 from bench.hazards.cell import HARNESS_TIMEOUT_S, Journal, journal_paths, write_rank_json
 from bench.hazards.classify import classify
 from bench.hazards.matrix import exit_codes_text, read_rank_json, report_from_journal
+from bench.hazards.sglang_case import HAZARDS, TP, HazardCase  # noqa: F401 (re-exported)
 from bench.run.launch import launch_to_end
+from sglang_adapter.cases import STEP_S, PollCase
 from sglang_adapter.door import Door
 from sglang_adapter.loader import load
-from sglang_adapter.poll import STEP_S, PollCase, make_rig
+from sglang_adapter.poll import make_rig
 from sglang_adapter.source import Source
-
-HAZARDS = {"walk-skew": "#30760", "ongoing-skew": "#38273"}
-TP = 2
-
-
-@dataclass(frozen=True)
-class HazardCase:
-    scenario: str
-    policy: str
-    pending_polls: int = 2  # polls that find each prefetch pending before it may end
-    timeout_s: float = 4.0  # the TP group's collective timeout
-
-    def __post_init__(self):
-        if self.scenario not in HAZARDS:
-            raise ValueError(f"hazard {self.scenario!r}: one of {', '.join(HAZARDS)}")
-        PollCase(self.policy, self.pending_polls)  # validates both
-        if not 1 <= self.timeout_s <= 60:
-            raise ValueError(f"collective timeout {self.timeout_s}: 1..60 s")
-
-    @property
-    def steps(self) -> int:
-        """Every rank runs this many steps (the scheduler steps on whatever it polls)."""
-        return self.pending_polls + 3
 
 
 def _admit(rig, case: HazardCase, rank: int) -> list:
