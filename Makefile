@@ -33,13 +33,19 @@ WORKERS ?= 3
 XDIST = $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n $(WORKERS) --dist loadfile")
 TIMED_FILES = $(shell $(PY) -m tests.tiers timed)
 
+# Bytecode is written (into __pycache__, which git ignores) even where the environment sets
+# PYTHONDONTWRITEBYTECODE, as this machine's does: else every test process compiles hicache
+# and bench again, every worker rewrites every test module's asserts, and every rank that
+# loads SGLang compiles its decision path again (docs/testing.md, "Tiers").
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
+
 test: dev  ## all tests, slow ones included
-	$(PY) -m pytest -q $(XDIST) -m "not timed"
-	$(PY) -m pytest -q -m timed $(TIMED_FILES)
+	$(PYTEST) -q $(XDIST) -m "not timed"
+	$(PYTEST) -q -m timed $(TIMED_FILES)
 
 test-fast: dev  ## skip the slow end-to-end and 4-rank tests
-	$(PY) -m pytest -q $(XDIST) -m "not slow and not timed"
-	$(PY) -m pytest -q -m "not slow and timed" $(TIMED_FILES)
+	$(PYTEST) -q $(XDIST) -m "not slow and not timed"
+	$(PYTEST) -q -m "not slow and timed" $(TIMED_FILES)
 
 test-stats: dev  ## checks that hold at 95 %, so fail by chance now and then: not in make test
 	$(PY) -m pytest -q -m statistical

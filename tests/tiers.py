@@ -16,7 +16,8 @@ OPT_IN = ("microbench", "sglang_matrix", "statistical")
 # after the others have run on pytest-xdist workers, so no other test's ranks share the
 # cores with them. A test that only waits out a collective timeout and checks the failure
 # is named within a slack of 10 s or more (test_faults, test_divergence, test_hazards,
-# test_sglang_hazards) is not timed: a busy neighbour costs it milliseconds.
+# test_sglang_hazards) is not timed: a busy neighbour costs it milliseconds. Nor is
+# test_race: its side-car window is 128 ms a request, far wider than a step on busy cores.
 TIMED = {
     "test_gate_real": "real A/Bs judge step time and TTFT",
     "test_fidelity": "a pinned headline against a free run of its seed, on the wall clock",
@@ -24,7 +25,6 @@ TIMED = {
     "test_duet": "both lanes must serve at the same time",
     "test_machine": "a run beside planted CPU burners must see them, and only them",
     "test_neighbour": "the planted neighbour's CPU share is measured",
-    "test_race": "the side-car race must fire within its window",
 }
 
 
