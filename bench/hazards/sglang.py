@@ -29,7 +29,7 @@ import torch.distributed as dist
 from bench.hazards.cell import HARNESS_TIMEOUT_S, Journal, journal_paths, write_rank_json
 from bench.hazards.classify import classify
 from bench.hazards.matrix import exit_codes_text, read_rank_json, report_from_journal
-from bench.hazards.sglang_case import HAZARDS, TP, HazardCase  # noqa: F401 (re-exported)
+from bench.hazards.sglang_case import HAZARDS, TP, HazardCase
 from bench.run.launch import launch_to_end
 from sglang_adapter.cases import STEP_S, PollCase
 from sglang_adapter.door import Door
