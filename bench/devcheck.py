@@ -44,9 +44,9 @@ def _forward_ms(model, new_tokens: int, decode_reqs: int, reps: int = 5) -> floa
 
 
 def forward_times(model_name: str, device) -> dict:
-    from hicache.comm import CollectiveCounter, Comm, Groups, Layout
-    from hicache.gpu_model import GpuModel
-    from hicache.shapes import get_shape
+    from hicache.comm.comm import CollectiveCounter, Comm, Groups, Layout
+    from hicache.model.gpu_model import GpuModel
+    from hicache.spec.shapes import get_shape
 
     layout = Layout(0, 1, 1)
     comm = Comm(layout, Groups(layout, "gloo", 60.0), CollectiveCounter())
@@ -73,10 +73,10 @@ def _pageable_gbps(device, nbytes: int) -> float | None:
 
 def load_back_check(model_name: str, device) -> dict:
     """One request's prefix of real pages copied host->device, consecutive then scattered."""
-    from hicache.config import HiCacheConfig
-    from hicache.kv_layout import kv_layout
-    from hicache.loadback import LoadBack
-    from hicache.pools import PagePool, expected_rows, verify_pages
+    from hicache.memory.kv_layout import kv_layout
+    from hicache.memory.loadback import LoadBack
+    from hicache.memory.pools import PagePool, expected_rows, verify_pages
+    from hicache.spec.config import HiCacheConfig
 
     n = LOAD_BACK_PAGES
     kv = kv_layout(HiCacheConfig(model=model_name, kv_bytes="real", host_pool_pages=2 * n,
@@ -99,7 +99,7 @@ def load_back_check(model_name: str, device) -> dict:
 def measure(device_kind: str, model_name: str) -> dict:
     import torch
 
-    from hicache.loadback import h2d_peak
+    from hicache.memory.loadback import h2d_peak
 
     device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     out = {"device": device_kind, "model": model_name, **h2d_peak(device)}

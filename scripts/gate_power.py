@@ -44,7 +44,7 @@ def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPro
 def slow_commit(repo: Path, ms: float) -> str:
     """A branch off the base whose pr36425 poll sleeps `ms` milliseconds."""
     sh(GIT + ["checkout", "-q", "-B", f"slow_{ms:g}ms", "base"], repo)
-    path = repo / "hicache" / "protocols.py"
+    path = repo / "hicache" / "agreement" / "protocols.py"
     text = path.read_text()
     if ANCHOR not in text:
         sys.exit("gate_power: pr36425's vote moved: update ANCHOR")

@@ -1,4 +1,4 @@
-"""SGLang's own decisions behind the harness's seam (hicache.seam.CacheUnderTest):
+"""SGLang's own decisions behind the harness's seam (hicache.serve.seam.CacheUnderTest):
 `bench run --cache sglang --sglang SPEC --sglang-path decisions`, and where SGLang's
 controller path cannot serve the run (docs/sglang.md, "bench run --cache sglang"); where it
 can, `sglang_adapter.run_controller.ControllerCache` (a subclass) runs it as the data path.
@@ -37,9 +37,17 @@ from __future__ import annotations
 import functools
 import time
 
-from hicache.cache import HiCache
-from hicache.comm import ACK, COMPLETION, DECISION, HIT_QUERY, PER_STEP_MIN, PP_HOP, CollectiveError
-from hicache.consensus import rank_consensus
+from hicache.agreement.consensus import rank_consensus
+from hicache.cache.cache import HiCache
+from hicache.comm.comm import (
+    ACK,
+    COMPLETION,
+    DECISION,
+    HIT_QUERY,
+    PER_STEP_MIN,
+    PP_HOP,
+    CollectiveError,
+)
 from sglang_adapter.door import Call, Door
 from sglang_adapter.loader import load, native_hash
 from sglang_adapter.poll import make_rig
@@ -203,7 +211,7 @@ def _loaded(target: Target):
 
 
 def factory(target: Target):
-    """The CacheFactory (hicache.seam) of a `--cache sglang` run; loads SGLang in this
+    """The CacheFactory (hicache.serve.seam) of a `--cache sglang` run; loads SGLang in this
     process on its first call. With `target.controller` SGLang's controller path is the
     data path too (sglang_adapter.run_controller)."""
     loaded, door = _loaded(target)

@@ -39,10 +39,10 @@ from queue import Queue
 import torch
 import torch.distributed as dist
 
-from hicache.cost_model import Expected, expected_per_request
-from hicache.hashing import page_hashes
-from hicache.pools import expected_rows
-from hicache.storage import StorageSpec, make_storage
+from hicache.memory.hashing import page_hashes
+from hicache.memory.pools import expected_rows
+from hicache.memory.storage import StorageSpec, make_storage
+from hicache.spec.cost_model import Expected, expected_per_request
 from sglang_adapter.door import Door
 from sglang_adapter.loader import UNIFIED, Loaded, LoadError, load, native_hash
 from sglang_adapter.poll import CONTROLLER, STEP_S, UnifiedRig, grid_groups

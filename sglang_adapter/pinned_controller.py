@@ -1,10 +1,10 @@
 """A pinned schedule for SGLang's controller threads (`bench run --cache sglang
 --sglang-controller --schedule pinned`): what SGLang's drains see each step is a function of
-the seed, as the project's is (hicache.pinned).
+the seed, as the project's is (hicache.spec.pinned).
 
 SGLang's threads still do the real work (its hit queries with their MIN, its reads into the
 harness's host pool, its acks with their MIN); only what becomes visible when is gated, with
-the project's own machinery (`hicache.pinned.Pin`: `HitTimeline`, `VirtualIO`):
+the project's own machinery (`hicache.spec.pinned.Pin`: `HitTimeline`, `VirtualIO`):
 
 - **hits**: `prefetch_hit_queue.qsize()`, which `_sync_hicache_ready_counts` reduces, is the
   count of hit queries whose modelled end (admission, the previous query's end, the
@@ -34,9 +34,9 @@ import threading
 from dataclasses import dataclass, field
 from queue import Queue
 
-from hicache.pinned import Pin, VirtualIO
+from hicache.spec.pinned import Pin, VirtualIO
 
-BATCH_PAGES = 128  # SGLang's STORAGE_BATCH_SIZE (hicache.cost_model.IO_BATCH_PAGES)
+BATCH_PAGES = 128  # SGLang's STORAGE_BATCH_SIZE (hicache.spec.cost_model.IO_BATCH_PAGES)
 
 
 @dataclass(eq=False)

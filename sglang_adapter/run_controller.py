@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 
-from hicache.consensus import rank_consensus
+from hicache.agreement.consensus import rank_consensus
 from sglang_adapter.cache import SGLangCache
 from sglang_adapter.controller import BASE, ControllerRig, _module
 from sglang_adapter.pinned_controller import ControllerPin, WatchedHits
@@ -81,7 +81,7 @@ class ControllerCache(SGLangCache):
 
     @property
     def own_groups(self) -> dict:
-        """SGLang's hit-query and ack groups (hicache.seam): held against torch's sequence
+        """SGLang's hit-query and ack groups (hicache.serve.seam): held against torch's sequence
         numbers beside the harness's."""
         return dict(self._groups)
 
@@ -143,7 +143,7 @@ class ControllerCache(SGLangCache):
             for shadow in self.gate.advance(stamp):
                 self.stats.requests[shadow.rid].io_done_vt = shadow.io_end_v
         self.rig.step()  # SGLang's check_hicache_events: its drains of its threads' queues
-        if self.gate is not None:  # the gates' waits leave the measured clock (hicache.pinned)
+        if self.gate is not None:  # the gates' waits leave the measured clock (hicache.spec.pinned)
             waited = self.gate.pin.take_waited()
             self.pin.waited_s += waited
             self.pin.waited_total_s += waited
@@ -162,7 +162,7 @@ class ControllerCache(SGLangCache):
                 self._ended(rid, "ack" if op.host_indices is not None else "revoked")
 
     def _ended(self, rid: str, via: str) -> None:
-        """The stats of a prefetch SGLang ended (hicache.poll._end's, from SGLang's op)."""
+        """The stats of a prefetch SGLang ended (hicache.cache.poll._end's, from SGLang's op)."""
         self.handles.pop(rid)
         st = self.stats.requests[rid]
         drained = rid in self.hit_drained

@@ -8,7 +8,7 @@ lands where the harness's load-back, data checks and host-slot accounting read i
 - `ProjectTreeCore`: SGLang's tree core over the harness's `RadixTree`: the anchor of each
   prefetch is its request's matched host prefix (node id = the request id), and
   `insert_host` inserts the prefix plus what was fetched, as the project's own
-  finalisation does (`hicache.poll._finalize`); the pages already in the tree are
+  finalisation does (`hicache.cache.poll._finalize`); the pages already in the tree are
   reported as SGLang's `prefix_len`, whose host slots SGLang's own end path frees.
 Neither issues a collective (SGLang's tree core issues none either).
 """
@@ -19,8 +19,8 @@ import types
 
 import torch
 
-from hicache.pools import PagePool
-from hicache.radix_tree import RadixTree
+from hicache.memory.pools import PagePool
+from hicache.memory.radix_tree import RadixTree
 from sglang_adapter.stand_ins import TreeCore
 
 

@@ -1,5 +1,5 @@
 """The storage backend SGLang's own controller reads through: a subclass of the wheel's own
-`HiCacheStorage` that serves the harness's storage tier (`hicache.storage.Storage`).
+`HiCacheStorage` that serves the harness's storage tier (`hicache.memory.storage.Storage`).
 
 SGLang builds it itself, through `StorageBackendFactory.create_backend("dynamic", config,
 host_pool)` with `extra_config = {"backend_name", "module_path": "sglang_adapter.sgl_storage",
@@ -8,12 +8,12 @@ imported only in a process where SGLang is loaded (sglang_adapter.loader) and su
 class SGLang checks against.
 
 Page names: SGLang names a page by its own chain (`get_storage_hash_str`, seeded by the
-request's namespace), the tier by the project's (`hicache.hashing.page_hashes`). The rig
+request's namespace), the tier by the project's (`hicache.memory.hashing.page_hashes`). The rig
 records, before SGLang issues a prefetch, SGLang's name of each page against the tier's
 (`sglang_adapter.stand_ins.Tier.learn`); a name it never learnt is asked of the tier as
 itself, which holds no such page (a miss, as for a page never stored). For a request with
 no namespace and no prior page the two chains are the same SHA-256 chain over uint32 tokens
-(0.5.23's `hash_binding.cpp` and `hicache/hashing.py` agree byte for byte), so the table
+(0.5.23's `hash_binding.cpp` and `hicache/memory/hashing.py` agree byte for byte), so the table
 maps each name to itself; it matters for namespaced requests and mid-prompt priors.
 """
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hicache.storage import Storage
+from hicache.memory.storage import Storage
 
 
 def digest(page: torch.Tensor) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hicache.cost_model import RELEASE_MODELS, modelled
+from hicache.spec.cost_model import RELEASE_MODELS, modelled
 from sglang_adapter.loader import LoadError, load, native_hash, unload
 from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve
 
@@ -65,7 +65,7 @@ def resolve_target(spec: str, native: bool = False) -> Target:
                   modelled_protocol(source), native_error=error)
 
 
-# The system under test a verb serves with (hicache.seam): the project's HiCache, or
+# The system under test a verb serves with (hicache.serve.seam): the project's HiCache, or
 # SGLang's own decisions behind the seam.
 CACHES = ("project", "sglang")
 

@@ -12,16 +12,16 @@ import threading
 import torch
 import torch.distributed
 
-from hicache.cache import HiCache
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.hashing import page_hashes
-from hicache.records import RequestStats, Stats
-from hicache.storage import SimStorage, StorageSpec
+from hicache.cache.cache import HiCache
+from hicache.comm.comm import Layout
+from hicache.comm.records import RequestStats, Stats
+from hicache.memory.hashing import page_hashes
+from hicache.memory.storage import SimStorage, StorageSpec
+from hicache.spec.config import HiCacheConfig
 
 
 class RecordingComm:
-    """Stands in for hicache.comm.Comm: records (group, site) of every collective a real
+    """Stands in for hicache.comm.comm.Comm: records (group, site) of every collective a real
     Comm would issue and leaves the tensor as it is (each value reduces with itself)."""
 
     def __init__(self, layout: Layout | None = None):
@@ -122,7 +122,7 @@ class _Sent:
 
 
 class ThreadWorld:
-    """Stands in for `torch.distributed` as hicache.comm uses it, inside one process: each
+    """Stands in for `torch.distributed` as hicache.comm.comm uses it, inside one process: each
     rank is a thread, a collective is a rendezvous of its group's threads, a point-to-point
     op a mailbox. Values really reduce and travel, so the real `Comm` and `Groups` run
     unchanged at any TP x PP layout in milliseconds. `ops[rank]` records (kind, group ranks,
@@ -156,7 +156,7 @@ class ThreadWorld:
             t.join(self.timeout_s * 10)
         return out
 
-    # ---- the torch.distributed calls hicache.comm makes ------------------------------------
+    # ---- the torch.distributed calls hicache.comm.comm makes ------------------------------------
 
     def new_group(self, ranks, backend=None, timeout=None) -> _Group:
         self._me.groups = getattr(self._me, "groups", 0) + 1

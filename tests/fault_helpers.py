@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from bench.run.launch import LaunchError
-from hicache.comm import CollectiveCounter, CollectiveError, Comm, Layout
-from hicache.consensus import ConsensusChecker
-from hicache.system import setup_distributed
+from hicache.agreement.consensus import ConsensusChecker
+from hicache.comm.comm import CollectiveCounter, CollectiveError, Comm, Layout
+from hicache.serve.system import setup_distributed
 from tests.helpers import build_scenario, launch, scenario
 
 

@@ -17,13 +17,13 @@ import os
 import torch
 
 from bench.run import launch as launcher
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.controller import KV, SIDECAR
-from hicache.hashing import page_hashes
-from hicache.scheduler import Request
-from hicache.storage import StorageSpec
-from hicache.system import System, setup_distributed
+from hicache.cache.controller import KV, SIDECAR
+from hicache.comm.comm import Layout
+from hicache.memory.hashing import page_hashes
+from hicache.memory.storage import StorageSpec
+from hicache.serve.scheduler import Request
+from hicache.serve.system import System, setup_distributed
+from hicache.spec.config import HiCacheConfig
 
 START = os.environ.get("HICACHE_TEST_START", "forkserver")
 PRELOAD = ["tests.helpers"]  # what the forkserver imports once (torch, hicache)

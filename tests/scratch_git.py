@@ -43,7 +43,7 @@ def commit(repo: Path, message: str, edit: Callable[[Path], None]) -> str:
 def slow_poll(seconds: float) -> Callable[[Path], None]:
     """An edit that makes pr36425's poll sleep `seconds`: a regression with no collective."""
     def edit(repo: Path) -> None:
-        path = repo / "hicache" / "protocols.py"
+        path = repo / "hicache" / "agreement" / "protocols.py"
         text = path.read_text()
         assert ANCHOR in text, "the anchor moved: update the test's patch"
         text = text.replace("from __future__ import annotations\n",

@@ -16,8 +16,8 @@ import functools
 
 import pytest
 
-from hicache.cost_model import POLICIES, PROTOCOLS
-from hicache.storage import SimStorage, StorageSpec
+from hicache.memory.storage import SimStorage, StorageSpec
+from hicache.spec.cost_model import POLICIES, PROTOCOLS
 from tests.helpers import case, run_cases
 
 pytestmark = pytest.mark.dist
@@ -182,7 +182,7 @@ def test_disagreement_scope_names_pp_stage_splits():
     """TP2 x PP2 (ranks 0,1 stage 0; 2,3 stage 1): a split along stages only is pre27010's
     known hazard; a split inside a stage's TP group is a failure for every protocol."""
     from bench.analysis.verdict import known_hazard
-    from hicache.consensus import disagreement_scope
+    from hicache.agreement.consensus import disagreement_scope
 
     a, b = ("poll", 1280, 1280), ("poll", 128, 1280)
     logs = [{"r1": a, "r2": a, "r3": a}, {"r1": a, "r2": b, "r3": a},

@@ -1,4 +1,4 @@
-"""The real `hicache.comm.Comm` at PP > 1 on two gloo ranks (TP1 x PP2), in the fast tier.
+"""The real `hicache.comm.comm.Comm` at PP > 1 on two gloo ranks (TP1 x PP2), in the fast tier.
 
 The one-process tests use `tests.doubles.RecordingComm`, whose TP-then-PP reduction is a
 stand-in; this file runs the real one. Stage 0's value must reach stage 1 unchanged (stage 1
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hicache.comm import DECISION, HIT_GROUPS, HIT_QUERY, CollectiveCounter, Comm, Layout
-from hicache.system import setup_distributed
+from hicache.comm.comm import DECISION, HIT_GROUPS, HIT_QUERY, CollectiveCounter, Comm, Layout
+from hicache.serve.system import setup_distributed
 from tests.helpers import launch
 
 pytestmark = pytest.mark.dist

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from hicache.controller import KV, SIDECAR, CacheController, PrefetchOp
-from hicache.pools import PagePool, verify_pages
+from hicache.cache.controller import KV, SIDECAR, CacheController, PrefetchOp
+from hicache.memory.pools import PagePool, verify_pages
 from tests.doubles import RecordingComm, RecordingStorage, hashes_of, tokens
 
 PS = 16  # tokens per page

@@ -20,7 +20,8 @@ from dataclasses import astuple, replace
 
 import pytest
 
-from hicache.cost_model import (
+from hicache.agreement.protocols import make_protocol
+from hicache.spec.cost_model import (
     PIPELINED,
     POLICIES,
     PROTOCOLS,
@@ -30,7 +31,6 @@ from hicache.cost_model import (
     per_step,
     write_path_cost,
 )
-from hicache.protocols import make_protocol
 from tests.helpers import case, run_cases
 from tests.test_protocols import SPEC_PER_POLL
 
@@ -56,7 +56,7 @@ WRITE_THROUGH = {"write_policy": "write_through"}
 VARIANTS += [(p, q, "wt") for p, q in itertools.product(PROTOCOLS, ("wait_complete", "timeout"))]
 # pre27010 lets PP stages schedule different prefills (SGLang #22607); with write-through a
 # later stage is then told to ack host copies it never made, and the run fails saying so
-# (hicache.tiers). Its write-through rows are checked at TP2 only.
+# (hicache.cache.tiers). Its write-through rows are checked at TP2 only.
 VARIANTS_PP = [v for v in VARIANTS if not (v[0] == "pre27010" and v[2] == "wt")]
 
 

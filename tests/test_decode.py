@@ -9,12 +9,12 @@ import time
 import pytest
 import torch
 
-from hicache.comm import Groups, Layout
-from hicache.config import HiCacheConfig
-from hicache.scheduler import Request
-from hicache.step_time import StepTimeModel
-from hicache.storage import StorageSpec
-from hicache.system import System
+from hicache.comm.comm import Groups, Layout
+from hicache.memory.storage import StorageSpec
+from hicache.serve.scheduler import Request
+from hicache.serve.system import System
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.step_time import StepTimeModel
 from tests.helpers import prompts
 
 pytestmark = pytest.mark.timeout(60)

@@ -27,7 +27,7 @@ import re
 
 import pytest
 
-from hicache.consensus import compare_decisions, describe_disagreements, disagreements
+from hicache.agreement.consensus import compare_decisions, describe_disagreements, disagreements
 from tests.fault_helpers import (
     capturing_scenario,
     consensus_probe,

@@ -18,12 +18,12 @@ import time
 import pytest
 import torch
 
-from hicache.cache import HiCache
-from hicache.comm import CollectiveCounter, CollectiveError, Comm, Groups, Layout
-from hicache.config import HiCacheConfig
-from hicache.consensus import compare_decisions
-from hicache.records import Stats
-from hicache.storage import StorageSpec, make_storage
+from hicache.agreement.consensus import compare_decisions
+from hicache.cache.cache import HiCache
+from hicache.comm.comm import CollectiveCounter, CollectiveError, Comm, Groups, Layout
+from hicache.comm.records import Stats
+from hicache.memory.storage import StorageSpec, make_storage
+from hicache.spec.config import HiCacheConfig
 from tests.fault_helpers import launch_timed, stamped_scenario, wait_for_stamps
 from tests.helpers import case, launch_to_end, run_cases, scenario
 

@@ -12,7 +12,7 @@ from bench.commands.gate import main as main_gate
 from bench.gate.evaluate import load_run
 from bench.rundir.files import write_csv_atomic, write_json_atomic
 from bench.rundir.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from hicache.cost_model import POLICIES, expected_per_request
+from hicache.spec.cost_model import POLICIES, expected_per_request
 
 PROTOCOLS = ("pr27010", "pr36425", "step-clock")
 CONFIG = dict(preset="ci", tp=2, pp=1, world_size=2, device="cpu", backend="gloo",

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from bench.rundir.schema import STEP_COLUMNS
-from hicache.cost_model import POLICIES
+from hicache.spec.cost_model import POLICIES
 from tests.test_gate import CONFIG, PROTOCOLS, REPEATS, gate, make_requests, write_run
 
 

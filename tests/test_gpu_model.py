@@ -1,4 +1,4 @@
-"""The shaped forward (hicache.gpu_model) and the model factory, on CPU; CUDA tests skip
+"""The shaped forward (hicache.model.gpu_model) and the model factory, on CPU; CUDA tests skip
 without a GPU (they run in scripts/gpu_check.sh).
 
 The forward is device-agnostic, so its shard shapes, its data-plane count contract (2 x
@@ -14,12 +14,12 @@ from math import inf
 import pytest
 import torch
 
-from hicache.comm import MODEL_ALLREDUCE, CollectiveCounter, Comm, Groups, Layout
-from hicache.config import HiCacheConfig
-from hicache.gpu_model import GpuModel
-from hicache.shapes import SHAPES, ModelShape
-from hicache.system import make_model, setup_distributed
-from hicache.toy_model import Model
+from hicache.comm.comm import MODEL_ALLREDUCE, CollectiveCounter, Comm, Groups, Layout
+from hicache.model.gpu_model import GpuModel
+from hicache.model.toy_model import Model
+from hicache.serve.system import make_model, setup_distributed
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.shapes import SHAPES, ModelShape
 from tests.helpers import launch
 
 MINI = ModelShape("mini", layers=3, hidden=64, heads=8, kv_heads=2, head_dim=8,

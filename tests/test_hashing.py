@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from hicache.hashing import page_hashes
+from hicache.memory.hashing import page_hashes
 
 
 def _reference(tokens, page_size, prior=b""):

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.scheduler import Request
-from hicache.storage import StorageSpec
-from hicache.system import System, setup_distributed
+from hicache.comm.comm import Layout
+from hicache.memory.storage import StorageSpec
+from hicache.serve.scheduler import Request
+from hicache.serve.system import System, setup_distributed
+from hicache.spec.config import HiCacheConfig
 from tests.helpers import launch
 
 PAGE, POOL = 64, 8

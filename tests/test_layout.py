@@ -145,7 +145,7 @@ def test_the_file_pattern_finds_a_planted_name_and_passes_prose():
 # ---- the seam (docs/design.md, "The seam"): the harness reaches the cache only through it ----
 
 def _seam_members() -> set[str]:
-    from hicache.seam import CacheUnderTest, PinnedClock
+    from hicache.serve.seam import CacheUnderTest, PinnedClock
     names = {n for n in vars(CacheUnderTest) if not n.startswith("_")}
     return names | {f"pin.{n}" for n in vars(PinnedClock) if not n.startswith("_")}
 
@@ -168,7 +168,7 @@ def _cache_reaches(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("module", ["scheduler", "system"])
 def test_the_harness_reaches_the_cache_only_through_the_seam(module):
-    reaches = _cache_reaches(REPO / "hicache" / f"{module}.py")
+    reaches = _cache_reaches(REPO / "hicache" / "serve" / f"{module}.py")
     assert reaches, "the scan found no use of the cache: the test would pass vacuously"
     assert reaches <= _seam_members(), f"past the seam: {sorted(reaches - _seam_members())}"
 
@@ -180,9 +180,9 @@ def test_the_reach_scan_catches_a_planted_reach(tmp_path):
 
 
 def test_hicache_implements_every_member_of_the_seam():
-    from hicache.cache import HiCache
-    from hicache.pinned import Pin
-    src = (REPO / "hicache" / "cache.py").read_text()
+    from hicache.cache.cache import HiCache
+    from hicache.spec.pinned import Pin
+    src = (REPO / "hicache" / "cache" / "cache.py").read_text()
     # pin and extra_polls are instance attributes: __init__ sets them
     assigned = {t.attr for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Assign)
                 for tgt in node.targets for t in ast.walk(tgt) if isinstance(t, ast.Attribute)}
@@ -203,3 +203,54 @@ def test_the_sglang_adapter_is_a_package_of_its_own():
     bad += [f"{m} imports {d}" for m, p in adapter.items() for d in _imports(p)
             if d.startswith("bench")]
     assert not bad, "\n".join(bad)
+
+
+# ---- hicache/ by concern: seven rooms on six floors, every import pointing down ----
+
+HICACHE_FLOORS = {"spec": 0, "memory": 1, "comm": 2, "agreement": 3, "model": 3, "cache": 4,
+                  "serve": 5}
+
+
+def _hicache_room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "hicache"
+
+
+def test_hicache_is_rooms_with_a_docstring_each():
+    rooms = {p.name for p in (REPO / "hicache").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(HICACHE_FLOORS), rooms
+    top = sorted(p.name for p in (REPO / "hicache").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 8, f"hicache/ holds {len(top)} top-level modules: {top}"
+    for room in rooms:
+        doc = ast.get_docstring(ast.parse((REPO / "hicache" / room / "__init__.py").read_text()))
+        assert doc and "\n" not in doc.strip(), f"hicache/{room}/ wants a one-line docstring"
+
+
+def _hicache_downward_violations(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, deps in edges.items():
+        for d in deps:
+            rm, rd = _hicache_room(m), _hicache_room(d)
+            if d.startswith("hicache.") and rm != rd and rd in HICACHE_FLOORS and \
+                    HICACHE_FLOORS[rd] >= HICACHE_FLOORS.get(rm, 99):
+                bad.append(f"{m} ({rm}) imports {d} ({rd}): not a floor below")
+    return bad
+
+
+def test_hicache_imports_only_point_down():
+    edges = {m: d for m, d in _edges().items() if m.startswith("hicache.")}
+    assert len(edges) > 30, "the scan found too few hicache modules: it would pass vacuously"
+    bad = _hicache_downward_violations(edges)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_floor_check_catches_a_planted_upward_import():
+    planted = {"hicache.memory.pools": {"hicache.cache.cache"}}
+    assert _hicache_downward_violations(planted)
+
+
+def test_the_contract_imports_no_torch():
+    bad = [f"{m} imports {d}" for m, p in _modules("hicache").items()
+           if m.startswith("hicache.spec") for d in _imports(p)
+           if d.split(".")[0] in ("torch", "numpy", "bench", "sglang_adapter")]
+    assert not bad, "hicache/spec/ is the torch-free contract:\n" + "\n".join(bad)

@@ -1,5 +1,5 @@
-"""Real KV bytes (hicache.kv_layout), bulk pages (pools) and the load-back copy
-(hicache.loadback) on CPU; the pinned / side-stream / H2D-peak paths run on CUDA only (they
+"""Real KV bytes (hicache.memory.kv_layout), bulk pages (pools) and the load-back copy
+(hicache.memory.loadback) on CPU; the pinned / side-stream / H2D-peak paths run on CUDA only (they
 skip without a GPU and run in scripts/gpu_check.sh).
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hicache.config import HiCacheConfig
-from hicache.kv_layout import kv_layout
-from hicache.loadback import LoadBack, h2d_peak, runs
-from hicache.pools import PagePool, expected_rows, verify_pages
+from hicache.memory.kv_layout import kv_layout
+from hicache.memory.loadback import LoadBack, h2d_peak, runs
+from hicache.memory.pools import PagePool, expected_rows, verify_pages
+from hicache.spec.config import HiCacheConfig
 from tests.helpers import run_scenario
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)

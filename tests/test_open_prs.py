@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.cost_model import decision_per_poll, expected_per_request
-from hicache.protocols import Facts, make_protocol, simulate_ranks
+from hicache.agreement.protocols import Facts, make_protocol, simulate_ranks
+from hicache.spec.cost_model import decision_per_poll, expected_per_request
 
 PENDING, TIMED_OUT = Facts(), Facts(timed_out=True)
 ABSENT = None  # not in this rank's ongoing_prefetch

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.cost_model import PROTOCOLS
+from hicache.spec.cost_model import PROTOCOLS
 from tests.helpers import case, run_cases
 
 pytestmark = pytest.mark.dist

@@ -1,4 +1,4 @@
-"""Pinned schedules (hicache.pinned): the schedule is a function of the seed alone.
+"""Pinned schedules (hicache.spec.pinned): the schedule is a function of the seed alone.
 
 The pure tests replay the IO queue on the virtual clock. The distributed ones serve on real
 gloo groups while the real threads are slowed at random (a different delay every run):
@@ -17,12 +17,12 @@ import time
 import pytest
 
 from bench.analysis.schedule import DECIDE_ALIKE, digest_failures
-from hicache.config import HiCacheConfig
-from hicache.controller import PrefetchOp
-from hicache.cost_model import POLICIES, PROTOCOLS
-from hicache.pinned import VirtualIO
-from hicache.step_time import StepTimeModel
-from hicache.storage import SimStorage, StorageSpec
+from hicache.cache.controller import PrefetchOp
+from hicache.memory.storage import SimStorage, StorageSpec
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.cost_model import POLICIES, PROTOCOLS
+from hicache.spec.pinned import VirtualIO
+from hicache.spec.step_time import StepTimeModel
 from tests.helpers import case, run_cases
 from tests.test_counts import FAST_TIMEOUT, N_REQUESTS, PREFIX, STORAGE, _check_layout
 

@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from hicache.pools import PagePool, expected_rows, page_content, verify_pages
+from hicache.memory.pools import PagePool, expected_rows, page_content, verify_pages
 
 H1 = "ab" * 32
 H2 = "cd" * 32

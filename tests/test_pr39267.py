@@ -1,5 +1,5 @@
 """SGLang PR #39267's hazard and its fix, by hand: the hit query with a TRAILING_PAGES
-side-car (hicache.hit_query).
+side-car (hicache.agreement.hit_query).
 
 0.5.23 (hybrid_cache_controller.py:1468-1516) MIN-reduces `len(operation.token_ids) //
 page_size + 1` restorable flags and 23 pool verdicts: the tensor's size follows this rank's
@@ -15,10 +15,10 @@ import threading
 import pytest
 import torch
 
-from hicache.config import HiCacheConfig
-from hicache.cost_model import expected_per_request, hit_query_rounds
-from hicache.hit_query import POOL_NAMES, agree_hit, flags, verdicts
-from hicache.protocols import make_protocol
+from hicache.agreement.hit_query import POOL_NAMES, agree_hit, flags, verdicts
+from hicache.agreement.protocols import make_protocol
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.cost_model import expected_per_request, hit_query_rounds
 from tests.helpers import case, run_cases
 from tests.test_counts import N_REQUESTS, PREFIX, STORAGE
 from tests.test_counts import _check_layout as check_contract

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.cost_model import decision_per_poll, expected_per_request, per_step
-from hicache.protocols import make_protocol
-from hicache.step_agreement import SGLANG_0_5_19
+from hicache.agreement.protocols import make_protocol
+from hicache.agreement.step_agreement import SGLANG_0_5_19
+from hicache.spec.cost_model import decision_per_poll, expected_per_request, per_step
 from tests.helpers import case, run_cases
 from tests.test_counts import FAST_TIMEOUT, N_REQUESTS, PREFIX, STORAGE, WRITE_THROUGH
 from tests.test_counts import _check_layout as check_contract

@@ -20,7 +20,7 @@ from bench.project.grid import (
 )
 from bench.rundir.env import collect_env
 from bench.rundir.files import write_csv_atomic, write_json_atomic
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SUMMARY = ["protocol", "policy", "tp", "pp", "polls_per_step", "decode_step_p50_ms",

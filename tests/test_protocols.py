@@ -2,7 +2,7 @@
 
 The expected votes below are written out by hand from docs/design.md section 4 and SGLang's
 source (PR #36425's `_can_terminate_prefetch`; PR #27550's `can_terminate_prefetch` with
-the extra-pool guard), not derived from `hicache.protocols`. A vote of True/False is
+the extra-pool guard), not derived from `hicache.agreement.protocols`. A vote of True/False is
 final and costs no collective; a list is what the rank contributes to the all-reduce.
 """
 
@@ -12,8 +12,8 @@ import itertools
 
 import pytest
 
-from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll, expected_per_request
-from hicache.protocols import Facts, make_protocol, simulate
+from hicache.agreement.protocols import Facts, make_protocol, simulate
+from hicache.spec.cost_model import POLICIES, PROTOCOLS, decision_per_poll, expected_per_request
 
 T, F = True, False
 
@@ -232,7 +232,7 @@ def test_step_clock_decides_locally():
 # ---- the cost model agrees with what the votes imply ------------------------------------
 
 class _RecordingComm:
-    """Stands in for hicache.comm.Comm: records collectives instead of running them."""
+    """Stands in for hicache.comm.comm.Comm: records collectives instead of running them."""
 
     def __init__(self):
         self.calls = []

@@ -5,7 +5,7 @@ Page size 2 throughout so expectations are small enough to compute by hand.
 
 import pytest
 
-from hicache.radix_tree import RadixTree
+from hicache.memory.radix_tree import RadixTree
 
 PS = 2
 

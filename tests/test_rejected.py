@@ -1,4 +1,4 @@
-"""Requests refused for their length (terminated_by `rejected`, hicache.scheduler) in the
+"""Requests refused for their length (terminated_by `rejected`, hicache.serve.scheduler) in the
 offline half: counted per cell, absent from the figures of the served ones, a note in an OK
 verdict; and the line before the first cell that says how many will be refused."""
 
@@ -12,8 +12,8 @@ from bench.analysis.verdict import judge
 from bench.run import fit
 from bench.run.plan import RunPlan
 from bench.rundir.schema import REQUEST_COLUMNS
-from hicache.config import HiCacheConfig
-from hicache.kv_layout import budget_holding, kv_layout, max_input_tokens
+from hicache.memory.kv_layout import budget_holding, kv_layout, max_input_tokens
+from hicache.spec.config import HiCacheConfig
 from tests.test_summarize import req, steps_frame
 
 

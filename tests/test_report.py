@@ -13,7 +13,7 @@ from bench.commands.report import main as main_report
 from bench.rundir.env import collect_env
 from bench.rundir.files import write_csv_atomic, write_json_atomic
 from bench.rundir.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from hicache.cost_model import expected_per_request
+from hicache.spec.cost_model import expected_per_request
 
 REPO = Path(__file__).resolve().parent.parent
 

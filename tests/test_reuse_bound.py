@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from bench.run.trace import Histories, classes, read_trace, requests
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.storage import StorageSpec
-from hicache.system import System, setup_distributed
+from hicache.comm.comm import Layout
+from hicache.memory.storage import StorageSpec
+from hicache.serve.system import System, setup_distributed
+from hicache.spec.config import HiCacheConfig
 
 EXCERPT = Path(__file__).resolve().parent.parent / "traces" / "mooncake_conversation_400.jsonl"
 PAGE = 64

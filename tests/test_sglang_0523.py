@@ -16,12 +16,12 @@ import time
 
 import pytest
 
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.controller import PrefetchOp
-from hicache.cost_model import POLICIES, decision_per_poll, expected_per_request
-from hicache.protocols import Facts, make_protocol, simulate
-from hicache.storage import SimStorage, StorageSpec
+from hicache.agreement.protocols import Facts, make_protocol, simulate
+from hicache.cache.controller import PrefetchOp
+from hicache.comm.comm import Layout
+from hicache.memory.storage import SimStorage, StorageSpec
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.cost_model import POLICIES, decision_per_poll, expected_per_request
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
 
 PAGE = 64

@@ -78,7 +78,7 @@ def test_every_rank_ends_every_prefetch_at_the_same_poll_the_same_way(served):
 
 def test_every_request_costs_what_the_model_of_the_release_says(served):
     """Decision, completion, PP hop, hit-query and ack collectives per request, SGLang's
-    own against `hicache.cost_model.expected_per_request` for sglang-0.5.23."""
+    own against `hicache.spec.cost_model.expected_per_request` for sglang-0.5.23."""
     for r in served:
         assert r["protocol"] == "sglang-0.5.23"
         assert r["sglang"] == r["model"], {k: (r["sglang"][k], r["model"][k])
@@ -128,7 +128,7 @@ def test_the_door_missed_nothing_on_any_group(served):
 
 def test_sglangs_page_names_are_the_tiers_for_an_unnamespaced_prompt(served):
     """SGLang's chain (0.5.23's compiled hash_binding.cpp, built from the wheel) and the
-    project's (hicache/hashing.py) name every page of these prompts alike."""
+    project's (hicache/memory/hashing.py) name every page of these prompts alike."""
     for r in served:
         names = r["names"]
         assert len(names) == sum(c.pages for c in CASES)

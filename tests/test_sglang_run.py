@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.cost_model import expected_per_request, per_step
+from hicache.spec.cost_model import expected_per_request, per_step
 from sglang_adapter.source import DEFAULT_CACHE
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.shapes import SHAPES, ModelShape, get_shape
+from hicache.spec.shapes import SHAPES, ModelShape, get_shape
 
 L8, L70 = SHAPES["llama3-8b"], SHAPES["llama3-70b"]
 

@@ -9,7 +9,7 @@ from bench.commands.report import main as main_report
 from bench.run.plan import RunPlan
 from bench.run.sink import ResultSink
 from bench.rundir.schema import RANK_COLUMNS
-from hicache.records import RequestStats, Stats
+from hicache.comm.records import RequestStats, Stats
 
 
 def _payload(rank: int, unaccounted: int) -> dict:

@@ -1,4 +1,4 @@
-"""The per-step agreement of check_hicache_events per release (hicache.step_agreement), no
+"""The per-step agreement of check_hicache_events per release (hicache.agreement.step_agreement), no
 process group: how the lists are packed into reductions, what one step costs each PP stage
 (written out by hand from the wheels: 0.5.18 hiradix_cache.py:1525-1529 and 1567, 0.5.19
 unified_radix_cache.py:2807-2821 and 2471), and what a stage-local queue drain changes.
@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.cost_model import PROTOCOLS, per_step
-from hicache.step_agreement import (
+from hicache.agreement.step_agreement import (
     SGLANG_0_5_18,
     SGLANG_0_5_19,
     Reduction,
     StepAgreement,
 )
+from hicache.comm.comm import Layout
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.cost_model import PROTOCOLS, per_step
 from tests.doubles import RelayComm, admit, hashes_of, one_rank_cache, tokens
 
 PAGE = 64

@@ -1,4 +1,4 @@
-"""The step-paired design (hicache.twin, bench run --pairing step): every poll asks the
+"""The step-paired design (hicache.cache.twin, bench run --pairing step): every poll asks the
 cell's protocol and its twin back to back on the same facts, each timed.
 
 Fast (2 gloo ranks, one launch): the twin leaves the system's counts and schedule as they
@@ -23,7 +23,7 @@ import pytest
 from bench.analysis import paired
 from bench.run.launch import LaunchError
 from bench.rundir.rundir import RunDir
-from hicache.config import HiCacheConfig
+from hicache.spec.config import HiCacheConfig
 from tests.helpers import case, run_cases
 from tests.test_counts import N_REQUESTS, PREFIX, STORAGE
 from tests.test_pinned import PINNED

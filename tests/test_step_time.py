@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.shapes import SHAPES
-from hicache.step_time import StepTimeModel, roofline
+from hicache.spec.shapes import SHAPES
+from hicache.spec.step_time import StepTimeModel, roofline
 
 L8, L70 = SHAPES["llama3-8b"], SHAPES["llama3-70b"]
 

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from hicache.hashing import page_hashes
-from hicache.pools import PagePool, verify_pages
-from hicache.storage import (
+from hicache.memory.hashing import page_hashes
+from hicache.memory.pools import PagePool, verify_pages
+from hicache.memory.storage import (
     FileStorage,
     ReadResult,
     SimStorage,
@@ -187,10 +187,10 @@ class _VirtualClock:
 
 def test_read_time_model(monkeypatch):
     # (latency 10 ms + 8 pages x 4 kB at 1 MB/s = 32 ms) x rank factor 1 + stall 10 ms = 52 ms.
-    import hicache.storage
+    import hicache.memory.storage
 
     clock = _VirtualClock()
-    monkeypatch.setattr(hicache.storage, "time", clock)
+    monkeypatch.setattr(hicache.memory.storage, "time", clock)
     spec = StorageSpec(latency_ms=10.0, bandwidth_gbps=0.001, stall_ms=10.0, exists_latency_ms=0)
     st = SimStorage(spec, rank=0, tp_rank=0)
     hs = _hashes(8)
@@ -214,7 +214,7 @@ def test_read_time_model_sleeps_for_real():
 def test_read_time_from_model_bytes():
     """A batch costs latency + bytes / bandwidth with a KV page's bytes from the model shape:
     Llama-3-8B at TP2 is 4 MiB per 64-token page; 20 pages at 3 GB/s = 27.96 ms + 2 ms."""
-    from hicache.shapes import SHAPES
+    from hicache.spec.shapes import SHAPES
 
     page_bytes = SHAPES["llama3-8b"].kv_bytes_per_page(64, tp=2)
     spec = StorageSpec(latency_ms=2.0, bandwidth_gbps=3.0, kv_page_bytes=page_bytes)

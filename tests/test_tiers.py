@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from hicache.controller import KV, CacheController
-from hicache.pools import PagePool, verify_pages
-from hicache.radix_tree import RadixTree
-from hicache.storage import SimStorage, StorageSpec
-from hicache.tiers import Tiers
+from hicache.cache.controller import KV, CacheController
+from hicache.cache.tiers import Tiers
+from hicache.memory.pools import PagePool, verify_pages
+from hicache.memory.radix_tree import RadixTree
+from hicache.memory.storage import SimStorage, StorageSpec
 
 PS = 4
 ELEMS = 8

@@ -14,8 +14,8 @@ import pytest
 
 from bench.commands.timeline import main as timeline_main
 from bench.timeline.clock import estimate_offsets, waits
-from hicache.events import COLLECTIVE, SCHEDULER_THREAD, EventLog
-from hicache.records import Stats
+from hicache.comm.records import Stats
+from hicache.memory.events import COLLECTIVE, SCHEDULER_THREAD, EventLog
 
 RUN = ["--preset", "ci", "--requests", "6", "--bystanders", "2", "--repeats", "1",
        "--protocols", "pre27010,pr27010,pr36425", "--policies", "wait_complete"]

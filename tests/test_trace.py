@@ -18,7 +18,7 @@ from bench.run.trace import (
     requests,
     reuse_bounds,
 )
-from hicache.hashing import page_hashes
+from hicache.memory.hashing import page_hashes
 
 REPO = Path(__file__).resolve().parent.parent
 EXCERPT = REPO / "traces" / "mooncake_conversation_400.jsonl"

@@ -3,7 +3,7 @@
 import pytest
 
 from bench.run.workload import WorkloadSpec, build
-from hicache.hashing import page_hashes
+from hicache.memory.hashing import page_hashes
 
 
 def test_same_seed_same_requests_and_poisson_order():
@@ -59,8 +59,8 @@ def test_burst_and_bystanders():
 
 def test_plan_sizes_storage_and_forward_from_the_model():
     from bench.run.plan import Cell, RunPlan
-    from hicache.shapes import SHAPES
-    from hicache.step_time import roofline
+    from hicache.spec.shapes import SHAPES
+    from hicache.spec.step_time import roofline
 
     cell = Cell(0, 0, 8.0, "timeout", "pr36425")
     plan = RunPlan(tp=2, model="llama3-8b", gpu="h100")

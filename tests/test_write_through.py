@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.scheduler import Request
-from hicache.storage import StorageSpec
-from hicache.system import System, setup_distributed
+from hicache.comm.comm import Layout
+from hicache.memory.storage import StorageSpec
+from hicache.serve.scheduler import Request
+from hicache.serve.system import System, setup_distributed
+from hicache.spec.config import HiCacheConfig
 
 PAGE = 64
 PAGES = 8  # the first request's prompt: 8 whole pages and one token

@@ -13,7 +13,7 @@ import pandas as pd
 
 from bench.rundir.schema import REFERENCE_PROTOCOL
 from bench.tables import interval_text
-from hicache.cost_model import OPEN_PRS, POLICIES, PROTOCOLS
+from hicache.spec.cost_model import OPEN_PRS, POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
 HEADLINE_POLICIES = ("wait_complete", "timeout")

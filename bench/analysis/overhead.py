@@ -13,7 +13,7 @@ waits c_ar for it when the forward outlasts it.
 c_ar is one small all-reduce on the TP control-plane group (measured by the run's
 calibration, bench.run.calibrate), c_hop one point-to-point PP hop (measured when PP > 1, else
 taken as half a 2-rank all-reduce: one message instead of a round trip). T and P come from
-hicache.cost_model.decision_per_poll. The walk's collectives run on the CPU before the
+hicache.spec.cost_model.decision_per_poll. The walk's collectives run on the CPU before the
 forward is launched, so they add to the step, and every running request's inter-token
 latency pays them.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from hicache.cost_model import decision_per_poll, hidden_per_step
+from hicache.spec.cost_model import decision_per_poll, hidden_per_step
 
 SCALINGS = ("ring", "log2")
 

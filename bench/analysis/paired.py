@@ -89,7 +89,7 @@ def _check_same_schedule(x: pd.DataFrame, y: pd.DataFrame, a: str, b: str, polic
                                f"differs); steps pair by index only on one schedule")
 
 
-# ---- the step-paired design (bench run --pairing step, hicache.twin) --------------------------
+# ---- the step-paired design (bench run --pairing step, hicache.cache.twin) -----------------------
 #
 # Every step of a cell holds both sides' polls, timed back to back: poll_ms (the cell's
 # protocol) and twin_poll_ms (the reference's). Per step d_k = poll_ms - twin_poll_ms is the

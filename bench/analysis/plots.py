@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from bench.rundir.files import atomic_open
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
 SITES = {"decision_collectives": "decision", "completion_collectives": "completion",
          "pp_hops": "PP hops", "hit_query_collectives": "hit query", "ack_collectives": "acks"}

@@ -1,7 +1,7 @@
 """Judging schedule digests (docs/design.md, "Pinned schedules").
 
 Every serve ends with a digest of its schedule: each step's kind, batch, polled requests
-and their outcomes (hicache.scheduler). Under a pinned schedule the digest is a function of
+and their outcomes (hicache.serve.scheduler). Under a pinned schedule the digest is a function of
 the seed, so two serves of one seed must agree, and so must protocols that decide alike
 by design: same inputs, same answers, only the collectives they pay differ. Under a free
 schedule digests are reported, never judged (the schedule follows the wall clock).

@@ -30,7 +30,7 @@ from bench.stats import (
     ratio_interval,
     stat_value,
 )
-from hicache.cost_model import decision_per_poll
+from hicache.spec.cost_model import decision_per_poll
 
 CLASSES = ("prefetch", "bystander")
 # Ratio metrics vs pr27010 (schema.RATIO_METRICS): name -> (source, class filter, statistic)

@@ -3,7 +3,7 @@
 One summary row per configuration group (GROUP_KEYS): a protocol x policy cell of the matrix
 for one layout, storage, rate and extra-pool setting, pooled over repeats; its ratios to
 pr27010 come with between-repeat intervals (bench.stats). Collective counts are rank 0's
-(see hicache.cost_model); expectations come from the same analytic model, so a row whose
+(see hicache.spec.cost_model); expectations come from the same analytic model, so a row whose
 measured and expected columns differ has a protocol or counting bug.
 """
 
@@ -39,7 +39,7 @@ from bench.stats import (
     ratio_interval,
 )
 from bench.tables import interval_text
-from hicache.cost_model import POLICIES, PROTOCOLS, expected_per_request
+from hicache.spec.cost_model import POLICIES, PROTOCOLS, expected_per_request
 
 
 def config_groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from bench.analysis import serving_json
 from bench.tables import markdown_table
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
 SWEEP_PANELS = [("prefetch_ttft", "TTFT, prefetch class (ms)"),
                 ("bystander_ttft", "TTFT, bystander class (ms)"),

@@ -22,7 +22,7 @@ from bench.hazards.scenarios import SCENARIOS, check_choice, runs
 from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
-from hicache.cost_model import PROTOCOLS
+from hicache.spec.cost_model import PROTOCOLS
 
 PROG = "bench hazards"
 

@@ -27,10 +27,10 @@ from bench.run.plan import (
 from bench.rundir.env import short_sha
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import FAILURE_COLUMNS
-from hicache.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
-from hicache.pinned import SCHEDULES
-from hicache.shapes import SHAPES
-from hicache.step_time import GPUS
+from hicache.spec.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
+from hicache.spec.pinned import SCHEDULES
+from hicache.spec.shapes import SHAPES
+from hicache.spec.step_time import GPUS
 
 PROG = "bench run"
 GROUPS = {  # --help's sections: title -> what they set

@@ -1,12 +1,12 @@
 """`bench run`'s workload and cache-tier flags: a trace replay (bench.run.trace) instead of the
-synthetic workload, its window and load, and the device tier's write path (hicache.tiers).
+synthetic workload, its window and load, and the device tier's write path (hicache.cache.tiers).
 Validated here, before any rank starts; a bad trace file is one line naming its line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hicache.config import WRITE_POLICIES
+from hicache.spec.config import WRITE_POLICIES
 
 
 def add_flags(a) -> None:

@@ -18,7 +18,7 @@ from bench.run.plan import plan_differences
 from bench.rundir.files import ResultFileError, clean_key
 from bench.rundir.rundir import LEGACY_SCHEMA_VERSION, RunDir
 from bench.rundir.schema import CONFIG_COLUMNS, GROUP_KEYS
-from hicache.cost_model import POLICIES, PROTOCOLS
+from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
 DEFAULT_THRESHOLD = 0.05
 RUN_LEVEL = ("preset", "world_size", "device", "backend", "seed")  # checked, warned or noted

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from bench.rundir.schema import COUNT_COLUMNS
-from hicache.cost_model import modelled
+from hicache.spec.cost_model import modelled
 
 REQUEST_KEYS = ["protocol", "policy", "repeat", "rid"]
 SHOWN = 20  # differences listed in full; the rest are counted

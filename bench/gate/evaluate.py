@@ -2,7 +2,7 @@
 (the engine of `python -m bench gate`, bench.commands.gate).
 
 Hard checks are exact (counts never depend on timing): measured decision and background
-collectives equal the analytic model (hicache.cost_model) for every request, every rank
+collectives equal the analytic model (hicache.spec.cost_model) for every request, every rank
 agreed, no data errors, and no protocol spends more decision collectives per poll than the
 committed baseline. The timing checks (bench.gate.timing) use between-repeat intervals: with
 --ab the baseline revision and this tree run interleaved on this machine (bench.ab.blocks) and each

@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 
 from bench.hazards.scenarios import Scenario
-from hicache.cache import HiCache
-from hicache.comm import Layout
-from hicache.config import HiCacheConfig
-from hicache.request import Request
-from hicache.storage_spec import StorageSpec
-from hicache.system import System, setup_distributed
+from hicache.cache.cache import HiCache
+from hicache.comm.comm import Layout
+from hicache.serve.system import System, setup_distributed
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.request import Request
+from hicache.spec.storage_spec import StorageSpec
 
 HARNESS_TIMEOUT_S = 30.0
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from hicache.comm import MODEL_ALLREDUCE, PP_HOP, REQUEST_BROADCAST, SCHEDULER_SITES
+from hicache.comm.comm import MODEL_ALLREDUCE, PP_HOP, REQUEST_BROADCAST, SCHEDULER_SITES
 
 OK, DEADLOCK, ABORT, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
     "OK", "deadlock", "abort", "divergence", "corrupt", "failed", "harness")

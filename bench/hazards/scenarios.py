@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hicache.step_time import StepTimeModel
+from hicache.spec.step_time import StepTimeModel
 
 
 @dataclass(frozen=True)

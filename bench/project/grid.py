@@ -15,7 +15,7 @@ import numbers
 from dataclasses import dataclass
 
 from bench.analysis.overhead import extra_step_ms, inflation, per_poll_ms, scaled_allreduce_ms
-from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll
+from hicache.spec.cost_model import POLICIES, PROTOCOLS, decision_per_poll
 
 TPS = (2, 4, 8, 16, 32, 64)
 PPS = (1, 2, 4)

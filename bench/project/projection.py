@@ -34,7 +34,7 @@ from bench.rundir.files import (
 )
 from bench.rundir.rundir import RunDir, utc_time
 from bench.tables import markdown_table
-from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll
+from hicache.spec.cost_model import POLICIES, PROTOCOLS, decision_per_poll
 
 SUMMARY_NUMERIC = ["tp", "pp", "polls_per_step", "decode_step_p50_ms", *MEASURED]
 SCALING_TEXT = {
@@ -245,7 +245,7 @@ def assumption_lines(a: Assumptions) -> list[str]:
         "- Model (docs/design.md section 8): extra scheduler time per step = Q x (T x c(TP) + P x "
         "(PP - 1) x c_hop), where Q is the number of waiting requests with a pending "
         "prefetch the walk polls in one step, and T and P the TP all-reduces and PP hops one "
-        "poll costs (hicache.cost_model). The walk's collectives run on the CPU before the "
+        "poll costs (hicache.spec.cost_model). The walk's collectives run on the CPU before the "
         "forward is launched, so they lengthen the whole step.",
         f"- {a.c_text}",
         f"- Scaling from TP{a.tp0} to other TP sizes, {SCALING_TEXT[a.scaling]}. This is an "

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from bench.stats import percentile
-from hicache.comm import CALIBRATION, CollectiveCounter, Comm, Groups, Layout
+from hicache.comm.comm import CALIBRATION, CollectiveCounter, Comm, Groups, Layout
 
 METHOD = ("back-to-back MAX all-reduces of 2 int32 on the TP CPU gloo group, timed around "
           "each call on every rank (rank 0's samples reported), after a warm-up; mean CI: "

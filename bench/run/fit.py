@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from bench.run.plan import RunPlan
-from hicache.kv_layout import budget_holding, kv_layout, max_input_tokens
+from hicache.memory.kv_layout import budget_holding, kv_layout, max_input_tokens
 
 
 def oversized_line(plan: RunPlan, device: torch.device) -> str | None:

@@ -14,9 +14,9 @@ from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, C
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
 from bench.rundir.env import REPO_DIR
-from hicache.config import HiCacheConfig
-from hicache.cost_model import POLICIES, PROTOCOLS
-from hicache.storage_spec import StorageSpec
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.cost_model import POLICIES, PROTOCOLS
+from hicache.spec.storage_spec import StorageSpec
 from sglang_adapter.target import ChoiceError, choose_for_run
 
 REPEAT_SEEDS = ("same", "distinct")

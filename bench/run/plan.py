@@ -13,11 +13,11 @@ from bench.run import workload as synthetic
 from bench.run.trace import TraceSpec
 from bench.run.workload import Workload, WorkloadSpec
 from bench.rundir.env import REPO_DIR
-from hicache.config import HiCacheConfig
-from hicache.cost_model import POLICIES
-from hicache.shapes import get_shape
-from hicache.step_time import StepTimeModel, roofline
-from hicache.storage_spec import StorageSpec
+from hicache.spec.config import HiCacheConfig
+from hicache.spec.cost_model import POLICIES
+from hicache.spec.shapes import get_shape
+from hicache.spec.step_time import StepTimeModel, roofline
+from hicache.spec.storage_spec import StorageSpec
 from sglang_adapter.target import Target
 
 # The five protocols the project compares: what "every protocol" means for a preset (the
@@ -61,7 +61,7 @@ class RunPlan:
     # Pinned: serve a cell again, up to this many times, when the machine lost more than
     # bench.run.machine.LIMIT of its CPU time to steal or other processes during it
     redo_disturbed: int | None = None
-    model: str = "llama3-8b"  # hicache.shapes: KV bytes per page, the forward's time or shape
+    model: str = "llama3-8b"  # hicache.spec.shapes: KV bytes per page, the forward's time or shape
     gpu: str = "h100"  # the GPU whose forward the CPU stand-in sleeps out; none: no sleep
     step_ms: float | None = None  # overrides the modelled decode step's fixed part
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
@@ -75,7 +75,7 @@ class RunPlan:
     neighbour: str | None = None
     # How the protocols of one repeat are served: None (one after another, interleaved) or
     # "duet" (all at the same time, each on ranks of its own: bench.run.duet) or "step"
-    # (every poll also asks the first protocol, back to back in the same step: hicache.twin)
+    # (every poll also asks the first protocol, back to back in the same step: hicache.cache.twin)
     pairing: str | None = None
     # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), its
     # protocol column `Target.name`; None: the project's cache (--cache project)
@@ -113,7 +113,7 @@ class RunPlan:
 
     @property
     def schedule(self) -> str:
-        """free (the wall clock decides) or pinned (a virtual clock: hicache.pinned)."""
+        """free (the wall clock decides) or pinned (a virtual clock: hicache.spec.pinned)."""
         return str(dict(self.system).get("schedule", "free"))
 
     def step_time(self) -> StepTimeModel:
@@ -138,7 +138,7 @@ class RunPlan:
 
     def twin(self, cell: Cell) -> str:
         """Under step pairing, the protocol every poll of `cell` also asks (the reference,
-        the first protocol: hicache.twin); "" otherwise."""
+        the first protocol: hicache.cache.twin); "" otherwise."""
         return self.protocols[0] if self.pairing == "step" else ""
 
     def repeat_seed(self, cell: Cell) -> int:

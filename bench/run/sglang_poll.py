@@ -4,7 +4,7 @@ release (docs/sglang.md): the engine of `bench sglang-poll`.
 Every rank loads SGLang from the SPEC (sglang_adapter.loader) and polls one pending prefetch
 per policy with SGLang's own `check_prefetch_progress` (sglang_adapter.poll); the door
 counts each collective at SGLang's call site. Per request: rank 0's decision collectives
-per poll that reached the decision, beside `hicache.cost_model.decision_per_poll` of the
+per poll that reached the decision, beside `hicache.spec.cost_model.decision_per_poll` of the
 protocol the project models the release with, and its per-step collectives
 (check_hicache_events) beside `per_step`; a row is OK when both are equal, every rank
 polled alike and the door's counts equal torch's sequence numbers on every group.
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from bench.run.launch import launch
-from hicache.cost_model import decision_per_poll, per_step
+from hicache.spec.cost_model import decision_per_poll, per_step
 from sglang_adapter.cases import POLICIES, PollCase
 from sglang_adapter.source import Source
 from sglang_adapter.target import MODELLED, modelled_protocol  # noqa: F401 (re-exported)

@@ -28,8 +28,12 @@ from bench.rundir.schema import (
 )
 from bench.rundir.timeline import write_events
 from bench.stats import percentile
-from hicache.comm import SITES
-from hicache.consensus import compare_decisions, describe_disagreements, disagreement_scope
+from hicache.agreement.consensus import (
+    compare_decisions,
+    describe_disagreements,
+    disagreement_scope,
+)
+from hicache.comm.comm import SITES
 
 MS = 1000.0
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.run.workload import Workload
-from hicache.request import Request
+from hicache.spec.request import Request
 
 BLOCK_TOKENS = 512
 VOCAB = 32000

@@ -17,11 +17,11 @@ from bench.run import calibrate, duet, fit, machine, workload
 from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
 from bench.run.sink import ResultSink
-from hicache.cache import HiCache
-from hicache.comm import Groups, Layout
-from hicache.loadback import h2d_peak
-from hicache.seam import CacheFactory
-from hicache.system import System, pick_device, setup_distributed
+from hicache.cache.cache import HiCache
+from hicache.comm.comm import Groups, Layout
+from hicache.memory.loadback import h2d_peak
+from hicache.serve.seam import CacheFactory
+from hicache.serve.system import System, pick_device, setup_distributed
 
 log = logging.getLogger("bench")
 
@@ -93,7 +93,7 @@ def _agree(flag: bool, layout: Layout) -> bool:
 
 
 def cache_factory(plan: RunPlan) -> CacheFactory:
-    """The system under test (hicache.seam): the project's HiCache, or with --cache sglang
+    """The system under test (hicache.serve.seam): the project's HiCache, or with --cache sglang
     SGLang's decisions behind the seam (sglang_adapter.cache, which imports SGLang in this
     process once)."""
     if plan.sglang is None:

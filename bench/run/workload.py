@@ -20,7 +20,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from hicache.request import Request
+from hicache.spec.request import Request
 
 VOCAB = 32000
 

@@ -29,7 +29,7 @@ TOKEN_COLUMNS = ["prompt_tokens", "device_hit_tokens", "host_hit_tokens", "stora
 # Per-tier hit ratios in summary.csv: each source's share of all prompt tokens.
 TIER_COLUMNS = ["device_hit_ratio", "host_hit_ratio", "storage_hit_ratio", "computed_ratio",
                 "reuse_bound_ratio"]
-# The write path's pages per rank (hicache.tiers), empty when the device tier is off.
+# The write path's pages per rank (hicache.cache.tiers), empty when the device tier is off.
 WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_pages",
                       "dropped_host_pages", "device_slots_unaccounted"]
 

@@ -4,7 +4,7 @@ timeline` draws from them.
 
 One gzipped JSON object per cell and rank, `timeline/cell007.rank1.json.gz`: the cell
 (protocol, policy, repeat, rate, index), the rank's place in the grid, its process groups'
-member ranks, every thread's events (hicache.events), and its steps and requests with
+member ranks, every thread's events (hicache.memory.events), and its steps and requests with
 their unrounded stamps (this rank's time.monotonic() seconds; `arrival` is rank 0's).
 """
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hicache.events import COLLECTIVE
+from hicache.memory.events import COLLECTIVE
 
 SYMMETRIC_OPS = ("all_reduce",)  # every member waits for every other
 ROOTED_OPS = ("broadcast",)  # receivers wait for the group's first rank

@@ -13,7 +13,7 @@ from matplotlib.patches import Patch
 
 from bench.rundir.files import atomic_open
 from bench.timeline.slices import THREAD_ORDER, Timeline
-from hicache.events import SCHEDULER_THREAD
+from hicache.memory.events import SCHEDULER_THREAD
 
 FIGURE_STEPS = 4  # steps per panel
 SITE_COLORS = {"decision": "#d62728", "completion": "#ff7f0e", "request_broadcast": "#7f7f7f",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from bench.timeline.clock import Offset, estimate_offsets, waits
 from bench.timeline.load import CellRecord
-from hicache.events import (
+from hicache.memory.events import (
     COLLECTIVE,
     EXISTS,
     FORWARD,
@@ -38,7 +38,7 @@ class Slice:
     start: float  # seconds, rank 0's clock
     end: float
     name: str
-    kind: str  # the hicache.events kind, or "wait" (inside a collective)
+    kind: str  # the hicache.memory.events kind, or "wait" (inside a collective)
     args: dict = field(default_factory=dict)
     flows: list[int] = field(default_factory=list)  # request flows passing through it
 

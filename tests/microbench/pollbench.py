@@ -21,13 +21,13 @@ import torch
 import torch.distributed as dist
 
 from bench.run.launch import free_port
-from hicache.cache import HiCache
-from hicache.comm import COMPLETION, DECISION, Groups, Layout
-from hicache.config import HiCacheConfig
-from hicache.controller import PrefetchOp
-from hicache.hashing import page_hashes
-from hicache.records import RequestStats
-from hicache.system import System, setup_distributed
+from hicache.cache.cache import HiCache
+from hicache.cache.controller import PrefetchOp
+from hicache.comm.comm import COMPLETION, DECISION, Groups, Layout
+from hicache.comm.records import RequestStats
+from hicache.memory.hashing import page_hashes
+from hicache.serve.system import System, setup_distributed
+from hicache.spec.config import HiCacheConfig
 
 TP = 2
 TIMEOUT_S = 60.0

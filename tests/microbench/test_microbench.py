@@ -16,11 +16,11 @@ import time
 import pytest
 import torch
 
-from hicache.comm import CollectiveCounter
-from hicache.cost_model import POLICIES, PROTOCOLS, decision_per_poll
-from hicache.events import EventLog
-from hicache.hashing import page_hashes
-from hicache.radix_tree import RadixTree
+from hicache.comm.comm import CollectiveCounter
+from hicache.memory.events import EventLog
+from hicache.memory.hashing import page_hashes
+from hicache.memory.radix_tree import RadixTree
+from hicache.spec.cost_model import POLICIES, PROTOCOLS, decision_per_poll
 from tests.microbench.pollbench import RID, TP, PollGroup, counts, install_pending, more
 
 pytestmark = pytest.mark.microbench

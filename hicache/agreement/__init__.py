@@ -1,0 +1,1 @@
+"""Who agrees on what, with which collective: the termination protocols, their helpers."""

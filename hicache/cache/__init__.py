@@ -1,0 +1,1 @@
+"""HiCache: the scheduler side (poll, per-step events, load-back) and the controller's threads."""

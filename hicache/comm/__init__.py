@@ -1,0 +1,1 @@
+"""Process groups, the counting wrapper every collective goes through, and its records."""

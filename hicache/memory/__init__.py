@@ -1,0 +1,1 @@
+"""The tree, the host and device pools, the storage tier, page hashes and load-back."""

@@ -1,0 +1,1 @@
+"""One rank's system: its scheduler loop and the seam a cache under test plugs into."""

@@ -1,0 +1,211 @@
+"""One frozen, validated configuration for the system under test."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from hicache.spec.cost_model import (
+    BUFFER_ONLY_PROTOCOLS,
+    HOST_MEMORY,
+    POLICIES,
+    PROTOCOLS,
+    TWINS,
+    ticket_path,
+)
+from hicache.spec.pinned import SCHEDULES
+from hicache.spec.shapes import get_shape
+from hicache.spec.step_time import StepTimeModel
+from hicache.spec.storage_spec import StorageSpec
+
+WRITE_POLICIES = ("none", "write_through", "write_back")
+HAZARDS = ("", "ongoing_skew", "early_return", "span_skew")
+SIDECAR_HIT_POLICIES = ("all_pages", "trailing_pages")
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    protocol: str = "pr36425"
+    policy: str = "timeout"
+    tp: int = 1
+    pp: int = 1
+    page_size: int = 64
+    prefetch_threshold: int = 256  # tokens; shorter page-aligned prefixes are not fetched
+    timeout_base_s: float = 1.0  # UnifiedRadixCache defaults
+    timeout_per_ki_token_s: float = 0.25
+    race_guard: bool = True  # PR #27550's pool_transfers_done check (pre27010 only)
+    extra_pool: bool = False  # side-car INDEXER pool read after the KV pages
+    # Its hit policy: "all_pages" (INDEXER shaped, every page needed) or "trailing_pages"
+    # (SWA / Mamba shaped: 0.5.23 then agrees on restorable endpoints: hicache.agreement.hit_query).
+    sidecar_hit_policy: str = "all_pages"
+    # "cache": host memory is an L2 tier (prefetched pages stay in the host tree);
+    # "buffer_only": staging only (freed after load-back), and with PP > 1 0.5.23's
+    # PP-ticket path (docs/releases.md).
+    host_memory: str = "cache"
+    kv_page_elems: int = 128  # floats per KV page (content is synthetic)
+    sidecar_page_elems: int = 16
+    host_pool_pages: int = 8192
+    device_pool_pages: int = 4096
+    max_prefill_tokens: int = 4096  # the batch token budget, agreed by all ranks
+    model: str = "toy"  # hicache.spec.shapes: KV bytes, step-time model, CUDA forward shapes
+    # KV pages: "real" = the model's KV bytes per page (hicache.memory.kv_layout), "synthetic" = a
+    # float32 signature row only, "auto" = real on CUDA with a non-toy model.
+    kv_bytes: str = "auto"
+    kv_budget_gib: float = 4.0  # real pages: bytes of each of the host and device pools
+    budget_skew: float = 0.0  # rank-local walk horizon skew (SGLang #30760), 0 = off
+    layers: int = 2  # prefill emulation: per layer a matmul and a data-plane all-reduce
+    hidden: int = 64
+    allreduce_tokens: int = 16  # rows of the per-layer all-reduce (fixed: a padded decode batch)
+    max_running_requests: int = 256  # the running (decode) batch's bound; full: no walk
+    # The device tier and the write path (hicache.cache.tiers): "none" = computed pages are not
+    # kept (the synthetic presets); write_through (SGLang's default) / write_back = a
+    # device prefix cache whose pages reach the host and then storage.
+    write_policy: str = "none"
+    # Pools never evict (checks): page counts are the *_pool_pages fields as given, the
+    # budget and the prefetch rate limit do not apply.
+    unbounded_pools: bool = False
+    # With the device tier: the host pool's budget over the device pool's (SGLang's
+    # --hicache-ratio, 2.0 by default in cache mode); 1 without it (kv_budget_gib each).
+    host_ratio: float = 2.0
+    consensus_check: bool = False  # SGLang's @rank_consensus, off by default
+    # Record the timeline (hicache.memory.events: every collective, poll, storage batch and copy,
+    # stamped), for `bench timeline`; off by default (docs/timeline.md, "Cost").
+    timeline: bool = False
+    consensus_interval_s: float = 0.05
+    collective_timeout_s: float = 60.0
+    # A prompt of max_input_tokens or more (the device pool's, hicache.cache.prefill_pages) is
+    # refused, as SGLang's validate_input_length does; True cuts it to that length instead
+    # (SGLang's --allow-auto-truncate).
+    allow_auto_truncate: bool = False
+    # Hazard variants (docs/hazards.md): "ongoing_skew" = one rank alone drops a prefetch
+    # from its ongoing set (SGLang #38273); "early_return" = the per-step MIN is skipped by
+    # a rank whose own host-copy queue is empty, and one rank's first host copy fails
+    # (before #27489 / #26923; needs a write_policy); "span_skew" = PP stage 0 already holds
+    # the first half of every prefix in its host tree and later stages do not, so the
+    # stages' request spans differ (SGLang PR #39267's report; needs PP > 1). "" = none.
+    hazard: str = ""
+    kill_rank: int = -1  # fault injection: this rank exits at kill_step
+    kill_step: int = -1
+    # Fault injection: every step whose walk polls a pending prefetch spins this many ms
+    # more, in `planted_protocol`'s cells only: a known host cost that a paired design must
+    # recover (tests/test_pairing.py). 0: none.
+    planted_step_ms: float = 0.0
+    planted_protocol: str = ""
+    # The step-paired design (hicache.cache.twin): every poll also asks this protocol, back to back
+    # on the same facts, each side timed; their answers must agree. "" = no twin.
+    twin_protocol: str = ""
+    # Fault injection: from this step on the twin's answers are flipped, so the pair disagrees
+    # and the run must fail (tests/test_step_pairing.py). -1: never.
+    planted_disagreement_from_step: int = -1
+    storage: StorageSpec = field(default_factory=StorageSpec)
+    # Modelled forward time on CPU (hicache.spec.step_time); all zero: steps last their CPU work.
+    step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    # The step sleeps out the rest of its modelled forward (the CPU stand-in); False where
+    # the forward is real and step_time only drives a pinned schedule's virtual clock.
+    pad_forward: bool = True
+    # "free": the wall clock decides when things become true; "pinned": a virtual clock
+    # advanced by the modelled forward (hicache.spec.pinned), the same schedule on every run.
+    schedule: str = "free"
+    idle_step_ms: float = 1.0  # pinned: virtual time of a step without a forward
+
+    def _check_pinned(self) -> None:
+        """The combinations a pinned schedule cannot pin (yet): one line each."""
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; choose from "
+                             f"{', '.join(SCHEDULES)}")
+        if self.schedule == "free":
+            return
+        if not self.step_time.enabled:
+            raise ValueError("a pinned schedule needs a modelled forward time (its virtual "
+                             "clock advances by it): --gpu none cannot be pinned")
+        if self.tiers:
+            raise ValueError("a pinned schedule does not yet pin the write path's host "
+                             "copies and storage writes: write_policy needs none, or "
+                             "--schedule free")
+        if self.extra_pool:
+            raise ValueError("a pinned schedule does not pin side-car pool reads: "
+                             "--extra-pool needs --schedule free")
+        if ticket_path(self.protocol, self.pp, self.host_memory):
+            raise ValueError("a pinned schedule does not pin 0.5.23's PP-ticket path "
+                             "(buffer_only, PP > 1): use --schedule free")
+        if not self.idle_step_ms > 0:
+            raise ValueError(f"idle_step_ms must be > 0, got {self.idle_step_ms}")
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.protocol!r}; "
+                             f"choose from {', '.join(PROTOCOLS)}")
+        if self.host_memory not in HOST_MEMORY:
+            raise ValueError(f"host_memory must be {' or '.join(HOST_MEMORY)}, "
+                             f"got {self.host_memory!r}")
+        if self.host_memory == "buffer_only" and self.protocol not in BUFFER_ONLY_PROTOCOLS:
+            raise ValueError(f"host_memory buffer_only is not modelled for {self.protocol} "
+                             f"(its releases have no such mode); choose from "
+                             f"{', '.join(BUFFER_ONLY_PROTOCOLS)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
+        for name in ("tp", "pp", "page_size", "host_pool_pages", "device_pool_pages",
+                     "max_prefill_tokens", "max_running_requests", "layers", "hidden",
+                     "allreduce_tokens", "kv_page_elems", "sidecar_page_elems"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        get_shape(self.model)  # ValueError naming the known models
+        if self.twin_protocol and not {self.protocol, self.twin_protocol} <= set(TWINS):
+            raise ValueError(f"step pairing pairs protocols that decide alike in the poll "
+                             f"({', '.join(TWINS)}), got {self.protocol} and "
+                             f"{self.twin_protocol}")
+        if self.planted_step_ms < 0:
+            raise ValueError(f"planted_step_ms must be >= 0, got {self.planted_step_ms}")
+        if self.kv_bytes not in ("auto", "real", "synthetic"):
+            raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, "
+                             f"got {self.write_policy!r}")
+        if self.write_policy != "none" and self.host_memory == "buffer_only":
+            raise ValueError("buffer_only host memory holds no cache tier (the tree never has "
+                             "host pages): write_policy needs host_memory cache")
+        if self.write_policy != "none" and self.extra_pool:
+            raise ValueError("the device tier does not model side-car pools: write_policy "
+                             "needs extra_pool off")
+        if not self.host_ratio > 0:
+            raise ValueError(f"host_ratio must be > 0, got {self.host_ratio}")
+        if not self.kv_budget_gib > 0:
+            raise ValueError(f"kv_budget_gib must be > 0, got {self.kv_budget_gib}")
+        if self.prefetch_threshold < 0:
+            raise ValueError("prefetch_threshold must be >= 0")
+        if not 0.0 <= self.budget_skew < 1.0:
+            raise ValueError(f"budget_skew must be in [0, 1), got {self.budget_skew}")
+        if self.timeout_base_s < 0 or self.timeout_per_ki_token_s < 0:
+            raise ValueError("prefetch timeouts must be >= 0")
+        if self.hazard not in HAZARDS:
+            raise ValueError(f"unknown hazard {self.hazard!r}; choose from "
+                             f"{', '.join(h for h in HAZARDS if h)} or none")
+        if self.hazard == "early_return" and self.write_policy == "none":
+            raise ValueError("hazard early_return needs a write policy (its queue is the "
+                             "host copies of the write path)")
+        if self.sidecar_hit_policy not in SIDECAR_HIT_POLICIES:
+            raise ValueError(f"sidecar_hit_policy must be {' or '.join(SIDECAR_HIT_POLICIES)}, "
+                             f"got {self.sidecar_hit_policy!r}")
+        if self.sidecar_hit_policy == "trailing_pages" and not self.extra_pool:
+            raise ValueError("sidecar_hit_policy trailing_pages needs extra_pool (the side-car)")
+        if self.hazard == "span_skew" and self.pp < 2:
+            raise ValueError("hazard span_skew needs PP > 1 (its spans differ between stages)")
+        if self.collective_timeout_s <= 0:
+            raise ValueError("collective_timeout_s must be > 0")
+        self._check_pinned()
+
+    @property
+    def tiers(self) -> bool:
+        """The device tier and the write path are on."""
+        return self.write_policy != "none"
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    def row(self) -> dict:
+        """Flat fields for run headers and result rows."""
+        d = asdict(self)
+        storage = d.pop("storage")
+        d.update({f"storage_{k}": v for k, v in storage.items()})
+        d.update({f"step_time_{k}": v for k, v in d.pop("step_time").items()})
+        return d
