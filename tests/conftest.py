@@ -66,3 +66,19 @@ def bench_run(tmp_path_factory) -> Callable[..., Path]:
         return built[key]
 
     return run
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own summary: the last lines a user reads
+def pytest_terminal_summary(terminalreporter):
+    """One line per reason anything was skipped, with its count, at the very end: a skip is
+    for a machine that cannot run a test (no CUDA, no package index), and says so."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.write_sep("-", "skipped, by reason")
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"skipped {n}: {reason}")

@@ -22,6 +22,7 @@ from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
 from sglang_adapter.poll import POLICIES, PollCase, poll_rank
 from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve, unpack
 from tests.helpers import launch
+from tests.sglang_wheels import sglang_wheel
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELS = DEFAULT_CACHE
@@ -30,10 +31,7 @@ DECISION = "mem_cache/unified_radix_cache.py:_can_terminate_prefetch"
 
 
 def _wheel(version: str) -> Path:
-    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.skip(f"no sglang {version} wheel in {WHEELS} (make sglang-fetch)")
-    return found[-1]
+    return sglang_wheel(version)
 
 
 # ---- SPEC: a release, a wheel, a tree; one line on bad input -------------------------------

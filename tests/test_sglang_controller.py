@@ -21,7 +21,8 @@ import pytest
 from bench.run import sglang_controller as check
 from bench.run.launch import launch
 from sglang_adapter.controller import controller_rank
-from sglang_adapter.source import DEFAULT_CACHE, resolve, unpack
+from sglang_adapter.source import resolve, unpack
+from tests.sglang_wheels import sglang_wheel
 
 # make sglang-check: in make test SGLang 0.5.23's controller path runs inside `bench run
 # --cache sglang --sglang-controller` (tests/test_sglang_run.py), one TP2 launch for both.
@@ -45,10 +46,7 @@ def _wheel(version: str):
     if shutil.which(os.environ.get("CXX", "c++")) is None or \
             not Path("/usr/include/openssl/sha.h").exists():
         pytest.skip("no C++ compiler or OpenSSL headers to build SGLang's page-hash extension")
-    found = sorted(DEFAULT_CACHE.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.skip(f"no sglang {version} wheel in {DEFAULT_CACHE} (make sglang-fetch)")
-    return resolve(str(found[-1]))
+    return resolve(str(sglang_wheel(version)))
 
 
 def _by_request(calls) -> dict[str, Counter]:

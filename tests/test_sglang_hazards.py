@@ -16,6 +16,7 @@ import pytest
 
 from bench.hazards.sglang import HazardCase, run_hazard
 from sglang_adapter.source import DEFAULT_CACHE, resolve
+from tests.sglang_wheels import sglang_wheel
 
 REPO = Path(__file__).resolve().parent.parent
 DECIDE = {"0.5.23": "_can_terminate_prefetch:2311 < check_prefetch_progress:2405",
@@ -27,10 +28,7 @@ STEP_MIN = {"0.5.23": "_sync_hicache_ready_counts:3459 < check_hicache_events:36
 
 
 def _source(version: str):
-    found = sorted(DEFAULT_CACHE.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        pytest.skip(f"no sglang {version} wheel in {DEFAULT_CACHE} (make sglang-fetch)")
-    return resolve(str(found[-1]))
+    return resolve(str(sglang_wheel(version)))
 
 
 @pytest.mark.parametrize("kw, words", [

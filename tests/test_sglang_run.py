@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from hicache.spec.cost_model import expected_per_request, per_step
-from sglang_adapter.source import DEFAULT_CACHE
+from tests.sglang_wheels import sglang_wheel
 
 REPO = Path(__file__).resolve().parent.parent
 # A small pinned serve with every policy; slow reads (60 ms a batch) and a short timeout
@@ -87,9 +87,7 @@ def both_runs(request, tmp_path_factory):
     """One seed served by SGLang's code of a release and by the project's model of it."""
     release, protocol, family, (tp, pp), site, *rest = request.param
     path = rest[0] if rest else "auto"
-    wheels = sorted(DEFAULT_CACHE.glob(f"sglang-{release}-*.whl"))
-    if not wheels:
-        pytest.skip(f"no sglang {release} wheel in {DEFAULT_CACHE} (make sglang-fetch)")
+    wheels = [sglang_wheel(release)]
     root = tmp_path_factory.mktemp(f"sglang_run_{release}")
     out = {"name": f"sglang-{release}@{family}", "site": site, "protocol": protocol,
            "layout": (tp, pp)}
@@ -204,9 +202,7 @@ def test_an_sglang_it_cannot_drive_is_refused_before_any_rank(tmp_path, capsys):
 def test_a_planted_all_reduce_shows_in_bench_run_at_its_line(tmp_path):
     from tests.test_sglang_adapter import _planted_tree
 
-    wheels = sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl"))
-    if not wheels:
-        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    wheels = [sglang_wheel("0.5.23")]
     line = _planted_tree(wheels[-1], tmp_path / "tree")
     done = _bench_run(tmp_path / "run", *RUN, "--tp", "2", "--policies", "wait_complete",
                       "--cache",
@@ -228,8 +224,7 @@ def test_a_planted_all_reduce_shows_in_bench_run_at_its_line(tmp_path):
 def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
     """#30760 on SGLang's own poll through bench run: rank 1's walk stops early, rank 0's
     timeout poll enters SGLang's decision MAX alone; the run fails naming SGLang's line."""
-    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
-        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    sglang_wheel("0.5.23")
     done = _bench_run(tmp_path / "run", *RUN, "--tp", "2", "--policies", "timeout",
                       "--budget-skew", "0.9", "--collective-timeout", "5", "--cache",
                       "sglang", "--sglang", "0.5.23")
@@ -243,8 +238,7 @@ def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
 def test_hazards_on_sglangs_decisions_find_38273_where_the_model_does(tmp_path):
     """bench hazards --cache sglang: ongoing-skew (#38273) deadlocks on SGLang's decision
     MAX (rank 0's ongoing_prefetch holds a request rank 1's does not), as the model's cell."""
-    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
-        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    sglang_wheel("0.5.23")
     done = subprocess.run([sys.executable, "-m", "bench", "hazards", "--cache", "sglang",
                            "--sglang", "0.5.23", "--scenarios", "ongoing-skew", "--out",
                            str(tmp_path)], cwd=REPO, capture_output=True, text=True,
@@ -377,9 +371,7 @@ def test_controller_run_costs_what_the_model_says_given_its_polls(both_runs):
 def test_the_controller_path_is_refused_where_it_cannot_serve(tmp_path, capsys):
     from bench.commands.run import main
 
-    wheels = sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl"))
-    if not wheels:
-        pytest.skip(f"no sglang 0.5.23 wheel in {DEFAULT_CACHE} (make sglang-fetch)")
+    wheels = [sglang_wheel("0.5.23")]
     argv = ["--cache", "sglang", "--sglang", str(wheels[-1]), "--sglang-path", "controller",
             "--extra-pool", "--out", str(tmp_path)]
     assert main(argv) == 2

@@ -111,24 +111,21 @@ NEIGHBOUR = "cpu=1,burst=50ms-1s,seed=4"
 
 @pytest.mark.slow
 @pytest.mark.statistical
-@pytest.mark.parametrize("neighbour", [None, NEIGHBOUR], ids=["quiet", "neighbour"])
-def test_a_planted_delay_is_recovered(tmp_path, neighbour):
+def test_a_planted_delay_is_recovered(tmp_path):
     """Under timeout pr36425 and pr27010 issue the same MAX per poll (an A/A'); a 2 ms spin
     planted in pr36425's polls of every step comes back: its 95 % interval over 4 repeats
-    excludes 0, quiet and beside the neighbour, and the reference's A/A (its cells twinned
-    with itself) holds 0.
+    excludes 0, and the reference's A/A (its cells twinned with itself) holds 0.
 
-    Statistical, so not in make test: beside a CPU burst a CI run once gave 2.33
-    [-0.56, 5.22] for the plant, and with another agent's tests on the cores the A/A's point
-    read 1.07 and 1.42 ms ([-2.95, 5.10], [-3.33, 6.16]). Not within 10 % of 2 ms on 2
-    over-committed cores either: the spin costs more than its length there (it takes a core
-    from the peer rank and the background threads, which the next all-reduce then waits
-    for), 3.23 [2.90, 3.56] ms quiet, 4.19 [2.98, 5.40] beside the neighbour
+    Quiet only. Beside the planted neighbour the same check failed three runs of three
+    (2.33 [-0.56, 5.22] in CI, 3.48 [-0.89, 7.84] by hand at 0e60650): 4 repeats cannot
+    resolve 2 ms beside a 1 s burst, so that claim is dropped rather than left to chance.
+    Not within 10 % of 2 ms on 2 over-committed cores either: the spin costs more than its
+    length there (it takes a core from the peer rank and the background threads, which the
+    next all-reduce then waits for), 3.23 [2.90, 3.56] ms quiet
     (docs/results/2026-12-03_pairing_30379a0.md). The estimator's own 10 % is held on data
     whose truth is known (test_balanced_estimator_cancels_the_order_effect), the plant's
     wiring by test_twin_keeps_counts_and_schedule_and_a_disagreement_fails."""
-    extra = ["--plant", f"pr36425:{PLANT_MS}"] + (["--neighbour", neighbour] if neighbour
-                                                   else [])
+    extra = ["--plant", f"pr36425:{PLANT_MS}"]
     steps = _run(tmp_path / "r", *extra)
     delta = paired.twin_delta(steps, "pr36425", "timeout")
     assert delta.low > 0 and 0.9 * PLANT_MS <= delta.point <= 2.5 * PLANT_MS, delta
