@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from hicache.agreement.protocols import Facts, make_protocol, simulate_ranks
+from hicache.agreement.protocols import Facts, make_protocol
 from hicache.spec.cost_model import decision_per_poll, expected_per_request
+from tests.protocol_sim import simulate_ranks
 
 PENDING, TIMED_OUT = Facts(), Facts(timed_out=True)
 ABSENT = None  # not in this rank's ongoing_prefetch

@@ -12,8 +12,9 @@ import itertools
 
 import pytest
 
-from hicache.agreement.protocols import Facts, make_protocol, simulate
+from hicache.agreement.protocols import Facts, make_protocol
 from hicache.spec.cost_model import POLICIES, PROTOCOLS, decision_per_poll, expected_per_request
+from tests.protocol_sim import simulate
 
 T, F = True, False
 

@@ -16,13 +16,14 @@ import time
 
 import pytest
 
-from hicache.agreement.protocols import Facts, make_protocol, simulate
+from hicache.agreement.protocols import Facts, make_protocol
 from hicache.cache.controller import PrefetchOp
 from hicache.comm.comm import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import POLICIES, decision_per_poll, expected_per_request
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
+from tests.protocol_sim import simulate
 
 PAGE = 64
 PROMPT = tokens(9, PAGE)  # 8 pages in storage + one new

@@ -201,14 +201,3 @@ def expected_per_request(
     absent = absent_polls if protocol == "pr38284" else 0
     return Expected((polls + absent) * ar, completion, (polls + absent) * hop, hit_query, acks,
                     ticket)
-
-
-def write_path_cost(tp: int, pp: int) -> Expected:
-    """Collectives the write path (device->host copies, host->storage backups; hicache.cache.tiers)
-    adds for one request: none, at any layout. SGLang (docs/design.md section 12): a copy
-    is acked in the step where the agreed count of finished host copies covers it, a backup
-    in the step where the agreed count of the backup-ack queue covers it, and both counts
-    ride in check_hicache_events' per-step reduction that already exists (the first with
-    the step's head values, the second with the queue sizes). The storage write itself
-    (`batch_set`) is rank-local."""
-    return Expected(0, 0, 0, 0, 0, 0)
