@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(30)
 def _sources() -> list[Path]:
     """The text files a clone carries: code, tests, scripts, docs, README, Makefile."""
     files = [REPO / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
-    for top in ("hicache", "bench", "tests", "scripts", "docs"):
+    for top in ("hicache", "bench", "sglang_adapter", "tests", "scripts", "docs"):
         files += [p for p in (REPO / top).rglob("*")
                   if p.suffix in (".py", ".sh", ".md") and "__pycache__" not in p.parts]
     return sorted(files)
@@ -93,3 +93,93 @@ def test_the_options_page_is_the_parsers_own():
     assert "| `--preset` | `default` |" in text and "## `bench gate RUN_DIR`" in text
     assert (REPO / "docs" / "options.md").read_text() == text, \
         "docs/options.md is stale: run python scripts/options_doc.py"
+
+
+# ---- every option and module a page names exists -------------------------------------------
+
+OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
+MODULE_PATH = re.compile(
+    r"(?<![\w/.])((?:hicache|bench|sglang_adapter|scripts|tests)/[\w/]+\.(?:py|sh))\b")
+DOTTED = re.compile(r"(?<![\w./-])((?:hicache|bench|sglang_adapter)(?:\.[A-Za-z_]\w*)+)")
+# Options of other tools that the docs quote: torchrun, SGLang's bench_serving, pytest and
+# its plugins, mutmut, venv.
+EXTERNAL_OPTIONS = {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint",
+                    "--dataset-name", "--hicache-ratio", "--mooncake-slowdown-factor",
+                    "--dist", "--durations", "--junitxml", "--max-children",
+                    "--system-site-packages"}
+COMMIT_PAGE = re.compile(r"_([0-9a-f]{7,40})\.md$")
+
+
+def _pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def _defined_options() -> set[str]:
+    """Every option string a parser, script or target of the repository spells."""
+    text = " ".join(p.read_text() for top in ("bench", "scripts", "sglang_adapter", "hicache")
+                    for p in (REPO / top).rglob("*.py"))
+    text += " ".join(p.read_text() for p in (REPO / "scripts").glob("*.sh"))
+    text += (REPO / "Makefile").read_text() + (REPO / ".ci" / "run").read_text()
+    return set(re.findall(r"""["'](--[a-z][a-z0-9-]+)""", text))
+
+
+def test_every_option_the_docs_name_exists():
+    defined = _defined_options() | EXTERNAL_OPTIONS
+    bad = [f"{page.relative_to(REPO)} names {o}" for page in _pages()
+           for o in sorted(set(OPTION.findall(page.read_text()))) if o not in defined]
+    assert not bad, "no parser defines these:\n" + "\n".join(bad)
+
+
+def _existed_at(page: Path, path: str) -> bool:
+    """A dated results page (…_<commit>.md) may name a file as it was at its commit."""
+    m = COMMIT_PAGE.search(page.name)
+    if not m:
+        return False
+    import subprocess
+
+    done = subprocess.run(["git", "cat-file", "-e", f"{m.group(1)}:{path}"], cwd=REPO,
+                          capture_output=True)
+    return done.returncode == 0
+
+
+def _module_exists(name: str) -> bool:
+    """`a.b.c` is a module, or a name its deepest module defines at top level (then one
+    attribute of that, unchecked: a method or a field)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:i])
+        source = base.with_suffix(".py") if base.with_suffix(".py").exists() \
+            else base / "__init__.py"
+        if source.exists():
+            break
+    else:
+        return False
+    if i == len(parts):
+        return True
+    defined = re.compile(rf"^(?:class|def) {parts[i]}\b|^{parts[i]}\s*[:=]|"
+                         rf"^from \S+ import .*\b{parts[i]}\b", re.M)
+    return len(parts) - i <= 2 and bool(defined.search(source.read_text()))
+
+
+def test_every_module_the_docs_and_docstrings_name_exists():
+    bad = []
+    for page in _pages():
+        text = page.read_text()
+        bad += [f"{page.relative_to(REPO)} names {m}"
+                for m in sorted(set(MODULE_PATH.findall(text)))
+                if not (REPO / m).exists() and not _existed_at(page, m)]
+        if "results" not in page.parts:  # a dated page may name mutants of its commit
+            bad += [f"{page.relative_to(REPO)} names {m}" for m in sorted(set(DOTTED.findall(text)))
+                    if not _module_exists(m)]
+    for path in _sources():
+        if path.suffix == ".py" and path != Path(__file__):
+            bad += [f"{path.relative_to(REPO)} names {m}"
+                    for m in sorted(set(MODULE_PATH.findall(path.read_text())))
+                    if not (REPO / m).exists()]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_catch_a_planted_name():
+    assert not _module_exists("hicache.protocols.Pr36425")  # moved to hicache.agreement
+    assert _module_exists("hicache.agreement.protocols.Pr36425")
+    assert "--no-such-flag" not in _defined_options()

@@ -2,7 +2,8 @@
 module).
 
 Each module has `main(argv) -> int` (0 OK, 1 a check failed, 2 bad input); the engine it
-drives lives flat in bench/. `python -m bench` builds its usage text, dispatch and the
+drives lives in bench/'s package for that concern (run/, analysis/, compare/, ab/, gate/,
+project/, hazards/, timeline/). `python -m bench` builds its usage text, dispatch and the
 unknown-verb message from this one table.
 """
 
