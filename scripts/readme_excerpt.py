@@ -7,7 +7,7 @@ run printed instead of a hand-pasted copy. The block between the two marker line
     <!-- readme_excerpt: end -->
 
 becomes: one line naming the run (commit, time, preset, layout, device and backend, cores;
-from RUN_DIR/env.json), then, in a code block, the lead's first table (the end-to-end
+from RUN_DIR/env.json; the all-reduce cost c from calibration.json), then, in a code block, the lead's first table (the end-to-end
 headline; a pinned run's cost decomposition) and what the run resolves, as `bench run` prints
 them (rebuilt from RUN_DIR/summary.csv by bench.analysis.lead), and the run's
 OK/FAILED line (RUN_DIR/verdict.json; the console adds the seconds the run took, which no
@@ -72,7 +72,10 @@ def excerpt(run_dir: Path) -> list[str]:
     if judged is None:
         raise ResultFileError(f"{run_dir / verdict.FILE}: no such file (a run written "
                               "before verdict.json existed: rebuild it with bench report)")
-    return [f"What `bench run` printed at {provenance(env)}:", "", "```",
+    # Every finding is read at the cost of one all-reduce on the machine that made it.
+    cost = "" if calib is None else \
+        f", one control-plane all-reduce c = {calib['allreduce']['mean_ms']:.2f} ms (mean)"
+    return [f"What `bench run` printed at {provenance(env)}{cost}:", "", "```",
             *headline_lines(summary, calib), judged.line, "```"]
 
 
