@@ -44,15 +44,17 @@ class HiCache(StepEvents, PrefetchPoll):
                  device: torch.device, stats: Stats, consensus=None):
         self.cfg, self.layout, self.comm, self.stats = cfg, layout, comm, stats
         self.page, self.device, self.consensus = cfg.page_size, device, consensus
-        pin = device.type == "cuda"  # pinned host pool: async host->device copies
+        # Page-locked host memory on CUDA, so load-back copies run async (not the schedule)
+        page_locked = device.type == "cuda"
         kv = self.kv = kv_layout(cfg, device)
-        self.host_kv = PagePool("kv", kv.host_pages, cfg.kv_page_elems, "cpu", pin,
+        self.host_kv = PagePool("kv", kv.host_pages, cfg.kv_page_elems, "cpu", page_locked,
                                 bulk_bytes=kv.bulk_bytes)
         self.dev_kv = PagePool("kv", kv.device_pages, cfg.kv_page_elems, device,
                                bulk_bytes=kv.bulk_bytes)
         self.host_side = self.dev_side = None
         if cfg.extra_pool:  # side-car pages share the KV page's slot number
-            self.host_side = PagePool(SIDECAR, kv.host_pages, cfg.sidecar_page_elems, "cpu", pin)
+            self.host_side = PagePool(SIDECAR, kv.host_pages, cfg.sidecar_page_elems, "cpu",
+                                      page_locked)
             self.dev_side = PagePool(SIDECAR, kv.device_pages, cfg.sidecar_page_elems, device)
         self.pairs = [(self.host_kv, self.dev_kv)]  # (host, device) pools a load-back copies
         if self.host_side is not None:
