@@ -264,3 +264,15 @@ def test_empty_units_and_repeats_are_dropped():
     assert Sample.flat({0: [], 1: [2.0]}).values.keys() == {1}
     assert Sample.clustered({0: [[], []]}).values == {}
     assert Sample.clustered({0: [[], [1.0, 2.0], [3.0]]}).units[0].tolist() == [0, 0, 1]
+
+
+def test_nearest_rank_is_numpys_inverted_cdf_but_for_float_noise():
+    """Kept by hand: numpy's method="inverted_cdf" is the same definition, but takes
+    0.07 * 100 for more than 7 and returns rank 8 of 100 for p7; ours rounds that noise."""
+    for n in range(1, 120):
+        values = list(range(n))
+        for q in (0, 1, 5, 10, 25, 33.3, 50, 66.7, 75, 90, 95, 99, 99.9, 100):
+            assert percentile(values, q, "nearest-rank") == \
+                float(np.percentile(values, q, method="inverted_cdf")), (n, q)
+    assert percentile(list(range(100)), 7, "nearest-rank") == 6.0  # rank 7 of 100
+    assert float(np.percentile(list(range(100)), 7, method="inverted_cdf")) == 7.0
