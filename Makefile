@@ -91,10 +91,11 @@ sglang-ready: dev  ## what make test needs of SGLang, fetched when missing; neve
 		|| echo "make test: cannot fetch sglang $(SGLANG) here: SGLang tests will skip"
 
 SLICE_RELEASE ?= 0.5.18
-sglang-slice: sglang-fetch  ## CI's cheap slice of sglang-check: release $(SLICE_RELEASE)'s poll and its bench run at TP2 (about 40 s)
+sglang-slice: sglang-fetch  ## CI's cheap slice of sglang-check: release $(SLICE_RELEASE)'s poll and its bench run at TP2, SGLang's consensus checker on two hazard cells (about 2 min)
 	$(PY) -m sglang_adapter.source $(SLICE_RELEASE)
 	$(PYTEST) -q -m sglang_matrix tests/test_sglang_adapter.py tests/test_sglang_run.py \
-		-k "$(SLICE_RELEASE) and (2-1 or test_sglang_run)"
+		tests/test_sglang_consensus.py \
+		-k "($(SLICE_RELEASE) and (2-1 or test_sglang_run)) or test_sglang_consensus"
 
 sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layouts, a planted change, the hazard cells (not in make test)
 	$(PY) -m sglang_adapter.source 0.5.19 0.5.18

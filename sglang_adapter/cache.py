@@ -48,6 +48,7 @@ from hicache.comm.comm import (
     PP_HOP,
     CollectiveError,
 )
+from sglang_adapter import consensus
 from sglang_adapter.door import Call, Door
 from sglang_adapter.loader import load, native_hash
 from sglang_adapter.poll import make_rig
@@ -94,6 +95,24 @@ class SGLangCache(HiCache):
         door.listener, door.failure = self._record, self._failure
         self.handles: dict[str, object] = {}  # rid -> SGLang's key of its prefetch
         self._poll_s = 0.0
+        self.checker: consensus.Checker | None = None
+        self.checker_calls = 0  # the checker's collectives, on its own groups: counted apart
+
+    def start(self) -> None:
+        super().start()
+        if self.target.consensus_dir is None:
+            return
+        # SGLang's scheduler configures it on its scheduler thread, this one (System.run).
+        self.checker = consensus.Checker(self.target.consensus_dir, self.layout.rank,
+                                         lambda: (self.stats.counter.step, self.door.rid))
+        self.checker.start([self.rig.cache.tp_group, self.rig.cache.pp_group])
+        for i, group in enumerate(self.checker.groups):
+            self.door.register(f"{consensus.GROUP}{i}", group)
+
+    def stop(self, grace_s: float) -> None:
+        super().stop(grace_s)
+        if self.checker is not None:
+            self.checker.stop(wait=grace_s > 0)  # after a failure, nothing is waited on
 
     def _make_rig(self, loaded, tp_group, pp_group, storage):
         """SGLang's cache and controller objects (the poll rig: sglang_adapter.poll)."""
@@ -101,7 +120,11 @@ class SGLangCache(HiCache):
         return make_rig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group)
 
     def _record(self, call: Call, seconds: float, start: float) -> None:
-        """One collective SGLang issued, on the harness's counter (the door's listener)."""
+        """One collective SGLang issued, on the harness's counter (the door's listener);
+        the consensus checker's, on its own groups, apart from every site of the serve."""
+        if call.group.startswith(consensus.GROUP):
+            self.checker_calls += 1
+            return
         where = f"{call.op}@{call.group} {call.site}" + (f" < {call.via}" if call.via else "")
         self.stats.counter.record(site_of(call), call.group, 1, call.rid, seconds, start,
                                   call.op, where=where)
@@ -202,6 +225,8 @@ class SGLangCache(HiCache):
 @functools.cache
 def _loaded(target: Target):
     """SGLang imported once per process (sglang_adapter.loader: one per process)."""
+    if target.consensus_dir is not None:
+        consensus.enable()  # SGLang's decorators choose at import whether to wrap
     loaded = load(target.source)
     if target.controller:  # SGLang names storage pages with its own compiled extension
         native_hash(target.source, str(DEFAULT_CACHE))

@@ -33,6 +33,9 @@ class Target:
     # (sglang_adapter.run_controller); else the project's (sglang_adapter.cache)
     controller: bool = False
     native_error: str | None = None  # why SGLang's page-hash extension does not build here
+    # SGLang's own rank-consensus checker on, its journals and log in this folder
+    # (sglang_adapter.consensus); None: off, as a server runs by default
+    consensus_dir: str | None = None
 
     @property
     def name(self) -> str:

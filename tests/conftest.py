@@ -68,7 +68,7 @@ def bench_run(tmp_path_factory) -> Callable[..., Path]:
     return run
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own summary: the last lines a user reads
+@pytest.hookimpl(trylast=True)  # after every other summary but pytest's own short one
 def pytest_terminal_summary(terminalreporter):
     """One line per reason anything was skipped, with its count, at the very end: a skip is
     for a machine that cannot run a test (no CUDA, no package index), and says so."""

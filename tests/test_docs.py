@@ -102,11 +102,11 @@ MODULE_PATH = re.compile(
     r"(?<![\w/.])((?:hicache|bench|sglang_adapter|scripts|tests)/[\w/]+\.(?:py|sh))\b")
 DOTTED = re.compile(r"(?<![\w./-])((?:hicache|bench|sglang_adapter)(?:\.[A-Za-z_]\w*)+)")
 # Options of other tools that the docs quote: torchrun, SGLang's bench_serving, pytest and
-# its plugins, mutmut, venv.
+# its plugins, mutmut, venv, SGLang's server.
 EXTERNAL_OPTIONS = {"--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint",
                     "--dataset-name", "--hicache-ratio", "--mooncake-slowdown-factor",
                     "--dist", "--durations", "--junitxml", "--max-children",
-                    "--system-site-packages"}
+                    "--system-site-packages", "--dist-timeout"}
 COMMIT_PAGE = re.compile(r"_([0-9a-f]{7,40})\.md$")
 
 

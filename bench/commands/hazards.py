@@ -37,6 +37,9 @@ def parser() -> CliParser:
     a("--pp", type=int, default=None, help="pin the layout's PP size (scenarios needing more: "
                                             "bad input)")
     add_cache_options(a, "its release's protocol, so --protocols is not given")
+    a("--sglang-consensus", action="store_true",
+      help="with --cache sglang: serve every cell a second time with SGLang's own "
+      "rank-consensus checker on, and report what it said (the sglang_consensus column)")
     a("--twice", action="store_true", help="run every cell twice and compare the outcomes")
     a("--out", default="", help="results directory (default results/<UTC>_hazards_<sha>)")
     return p
@@ -72,8 +75,11 @@ def _system_under_test(spec: MatrixSpec, args) -> MatrixSpec:
         target = choose(args.cache, args.sglang, args.protocols is not None)
     except ChoiceError as e:
         raise UsageError(str(e)) from None
+    if args.sglang_consensus and target is None:
+        raise UsageError("--sglang-consensus runs SGLang's own checker: it needs --cache "
+                         "sglang --sglang SPEC")
     return spec if target is None else replace(spec, protocols=(target.protocol,),
-                                               sglang=target)
+                                               sglang=target, consensus=args.sglang_consensus)
 
 
 def _default_out() -> Path:
@@ -86,11 +92,13 @@ def _second_run(spec: MatrixSpec, rows: list[dict]) -> bool:
     by = {s.name: s for s in spec.scenarios}
     for row in rows:
         again = run_one(spec, by[row["scenario"]], row["protocol"], tag="__again")
-        row["same_twice"] = again["outcome"] == row["outcome"]
+        row["same_twice"] = again["outcome"] == row["outcome"] and \
+            again.get("sglang_consensus") == row.get("sglang_consensus")
         alike &= row["same_twice"]
         if not row["same_twice"]:
             print(f"{row['scenario']} x {row['protocol']}: {row['outcome']} then "
-                  f"{again['outcome']} ({again['detail'][:120]})")
+                  f"{again['outcome']} ({again['detail'][:120]}); SGLang's checker "
+                  f"{row.get('sglang_consensus')} then {again.get('sglang_consensus')}")
     return alike
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch.multiprocessing as mp
@@ -19,6 +19,8 @@ from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, r
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
+from sglang_adapter.consensus import ships_checker
+from sglang_adapter.consensus import verdict as consensus_verdict
 from sglang_adapter.target import Target
 
 _PRELOADED = False
@@ -35,6 +37,9 @@ class MatrixSpec:
     # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache); the
     # cells run its release's model protocol as the data path's, named `Target.name`
     sglang: Target | None = None
+    # --sglang-consensus: every cell served a second time with SGLang's own checker on;
+    # its verdict is the sglang_consensus column (the outcome is the first serve's)
+    consensus: bool = False
 
     def bound_s(self, s: Scenario) -> float:
         """A cell's wall-clock bound: start-up, a serve of a few hundred steps, and a
@@ -89,7 +94,30 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
            "collective_timeout_s": spec.timeout_s, "cell_dir": str(cell_dir)}
     row.update(_costs(reports[0]) if row["outcome"] == OK else {})
     row["named_s"] = _named_s(reports) if row["outcome"] in (DEADLOCK, ABORT) else None
+    if spec.consensus and spec.sglang is not None and not tag.endswith(CHECKED):
+        row.update(judged_by_sglang(spec, s, protocol, tag))
     return row
+
+
+CHECKED = "__sglang_consensus"
+
+
+def judged_by_sglang(spec: MatrixSpec, s: Scenario, protocol: str, tag: str) -> dict:
+    """The cell served again with SGLang's own consensus checker on (its own groups and
+    thread), and what the checker said: `fired: <function> at step N`, `silent`, or
+    `absent` for a release without it. The outcome column stays the first serve's, so the
+    checker never changes the outcome it is compared with."""
+    present = ships_checker(spec.sglang.root)
+    if not present:
+        return consensus_verdict("", s.world, present=False)
+    cell_dir = spec.out / "cells" / f"{s.name}__{spec.label(protocol)}{tag}{CHECKED}"
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    checked = replace(spec, sglang=replace(spec.sglang, consensus_dir=str(cell_dir)))
+    again = run_one(checked, s, protocol, tag=tag + CHECKED)
+    out = consensus_verdict(cell_dir, s.world)
+    out["consensus_detail"] = (f"{out['consensus_detail']} [that serve: "
+                               f"{again['outcome']}]").strip()
+    return out
 
 
 def read_rank_json(path: Path) -> dict | None:

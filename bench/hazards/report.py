@@ -10,8 +10,8 @@ from bench.rundir.files import write_csv_atomic, write_text_atomic
 
 COLUMNS = ["scenario", "issue", "protocol", "policy", "tp", "pp", "seed", "outcome", "site",
            "step", "named_s", "decision_per_poll", "collectives_per_step", "polls_per_step",
-           "steps", "same_twice", "exit_codes", "wall_s", "collective_timeout_s", "detail",
-           "cell_dir"]
+           "steps", "same_twice", "sglang_consensus", "consensus_detail", "exit_codes",
+           "wall_s", "collective_timeout_s", "detail", "cell_dir"]
 COLOURS = {OK: "#4c9a2a", DEADLOCK: "#c0392b", ABORT: "#7b241c", DIVERGENCE: "#e67e22",
            CORRUPT: "#8e44ad",
            FAILED: "#7f8c8d", HARNESS: "#000000"}
