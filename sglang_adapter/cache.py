@@ -34,7 +34,6 @@ harness's group it ran on, with its file:function:line per request.
 
 from __future__ import annotations
 
-import functools
 import time
 
 from hicache.agreement.consensus import rank_consensus
@@ -50,9 +49,7 @@ from hicache.comm.comm import (
 )
 from sglang_adapter import consensus
 from sglang_adapter.door import Call, Door
-from sglang_adapter.loader import load, native_hash
 from sglang_adapter.poll import make_rig
-from sglang_adapter.source import DEFAULT_CACHE
 from sglang_adapter.target import Target
 
 P2P_OPS = ("isend", "irecv", "send", "recv")
@@ -220,28 +217,3 @@ class SGLangCache(HiCache):
     def close(self) -> None:
         self.door.listener = self.door.failure = None
         super().close()
-
-
-@functools.cache
-def _loaded(target: Target):
-    """SGLang imported once per process (sglang_adapter.loader: one per process)."""
-    if target.consensus_dir is not None:
-        consensus.enable()  # SGLang's decorators choose at import whether to wrap
-    loaded = load(target.source)
-    if target.controller:  # SGLang names storage pages with its own compiled extension
-        native_hash(target.source, str(DEFAULT_CACHE))
-    door = Door(target.root)
-    door.install()
-    return loaded, door
-
-
-def factory(target: Target):
-    """The CacheFactory (hicache.serve.seam) of a `--cache sglang` run; loads SGLang in this
-    process on its first call. With `target.controller` SGLang's controller path is the
-    data path too (sglang_adapter.run_controller)."""
-    loaded, door = _loaded(target)
-    cls = SGLangCache
-    if target.controller:
-        from sglang_adapter.run_controller import ControllerCache
-        cls = ControllerCache
-    return functools.partial(cls, target=target, door=door, loaded=loaded)

@@ -254,3 +254,11 @@ def test_the_contract_imports_no_torch():
            if m.startswith("hicache.spec") for d in _imports(p)
            if d.split(".")[0] in ("torch", "numpy", "bench", "sglang_adapter")]
     assert not bad, "hicache/spec/ is the torch-free contract:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_itself_through_others():
+    """No import circle between modules of hicache, bench or sglang_adapter, counting the
+    imports inside functions too."""
+    modules = {**MODULES, **_modules("sglang_adapter")}
+    graph = {m: {d for d in _imports(p) if d in modules and d != m} for m, p in modules.items()}
+    assert _cycle(graph) is None, f"an import circle: {_cycle(graph)}"

@@ -120,7 +120,7 @@ def _cache_factory(sglang):
     """The system under test: HiCache, or SGLang's decisions (imported in this rank)."""
     if sglang is None:
         return HiCache
-    from sglang_adapter.cache import factory
+    from sglang_adapter.serving import factory
 
     return factory(sglang)
 

@@ -98,7 +98,7 @@ def cache_factory(plan: RunPlan) -> CacheFactory:
     process once)."""
     if plan.sglang is None:
         return HiCache
-    from sglang_adapter.cache import factory
+    from sglang_adapter.serving import factory
 
     return factory(plan.sglang)
 
