@@ -7,7 +7,9 @@ agreed, no data errors, and no protocol spends more decision collectives per pol
 committed baseline. The timing checks (bench.gate.timing) use between-repeat intervals: with
 --ab the baseline revision and this tree run interleaved on this machine (bench.ab.blocks) and each
 configuration's mean step time, ITL p50 and TTFT p50 per request class fails when its whole
-95% interval of B/A lies above 1 + the metric's threshold (gate.json, from bench noise);
+95% interval of B/A lies above 1 + the metric's threshold (gate.json, from bench noise),
+and is UNRESOLVED (failing unless gate.json's `unresolved_ok` allows it) when the interval
+is wider than the threshold;
 without --ab this run's ratios to pr27010 are held against the baseline's, paired by
 repeat. When the run directory holds microbench.json, the per-poll cost ratios are printed
 as information, never checked.
