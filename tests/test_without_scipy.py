@@ -6,9 +6,10 @@ reason docs/metrics.md ("Without scipy") gives.
 scipy is hidden by a sitecustomize.py on PYTHONPATH: every Python process started with this
 environment (spawned ranks, `bench ab`'s block runs, which prepend their tree to PYTHONPATH
 and keep the rest) installs a meta-path finder that refuses scipy, and notes its pid, so
-the test can tell that the children ran under it too. matplotlib is no optional dependency
-(scripts/setup_env.sh), and perfetto is imported only by `bench timeline`
-(tests/test_timeline.py covers its absence)."""
+the test can tell that the children ran under it too. It hides perfetto as well, the other
+optional package (scripts/setup_env.sh): only `bench timeline` imports it, and
+tests/test_timeline.py covers that verb without it; no run path needs it. matplotlib is no
+optional dependency (setup_env.sh: a run needs it)."""
 
 from __future__ import annotations
 
@@ -33,16 +34,19 @@ import os
 import sys
 
 
-class _NoScipy:
-    """Refuses scipy and its submodules, as on a node where it is not installed."""
+HIDDEN = ("scipy", "perfetto")
+
+
+class _Hidden:
+    """Refuses scipy and perfetto and their submodules, as on a node without them."""
 
     def find_spec(self, name, path=None, target=None):
-        if name == "scipy" or name.startswith("scipy."):
+        if name.split(".")[0] in HIDDEN:
             raise ImportError(f"No module named {name!r} (hidden by the test)")
         return None
 
 
-sys.meta_path.insert(0, _NoScipy())
+sys.meta_path.insert(0, _Hidden())
 with open(os.environ["NO_SCIPY_LOG"], "a") as f:
     f.write(f"{os.getpid()}\\n")
 '''
@@ -74,9 +78,10 @@ def pids(log: Path) -> set[str]:
     return set(log.read_text().split()) if log.exists() else set()
 
 
-def test_the_finder_hides_scipy(hidden):
+@pytest.mark.parametrize("module", ["scipy.special", "scipy.stats", "perfetto.trace_builder"])
+def test_the_finder_hides_them(hidden, module):
     env, log = hidden
-    done = subprocess.run([sys.executable, "-c", "import scipy.special"], env=env,
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "hidden by the test" in done.stderr
     assert pids(log)
