@@ -272,7 +272,8 @@ def _flagged(c: Check) -> str:
     if not c.judged:
         return f"NOT JUDGED ({_why([c])})"
     if c.unresolved:
-        return f"UNRESOLVED{' (allowed)' if c.passed else ''}: {c.meaning or c.note}"
+        return (f"UNRESOLVED (allowed): {c.note.removeprefix('UNRESOLVED: ')}" if c.passed
+                else f"UNRESOLVED: {c.meaning}")
     return c.meaning
 
 
