@@ -193,19 +193,45 @@ def _run_line(work: Path, step: str, peak) -> str:
             f"load-back of {_size(f['load_back_bytes'])} (median)")
 
 
+NO_CUDA = "needs CUDA"  # the skip reason of every CUDA test gpu_check.sh runs
+
+
+def _cuda_skips(log: Path) -> int:
+    """How many tests pytest's -rs lines in `log` skipped for want of CUDA
+    ("SKIPPED [2] tests/test_loadback.py:111: needs CUDA")."""
+    n = 0
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if line.startswith("SKIPPED [") and line.rstrip().endswith(NO_CUDA):
+            n += int(line[len("SKIPPED ["):line.index("]")])
+    return n
+
+
+def _tests_status(work: Path) -> str:
+    """The tests step's status; SKIPPED, not OK, when it passed with its CUDA tests skipped
+    (torch saw no GPU): a GPU check that ran no GPU test has not passed. The condition is
+    one (torch.cuda.is_available()), so one skipped means all of them were."""
+    status, skipped = _status(work, "tests"), _cuda_skips(work / "tests.log")
+    if status == "OK" and skipped:
+        return f"SKIPPED (no CUDA test ran: {skipped} skipped, {NO_CUDA})"
+    return status
+
+
 def summary_lines(work: Path) -> tuple[list[str], bool]:
     dc_path = work / "devcheck.json"
     dc = json.loads(dc_path.read_text()) if dc_path.exists() else {}
     where = dc.get("gpu") or ("CPU dry run" if dc.get("device") == "cpu" else "unknown device")
     lines = [f"gpu_check summary: {where}"]
     lines.append(f"  {STEPS['setup']}: {_status(work, 'setup')}")
-    lines.append(f"  {STEPS['tests']}: {_status(work, 'tests')} "
-                 f"({_last_line(work / 'tests.log').strip('= ')})")
+    tests = _tests_status(work)
+    lines.append(f"  {STEPS['tests']}: {tests} ({_last_line(work / 'tests.log').strip('= ')})")
     lines.append(f"  {STEPS['devcheck']}: {_status(work, 'devcheck')}")
     if dc:
         lines += _device_lines(dc)
     lines += [_run_line(work, s, dc.get("h2d_peak_gbps")) for s in ("tp1", "tp2")]
-    ok = all(_status(work, s) == "OK" for s in STEPS)
+    # A CPU dry run skips the CUDA tests by design; a GPU run that skipped them failed.
+    dry = dc.get("device") == "cpu"
+    ok = all(_status(work, s) == "OK" for s in STEPS if s != "tests") and (
+        tests == "OK" or (dry and tests.startswith("SKIPPED")))
     bad = dc.get("load_back", {})
     ok = ok and bad.get("consecutive_bad_pages") == 0 and bad.get("scattered_bad_pages") == 0
     lines.append(f"RESULT: {'OK' if ok else 'FAILED'}")

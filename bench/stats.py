@@ -103,6 +103,28 @@ def paired(x: Mapping[int, float], y: Mapping[int, float], log: bool) -> np.ndar
     return np.asarray(out, dtype=float)
 
 
+def binomial_half_cdf(n: int) -> np.ndarray:
+    """P(Binomial(n, 1/2) <= k) for k = 0..n, exact (integer sums over 2**n, one rounding).
+    Not from scipy: the c-beside interval (bench.run.calibrate) and the A/B's sign test need
+    it in every run, and a node without scipy (a GPU node as shipped) must still finish its
+    runs (docs/metrics.md, "Without scipy")."""
+    if n < 0:
+        raise ValueError(f"need n >= 0, got {n}")
+    cum, out = 0, []
+    for k in range(n + 1):
+        cum += math.comb(n, k)
+        out.append(cum / 2 ** n)  # int / int: correctly rounded, however large n
+    return np.asarray(out)
+
+
+def sign_test_p(above: int, n: int) -> float:
+    """The two-sided exact sign test's p of `above` of n nonzero pairs above 0: twice the
+    smaller tail of Binomial(n, 1/2), at most 1 (scipy.stats.binomtest's for p = 1/2)."""
+    if not 0 <= above <= n or n < 1:
+        raise ValueError(f"need 0 <= above <= n and n >= 1, got {above}, {n}")
+    return min(1.0, 2 * float(binomial_half_cdf(n)[min(above, n - above)]))
+
+
 def _scipy_stats():
     """scipy.stats, or None where it is missing (a GPU node as shipped, no package index)."""
     try:
@@ -114,6 +136,13 @@ def _scipy_stats():
 
 def scipy_available() -> bool:
     return _scipy_stats() is not None
+
+
+def wilcoxon_p(d: np.ndarray) -> float | None:
+    """The two-sided Wilcoxon signed-rank p of d against 0 (scipy.stats'); None without
+    scipy."""
+    stats = _scipy_stats()
+    return None if stats is None else float(stats.wilcoxon(d).pvalue)
 
 
 def too_few(n: int) -> str:

@@ -8,7 +8,8 @@
 #   setup     scripts/setup_env.sh into a scratch venv with PIP_NO_INDEX=1 (`make setup`
 #             offline: must need neither pip nor the network)
 #   tests     the CUDA tests and their CPU neighbours: tests/test_gpu_model.py,
-#             tests/test_loadback.py, tests/test_pools.py (not the slow ones)
+#             tests/test_loadback.py, tests/test_pools.py (not the slow ones); SKIPPED, not
+#             OK, and RESULT: FAILED when every CUDA test skipped (torch sees no GPU)
 #   devcheck  `python -m bench devcheck measure`: host->device peak (pinned 256 MiB, and
 #             pageable), one request's load-back of 20 real llama3-8b pages (8 MiB each) with
 #             achieved GB/s and checksums, llama3-8b TP1 forward decode (batch 1, 32) and
@@ -56,7 +57,8 @@ step() {  # step NAME SECONDS CMD...: CMD under a time limit; its output and exi
 }
 
 step setup 45 env PIP_NO_INDEX=1 PYTHON="$PY" bash scripts/setup_env.sh "$WORK/venv"
-step tests 100 "$PY" -m pytest -q -o addopts="" -p no:cacheprovider -m "not slow" "${TESTS[@]}"
+# -rs: the skip reasons, so the summary can say SKIPPED when every CUDA test skipped
+step tests 100 "$PY" -m pytest -q -rs -o addopts="" -p no:cacheprovider -m "not slow" "${TESTS[@]}"
 step devcheck 45 "$PY" -m bench devcheck measure --device "$DEV" --model "$FWD_MODEL" \
   --out "$WORK/devcheck.json"
 step tp1 75 "$PY" -m bench run "${RUN[@]}" "${TP1[@]}" --requests 16 --out "$WORK/tp1"

@@ -149,11 +149,12 @@ def fake_gate(monkeypatch, slower_in, calls):
 
 
 def failing_rows(out: str) -> list[str]:
-    """The rows of the failing-checks table (between its "check" header and the "timings:"
-    line)."""
+    """The rows of the failing-checks table (between its "check" header and the notes,
+    resolution lines or "timings:" line after it)."""
     lines = out.splitlines()
     table = lines[lines.index(next(x for x in lines if x.startswith("check "))) + 1:]
-    return table[:next(i for i, x in enumerate(table) if x.startswith("timings:"))]
+    return table[:next(i for i, x in enumerate(table)
+                       if x.startswith(("note: ", "resolution: ", "timings:")))]
 
 
 def failing_checks(out: str) -> set[str]:
@@ -205,6 +206,42 @@ def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(clean, tmp_path
     assert main_gate([str(run), "--baseline", str(clean[1]), "--ab", "--no-confirm"]) == 1
     out = capsys.readouterr().out
     assert calls == [0] and failing_checks(out) == {"step_mean_ab", "itl_p50_ab"}, out
+
+
+def test_gate_ab_calls_a_step_interval_wider_than_its_threshold_unresolved(
+        clean, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Doctored blocks whose B/A swings 1.25, 0.8, ... (step time and ITL): no interval above
+    1 + threshold, but one far wider than it: UNRESOLVED, not PASS; failing the gate with no
+    second A/B (a second only confirms a failure), passing it where gate.json allows it."""
+    from bench.gate import evaluate as gate
+
+    calls = []
+
+    def fake_gate_ab(settings, out, seed=0):
+        calls.append(seed)
+        plan = AbPlan(TREE, TREE, "ci", 4, seed=seed, out=out)
+        swing = lambda side, k: (1.25 if k % 2 == 0 else 0.8) if side == "b" else 1.0  # noqa: E731
+        return comparison(plan, run_blocks(plan, fake_runner(swing), log=print)), out
+    monkeypatch.setattr(gate, "run_gate_ab", fake_gate_ab)
+    run = tmp_path / "run"
+    shutil.copytree(clean[0], run)
+    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == 1
+    out = capsys.readouterr().out
+    assert calls == [0] and "confirmation" not in out, out
+    step = [x for x in failing_rows(out) if x.startswith("step_mean_ab")]
+    assert step and all("UNRESOLVED: " in x for x in step), out
+    assert any(x.startswith("resolution: step_mean_ab ") and x.endswith(": UNRESOLVED")
+               for x in out.splitlines()), out
+    baseline = tmp_path / "baseline"
+    shutil.copytree(clean[1], baseline)
+    settings = json.loads((baseline / "gate.json").read_text())
+    settings["unresolved_ok"] = {"step_mean": "4 fake blocks", "itl_p50": "4 fake blocks"}
+    (baseline / "gate.json").write_text(json.dumps(settings))
+    assert main_gate([str(run), "--baseline", str(baseline), "--ab"]) == 0
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("step_mean_ab"))
+    assert "UNRESOLVED" in row and "PASS" not in row, row
+    assert out.splitlines()[-1].startswith("OK, but ") and "UNRESOLVED" in out.splitlines()[-1]
 
 
 @pytest.mark.parametrize("first, again, fails", [

@@ -223,12 +223,40 @@ def test_slower_in_every_repeat_fails(clean, tmp_path, capsys):
     assert "decision_exact" not in out  # only the soft check fails
 
 
-def test_slower_in_one_repeat_is_noise(clean, tmp_path, capsys):
-    # One repeat 3x slower, the others as before: the per-repeat ratios spread so widely
-    # that the interval reaches below 1 + threshold: not judged slower.
+def test_slower_in_one_repeat_is_unresolved_not_passed(clean, tmp_path, capsys):
+    """One repeat 3x slower, the others as before: the per-repeat ratios spread so widely
+    that the interval is far wider than the threshold and not above it: UNRESOLVED, which
+    fails the gate unless gate.json's unresolved_ok names the metric, and is never PASS."""
     run = doctored(clean, tmp_path, triple_ttft([1]))
-    assert gate(run, clean[1], "--tolerance", "0.05") == 0
-    assert capsys.readouterr().out.strip().endswith("OK")
+    assert gate(run, clean[1], "--tolerance", "0.05") == 1
+    out = capsys.readouterr().out
+    assert "UNRESOLVED: resolves" in out and "wider than its threshold 5.0%" in out
+    resolution = [x for x in out.splitlines() if x.startswith("resolution: ")]
+    assert any(x.endswith("threshold 5.0%: UNRESOLVED") for x in resolution), out
+    assert all(" resolves " in x for x in resolution)
+    assert out.strip().splitlines()[-1].startswith("FAILED: ") and "UNRESOLVED" in \
+        out.strip().splitlines()[-1]
+    baseline = tmp_path / "baseline"
+    shutil.copytree(clean[1], baseline)
+    settings = json.loads((baseline / "gate.json").read_text())
+    settings["unresolved_ok"] = {"ttft": "three synthetic repeats cannot resolve 5 %"}
+    write_json_atomic(baseline / "gate.json", settings)
+    assert gate(run, baseline, "--tolerance", "0.05") == 0
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("ttft_ratio_vs_baseline"))
+    assert "UNRESOLVED" in row and not row.endswith("PASS"), row
+    assert "gate.json unresolved_ok: three synthetic repeats cannot resolve 5 %" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("OK, but ") and "UNRESOLVED" in last, last
+
+
+@pytest.mark.parametrize("value", [[], {"step": "a typo"}, {"ttft": ""}])
+def test_a_bad_unresolved_ok_exits_2(clean, tmp_path, capsys, value):
+    baseline = tmp_path / "baseline"
+    shutil.copytree(clean[1], baseline)
+    write_json_atomic(baseline / "gate.json", {"unresolved_ok": value})
+    assert gate(clean[0], baseline) == 2
+    assert "unresolved_ok" in capsys.readouterr().err
 
 
 def test_threshold_from_gate_json_and_flag(clean, tmp_path, capsys):

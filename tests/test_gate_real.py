@@ -1,13 +1,15 @@
 """The gate, ab and bisect on REAL small runs of a scratch history (base, a harmless commit,
 a commit whose pr36425 poll sleeps 4 ms and adds no collective): a run of the base becomes
 the baseline (its commit the baseline revision), `bench gate --ab` runs that revision
-beside the tree it gates and fails the slow one on step time, confirmed by a second A/B,
-while every exact count check holds; `bench bisect` calls the harmless commit "same" (a real
-ab of base and harmless commit) and names the slow one. The gate's pass path on ab is run for
-real by `make gate` in CI, and judged on made-up A/Bs in tests/test_ab.py."""
+beside the tree it gates and fails the slow one on a timing confirmed by a second A/B
+(step time judged worse by at least one of the two), while every exact count check holds;
+`bench bisect` calls the harmless commit "same" (a real ab of base and harmless commit) and
+names the slow one. The gate's pass path on ab is run for real by `make gate` in CI, and
+judged on made-up A/Bs in tests/test_ab.py."""
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -66,31 +68,43 @@ def history(tmp_path_factory):
     assert settings["ab"]["revision"] == base
     settings["ab"].update(AB)  # three paired repeats
     settings["thresholds"] = {name: THRESHOLD for name in AB_METRICS}
+    # 3 pairs do not resolve 25 % (t quantile 4.3): an UNRESOLVED check must not stand in for
+    # the confirmed failure these tests are about
+    settings["unresolved_ok"] = dict.fromkeys(AB_METRICS, "3 pairs cannot resolve 25 %")
     (baseline / "gate.json").write_text(json.dumps(settings))
     return root, repo, {"base": base, "clean": clean, "slow": slow}, baseline
 
 
-def test_gate_ab_fails_the_slow_poll_on_step_time_only(history):
+def test_gate_ab_fails_the_slow_poll_on_a_confirmed_timing_not_a_count(history):
+    """The slow poll fails the gate on pr36425's timings only where a second A/B of fresh
+    blocks confirmed the first's failure, and on no count check. Which timing fails is the
+    machine's to decide (3 pairs beside a burst of load); step time must be judged worse by
+    at least one of the two A/Bs."""
     root, repo, commits, baseline = history
     git(repo, "checkout", "-q", commits["slow"])
     run = root / "slow_run"
     ok(bench(repo, "run", *RUN, "--out", str(run)))
     out = ok(bench(repo, "gate", str(run), "--baseline", str(baseline), "--ab"), 1).stdout
     lines = out.splitlines()
-    failing = [line for line in lines if line.startswith(tuple(f"{m}_ab" for m in AB_METRICS))]
+    failing = [line for line in lines if line.startswith(tuple(f"{m}_ab" for m in AB_METRICS))
+               and "UNRESOLVED" not in line]
     assert failing and all("pr36425" in line for line in failing), out
+    # Each failure is a confirmed one: confirmed() quotes the second A/B's interval as
+    # "; again ...", and the confirmation line counts at least one held.
+    assert all("; again " in line for line in failing), out
+    held = re.search(r"confirmation: (\d+) of (\d+) failing timing checks failed again", out)
+    assert held and 1 <= int(held.group(1)) <= int(held.group(2)), out
+    assert (run / "ab_confirm" / "ab.md").exists()
     # Step time is judged worse by one of the two A/Bs: 3 pairs beside a burst of load on
     # this machine can widen either past the threshold (one disturbed block of A read 15 ms
     # of a 9 ms step: [0.88, 4.26], its confirmation [2.45, 4.52]), and the gate confirms
-    # only what the first failed; it still fails the tree on another metric above.
+    # only what the first failed; it may fail the tree on another timing above.
     step = [verdict(run / part / "ab.csv", "step_mean_ms") for part in ("ab", "ab_confirm")]
     assert "worse" in step, (step, out)
     # No collective was added: the exact count checks hold (only failures are listed).
     assert not any(line.startswith(("decision_exact", "background_exact",
                                     "per_poll_vs_baseline")) for line in lines)
     assert "interleaved on this machine" in out and (run / "ab" / "ab.md").exists()
-    # A failing timing check stops the gate only after a second A/B of fresh blocks.
-    assert "failing timing checks failed again" in out and (run / "ab_confirm" / "ab.md").exists()
 
 
 def test_bisect_names_the_slow_commit(history):

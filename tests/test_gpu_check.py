@@ -54,6 +54,33 @@ def test_summary_fails_on_a_failed_step_or_bad_pages(tmp_path):
     assert summary_lines(work)[1] is False
 
 
+NO_GPU_LOG = """......s.........sss.....ss                                               [100%]
+=========================== short test summary info ============================
+SKIPPED [1] tests/test_pools.py:87: needs CUDA
+SKIPPED [2] tests/test_loadback.py:111: needs CUDA
+SKIPPED [1] tests/test_gpu_model.py:100: needs CUDA
+20 passed, 4 skipped in 4.68s
+"""
+
+
+def test_tests_that_skipped_every_cuda_test_are_skipped_not_ok(tmp_path):
+    """torch saw no GPU: pytest exits 0 with the CUDA tests skipped. The tests step says
+    SKIPPED, and a GPU run (devcheck on cuda) fails: it ran no GPU test."""
+    work = _work(tmp_path, dict.fromkeys(("setup", "tests", "devcheck", "tp1", "tp2"), 0))
+    (work / "tests.log").write_text(NO_GPU_LOG)
+    lines, ok = summary_lines(work)
+    tests = next(x for x in lines if x.startswith("  CUDA tests: "))
+    assert tests.startswith("  CUDA tests: SKIPPED (no CUDA test ran: 4 skipped, needs CUDA)")
+    assert not ok and lines[-1] == "RESULT: FAILED"
+    # A CPU dry run skips them by design: SKIPPED still, not OK, and the dry run passes.
+    (work / "devcheck.json").write_text(json.dumps({**DEVCHECK, "device": "cpu", "gpu": None}))
+    lines, ok = summary_lines(work)
+    assert "  CUDA tests: SKIPPED (" in "\n".join(lines) and ok
+    # A failing pytest stays FAILED, whatever it skipped.
+    (work / "status" / "tests").write_text("1\n")
+    assert "  CUDA tests: FAILED (exit 1)" in "\n".join(summary_lines(work)[0])
+
+
 def test_run_prints_load_back_against_the_peak():
     import pandas as pd
 
@@ -77,7 +104,7 @@ def test_dry_run_passes_and_packs_results(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     summary = done.stdout
     assert "gpu_check summary: CPU dry run" in summary and summary.rstrip().endswith("RESULT: OK")
-    for line in ("offline setup (PIP_NO_INDEX=1): OK", "CUDA tests: OK",
+    for line in ("offline setup (PIP_NO_INDEX=1): OK", "CUDA tests: SKIPPED (no CUDA test ran",
                  "TP1 run [llama3-8b, cpu/gloo]: OK", "TP2 shared-GPU run",
                  "bad pages 0/0"):
         assert line in summary

@@ -276,3 +276,34 @@ def test_nearest_rank_is_numpys_inverted_cdf_but_for_float_noise():
                 float(np.percentile(values, q, method="inverted_cdf")), (n, q)
     assert percentile(list(range(100)), 7, "nearest-rank") == 6.0  # rank 7 of 100
     assert float(np.percentile(list(range(100)), 7, method="inverted_cdf")) == 7.0
+
+
+def test_binomial_half_cdf_is_exact_and_scipy_stats():
+    """The CDF that the c-beside interval and the sign test use without scipy is exact (by
+    hand for n = 4) and equals scipy.stats' where scipy exists."""
+    assert list(stats.binomial_half_cdf(4)) == [1 / 16, 5 / 16, 11 / 16, 15 / 16, 1.0]
+    binom = pytest.importorskip("scipy.stats").binom
+    for n in range(0, 300):
+        got = stats.binomial_half_cdf(n)
+        assert np.allclose(got, binom.cdf(np.arange(n + 1), n, 0.5), rtol=1e-12, atol=0), n
+
+
+def test_sign_test_is_exact_and_scipy_stats_binomtest():
+    assert stats.sign_test_p(6, 6) == 2 / 64 and stats.sign_test_p(3, 6) == 1.0
+    binomtest = pytest.importorskip("scipy.stats").binomtest
+    for n in range(1, 40):
+        for k in range(n + 1):
+            want = binomtest(k, n, 0.5).pvalue
+            assert stats.sign_test_p(k, n) == pytest.approx(want, rel=1e-12), (k, n)
+    with pytest.raises(ValueError):
+        stats.sign_test_p(7, 6)
+
+
+def test_without_scipy_the_sign_test_stays_and_wilcoxon_goes(monkeypatch):
+    from bench.ab.order import order_section, rank_tests
+
+    monkeypatch.setattr(stats, "_scipy_stats", lambda: None)
+    assert rank_tests([1.1, 1.2, 0.9, 1.05, 0.95, 1.3]) == (None, stats.sign_test_p(4, 6))
+    said = [line for line in order_section([["x"]], 0) if "scipy" in line]
+    assert said == ["No Wilcoxon p: scipy is not installed (the sign test's is exact "
+                    "without it)."]

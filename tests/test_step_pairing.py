@@ -4,17 +4,19 @@ cell's protocol and its twin back to back on the same facts, each timed.
 Fast (2 gloo ranks, one launch): the twin leaves the system's counts and schedule as they
 were (its collectives counted apart and added in the cross-check), a planted disagreement
 fails the run, the balanced estimator recovers a known per-step delay within 10 % through
-an order effect, a planted spin shows in its side's polls. Statistical (make test-stats, not
-in make test, whose verdict must not be chance; each holds at 95 %): the planted per-step
-delay comes back from bench run, quiet and beside the neighbour, with the design's A/A at 0,
-and beside the neighbour the design's A/A' holds 1 where the same run's whole serves,
-paired by repeat, are wider."""
+an order effect, a planted spin lands once a step before its side's first poll (by
+construction, no clock) and makes that side's polls at least as long. Statistical (make
+test-stats, not in make test, whose verdict must not be chance; each holds at 95 %): the
+planted per-step delay comes back from bench run, quiet and beside the neighbour, with the
+design's A/A at 0, and beside the neighbour the design's A/A' holds 1 where the same run's
+whole serves, paired by repeat, are wider."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -55,8 +57,10 @@ def test_twin_keeps_counts_and_schedule_and_a_disagreement_fails():
     # pr27010's twin all-reduced once per poll: its raw tp_cpu count is the extra
     extra = paired_run[0]["crosscheck"]["tp_cpu"][1] - alone[0]["crosscheck"]["tp_cpu"][1]
     assert extra == sum(s["polled"] for s in steps)
-    # The plant (--plant) is a spin, so its side's polls of every polling step take at least
-    # its length on any machine, with the schedule unchanged.
+    # The plant (--plant) leaves the schedule as it was, and it is a spin, so the planted
+    # side's polls of every polling step take at least its length on any machine. That floor
+    # would hold for any spin of that length in those polls: that it is the planted side's
+    # alone, once a step, is test_the_plant_spins_once_a_step_before_its_sides_first_poll's.
     assert _digests(planted) == _digests(alone)
     polled = [s for s in planted[0]["steps"] if s["polled"]]
     assert polled and min(s["poll_s"] for s in polled) >= PLANT_MS / 1e3
@@ -64,6 +68,47 @@ def test_twin_keeps_counts_and_schedule_and_a_disagreement_fails():
         run_cases(2, [case({**base, "twin_protocol": "pr27010",
                             "planted_disagreement_from_step": 0}, STORAGE, n=N_REQUESTS,
                            prefix_tokens=PREFIX)])
+
+
+class _Recorded:
+    """A protocol that only notes its polls (no collective) and answers True."""
+
+    def __init__(self, name: str, events: list):
+        self.name, self.events = name, events
+
+    def poll(self, facts, comm, rid) -> bool:
+        self.events.append(("poll", self.name))
+        return True
+
+
+@pytest.mark.parametrize("planted", ["pr36425", "pr27010"])
+def test_the_plant_spins_once_a_step_before_its_sides_first_poll(monkeypatch, planted):
+    """Where the plant goes, by construction (no clock): one spin of planted_step_ms per
+    step, right before the first poll of the planted protocol's side, never the other's,
+    whichever side the step's draw puts first."""
+    from hicache.cache import twin
+
+    events = []
+    monkeypatch.setattr(twin, "_spin", lambda seconds: events.append(("spin", seconds)))
+    cfg = SimpleNamespace(twin_protocol="pr27010", policy="wait_complete", race_guard=True,
+                          storage=SimpleNamespace(seed=0), planted_protocol=planted,
+                          planted_step_ms=PLANT_MS, planted_disagreement_from_step=-1)
+    polls = twin.PairedPolls(cfg, _Recorded("pr36425", events),
+                             SimpleNamespace(layout=None, groups=None))
+    polls.twin = _Recorded("pr27010", events)
+    firsts = set()
+    for step in range(16):
+        polls.begin_step(step)
+        firsts.add(polls.twin_first)
+        start = len(events)
+        for i in range(3):
+            polls.poll(None, None, f"r{i}")
+        mine = events[start:]
+        spins = [k for k, e in enumerate(mine) if e[0] == "spin"]
+        assert [mine[k] for k in spins] == [("spin", PLANT_MS / 1e3)], mine
+        first = next(k for k, e in enumerate(mine) if e == ("poll", planted))
+        assert spins == [first - 1], mine
+    assert firsts == {True, False}  # both orders drawn
 
 
 def test_only_decide_alike_protocols_pair():

@@ -8,7 +8,9 @@ does one side win every block? Per configuration and gated metric, from the merg
 - the blocks' sides: how many blocks had B/A above 1 (favour A: B was slower) and below;
   all of them on one side is flagged (a t interval over 6 pairs cannot see that alone);
 - beside the t interval of B/A, the Wilcoxon signed-rank and the sign test on the
-  per-block ln(B/A) (scipy.stats), which assume no normality, for 6-12 pairs.
+  per-block ln(B/A), which assume no normality, for 6-12 pairs (Wilcoxon from scipy.stats:
+  without scipy its p is empty and the section says why; the sign test is exact, from
+  math.comb).
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from bench.compare.comparison import Comparison
 from bench.compare.metrics import TIMING_METRICS
 from bench.rundir.files import clean_key
 from bench.rundir.schema import GATED_METRICS
-from bench.stats import per_repeat_ratios, ratio_interval
+from bench.stats import (
+    NO_SCIPY,
+    per_repeat_ratios,
+    ratio_interval,
+    scipy_available,
+    sign_test_p,
+    wilcoxon_p,
+)
 from bench.tables import interval_text, markdown_table
 
 GATED = {f"{m}_ms" for m in GATED_METRICS}
@@ -33,16 +42,13 @@ HEADERS = ["configuration", "metric", "2nd/1st [95% CI]", "favour A / B", "Wilco
 
 def rank_tests(ratios: list[float]) -> tuple[float | None, float | None]:
     """(Wilcoxon signed-rank p, sign-test p) of ln(ratios) against 0, two-sided; None
-    with fewer than 2 pairs or when every pair is a tie."""
+    with fewer than 2 pairs or when every pair is a tie. The sign test is exact without
+    scipy; the Wilcoxon p is None where scipy is missing (order_section says so)."""
     logs = np.log(np.asarray(ratios, dtype=float))
     logs = logs[logs != 0]
     if logs.size < 2:
         return None, None
-    from scipy import stats
-
-    wilcoxon = float(stats.wilcoxon(logs).pvalue)
-    sign = float(stats.binomtest(int((logs > 0).sum()), int(logs.size), 0.5).pvalue)
-    return wilcoxon, sign
+    return wilcoxon_p(logs), sign_test_p(int((logs > 0).sum()), int(logs.size))
 
 
 def _pairs(comp: Comparison, key: tuple, metric, groups: dict) -> dict[int, float]:
@@ -122,4 +128,6 @@ def order_section(table: list[list[str]], flagged: int) -> list[str]:
             "(favour A) and below (favour B), flagged when all of them fall on one side, and "
             "beside the t interval of B/A the Wilcoxon signed-rank and sign tests of "
             "ln(B/A) (two-sided p).", "",
+            *([f"No Wilcoxon p: {NO_SCIPY} (the sign test's is exact without it).", ""]
+              if table and not scipy_available() else []),
             *([markdown_table(HEADERS, table), ""] if table else [])]

@@ -7,8 +7,11 @@ The checks are bench.gate.evaluate's. With --ab the timings come from the baseli
 working tree run interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's
 `ab`), and a timing check that fails there fails the gate only if a second A/B of fresh
 blocks (RUN_DIR/ab_confirm) fails it too; without it, from this run's ratios against the
-baseline's numbers. --update-baseline makes the run (its commit) the new baseline. Exit 0:
-all checks hold; 1: a check failed (table on stdout); 2: bad input (one line on stderr).
+baseline's numbers. A timing check whose interval is wider than its threshold is
+UNRESOLVED and fails unless gate.json's `unresolved_ok` names its metric with a reason
+(docs/testing.md, "The gate"). --update-baseline makes the run (its commit) the new
+baseline. Exit 0: all checks hold; 1: a check failed (table on stdout); 2: bad input (one
+line on stderr).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                              "one to confirm a failing timing check")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="one threshold for every timing metric: fail when the whole "
-                             "interval lies above 1 + it (default: gate.json's thresholds, "
+                             "interval lies above 1 + it, UNRESOLVED when it is wider than "
+                             "it (default: gate.json's thresholds, "
                              f"else {DEFAULT_THRESHOLD})")
     args = parser.parse_args(argv)
     if args.no_confirm and not args.ab:

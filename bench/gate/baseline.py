@@ -11,6 +11,7 @@ import pandas as pd
 
 from bench.ab import RUN_SIZES
 from bench.gate.checks import BASELINE_KEY
+from bench.gate.timing import AB_METRICS
 from bench.run.plan import plan_differences
 from bench.rundir.files import (
     ResultFileError,
@@ -101,7 +102,23 @@ def read_settings(baseline_dir: Path) -> dict:
         check_tolerance(value, f"{gate_json} (thresholds.{key})")
     if "ab" in settings:
         check_ab(settings["ab"], str(gate_json))
+    check_unresolved_ok(settings.get("unresolved_ok", {}), str(gate_json))
     return settings
+
+
+def check_unresolved_ok(value: object, where: str) -> dict[str, str]:
+    """gate.json's `unresolved_ok`: gated metric -> the one-line reason its check may be
+    UNRESOLVED without failing the gate (bench.gate.timing.judge)."""
+    if not isinstance(value, dict):
+        raise ResultFileError(f"{where}: unresolved_ok must be an object (metric -> reason)")
+    for metric, reason in value.items():
+        if metric not in AB_METRICS:
+            raise ResultFileError(f"{where}: unresolved_ok.{metric}: not a gated metric; use "
+                                  f"one of {', '.join(AB_METRICS)}")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ResultFileError(f"{where}: unresolved_ok.{metric}: give the reason, a "
+                                  "non-empty string")
+    return value
 
 
 # What `bench gate --ab` runs when gate.json names no other: make bench's burst of 24 on the

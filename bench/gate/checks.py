@@ -27,6 +27,13 @@ class Check:
     # False: nothing to judge it on (a timing without an interval). It fails nothing, and it
     # is no PASS either: the table and the last line say NOT JUDGED, and why (the note).
     judged: bool = True
+    # Timing checks with an interval: the difference the interval resolves (its half-width,
+    # a fraction) beside the threshold asked. Wider than the threshold and not above it:
+    # UNRESOLVED, a change of the threshold's size could not be told from none, so it has
+    # not passed; it fails the gate unless gate.json's `unresolved_ok` names its metric.
+    resolves: float | None = None
+    threshold: float | None = None
+    unresolved: bool = False
 
 
 def layout(row: dict) -> str:

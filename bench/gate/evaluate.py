@@ -7,7 +7,9 @@ agreed, no data errors, and no protocol spends more decision collectives per pol
 committed baseline. The timing checks (bench.gate.timing) use between-repeat intervals: with
 --ab the baseline revision and this tree run interleaved on this machine (bench.ab.blocks) and each
 configuration's mean step time, ITL p50 and TTFT p50 per request class fails when its whole
-95% interval of B/A lies above 1 + the metric's threshold (gate.json, from bench noise);
+95% interval of B/A lies above 1 + the metric's threshold (gate.json, from bench noise),
+and is UNRESOLVED (failing unless gate.json's `unresolved_ok` allows it) when the interval
+is wider than the threshold;
 without --ab this run's ratios to pr27010 are held against the baseline's, paired by
 repeat. When the run directory holds microbench.json, the per-poll cost ratios are printed
 as information, never checked.
@@ -51,6 +53,7 @@ from bench.gate.timing import (
     ab_checks,
     baseline_checks,
     confirmed,
+    resolution_lines,
 )
 from bench.microbench import gate_note
 from bench.rundir.files import (
@@ -230,33 +233,58 @@ def _why(checks: list[Check]) -> str:
 
 
 def _result(checks: list[Check]) -> str:
-    """PASS, NOT JUDGED (why), or both with their counts, for one check's rows."""
+    """PASS, UNRESOLVED, NOT JUDGED (why), or several with their counts, for one check's
+    rows (none of them failing)."""
     idle = [c for c in checks if not c.judged]
-    if not idle:
-        return "PASS"
+    wide = [c for c in checks if c.unresolved]
     if len(idle) == len(checks):
         return f"NOT JUDGED ({_why(idle)})"
-    return f"PASS {len(checks) - len(idle)}, NOT JUDGED {len(idle)} ({_why(idle)})"
+    if len(wide) == len(checks):
+        return "UNRESOLVED (allowed by gate.json unresolved_ok)"
+    if not idle and not wide:
+        return "PASS"
+    return ", ".join([f"PASS {len(checks) - len(idle) - len(wide)}",
+                      *([f"UNRESOLVED {len(wide)} (allowed)"] if wide else []),
+                      *([f"NOT JUDGED {len(idle)} ({_why(idle)})"] if idle else [])])
 
 
 def last_line(checks: list[Check]) -> str:
-    """The gate's last line: OK or FAILED, and the checks that were not judged."""
+    """The gate's last line: OK or FAILED, and the checks that were not judged or not
+    resolved."""
     failed, idle = [c for c in checks if not c.passed], [c for c in checks if not c.judged]
+    wide = [c for c in checks if c.unresolved]
     head = "OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks"
-    if not idle:
+    tail = []
+    if wide:
+        allowed = sum(c.passed for c in wide)
+        tail.append(f"{len(wide)} timing check(s) UNRESOLVED (interval wider than the "
+                    f"threshold; {allowed} allowed by gate.json unresolved_ok)")
+    if idle:
+        tail.append(f"{len(idle)} timing check(s) NOT JUDGED ({_why(idle)})")
+    if not tail:
         return head
-    return (f"{head}{',' if failed else ', but'} {len(idle)} timing check(s) NOT JUDGED "
-            f"({_why(idle)}): {len(checks) - len(idle) - len(failed)} passed")
+    passed = sum(c.passed and c.judged and not c.unresolved for c in checks)
+    return f"{head}{',' if failed else ', but'} {', '.join(tail)}: {passed} passed"
+
+
+def _flagged(c: Check) -> str:
+    """A failing or not judged or unresolved check's last cell in the failing table."""
+    if not c.judged:
+        return f"NOT JUDGED ({_why([c])})"
+    if c.unresolved:
+        return (f"UNRESOLVED (allowed): {c.note.removeprefix('UNRESOLVED: ')}" if c.passed
+                else f"UNRESOLVED: {c.meaning}")
+    return c.meaning
 
 
 def format_checks(checks: list[Check]) -> str:
-    """Failing (and not judged) checks as a table; when none fail, a result per check."""
+    """Failing (not judged, unresolved) checks as a table; when none fail, a result per
+    check; then each timing check's resolvable difference beside its threshold."""
     failing = [c for c in checks if not c.passed]
     if failing:
         header = ["check", "protocol", "policy", "layout", "expected", "observed", "meaning"]
-        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed,
-                 c.meaning if c.judged else f"NOT JUDGED ({_why([c])})"]
-                for c in checks if not c.passed or not c.judged]
+        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed, _flagged(c)]
+                for c in checks if not c.passed or not c.judged or c.unresolved]
     else:
         header = ["check", "rows", "result"]
         names = list(dict.fromkeys(c.check for c in checks))
@@ -268,7 +296,7 @@ def format_checks(checks: list[Check]) -> str:
              for r in table]
     notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}): {c.observed}: {c.note}"
              for c in checks if c.note]
-    return "\n".join(lines + notes)
+    return "\n".join(lines + notes + resolution_lines(checks))
 
 
 def thresholds(settings: dict, override: float | None) -> dict[str, float]:
@@ -294,25 +322,26 @@ class GateOptions:
 def timing_checks(args: GateOptions, summary: pd.DataFrame, baseline: pd.DataFrame,
                   settings: dict) -> tuple[list[Check], str]:
     """The timing checks (bench.gate.timing) and one line on how they were made."""
-    limits = thresholds(settings, args.tolerance)
+    limits, wide_ok = thresholds(settings, args.tolerance), settings.get("unresolved_ok", {})
     shown = ", ".join(f"{m} {limits[m]:g}" for m in AB_METRICS if m != "ttft")
     if not args.ab:
-        return baseline_checks(summary, baseline, limits), (
+        return baseline_checks(summary, baseline, limits, wide_ok), (
             f"timings against the baseline's numbers, paired by repeat (thresholds {shown}); "
             "drift between the two runs is not in the intervals: --ab runs the baseline "
             "revision beside this tree instead")
     comp, out = run_gate_ab(settings, args.run_dir / "ab")
-    checks = ab_checks(comp, limits)
+    checks = ab_checks(comp, limits, unresolved_ok=wide_ok)
     line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
             f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
             f"(thresholds {shown}; {out / 'ab.md'})")
-    failed = sum(not c.passed for c in checks)
+    # only a failure is confirmed; an UNRESOLVED check fails (or not) as it stands
+    failed = sum(not c.passed and not c.unresolved for c in checks)
     if not failed or not args.confirm:
         return checks, line
     again, out2 = run_gate_ab(settings, args.run_dir / "ab_confirm",
                               seed=confirmation_seed(settings))
     checks = confirmed(checks, ab_checks(again, limits, again=True))
-    held = sum(not c.passed for c in checks)
+    held = sum(not c.passed and not c.unresolved for c in checks)
     return checks, (f"{line}\nconfirmation: {held} of {failed} failing timing checks failed "
                     f"again (interval above 1, point beyond the threshold) in a second A/B "
                     f"of fresh blocks ({again.final_line()}; "

@@ -22,6 +22,12 @@ threshold again made a real regression pass whenever one of its few blocks was d
 (CI at 7216574: a 2 ms slower poll, step 4.607 [3.736, 5.681], then 3.465 [1.166, 10.299] over
 3 pairs, passed). The checks that passed the first A/B are not judged again.
 
+A check whose interval is wider than its threshold (half-width > threshold) and not above it
+is UNRESOLVED: a change of the threshold's size could not be told from none, so it has not
+passed. It fails the gate unless gate.json's `unresolved_ok` names its metric with a reason
+(then the table and last line still say UNRESOLVED, never PASS); each check's resolvable
+difference is printed beside its threshold (`resolution_lines`).
+
 A check without an interval (fewer than 3 paired repeats, no scipy) is NOT JUDGED: it fails
 nothing, and the gate's table and last line say so and why; it is never judged on a point.
 The thresholds per metric come from `bench noise --update-gate` (the largest half-width its
@@ -57,6 +63,14 @@ def _observed(iv: Interval) -> str:
     return f"{iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}], {iv.n} paired repeats"
 
 
+def resolvable(iv: Interval) -> float:
+    """The interval's half-width as a fraction (point x [1/(1+h), 1+h]): the smallest change
+    it tells from none. From low and high where the row carries no half-width."""
+    if iv.half_width is not None and not math.isnan(iv.half_width):
+        return float(iv.half_width)
+    return max(iv.high / iv.point, iv.point / iv.low) - 1
+
+
 def replicates(iv: Interval, threshold: float) -> bool:
     """A second A/B repeats a failure: its whole interval above 1, its point beyond
     1 + threshold."""
@@ -64,9 +78,12 @@ def replicates(iv: Interval, threshold: float) -> bool:
 
 
 def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
-          against: str, again: bool = False) -> Check | None:
-    """One timing check: fails only when the whole interval lies above 1 + threshold (a
-    second A/B, `again`: when it `replicates` the first's failure)."""
+          against: str, again: bool = False, unresolved_ok: dict[str, str] | None = None
+          ) -> Check | None:
+    """One timing check: fails when the whole interval lies above 1 + threshold (a second
+    A/B, `again`: when it `replicates` the first's failure); else UNRESOLVED where the
+    interval is wider than the threshold, failing unless `unresolved_ok` (gate.json's)
+    names the metric."""
     if iv.point is None:
         return None
     bound = (f"x {against}: fails when its interval lies above 1 and its point above "
@@ -75,12 +92,36 @@ def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
     if not iv.has_interval:
         return make_check(row, name, True, expected=bound, observed=f"{iv.point:.3f}",
                           note=f"not judged: {iv.note}", judged=False)
+    h = resolvable(iv)
     worse = (replicates(iv, threshold) if again
              else timing_verdict(iv.low, iv.high, threshold) == "worse")
+    if worse:
+        return make_check(
+            row, name, False, expected=bound, observed=_observed(iv), resolves=h,
+            threshold=threshold,
+            meaning=f"{row['protocol']}'s {LABELS[metric]} grew beyond {1 + threshold:g}x "
+                    f"{against}, its whole 95% interval above that: it got slower")
+    if again or h <= threshold:  # a second A/B only confirms or clears a failure
+        return make_check(row, name, True, expected=bound, observed=_observed(iv),
+                          resolves=h, threshold=threshold)
+    return _unresolved(row, name, metric, iv, threshold, bound, (unresolved_ok or {}))
+
+
+def _unresolved(row: dict, name: str, metric: str, iv: Interval, threshold: float,
+                bound: str, unresolved_ok: dict[str, str]) -> Check:
+    """A check whose interval is wider than its threshold: it cannot have passed."""
+    h, reason = resolvable(iv), unresolved_ok.get(metric)
+    why = f"UNRESOLVED: resolves {h:.1%}, wider than its threshold {threshold:.1%}"
     return make_check(
-        row, name, not worse, expected=bound, observed=_observed(iv),
-        meaning=f"{row['protocol']}'s {LABELS[metric]} grew beyond {1 + threshold:g}x "
-                f"{against}, its whole 95% interval above that: it got slower" if worse else "")
+        row, name, reason is not None, expected=bound, observed=_observed(iv), resolves=h,
+        threshold=threshold, unresolved=True,
+        note=f"{why}; not failing the gate (gate.json unresolved_ok: {reason})" if reason
+        else why,
+        meaning="" if reason else
+        f"{row['protocol']}'s {LABELS[metric]}: its 95% interval is wider than the threshold, "
+        f"so a change of {threshold:.1%} could not be told from none: not passed (more "
+        f"blocks or repeats narrow it; gate.json unresolved_ok.{metric} with a reason lets "
+        "it pass as UNRESOLVED)")
 
 
 def _gated(row: dict) -> list[str]:
@@ -95,7 +136,8 @@ def _per_repeat(row: dict, metric: str) -> dict[int, float]:
 
 
 def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
-                    thresholds: dict[str, float]) -> list[Check]:
+                    thresholds: dict[str, float],
+                    unresolved_ok: dict[str, str] | None = None) -> list[Check]:
     """This run's ratios to pr27010 against the baseline's, paired by repeat."""
     checks = []
     for row in summary.to_dict("records"):
@@ -105,12 +147,13 @@ def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
         for m in _gated(row):
             iv = ratio_interval(_per_repeat(row, m), _per_repeat(base, m))
             checks.append(judge(row, f"{m}_ratio_vs_baseline", m, iv,
-                                thresholds.get(m, DEFAULT_THRESHOLD), "the baseline's"))
+                                thresholds.get(m, DEFAULT_THRESHOLD), "the baseline's",
+                                unresolved_ok=unresolved_ok))
     return [c for c in checks if c is not None]
 
 
-def ab_checks(comp: Comparison, thresholds: dict[str, float],
-              again: bool = False) -> list[Check]:
+def ab_checks(comp: Comparison, thresholds: dict[str, float], again: bool = False,
+              unresolved_ok: dict[str, str] | None = None) -> list[Check]:
     """Every configuration's gated timing metrics of an A/B run: B (this tree) over A (the
     baseline revision), paired by block; `again`: judged as the second A/B (`judge`)."""
     wanted = {v: k for k, v in AB_METRICS.items()}
@@ -124,7 +167,7 @@ def ab_checks(comp: Comparison, thresholds: dict[str, float],
         iv = Interval(row["ratio_b_over_a"], row.get("ratio_ci_low"), row.get("ratio_ci_high"),
                       int(row.get("repeats") or 0), row.get("ratio_mdd"), row.get("note") or "")
         checks.append(judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
-                            "the baseline revision's", again))
+                            "the baseline revision's", again, unresolved_ok))
     return [c for c in checks if c is not None]
 
 
@@ -135,12 +178,13 @@ def _key(c: Check) -> tuple[str, str, str, str]:
 def confirmed(first: list[Check], again: list[Check]) -> list[Check]:
     """The first A/B's checks, each failure kept only where the second A/B (fresh blocks, run
     after it, judged with again=True) fails the same check too; one it does not confirm
-    passes, with both intervals in its note."""
+    passes, with both intervals in its note. An UNRESOLVED check stays as it was: a second
+    A/B only confirms or clears a failure."""
     second = {_key(c): c for c in again}
     out = []
     for c in first:
         c2 = second.get(_key(c))
-        if c.passed:
+        if c.passed or c.unresolved:
             out.append(c)
         elif c2 is not None and not c2.passed:
             out.append(replace(c, observed=f"{c.observed}; again {c2.observed}"))
@@ -149,4 +193,16 @@ def confirmed(first: list[Check], again: list[Check]) -> list[Check]:
             out.append(replace(c, passed=True, meaning="",
                                note=f"failed the first A/B only, not confirmed by the second: "
                                     f"{seen}"))
+    return out
+
+
+def resolution_lines(checks: list[Check]) -> list[str]:
+    """Per timing check with an interval: the difference it resolves beside its threshold."""
+    out = []
+    for c in checks:
+        if c.resolves is None:
+            continue
+        state = "UNRESOLVED" if c.unresolved else ("PASS" if c.passed else "FAIL")
+        out.append(f"resolution: {c.check} {c.protocol}/{c.policy} ({c.layout}): resolves "
+                   f"{c.resolves:.1%}, threshold {c.threshold:.1%}: {state}")
     return out

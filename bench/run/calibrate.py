@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bench.stats import percentile
+from bench.stats import binomial_half_cdf, percentile
 from hicache.comm.comm import CALIBRATION, CollectiveCounter, Comm, Groups, Layout
 
 METHOD = ("back-to-back MAX all-reduces of 2 int32 on the TP CPU gloo group, timed around "
@@ -112,13 +112,10 @@ def median_interval(values: list[float], level: float = 0.95) -> tuple[float, fl
     x_(n-j+1) (1-based), j the smallest rank with P(Binomial(n, 1/2) <= j - 1) < (1 -
     level) / 2, so the interval covers the median with at least `level` (the whole range
     when n is too small for it)."""
-    # binom.ppf of scipy.stats, from its CDF in scipy.special: rank 0 computes this after
-    # every cell, and importing scipy.stats there costs about 1 s of a short run
-    from scipy.special import bdtr
-
     a = np.sort(np.asarray(values, dtype=float))
-    cdf = bdtr(np.arange(a.size + 1), a.size, 0.5)
+    cdf = binomial_half_cdf(a.size)
     # the first rank whose CDF reaches alpha; alpha a hair lower so that a CDF equal to it
-    # up to rounding counts as reaching it, as binom.ppf's own tolerance does
+    # up to rounding counts as reaching it, as scipy.stats' binom.ppf's own tolerance does
     j = max(1, int(np.searchsorted(cdf, (1 - level) / 2 * (1 - 1e-12))))
     return float(a[j - 1]), float(a[a.size - j])
+
