@@ -9,9 +9,9 @@ run printed instead of a hand-pasted copy. The block between the two marker line
 becomes: one line naming the run (commit, time, preset, layout, device and backend, cores;
 from RUN_DIR/env.json; the all-reduce cost c from calibration.json), then, in a code block,
 the lead's first table (the end-to-end headline; a pinned run's cost decomposition) and
-what the run resolves, as `bench run` prints them (rebuilt from RUN_DIR/summary.csv by bench.analysis.lead), and the run's
-OK/FAILED line (RUN_DIR/verdict.json; the console adds the seconds the run took, which no
-result file keeps). Nothing outside the markers changes.
+what the run resolves, as `bench run` prints them (rebuilt from RUN_DIR/summary.csv by
+bench.analysis.lead), and the run's OK/FAILED line (RUN_DIR/verdict.json; the console adds
+the seconds the run took, which no result file keeps). Nothing outside the markers changes.
 
 Exit status: 0 rewritten; 2 bad input (RUN_DIR lacks one of those files or they are
 unusable, the run has no headline rows, or the README lacks the markers): one line on
