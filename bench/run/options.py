@@ -17,6 +17,7 @@ from bench.rundir.env import REPO_DIR
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import POLICIES, PROTOCOLS
 from hicache.spec.storage_spec import StorageSpec
+from sglang_adapter.sides import choose_sides, is_list
 from sglang_adapter.target import ChoiceError, choose_for_run
 
 REPEAT_SEEDS = ("same", "distinct")
@@ -174,13 +175,30 @@ def build_plan(args: RunOptions) -> RunPlan:
 
 
 def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
-    """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once."""
+    """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once;
+    several SGLangs (a list, or a label): one side each (sglang_adapter.sides)."""
+    if args.cache == "sglang" and is_list(args.sglang):
+        return _sides(plan, args)
     try:
         target = choose_for_run(args.cache, args.sglang, args.protocols is not None,
                                 bool(plan.pairing), args.sglang_path, plan.pp, dict(plan.system))
     except ChoiceError as e:
         raise OptionError(str(e)) from None
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
+
+
+def _sides(plan: RunPlan, args: RunOptions) -> RunPlan:
+    """Every side resolved and on one path, its name a protocol of the run."""
+    if args.protocols is not None or plan.pairing:
+        raise OptionError("--cache sglang runs each side's own protocol: no --protocols"
+                          f"{' or --pairing' if plan.pairing else ''}")
+    try:
+        sides = choose_sides(args.sglang, args.sglang_path, plan.pp, dict(plan.system))
+    except ChoiceError as e:
+        raise OptionError(str(e)) from None
+    if len(sides) == 1:  # one labelled SGLang: a run of one, under its label
+        return replace(plan, sglang=sides[0], protocols=(sides[0].name,))
+    return replace(plan, sides=sides, protocols=tuple(t.name for t in sides))
 
 
 def _neighbour(text: str | None) -> str | None:
