@@ -49,7 +49,7 @@ from hicache.comm.comm import (
     CollectiveError,
 )
 from sglang_adapter.door import Call, Door
-from sglang_adapter.loader import load, native_hash
+from sglang_adapter.loader import LoadError, load, native_hash
 from sglang_adapter.poll import make_rig
 from sglang_adapter.source import DEFAULT_CACHE
 from sglang_adapter.target import Target
@@ -197,6 +197,11 @@ class SGLangCache(HiCache):
     def close(self) -> None:
         self.door.listener = self.door.failure = None
         super().close()
+        # Every run: each collective SGLang issued here came from this SPEC's own files
+        # (several SGLangs in one run: each side's from its own, never another's).
+        stray = self.door.own_files()
+        if stray:
+            raise LoadError(f"sglang {self.target.label}: {stray}")
 
 
 @functools.cache
