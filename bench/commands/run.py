@@ -293,10 +293,16 @@ def _run_local(plan: RunPlan) -> int:
 def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:
     """Every cell served, serially in one world or as a duet; the error, or None."""
     from bench.run.launch import Entry, LaunchError, launch
+    from bench.rundir.lanes import merge_lanes
 
+    if plan.sides:  # several SGLangs: a world of ranks per side, taking turns
+        from bench.run import sides
+
+        errors = sides.run_sides(plan, timeout_s)
+        merge_lanes(RunDir(plan.out_dir), sides.side_dirs(plan))
+        return "; ".join(errors) or None
     if plan.pairing == "duet":
         from bench.run import duet
-        from bench.rundir.lanes import merge_lanes
 
         errors = duet.run_duet(plan, timeout_s * duet.lanes(plan))
         merge_lanes(RunDir(plan.out_dir), duet.lane_dirs(plan))
