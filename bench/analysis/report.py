@@ -15,6 +15,8 @@ from bench.analysis import trace_tiers as trace_report
 from bench.analysis.conditions import condition_lines
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.analysis.provenance import provenance_lines
+from bench.analysis.sides import lead_text as side_lead
+from bench.analysis.sides import side_names
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
 from bench.analysis.verdict import (
     KNOWN_HAZARD,
@@ -243,7 +245,9 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
     ranks, failures, details = run.ranks(), run.failures(), run.divergence()
     calibration, env = run.calibration(), run.env(optional=True)
-    summary = summarize(requests, steps, percentile_method, calibration, ranks)
+    sides = side_names((env or {}).get("plan"))  # several SGLangs: the first the reference
+    summary = summarize(requests, steps, percentile_method, calibration, ranks,
+                        *sides[:1])
     write_csv_atomic(run.file("summary"), summary.to_dict("records"), SUMMARY_COLUMNS)
     disagreements = [] if details is None else \
         details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
@@ -264,7 +268,8 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
                          trace_report.tier_lines(summary, requests, trace_files)
                          + timeline)
     write_text_atomic(run.file("report"), text)
-    text_lead = lead.lead_text(summary, calibration)
+    text_lead = (side_lead(summary, requests, env["plan"]) if sides
+                 else lead.lead_text(summary, calibration))
     loaded = load_back_line(requests, env)
     return RunReport(run.file("report"), summary, verdict,
                      text_lead + ([loaded] if loaded else []) + condition_lines(env, calibration))
