@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from sglang_adapter.target import ChoiceError, Target, choose_for_run, controller_unfit
+from sglang_adapter.source import SourceError, resolve
+from sglang_adapter.target import ChoiceError, Target, choose_for_run
 
 LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")  # no '=', '@', ',' or ':' in a label
 
@@ -55,8 +56,14 @@ def choose_sides(spec: str, path: str | None, pp: int, system: dict) -> tuple[Ta
     decisions-path one); under `--sglang-path controller` a side that cannot is an error.
     ChoiceError (one line) for any side that cannot be had or driven, or two sides of one
     name."""
+    sides = parse(spec)
+    for label, one in sides:  # every SPEC found (fast) before any SGLang is imported
+        try:
+            resolve(one)
+        except SourceError as e:
+            raise ChoiceError(f"{e} (side {label or one})") from None
     targets = []
-    for label, one in parse(spec):
+    for label, one in sides:
         try:
             target = choose_for_run("sglang", one, False, False, path, pp, system)
         except ChoiceError as e:
@@ -71,13 +78,4 @@ def choose_sides(spec: str, path: str | None, pp: int, system: dict) -> tuple[Ta
     return tuple(replace(t, controller=controller) for t in targets)
 
 
-def path_note(sides: tuple[Target, ...], pp: int, system: dict) -> str:
-    """Which path every side ran, and why where it is the decisions path."""
-    if all(t.controller for t in sides):
-        return "every side on SGLang's controller path"
-    why = [f"{t.name} {controller_unfit(t, pp, system)}" for t in sides
-           if controller_unfit(t, pp, system)]
-    return "every side on SGLang's decisions path" + (f" ({why[0]})" if why else "")
-
-
-__all__ = ["ChoiceError", "choose_sides", "is_list", "parse", "path_note"]
+__all__ = ["ChoiceError", "choose_sides", "is_list", "parse"]
