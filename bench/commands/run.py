@@ -227,6 +227,9 @@ def resolve_plan(argv: list[str]) -> RunPlan:
     args = parser().parse_args(argv)
     plan = build_plan(args)
     torchrun = under_torchrun()
+    if torchrun and plan.sides:
+        raise UsageError("several SGLangs serve on a world of ranks per side, which bench run "
+                         "launches itself: run it without torchrun")
     if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
                          f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
