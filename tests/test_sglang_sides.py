@@ -92,6 +92,19 @@ def test_sides_that_cannot_share_a_run_are_one_line(argv, says, tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.slow  # imports 0.5.23 and 0.5.18 in this process to learn their classes
+@pytest.mark.timeout(120)
+def test_where_one_side_cannot_take_the_controller_path_no_side_does():
+    from sglang_adapter.sides import choose_sides
+
+    if not (_cached("0.5.23") and _cached("0.5.18")):
+        pytest.skip("0.5.23 and 0.5.18 not cached (python -m sglang_adapter.source ...)")
+    new, old = choose_sides("new=0.5.23,old=0.5.18", None, 1, {})
+    assert (new.name, old.name) == ("new=sglang-0.5.23@unified", "old=sglang-0.5.18@hiradix")
+    assert not new.controller and not old.controller  # both on the decisions path
+    assert "sglang" not in sys.modules
+
+
 @pytest.mark.timeout(120)
 def test_a_venv_without_dill_is_told_make_sglang_fetch():
     if not _cached("0.5.23"):

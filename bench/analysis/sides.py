@@ -31,9 +31,10 @@ from bench.analysis.lead import (
     _table,
     is_end_to_end,
 )
-from bench.compare.per_request import differences
+from bench.rundir.schema import COUNT_COLUMNS
 from bench.tables import interval_text
 from hicache.spec.cost_model import modelled
+from sglang_adapter.target import run_unfit
 
 SITES_SHOWN = 12  # call-site rows shown per policy
 
@@ -73,9 +74,15 @@ def _ratio(row: dict, name: str, ref: str) -> str:
 
 
 def path_line(plan: dict) -> str:
+    """Which path every side ran (one for all: sglang_adapter.sides), and why where it is
+    the decisions path."""
     sides = plan.get("sides") or []
-    return ("every side on SGLang's controller path" if all(s["controller"] for s in sides)
-            else "every side on SGLang's decisions path")
+    if all(s["controller"] for s in sides):
+        return "every side on SGLang's controller path"
+    hiradix = [s["name"] for s in sides if s["family"] != "unified"]
+    why = (f"{hiradix[0]} builds HiRadixCache" if hiradix else
+           run_unfit(int(plan.get("pp", 1)), plan.get("system") or {}))
+    return "every side on SGLang's decisions path" + (f" ({why})" if why else "")
 
 
 def own_files_line(plan: dict) -> str:
@@ -160,14 +167,20 @@ def site_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
 
 def request_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
     """Pinned: each side against the reference request by request (one schedule per
-    seed, so requests pair by rid)."""
-    ref = requests[requests["protocol"] == names[0]].assign(protocol="")
+    seed, so requests pair by policy, repeat and rid)."""
+    keys = ["policy", "repeat", "rid"]
+    counts = [c for c in COUNT_COLUMNS if c in requests]
+    ref = requests[requests["protocol"] == names[0]][keys + counts]
     out = []
     for name in names[1:]:
-        side = requests[requests["protocol"] == name].assign(protocol="")
-        n, diff = differences(ref, side)
-        out.append(f"Per request, {name} against {names[0]}: {n - len(diff)} of {n} equal in "
-                   "every count" + (f"; first: {diff[0]}" if diff else ""))
+        both = ref.merge(requests[requests["protocol"] == name][keys + counts], on=keys,
+                         suffixes=("_ref", "")).fillna(-1)  # a count neither has: equal
+        differ = both[(both[[f"{c}_ref" for c in counts]].to_numpy()
+                       != both[counts].to_numpy()).any(axis=1)]
+        first = "" if differ.empty else "; first: " + ", ".join(
+            f"{r.policy} repeat {r.repeat} {r.rid}" for r in differ.head(3).itertuples())
+        out.append(f"Per request, {name} against {names[0]}: {len(both) - len(differ)} of "
+                   f"{len(both)} equal in every count ({', '.join(counts)}){first}")
     return out
 
 
