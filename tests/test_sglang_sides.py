@@ -51,6 +51,56 @@ def test_a_labelled_side_is_modelled_by_its_release():
     assert modelled("pr=sglang-tree:python@unified") == "sglang-0.5.23"
 
 
+def _lead(schedule: str) -> list[str]:
+    """The sides' lead of a hand-made run: pr issues one more decision collective a poll
+    than its model expects, at a site of its own."""
+    from bench.analysis.sides import lead_text
+
+    ref, pr = "base=sglang-0.5.23@unified", "pr=sglang-tree:python@unified"
+    site = "all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_can_terminate_prefetch:{} < " \
+        "check_prefetch_progress:{}"
+    row = {"policy": "wait_complete", "schedule": schedule, "polls_per_step": 2.0,
+           "step_mean_ms": 10.0, "polls_per_req": 4.0, "step_collectives_per_step": 5.0,
+           "step_mean_ratio": 1.2, "step_mean_ratio_ci_low": 0.9,
+           "step_mean_ratio_ci_high": 1.5, "step_mean_ratio_mdd": 0.25,
+           "expected_decision_collectives_per_req": 0.0}
+    summary = pd.DataFrame([
+        {**row, "protocol": ref, "decision_collectives_per_req": 0.0,
+         "decision_collectives_per_poll": 0.0},
+        {**row, "protocol": pr, "decision_collectives_per_req": 4.0,
+         "decision_collectives_per_poll": 1.0}])
+    requests = pd.DataFrame([
+        {"protocol": ref, "policy": "wait_complete", "repeat": 0, "rid": "r0", "polls": 4,
+         "decision_collectives": 0, "call_sites": ""},
+        {"protocol": pr, "policy": "wait_complete", "repeat": 0, "rid": "r0", "polls": 4,
+         "decision_collectives": 4, "call_sites": "4x " + site.format(2320, 2414)}])
+    plan = {"pp": 1, "system": {}, "sides": [
+        {"name": ref, "root": "/wheels/0.5.23", "controller": True, "family": "unified"},
+        {"name": pr, "root": "/src/pr/python", "controller": True, "family": "unified"}]}
+    return lead_text(summary, requests, plan)
+
+
+def test_the_sides_lead_says_path_ratios_counts_and_the_unexpected_site():
+    text = "\n".join(_lead("pinned"))
+    assert "ratios to base=sglang-0.5.23@unified" in text and "pinned schedule" in text
+    assert "every side on SGLang's controller path" in text
+    assert "1.20 [0.90, 1.50]" in text and "Every ratio's interval holds 1." in text
+    assert "pr=sglang-tree:python@unified under /src/pr/python" in text
+    assert "pr=sglang-tree:python@unified/wait_complete: 1.000 per poll (+1.000)" in text
+    assert "wait_complete site (only pr=sglang-tree:python@unified): " in text
+    assert "Per request, pr=sglang-tree:python@unified against base=sglang-0.5.23@unified: " \
+        "0 of 1 equal" in text
+    assert "pr=sglang-tree:python@unified under wait_complete: +1.000 decision collectives " \
+        "per poll its release's model (sglang-0.5.23) does not expect, at all_reduce@tp_cpu " \
+        "mem_cache/unified_radix_cache.py:_can_terminate_prefetch:2320" in text
+
+
+def test_on_the_free_schedule_the_lead_is_end_to_end_and_pairs_no_requests():
+    text = "\n".join(_lead("free"))
+    assert "end to end, free schedule" in text and "TTFT p50 x prefetch" in text
+    assert "Per request" not in text  # polls follow timing: counts per poll and per step
+
+
 BAD = [
     (["--sglang", "a="], "label 'a' has no SPEC"),
     (["--sglang", "a=0.5.23,a=0.5.23"], "label 'a' names two sides"),

@@ -29,11 +29,10 @@ from bench.analysis.lead import (
     RATIO_COLUMNS,
     _f,
     _table,
-    is_end_to_end,
 )
 from bench.rundir.schema import COUNT_COLUMNS
 from bench.tables import interval_text
-from hicache.spec.cost_model import modelled
+from hicache.spec.cost_model import POLICIES, modelled
 from sglang_adapter.target import run_unfit
 
 SITES_SHOWN = 12  # call-site rows shown per policy
@@ -50,8 +49,9 @@ def lead_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list
     names = side_names(plan)
     ref = names[0]
     rows = [r for r in summary.to_dict("records") if r["protocol"] in names]
-    rows.sort(key=lambda r: (str(r["policy"]), names.index(r["protocol"])))
-    end_to_end = is_end_to_end(summary)
+    rows.sort(key=lambda r: (_index(POLICIES, r["policy"]), names.index(r["protocol"])))
+    end_to_end = bool(rows) and all(str(r.get("schedule")) in ("free", "None", "nan")
+                                    for r in rows)  # free: what a server sees
     ratios = RATIO_COLUMNS if end_to_end else COST_RATIOS
     title = ("end to end, free schedule" if end_to_end else
              "pinned schedule (host cost on one schedule, not a TTFT or ITL effect)")
@@ -64,6 +64,10 @@ def lead_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list
             *resolution(rows, ref, ratios), own_files_line(plan), "",
             *count_lines(rows, requests, names, end_to_end),
             *unexpected_lines(rows, requests, ref)]
+
+
+def _index(seq: tuple, value: object) -> int:
+    return seq.index(value) if value in seq else len(seq)
 
 
 def _ratio(row: dict, name: str, ref: str) -> str:
