@@ -50,12 +50,16 @@ def is_list(text: str | None) -> bool:
     return bool(text) and ("," in text or "=" in text)
 
 
-def choose_sides(spec: str, path: str | None, pp: int, system: dict) -> tuple[Target, ...]:
+def choose_sides(spec: str, protocols_given: bool, pairing_given: bool, path: str | None,
+                 pp: int, system: dict) -> tuple[Target, ...]:
     """Every side's Target, on one path: where one side cannot take SGLang's controller
     path every side takes the decisions path (never a controller-path side against a
     decisions-path one); under `--sglang-path controller` a side that cannot is an error.
-    ChoiceError (one line) for any side that cannot be had or driven, or two sides of one
-    name."""
+    ChoiceError (one line) for any side that cannot be had or driven, two sides of one
+    name, or --protocols / --pairing (each side runs its own protocol)."""
+    if protocols_given or pairing_given:
+        raise ChoiceError("--cache sglang runs each side's own protocol: no --protocols"
+                          f"{' or --pairing' if pairing_given else ''}")
     sides = parse(spec)
     for label, one in sides:  # every SPEC found (fast) before any SGLang is imported
         try:

@@ -149,7 +149,7 @@ def test_where_one_side_cannot_take_the_controller_path_no_side_does():
 
     if not (_cached("0.5.23") and _cached("0.5.18")):
         pytest.skip("0.5.23 and 0.5.18 not cached (python -m sglang_adapter.source ...)")
-    new, old = choose_sides("new=0.5.23,old=0.5.18", None, 1, {})
+    new, old = choose_sides("new=0.5.23,old=0.5.18", False, False, None, 1, {})
     assert (new.name, old.name) == ("new=sglang-0.5.23@unified", "old=sglang-0.5.18@hiradix")
     assert not new.controller and not old.controller  # both on the decisions path
     assert "sglang" not in sys.modules

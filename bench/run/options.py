@@ -176,29 +176,20 @@ def build_plan(args: RunOptions) -> RunPlan:
 
 def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
     """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once;
-    several SGLangs (a list, or a label): one side each (sglang_adapter.sides)."""
-    if args.cache == "sglang" and is_list(args.sglang):
-        return _sides(plan, args)
+    several SGLangs (a list, or a label): a side each, its name a protocol
+    (sglang_adapter.sides; one labelled SGLang: a run of one under its label)."""
+    given = (args.protocols is not None, bool(plan.pairing))
     try:
-        target = choose_for_run(args.cache, args.sglang, args.protocols is not None,
-                                bool(plan.pairing), args.sglang_path, plan.pp, dict(plan.system))
+        if args.cache == "sglang" and is_list(args.sglang):
+            sides = choose_sides(args.sglang, *given, args.sglang_path, plan.pp,
+                                 dict(plan.system))
+            return replace(plan, sides=sides if len(sides) > 1 else (), sglang=sides[0],
+                           protocols=tuple(t.name for t in sides))
+        target = choose_for_run(args.cache, args.sglang, *given, args.sglang_path, plan.pp,
+                                dict(plan.system))
     except ChoiceError as e:
         raise OptionError(str(e)) from None
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
-
-
-def _sides(plan: RunPlan, args: RunOptions) -> RunPlan:
-    """Every side resolved and on one path, its name a protocol of the run."""
-    if args.protocols is not None or plan.pairing:
-        raise OptionError("--cache sglang runs each side's own protocol: no --protocols"
-                          f"{' or --pairing' if plan.pairing else ''}")
-    try:
-        sides = choose_sides(args.sglang, args.sglang_path, plan.pp, dict(plan.system))
-    except ChoiceError as e:
-        raise OptionError(str(e)) from None
-    if len(sides) == 1:  # one labelled SGLang: a run of one, under its label
-        return replace(plan, sglang=sides[0], protocols=(sides[0].name,))
-    return replace(plan, sides=sides, protocols=tuple(t.name for t in sides))
 
 
 def _neighbour(text: str | None) -> str | None:
