@@ -84,7 +84,8 @@ def parser() -> CliParser:
       "only: every poll asks the first protocol too, back to back on the same facts, each "
       "timed, their answers checked equal: the host cost per step paired within the step; "
       "docs/usage.md, Pairing)")
-    add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified")
+    add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified",
+                      several=True)
     from sglang_adapter.target import SGLANG_PATHS
 
     a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
