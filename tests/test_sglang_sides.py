@@ -232,3 +232,20 @@ def test_each_sides_call_sites_are_its_own_and_the_planted_one_is_named(sides_ru
                      rf"all_reduce@tp_cpu {re.escape(planted)}", out), out
     assert f"{PR} under {run.parent / 'tree'}" in out  # its SPEC, checked on every rank
     assert pd.read_csv(run / "ranks.csv")["crosscheck_ok"].all()
+
+
+def test_sglang_code_from_outside_the_sides_spec_is_named(monkeypatch):
+    import types
+
+    from sglang_adapter.door import Door
+
+    door = Door("/wheels/a")
+    assert door.own_files() is None
+    here = types.ModuleType("sglang.srt.stray")
+    here.__file__ = "/wheels/b/sglang/srt/stray.py"
+    monkeypatch.setitem(sys.modules, "sglang.srt.stray", here)  # another SGLang's module
+    assert door.own_files() == ("SGLang code outside /wheels/a ran here: module "
+                                "sglang.srt.stray from /wheels/b/sglang/srt/stray.py")
+    monkeypatch.delitem(sys.modules, "sglang.srt.stray")
+    door.strays.add("/wheels/b/sglang/srt/managers/cache_controller.py")  # its collective
+    assert "/wheels/b/sglang/srt/managers/cache_controller.py" in door.own_files()
