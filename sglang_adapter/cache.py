@@ -49,6 +49,7 @@ from hicache.comm.comm import (
 )
 from sglang_adapter import consensus
 from sglang_adapter.door import Call, Door
+from sglang_adapter.loader import LoadError
 from sglang_adapter.poll import make_rig
 from sglang_adapter.target import Target
 
@@ -217,3 +218,9 @@ class SGLangCache(HiCache):
     def close(self) -> None:
         self.door.listener = self.door.failure = None
         super().close()
+        # Every run: each collective SGLang issued here came from this SPEC's own files
+        # (several SGLangs in one run: each side's from its own, never another's).
+        stray = self.door.own_files()
+        if stray:
+            raise LoadError(f"sglang {self.target.label}: {stray}")
+

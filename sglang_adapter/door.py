@@ -27,6 +27,16 @@ OPS = ("all_reduce", "broadcast", "send", "recv", "isend", "irecv", "all_gather"
        "broadcast_object_list", "all_gather_object", "gather", "scatter")
 
 
+SRT = "/sglang/srt/"
+
+
+def sglang_files() -> dict[str, str]:
+    """Every `sglang` module of this process with a file (stubs have none) -> its file."""
+    return {name: module.__file__ for name, module in list(sys.modules.items())
+            if (name == "sglang" or name.startswith("sglang."))
+            and isinstance(getattr(module, "__file__", None), str)}
+
+
 @dataclass(frozen=True)
 class Call:
     site: str  # <path under sglang/srt/>:<function>:<line> of the frame calling torch
@@ -41,7 +51,7 @@ class Door:
     background threads call too). One door per process, installed around a run."""
 
     def __init__(self, root: str):
-        self.marker = f"{root}/sglang/srt/"
+        self.marker = f"{root}{SRT}"
         self.calls: Counter[Call] = Counter()
         self._local = threading.local()  # the request in hand, per thread (`rid`)
         self._names: dict[int, str] = {}
@@ -59,6 +69,10 @@ class Door:
         # SGLang's call site).
         self.listener = None
         self.failure = None
+        # The files SGLang's counted calls came from, and any file of another SGLang that
+        # called torch.distributed (own_files: a side's call sites are its own SPEC's).
+        self.files: set[str] = set()
+        self.strays: set[str] = set()
 
     @property
     def rid(self) -> str | None:
@@ -77,6 +91,17 @@ class Door:
         self._names[id(group)] = name
         self._groups[name] = group
         self._seq0[name] = group._get_sequence_number_for_group()
+
+    def own_files(self) -> str | None:
+        """Why this process's SGLang calls do not all come from its own SPEC (a module of
+        `sglang` loaded from elsewhere, or a collective from another SGLang's file), or
+        None when every one does."""
+        root = self.marker.removesuffix(SRT)
+        strays = sorted(self.strays) + [
+            f"module {name} from {path}" for name, path in sorted(sglang_files().items())
+            if not path.startswith(root)]
+        return (f"SGLang code outside {root} ran here: {'; '.join(strays[:3])}"
+                if strays else None)
 
     def install(self) -> None:
         for op in OPS:
@@ -121,7 +146,10 @@ class Door:
     def _site(self, frame) -> str | None:
         path = frame.f_code.co_filename
         if not path.startswith(self.marker):
+            if SRT in path:  # an SGLang's file, not this side's: the run must fail
+                self.strays.add(path)
             return None  # not SGLang's call: the harness counts its own
+        self.files.add(path)
         return f"{path[len(self.marker):]}:{frame.f_code.co_name}:{frame.f_lineno}"
 
     def _request_of(self, frame, depth: int = 6) -> str | None:

@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from sglang_adapter.source import Source
 
 SUPPORTED = ("0.5.18", "0.5.19", "0.5.23")
+# The small pure-Python packages SGLang's cache path imports whole (pyproject's `sglang`
+# extra; `make sglang-fetch` installs them where missing).
+DEPS = ("msgspec", "dill", "packaging")
 
 # Third-party packages (and SGLang's own non-decision packages) served as stubs.
 STUBBED = (
@@ -246,14 +249,24 @@ def _import(name: str, source: Source) -> types.ModuleType:
     assert not stubbed(name), f"{name} is on the decision path and must never be a stub"
     try:
         module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name in DEPS:  # a new user's venv: say the command that fixes it
+            raise LoadError(f"sglang {source.label}: SGLang's cache path imports "
+                            f"{', '.join(DEPS)} whole and this Python lacks {e.name}: run "
+                            f"`make sglang-fetch` (or pip install {' '.join(DEPS)})") from e
+        raise _failed(name, source, e) from e
     except Exception as e:  # any failure of a decision module is the user's one line
-        raise LoadError(f"sglang {source.label}: {name} does not import whole "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                        f"supported: {', '.join(SUPPORTED)}") from e
+        raise _failed(name, source, e) from e
     origin = getattr(module, "__file__", None) or ""
     if isinstance(module, StubModule) or not origin.startswith(source.root):
         raise LoadError(f"sglang {source.label}: {name} did not come from {source.root}")
     return module
+
+
+def _failed(name: str, source: Source, e: Exception) -> LoadError:
+    return LoadError(f"sglang {source.label}: {name} does not import whole "
+                     f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                     f"supported: {', '.join(SUPPORTED)}")
 
 
 NATIVE_HASH = "sglang.srt.mem_cache.cpp_utils.native_hash"

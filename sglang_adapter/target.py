@@ -36,11 +36,15 @@ class Target:
     # SGLang's own rank-consensus checker on, its journals and log in this folder
     # (sglang_adapter.consensus); None: off, as a server runs by default
     consensus_dir: str | None = None
+    side: str | None = None  # its label among several SGLangs in one run (sglang_adapter.sides)
 
     @property
     def name(self) -> str:
-        """The protocol column of its rows, e.g. sglang-0.5.23@unified."""
-        return f"sglang-{self.label}@{self.family}"
+        """The protocol column of its rows, e.g. sglang-0.5.23@unified; a labelled side's
+        with its label first, base=sglang-0.5.23@unified (hicache.spec.cost_model.modelled
+        reads the release after the label)."""
+        own = f"sglang-{self.label}@{self.family}"
+        return f"{self.side}={own}" if self.side else own
 
     @property
     def source(self) -> Source:

@@ -15,6 +15,8 @@ from bench.analysis import trace_tiers as trace_report
 from bench.analysis.conditions import condition_lines
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.analysis.provenance import provenance_lines
+from bench.analysis.sides import lead_text as side_lead
+from bench.analysis.sides import side_names
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
 from bench.analysis.verdict import (
     KNOWN_HAZARD,
@@ -188,12 +190,14 @@ def verdict_lines(verdict: Verdict) -> list[str]:
 def render_report(run_dir: Path, summary: pd.DataFrame, method: str,
                   plots: list[str] | None,
                   divergence: list[str], env: dict | None, calib: dict | None,
-                  verdict: Verdict, tiers: list[str] = ()) -> str:
-    """report.md's text."""
+                  verdict: Verdict, tiers: list[str] = (), sides: list[str] = ()) -> str:
+    """report.md's text; `sides`: the lead of a run of several SGLangs (its own headline,
+    bench.analysis.sides), shown as the terminal shows it."""
+    side_md = ["## SGLang sides", "", "```", *sides, "```", ""] if sides else []
     return "\n".join([
         f"# hicache-bench report: {run_dir.name}", "", "## Provenance", "",
         *provenance_lines(env), "", *cpu_lines(env, summary), *verdict_lines(verdict),
-        *lead_lines(summary, calib), "## All configurations", "",
+        *side_md, *lead_lines(summary, calib), "## All configurations", "",
         markdown_table(table_headers(summary), table_rows(summary)), "",
         f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[method]}; "
         f"{_n_text(summary)} requests per row. The ratio is median TTFT over "
@@ -243,7 +247,9 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
     ranks, failures, details = run.ranks(), run.failures(), run.divergence()
     calibration, env = run.calibration(), run.env(optional=True)
-    summary = summarize(requests, steps, percentile_method, calibration, ranks)
+    sides = side_names((env or {}).get("plan"))  # several SGLangs: the first the reference
+    summary = summarize(requests, steps, percentile_method, calibration, ranks,
+                        *sides[:1])
     write_csv_atomic(run.file("summary"), summary.to_dict("records"), SUMMARY_COLUMNS)
     disagreements = [] if details is None else \
         details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
@@ -259,12 +265,13 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
         from bench.timeline.outputs import report_lines
         timeline = report_lines(run_dir)
     divergence = divergence_lines(summary, requests, failures, ranks, details)
+    side_text = side_lead(summary, requests, env["plan"]) if sides else []
     text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
                          calibration, verdict,
                          trace_report.tier_lines(summary, requests, trace_files)
-                         + timeline)
+                         + timeline, side_text)
     write_text_atomic(run.file("report"), text)
-    text_lead = lead.lead_text(summary, calibration)
+    text_lead = side_text or lead.lead_text(summary, calibration)
     loaded = load_back_line(requests, env)
     return RunReport(run.file("report"), summary, verdict,
                      text_lead + ([loaded] if loaded else []) + condition_lines(env, calibration))

@@ -228,13 +228,16 @@ def cores_busy(ranks: pd.DataFrame | None) -> dict[tuple, float]:
 def summarize(
     requests: pd.DataFrame, steps: pd.DataFrame, percentile_method: str = "linear",
     calibration: dict | None = None, ranks: pd.DataFrame | None = None,
+    reference: str = REFERENCE_PROTOCOL,
 ) -> pd.DataFrame:
     """One SUMMARY_COLUMNS row per configuration group of `requests` (see module docstring);
-    `calibration` (calibration.json) feeds the overhead model, `ranks` the CPU load."""
+    `calibration` (calibration.json) feeds the overhead model, `ranks` the CPU load;
+    `reference` the protocol every ratio is taken against (a run of several SGLangs: its
+    first side)."""
     if percentile_method not in PERCENTILE_METHODS:
         raise ValueError(f"unknown percentile method {percentile_method!r}")
     groups, step_groups = config_groups(requests), config_groups(steps)
-    refs = {k[1:]: k for k in groups if k[0] == REFERENCE_PROTOCOL}
+    refs = {k[1:]: k for k in groups if k[0] == reference}
     busy = cores_busy(ranks)
     rows = {}
     for key, whole in groups.items():

@@ -56,9 +56,10 @@ def run_verb(prog: str, body: Callable[[list[str]], int], argv: list[str],
         return 2
 
 
-def add_cache_options(add: Callable, protocol_note: str) -> None:
+def add_cache_options(add: Callable, protocol_note: str, several: bool = False) -> None:
     """`--cache` and `--sglang`, alike in every verb that serves (`add`: the parser's
-    add_argument); `protocol_note` says what becomes of the verb's protocols."""
+    add_argument); `protocol_note` says what becomes of the verb's protocols; `several`:
+    the verb serves several SGLangs side by side (bench run)."""
     from sglang_adapter.target import CACHES
 
     add("--cache", choices=CACHES, default="project", help="the system under test: project "
@@ -67,7 +68,10 @@ def add_cache_options(add: Callable, protocol_note: str) -> None:
         "check_hicache_events and check_prefetch_progress on the project's data path; "
         f"{protocol_note}; docs/sglang.md)")
     add("--sglang", metavar="SPEC", help="with --cache sglang: a release (0.5.23; fetched "
-        "once into ~/.cache/hicache-bench/sglang), a wheel file or a source tree")
+        "once into ~/.cache/hicache-bench/sglang), a wheel file or a source tree"
+        + ("; several, SPEC[,SPEC...] each optionally LABEL=SPEC (base=0.5.23,"
+           "pr=~/sglang-pr/python): a side each, on ranks of its own, the first the "
+           "reference (docs/sglang.md, Before and after)" if several else ""))
 
 
 def add_size_options(add: Callable) -> None:

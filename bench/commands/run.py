@@ -84,7 +84,8 @@ def parser() -> CliParser:
       "only: every poll asks the first protocol too, back to back on the same facts, each "
       "timed, their answers checked equal: the host cost per step paired within the step; "
       "docs/usage.md, Pairing)")
-    add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified")
+    add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified",
+                      several=True)
     from sglang_adapter.target import SGLANG_PATHS
 
     a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
@@ -227,6 +228,9 @@ def resolve_plan(argv: list[str]) -> RunPlan:
     args = parser().parse_args(argv)
     plan = build_plan(args)
     torchrun = under_torchrun()
+    if torchrun and plan.sides:
+        raise UsageError("several SGLangs serve on a world of ranks per side, which bench run "
+                         "launches itself: run it without torchrun")
     if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
                          f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
@@ -293,10 +297,16 @@ def _run_local(plan: RunPlan) -> int:
 def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:
     """Every cell served, serially in one world or as a duet; the error, or None."""
     from bench.run.launch import Entry, LaunchError, launch
+    from bench.rundir.lanes import merge_lanes
 
+    if plan.sides:  # several SGLangs: a world of ranks per side, taking turns
+        from bench.run import sides
+
+        errors = sides.run_sides(plan, timeout_s)
+        merge_lanes(RunDir(plan.out_dir), sides.side_dirs(plan))
+        return "; ".join(errors) or None
     if plan.pairing == "duet":
         from bench.run import duet
-        from bench.rundir.lanes import merge_lanes
 
         errors = duet.run_duet(plan, timeout_s * duet.lanes(plan))
         merge_lanes(RunDir(plan.out_dir), duet.lane_dirs(plan))

@@ -17,6 +17,7 @@ from bench.rundir.env import REPO_DIR
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import POLICIES, PROTOCOLS
 from hicache.spec.storage_spec import StorageSpec
+from sglang_adapter.sides import choose_sides, is_list
 from sglang_adapter.target import ChoiceError, choose_for_run
 
 REPEAT_SEEDS = ("same", "distinct")
@@ -174,10 +175,18 @@ def build_plan(args: RunOptions) -> RunPlan:
 
 
 def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
-    """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once."""
+    """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once;
+    several SGLangs (a list, or a label): a side each, its name a protocol
+    (sglang_adapter.sides; one labelled SGLang: a run of one under its label)."""
+    given = (args.protocols is not None, bool(plan.pairing))
     try:
-        target = choose_for_run(args.cache, args.sglang, args.protocols is not None,
-                                bool(plan.pairing), args.sglang_path, plan.pp, dict(plan.system))
+        if args.cache == "sglang" and is_list(args.sglang):
+            sides = choose_sides(args.sglang, *given, args.sglang_path, plan.pp,
+                                 dict(plan.system))
+            return replace(plan, sides=sides if len(sides) > 1 else (), sglang=sides[0],
+                           protocols=tuple(t.name for t in sides))
+        target = choose_for_run(args.cache, args.sglang, *given, args.sglang_path, plan.pp,
+                                dict(plan.system))
     except ChoiceError as e:
         raise OptionError(str(e)) from None
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))

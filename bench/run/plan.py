@@ -80,6 +80,10 @@ class RunPlan:
     # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), its
     # protocol column `Target.name`; None: the project's cache (--cache project)
     sglang: Target | None = None
+    # Several SGLangs in one run (--sglang a=SPEC,b=SPEC: sglang_adapter.sides): one per
+    # protocol, in `protocols`' order, the first the reference; each serves on rank
+    # processes of its own (bench.run.sides), whose plan's `sglang` is that side's.
+    sides: tuple[Target, ...] = ()
     out_dir: str = ""
 
     @property
@@ -126,7 +130,8 @@ class RunPlan:
 
     def config(self, cell: Cell) -> HiCacheConfig:
         # --cache sglang: the release's project protocol runs the data path
-        protocol = self.sglang.protocol if self.sglang is not None else cell.protocol
+        target = self.target(cell)
+        protocol = target.protocol if target is not None else cell.protocol
         cfg = HiCacheConfig(protocol=protocol, policy=cell.policy, tp=self.tp,
                             pp=self.pp, model=self.model, step_time=self.step_time(),
                             pad_forward=self.device == "cpu", twin_protocol=self.twin(cell),
@@ -135,6 +140,14 @@ class RunPlan:
         page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
         return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),
                                             kv_page_bytes=page_bytes))
+
+    def target(self, cell: Cell) -> Target | None:
+        """The SGLang serving `cell`: its side's among several, else the run's (or None)."""
+        return next((t for t in self.sides if t.name == cell.protocol), self.sglang)
+
+    def side_plan(self, side: Target) -> RunPlan:
+        """The plan one side's ranks run: the whole run's cells, with `sglang` that side's."""
+        return replace(self, sglang=side)
 
     def twin(self, cell: Cell) -> str:
         """Under step pairing, the protocol every poll of `cell` also asks (the reference,

@@ -278,8 +278,13 @@ def data_plane(plan: RunPlan) -> dict:
 
 def _plan_dict(plan: RunPlan) -> dict:
     d = {k: v for k, v in plan.__dict__.items()
-         if k not in ("workload", "storage", "system", "trace", "sglang")}
+         if k not in ("workload", "storage", "system", "trace", "sglang", "sides")}
     d.update(workload=plan.workload.__dict__, storage=plan.storage.__dict__,
              system=dict(plan.system), trace=plan.trace and plan.trace.__dict__,
-             sglang=plan.sglang and {**plan.sglang.__dict__, "name": plan.sglang.name})
+             sglang=plan.sglang and _target_dict(plan.sglang),
+             sides=[_target_dict(t) for t in plan.sides])
     return d
+
+
+def _target_dict(target) -> dict:
+    return {**target.__dict__, "name": target.name}

@@ -4,6 +4,7 @@ cell's per-rank stats (off the timed path), checks agreement and data, and write
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from bench.run import calibrate, duet, fit, machine, workload
 from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
+from bench.run.sides import Side
 from bench.run.sink import ResultSink
 from hicache.cache.cache import HiCache
 from hicache.comm.comm import Groups, Layout
@@ -26,9 +28,25 @@ from hicache.serve.system import System, pick_device, setup_distributed
 log = logging.getLogger("bench")
 
 
-def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None) -> dict:
+def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
+             side: Side | None = None) -> dict:
     """Entry point of one rank (spawned locally, or in-process under torchrun); `lane`: this
-    rank's lane of a duet (bench.run.duet), which serves only its own cells."""
+    rank's lane of a duet (bench.run.duet), which serves only its own cells; `side`: this
+    rank's side of several SGLangs (bench.run.sides), which serves its own cells in turn."""
+    with side.setup() if side else contextlib.nullcontext():
+        sink, layout, groups, device, make_cache = _setup(rank, world, plan)
+    cells = (side.cells(plan) if side else duet.lane_cells(plan, lane.index) if lane
+             else plan.cells())
+    steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
+    for cell in cells:
+        with side.serve(cell) if side else contextlib.nullcontext():
+            _cell(plan, cell, len(plan.cells() if side else cells), sink, layout, groups,
+                  device, steps, lane, make_cache)
+    return sink.finish() if sink else {}
+
+
+def _setup(rank: int, world: int, plan: RunPlan):
+    """This rank's groups, calibration and system under test; rank 0's sink."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     layout = Layout(rank, plan.tp, plan.pp)
@@ -41,34 +59,36 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None) -> 
     samples = _gather({"rank": rank, "c": calibrate.measure(layout, groups)}, world)
     if sink:
         sink.calibration([p["c"] for p in samples])
-    cells = plan.cells() if lane is None else duet.lane_cells(plan, lane.index)
-    if sink:
         sink.say(fit.oversized_line(plan, device))
-    steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
-    make_cache = cache_factory(plan)
-    for cell in cells:
+    return sink, layout, groups, device, cache_factory(plan)
+
+
+def _cell(plan: RunPlan, cell: Cell, n_cells: int, sink: ResultSink | None, layout: Layout,
+          groups: Groups, device, steps: list[int], lane: Lane | None,
+          make_cache: CacheFactory) -> None:
+    """One cell served (again while rank 0 finds it disturbed and the plan allows), its
+    rows written by rank 0, then c measured beside it."""
+    if sink:
+        sink.begin(cell, n_cells)
+    attempt = 0
+    while True:
+        attempt += 1
+        payload = run_cell(plan, cell, layout, groups, device, steps, lane, make_cache)
+        gathered = _gather(payload, layout.world_size)
+        why = _disturbed(gathered) if layout.rank == 0 else None
+        # Pinned, the next serve replays the same schedule; free, it would not. Every
+        # rank knows from the plan whether another serve may follow: only then ask rank 0.
+        may_redo = plan.schedule == "pinned" and attempt <= (plan.redo_disturbed or 0)
+        if not may_redo or not _agree(why is not None, layout):
+            break
         if sink:
-            sink.begin(cell, len(cells))
-        attempt = 0
-        while True:
-            attempt += 1
-            payload = run_cell(plan, cell, layout, groups, device, steps, lane, make_cache)
-            gathered = _gather(payload, world)
-            why = _disturbed(gathered) if rank == 0 else None
-            # Pinned, the next serve replays the same schedule; free, it would not. Every
-            # rank knows from the plan whether another serve may follow: only then ask rank 0.
-            may_redo = plan.schedule == "pinned" and attempt <= (plan.redo_disturbed or 0)
-            if not may_redo or not _agree(why is not None, layout):
-                break
-            if sink:
-                sink.again(why)
-        if sink:
-            sink.add(cell, gathered, attempt)
-        # c beside the cells: after every serve, outside its timed region (bench.run.calibrate)
-        c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP)
-        if sink:
-            sink.beside(c)
-    return sink.finish() if sink else {}
+            sink.again(why)
+    if sink:
+        sink.add(cell, gathered, attempt)
+    # c beside the cells: after every serve, outside its timed region (bench.run.calibrate)
+    c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP)
+    if sink:
+        sink.beside(c)
 
 
 def _disturbed(gathered: list[dict]) -> str | None:

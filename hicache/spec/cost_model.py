@@ -48,11 +48,13 @@ TWINS = ("pr27010", "pr36425")
 
 def modelled(protocol: str) -> str:
     """The project protocol a protocol column is modelled by: itself, or for a run of
-    SGLang's own code (`sglang-0.5.23@unified`) its release's; a source tree or a release
-    not read: the newest release's."""
+    SGLang's own code (`sglang-0.5.23@unified`, or a labelled side of several,
+    `base=sglang-0.5.23@unified`) its release's; a source tree or a release not read: the
+    newest release's."""
     if "@" not in protocol:
         return protocol
-    return RELEASE_MODELS.get(protocol.split("@", 1)[0], "sglang-0.5.23")
+    release = protocol.split("@", 1)[0].rpartition("=")[2]
+    return RELEASE_MODELS.get(release, "sglang-0.5.23")
 
 
 @dataclass(frozen=True)

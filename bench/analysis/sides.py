@@ -1,0 +1,221 @@
+"""The lead of a run of several SGLangs (`--sglang base=SPEC,pr=SPEC`: bench.run.sides):
+every other side against the first, end to end and collective by collective.
+
+- The headline: each side's ratios to the reference side (step, TTFT p50 per class, ITL
+  p50, e2e p50, the p99s; on a pinned schedule the step alone) with their 95% intervals,
+  what the run resolves, which path every side ran, and whose files every call site is.
+- Counts side by side: per poll and per step (the free schedule's polls follow timing),
+  per call site (file:function:line on each side, matched by its chain of functions), the
+  difference from the reference, a call site one side alone has named; under a pinned
+  schedule request by request too.
+- A side whose decision collectives its release's model does not expect: one line naming
+  the policy, the extra per poll and the call site.
+
+All text is built from summary and request rows, so it can be rebuilt from the CSVs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+import pandas as pd
+
+from bench.analysis.lead import (
+    COST_RATIOS,
+    HEADLINE_HEADERS,
+    LABELS,
+    RATIO_COLUMNS,
+    _f,
+    _table,
+)
+from bench.rundir.schema import COUNT_COLUMNS
+from bench.tables import interval_text
+from hicache.spec.cost_model import POLICIES, modelled
+from sglang_adapter.target import run_unfit
+
+SITES_SHOWN = 12  # call-site rows shown per policy
+
+
+def side_names(plan: dict | None) -> list[str]:
+    """The sides' protocol names of a run's plan (env.json), the reference first; [] for
+    any other run."""
+    return [s["name"] for s in (plan or {}).get("sides") or []]
+
+
+def lead_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list[str]:
+    """The terminal's lead of a run of several SGLangs."""
+    names = side_names(plan)
+    ref = names[0]
+    rows = [r for r in summary.to_dict("records") if r["protocol"] in names]
+    rows.sort(key=lambda r: (_index(POLICIES, r["policy"]), names.index(r["protocol"])))
+    end_to_end = bool(rows) and all(str(r.get("schedule")) in ("free", "None", "nan")
+                                    for r in rows)  # free: what a server sees
+    ratios = RATIO_COLUMNS if end_to_end else COST_RATIOS
+    title = ("end to end, free schedule" if end_to_end else
+             "pinned schedule (host cost on one schedule, not a TTFT or ITL effect)")
+    headers = HEADLINE_HEADERS if end_to_end else HEADLINE_HEADERS[:5]
+    table = [[r["protocol"], r["policy"], _f(r["polls_per_step"], ".1f"),
+              _f(r["step_mean_ms"], ".1f"), *[_ratio(r, n, ref) for n in ratios]]
+             for r in rows]
+    return ["", f"SGLang sides, ratios to {ref} [95% CI over repeats], {title}; "
+            f"{path_line(plan)}:", *_table(["side", *headers[1:]], table),
+            *resolution(rows, ref, ratios), own_files_line(plan), "",
+            *count_lines(rows, requests, names, end_to_end),
+            *unexpected_lines(rows, requests, ref)]
+
+
+def _index(seq: tuple, value: object) -> int:
+    return seq.index(value) if value in seq else len(seq)
+
+
+def _ratio(row: dict, name: str, ref: str) -> str:
+    if row["protocol"] == ref:
+        return "1 (ref)"
+    return interval_text(row.get(f"{name}_ratio"), row.get(f"{name}_ratio_ci_low"),
+                         row.get(f"{name}_ratio_ci_high"))
+
+
+def path_line(plan: dict) -> str:
+    """Which path every side ran (one for all: sglang_adapter.sides), and why where it is
+    the decisions path."""
+    sides = plan.get("sides") or []
+    if all(s["controller"] for s in sides):
+        return "every side on SGLang's controller path"
+    hiradix = [s["name"] for s in sides if s["family"] != "unified"]
+    why = (f"{hiradix[0]} builds HiRadixCache" if hiradix else
+           run_unfit(int(plan.get("pp", 1)), plan.get("system") or {}))
+    return "every side on SGLang's decisions path" + (f" ({why})" if why else "")
+
+
+def own_files_line(plan: dict) -> str:
+    """Each side's call sites are files of its own SPEC: the ranks fail the run otherwise
+    (sglang_adapter.door.Door.own_files)."""
+    return "Call sites: each side's from its own SPEC (" + "; ".join(
+        f"{s['name']} under {s['root']}" for s in plan.get("sides") or []) + ")."
+
+
+def resolution(rows: list[dict], ref: str, ratios: list[str]) -> list[str]:
+    """Per ratio the largest 95% half-width over the non-reference rows, and whether every
+    interval holds 1 (an A/A's must)."""
+    others = [r for r in rows if r["protocol"] != ref]
+    widths = {n: [r[f"{n}_ratio_mdd"] for r in others
+                  if not pd.isna(r.get(f"{n}_ratio_mdd", math.nan))] for n in ratios}
+    parts = [f"{LABELS[n]} {100 * max(w):.1f}%" for n, w in widths.items() if w]
+    if not parts:
+        return ["No intervals (too few repeats)."]
+    off = [f"{r['protocol']}/{r['policy']} {LABELS[n]}" for r in others for n in ratios
+           if r.get(f"{n}_ratio_ci_low", math.nan) > 1
+           or r.get(f"{n}_ratio_ci_high", math.nan) < 1]
+    return [f"Resolvable differences (the largest 95% half-width): {', '.join(parts)}.",
+            "Every ratio's interval holds 1." if not off else
+            f"Intervals excluding 1: {', '.join(off)}."]
+
+
+def count_lines(rows: list[dict], requests: pd.DataFrame, names: list[str],
+                end_to_end: bool) -> list[str]:
+    """Counts side by side: per poll and per step, per call site, per request (pinned)."""
+    ref = names[0]
+    out = ["Counts side by side (decision collectives per poll, step collectives per step; "
+           f"the difference from {ref}):"]
+    by = {(r["protocol"], r["policy"]): r for r in rows}
+    for r in rows:
+        base = by.get((ref, r["policy"]), r)
+        per_poll = _f(r["decision_collectives_per_poll"], ".3f")
+        out.append(f"- {r['protocol']}/{r['policy']}: {per_poll} per poll "
+                   f"({_delta(r, base, 'decision_collectives_per_poll')}), "
+                   f"{_f(r['step_collectives_per_step'], '.2f')} per step "
+                   f"({_delta(r, base, 'step_collectives_per_step')}), "
+                   f"{_f(r['polls_per_req'], '.1f')} polls/req")
+    out += site_lines(requests, names)
+    if not end_to_end:
+        out += request_lines(requests, names)
+    return out
+
+
+def _delta(r: dict, base: dict, column: str) -> str:
+    if r is base or r["protocol"] == base["protocol"]:
+        return "ref"
+    d = r[column] - base[column]
+    return "same" if not pd.isna(d) and abs(d) < 1e-9 else f"{d:+.3f}"
+
+
+def sites(requests: pd.DataFrame) -> dict[str, Counter]:
+    """Chain without line numbers -> Counter of the chain as written (with its lines)."""
+    out: dict[str, Counter] = {}
+    for text in requests["call_sites"].dropna().astype(str):
+        for part in filter(None, text.split("; ")):
+            n, _, where = part.partition("x ")
+            out.setdefault(re.sub(r":\d+", "", where), Counter())[where] += int(n)
+    return out
+
+
+def site_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
+    """Per policy and call site: each side's count per poll at its own line; a site one
+    side alone has is named."""
+    out = []
+    for policy, g in requests.groupby("policy", sort=False):
+        per = {n: g[g["protocol"] == n] for n in names}
+        polls = {n: max(int(x["polls"].sum()), 1) for n, x in per.items()}
+        found = {n: sites(x) for n, x in per.items()}
+        keys = sorted({k for f in found.values() for k in f})
+        for key in keys[:SITES_SHOWN]:
+            have = [n for n in names if key in found[n]]
+            cells = [f"{n} {sum(found[n][key].values()) / polls[n]:.3f}/poll at "
+                     f"{'/'.join(sorted(found[n][key]))}" for n in have]
+            alone = f" (only {', '.join(have)})" if len(have) < len(names) else ""
+            out.append(f"  {policy} site{alone}: " + "; ".join(cells))
+    return out
+
+
+def request_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
+    """Pinned: each side against the reference request by request (one schedule per
+    seed, so requests pair by policy, repeat and rid)."""
+    keys = ["policy", "repeat", "rid"]
+    counts = [c for c in COUNT_COLUMNS if c in requests]
+    ref = requests[requests["protocol"] == names[0]][keys + counts]
+    out = []
+    for name in names[1:]:
+        both = ref.merge(requests[requests["protocol"] == name][keys + counts], on=keys,
+                         suffixes=("_ref", "")).fillna(-1)  # a count neither has: equal
+        differ = both[(both[[f"{c}_ref" for c in counts]].to_numpy()
+                       != both[counts].to_numpy()).any(axis=1)]
+        first = "" if differ.empty else "; first: " + ", ".join(
+            f"{r.policy} repeat {r.repeat} {r.rid}" for r in differ.head(3).itertuples())
+        out.append(f"Per request, {name} against {names[0]}: {len(both) - len(differ)} of "
+                   f"{len(both)} equal in every count ({', '.join(counts)}){first}")
+    return out
+
+
+def unexpected_lines(rows: list[dict], requests: pd.DataFrame, ref: str) -> list[str]:
+    """A side issuing decision collectives its release's model does not expect: the
+    policy, the extra per poll, and the call sites it has more of per poll than the
+    reference side (all of its own for the reference)."""
+    out = []
+    for r in rows:
+        extra = r["decision_collectives_per_req"] - r["expected_decision_collectives_per_req"]
+        if pd.isna(extra) or extra <= 1e-9:
+            continue
+        g = _cell(requests, r["protocol"], r["policy"])
+        per_poll = extra * len(g) / max(int(g["polls"].sum()), 1)
+        where = _more(g, _cell(requests, ref, r["policy"]) if r["protocol"] != ref else None)
+        out.append(f"{r['protocol']} under {r['policy']}: {per_poll:+.3f} decision "
+                   f"collectives per poll its release's model ({modelled(r['protocol'])}) "
+                   f"does not expect, at {where or 'no call site recorded'}")
+    return out
+
+
+def _cell(requests: pd.DataFrame, protocol: str, policy: str) -> pd.DataFrame:
+    return requests[(requests["protocol"] == protocol) & (requests["policy"] == policy)]
+
+
+def _more(g: pd.DataFrame, ref: pd.DataFrame | None) -> str:
+    """The call sites (as written) `g` issues more of per poll than `ref` (all: None)."""
+    mine, theirs = sites(g), sites(ref) if ref is not None else {}
+    polls = max(int(g["polls"].sum()), 1)
+    ref_polls = max(int(ref["polls"].sum()), 1) if ref is not None else 1
+    return ", ".join(sorted(w for k, c in mine.items()
+                            if sum(c.values()) / polls >
+                            sum(theirs.get(k, Counter()).values()) / ref_polls + 1e-9
+                            for w in c))

@@ -1,0 +1,133 @@
+"""Several SGLangs in one run: one world of ranks per side, taking turns.
+
+Two SGLangs cannot share an interpreter (both are the package `sglang`; their modules
+would register under one name, and the decorators read environment switches at import:
+docs/sglang.md), so each side imports its own on rank processes of its own: one world per
+side (its own ranks, port, gloo groups and run directory under SIDES_DIR), all started
+together by `run_sides`. They serve in turns, in `plan.cells()` order: side s serves only
+its own cells (those whose protocol is its name), and a cell's ranks wait until every
+earlier cell of every side has been served. So the run's cells are interleaved and paired
+by seed exactly as `make bench` pairs protocols (one repeat serves every side once, the
+order rotated per repeat), and no side's serve overlaps another's: the waiting side's ranks
+block (no spin) and its SGLang threads have ended with its last serve (System.close).
+
+Each side's ranks first take a turn for their setup (groups, calibration, SGLang's import),
+so every calibration runs on a quiet machine too. The sides' rows are merged into the run
+directory (bench.rundir.lanes) and reported as any run is, the first side the reference.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bench.run.plan import Cell, RunPlan
+
+SIDES_DIR = "sides"
+POLL_S = 1.0  # how often a waiting rank looks whether a failed side ended the run
+
+
+class SideAborted(RuntimeError):
+    """Another side failed: this one stops waiting for its turn."""
+
+
+@dataclass
+class Turns:
+    """Shared by every rank of every side (created in the launching process): whose turn
+    it is, as a position in the run's order (each side's setup, then plan.cells())."""
+
+    cond: object  # mp.Condition guarding `turn` and `done`
+    turn: object  # mp.Value: the position being served
+    done: object  # mp.Value: ranks that finished the position being served
+    aborted: object  # mp.Value: 1 once a side failed
+    world: int  # ranks per side
+
+    def wait(self, position: int, deadline_s: float) -> None:
+        """Returns when `position` is being served (SideAborted when a side failed)."""
+        end = time.monotonic() + deadline_s
+        with self.cond:
+            while self.turn.value != position:
+                if self.aborted.value or time.monotonic() > end:
+                    raise SideAborted(f"stopped waiting for turn {position} (turn "
+                                      f"{self.turn.value}: another side failed or hung)")
+                self.cond.wait(POLL_S)
+
+    def release(self) -> None:
+        """This rank is done with the position being served; the last one passes it on."""
+        with self.cond:
+            self.done.value += 1
+            if self.done.value == self.world:
+                self.done.value, self.turn.value = 0, self.turn.value + 1
+                self.cond.notify_all()
+
+    def abort(self) -> None:
+        with self.cond:
+            self.aborted.value = 1
+            self.cond.notify_all()
+
+
+@dataclass
+class Side:
+    """What one rank of a side knows: its index among the sides and the shared turns."""
+
+    index: int
+    sides: int
+    turns: Turns
+    wait_s: float
+
+    def cells(self, plan: RunPlan) -> list[Cell]:
+        return [c for c in plan.cells() if c.protocol == plan.sglang.name]
+
+    def setup(self):
+        return self._turn(self.index)
+
+    def serve(self, cell: Cell):
+        return self._turn(self.sides + cell.index)
+
+    def _turn(self, position: int):
+        side = self
+
+        class _Turn:
+            def __enter__(self):
+                side.turns.wait(position, side.wait_s)
+
+            def __exit__(self, *exc):
+                side.turns.release()
+        return _Turn()
+
+
+def side_dirs(plan: RunPlan) -> list[Path]:
+    return [Path(plan.out_dir) / SIDES_DIR / f"side{i}" for i in range(len(plan.sides))]
+
+
+def run_sides(plan: RunPlan, timeout_s: float) -> list[str]:
+    """Runs every side's world at once (each launch in a thread of this process), taking
+    turns; returns the errors of the sides that failed ([] when none did)."""
+    from bench.run.launch import Entry, LaunchError, launch
+
+    ctx = mp.get_context("spawn")
+    turns = Turns(ctx.Condition(), ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("b", 0),
+                  plan.world_size)
+    errors: list[str] = []
+
+    def one(i: int, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        side_plan = replace(plan.side_plan(plan.sides[i]), out_dir=str(path))
+        try:
+            launch(plan.world_size, Entry("bench.run.worker", "run_rank"),
+                   (side_plan, None, Side(i, len(plan.sides), turns, timeout_s)),
+                   timeout_s=timeout_s)
+        except LaunchError as e:
+            errors.append(f"side {plan.sides[i].name}: {e}")
+            turns.abort()  # the other sides stop waiting for this one
+
+    threads = [threading.Thread(target=one, args=(i, p))
+               for i, p in enumerate(side_dirs(plan))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
