@@ -146,6 +146,12 @@ def parser() -> CliParser:
     a("--timeline", action="store_true", help="record every collective, poll, storage "
       "batch and copy per thread, for `python -m bench timeline` (docs/timeline.md)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
+    a("--collective-delay-ms", metavar="MS", help="an added cost: every control-plane "
+      "collective of the system under test (the scheduler's and the background threads'; "
+      "SGLang's too under --cache sglang) first waits MS ms, a sleep, on every rank, as on a "
+      "slow interconnect; the calibrated c includes it (0). A comma list (0,0.5,1,2,3) is a "
+      "cost sweep: every repeat serves at each cost, interleaved, each cost's rows in a "
+      "run directory of its own, and sweep.md / sweep.png compare them (preset delay-sweep)")
     a = _group(p, 'hazards and faults')
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
@@ -279,6 +285,8 @@ def _run_local(plan: RunPlan) -> int:
               f"{cores} cores: timings are partly CPU-bound, not only collective-bound "
               "(the report says so too); compare ratios within the run", file=sys.stderr)
     RunDir(plan.out_dir).link_latest()
+    if plan.delays_ms:
+        _announce_sweep(plan)
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     with planted(plan) as record:
@@ -287,7 +295,38 @@ def _run_local(plan: RunPlan) -> int:
         RunDir(plan.out_dir).add_to_env("neighbour", record)
     if error:
         _record_failure(Path(plan.out_dir), error)
+    if plan.delays_ms:
+        return _finish_sweep(Path(plan.out_dir), t0, error)
     return _finish(Path(plan.out_dir), t0, error)
+
+
+def _announce_sweep(plan: RunPlan) -> None:
+    """sweep.json (bench.analysis.sweep) names every cost's run directory."""
+    from bench.analysis.sweep import write_manifest
+    from bench.run.plan import delay_dir
+
+    write_manifest(Path(plan.out_dir), plan.delays_ms, [delay_dir(d) for d in plan.delays_ms])
+    print(f"cost sweep: +{', +'.join(f'{d:g}' for d in plan.delays_ms)} ms per control-plane "
+          f"collective, interleaved in every repeat", file=sys.stderr)
+
+
+def _finish_sweep(run_dir: Path, t0: float, error: str | None = None) -> int:
+    """A sweep's end: every cost's report, then the sweep's (bench.analysis.sweep)."""
+    from bench.analysis.plot_switch import plots_wanted
+    from bench.analysis.sweep import write_sweep
+
+    took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
+    try:
+        report = write_sweep(run_dir, plots=plots_wanted())
+    except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
+        print(f"FAILED: could not build the sweep's report: {e} {took}")
+        return 1
+    print("\n".join(report.lines))
+    ok = report.ok and error is None and bool(report.rows)
+    print(f"{'OK' if ok else 'FAILED'}: cost sweep, every cost's run "
+          f"{'passed' if report.ok else 'did NOT pass'} its checks{f'; {error}' if error else ''} "
+          f"{took}")
+    return 0 if ok else 1
 
 
 def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:

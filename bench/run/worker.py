@@ -35,40 +35,58 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None) -> 
     device = pick_device(plan.device, int(os.environ.get("LOCAL_RANK", rank)))
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     groups = setup_distributed(layout, device, timeout, plan.backend)
+    plans = plan.per_delay()  # one plan (and sink) per added cost of a sweep, else one
     # Measured once, before any configuration, by rank 0 (the others wait at the barrier).
-    sink = ResultSink(plan, h2d_peak(device)) if rank == 0 else None
-    # c for the overhead model, measured before any cell on quiet groups.
-    samples = _gather({"rank": rank, "c": calibrate.measure(layout, groups)}, world)
-    if sink:
-        sink.calibration([p["c"] for p in samples])
+    h2d = h2d_peak(device) if rank == 0 else None
+    sinks = {d: ResultSink(p, h2d) for d, p in plans.items()} if rank == 0 else {}
+    for d, p in plans.items():
+        # c for the overhead model, measured before any cell on quiet groups (at each
+        # added cost: c includes it).
+        c = calibrate.measure(layout, groups, delay_ms=p.delay_ms)
+        samples = _gather({"rank": rank, "c": c}, world)
+        if sinks:
+            sinks[d].calibration([s["c"] for s in samples])
     cells = plan.cells() if lane is None else duet.lane_cells(plan, lane.index)
-    if sink:
-        sink.say(fit.oversized_line(plan, device))
+    if sinks:
+        next(iter(sinks.values())).say(fit.oversized_line(plan, device))
     steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
     make_cache = cache_factory(plan)
     for cell in cells:
+        here, sink = plans[cell.delay_ms], sinks.get(cell.delay_ms)
         if sink:
             sink.begin(cell, len(cells))
-        attempt = 0
-        while True:
-            attempt += 1
-            payload = run_cell(plan, cell, layout, groups, device, steps, lane, make_cache)
-            gathered = _gather(payload, world)
-            why = _disturbed(gathered) if rank == 0 else None
-            # Pinned, the next serve replays the same schedule; free, it would not. Every
-            # rank knows from the plan whether another serve may follow: only then ask rank 0.
-            may_redo = plan.schedule == "pinned" and attempt <= (plan.redo_disturbed or 0)
-            if not may_redo or not _agree(why is not None, layout):
-                break
-            if sink:
-                sink.again(why)
+        gathered, attempt = _serve_cell(here, cell, layout, groups, device, steps, lane,
+                                        make_cache, sink)
         if sink:
             sink.add(cell, gathered, attempt)
         # c beside the cells: after every serve, outside its timed region (bench.run.calibrate)
-        c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP)
+        c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP,
+                              here.delay_ms)
         if sink:
             sink.beside(c)
-    return sink.finish() if sink else {}
+    for sink in sinks.values():
+        sink.finish()
+    return {"dir": plan.out_dir} if sinks else {}
+
+
+def _serve_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
+                device: torch.device, steps: list[int], lane: Lane | None,
+                make_cache: CacheFactory, sink: ResultSink | None) -> tuple[list[dict], int]:
+    """The cell's gathered payloads (rank 0's list) and the serves it took: pinned, a
+    serve rank 0 finds disturbed is served again (up to plan.redo_disturbed times)."""
+    attempt = 0
+    while True:
+        attempt += 1
+        payload = run_cell(plan, cell, layout, groups, device, steps, lane, make_cache)
+        gathered = _gather(payload, world=layout.world_size)
+        why = _disturbed(gathered) if layout.rank == 0 else None
+        # Pinned, the next serve replays the same schedule; free, it would not. Every
+        # rank knows from the plan whether another serve may follow: only then ask rank 0.
+        may_redo = plan.schedule == "pinned" and attempt <= (plan.redo_disturbed or 0)
+        if not may_redo or not _agree(why is not None, layout):
+            return gathered, attempt
+        if sink:
+            sink.again(why)
 
 
 def _disturbed(gathered: list[dict]) -> str | None:
