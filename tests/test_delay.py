@@ -188,19 +188,25 @@ def _summary(policy: str, step27: float, step36: float, e27: float, e36: float,
 
 
 def test_the_models_step_ratio_takes_pr27010s_collectives_out_of_its_step():
-    """pr27010 steps 20 ms of which the model says 5 ms are decision collectives, pr36425
-    0 ms: the model expects 15 / 20 = 0.75, band (20 - 5.5) / 20 to (20 - 4.5) / 20."""
-    calib = {"allreduce": {"mean_ms": 1.0}, "beside": {"c_ms": 1.1, "c_ci_low_ms": 1.0,
-                                                       "c_ci_high_ms": 1.3}}
+    """pr27010 steps 20 ms of which the model, at the c before the cells (1 ms), says 5 ms
+    are decision collectives, pr36425 0 ms. c beside the cells is 2 ms, so the model's
+    extra time doubles to 10 ms: it expects 10 / 20 = 0.5, band (20 - 11) / 20 to
+    (20 - 9) / 20."""
+    calib = {"allreduce": {"mean_ms": 1.0}, "beside": {"c_ms": 2.0, "c_ci_low_ms": 1.8,
+                                                       "c_ci_high_ms": 2.3}}
     row = sweep.cost_row(1.0, "wait_complete", _summary("wait_complete", 20, 14, 5, 0,
                                                         (0.66, 0.74)), calib)
-    assert row["model_step_ratio"] == pytest.approx(0.75)
-    assert (row["model_step_low"], row["model_step_high"]) == (pytest.approx(0.725),
-                                                               pytest.approx(0.775))
-    assert row["model_inside"] is False and row["c_beside_ms"] == 1.1
+    assert row["model_step_ratio"] == pytest.approx(0.5)
+    assert (row["model_step_low"], row["model_step_high"]) == (pytest.approx(0.45),
+                                                               pytest.approx(0.55))
+    assert row["model_inside"] is False and (row["c_ms"], row["c_upfront_ms"]) == (2.0, 1.0)
     assert row["per_poll_ms"] == 1.2 and row["step_mean_ratio"] == pytest.approx(0.7)
     lines = sweep.model_lines([row])
-    assert "0 of 1" in lines[0] and "took 1.20 ms in the run against c = 1.00 ms" in lines[1]
+    assert "0 of 1" in lines[0] and "took 1.20 ms in the run against c = 2.00 ms" in lines[1]
+    no_beside = sweep.cost_row(1.0, "wait_complete", _summary("wait_complete", 20, 14, 5, 0,
+                                                              (0.7, 0.8)),
+                               {"allreduce": {"mean_ms": 1.0}})
+    assert no_beside["model_step_ratio"] == pytest.approx(0.75) and no_beside["model_inside"]
 
 
 def _row(delay, policy, ratio, low, high):

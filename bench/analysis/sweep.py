@@ -7,7 +7,11 @@ are a run directory of their own (`delay_<ms>ms/`, bench.run.plan.delay_dir), re
 any run is (bench.analysis.report). This module reads their summaries and, per cost and
 policy, puts pr36425's headline ratios over pr27010 (paired by repeat, 95% t intervals:
 bench.stats) beside the c measured at that cost and the overhead model's predicted step
-ratio (model_step_ratio). The checks it states:
+ratio (model_step_ratio). c is the one measured beside the cells (bench.run.calibrate: the
+median over cells of each cell's mean, robust to a burst of load, which one stretch of
+all-reduces before the cells is not); the model's extra time is linear in c, so the
+summary's prediction (made with the c before the cells) is rescaled to it. The checks it
+states:
 - wait_complete: the step ratio falls as c grows, or stays inside the previous cost's
   interval (the effect grows with what an all-reduce costs);
 - timeout (both protocols pay one all-reduce a poll): every step interval holds 1;
@@ -35,7 +39,7 @@ METRICS = {"step_mean": "step", "prefetch_ttft_p50": "TTFT p50 prefetch",
            "bystander_ttft_p50": "TTFT p50 bystander", "itl_p50": "ITL p50",
            "e2e_p50": "e2e p50"}
 SWEEP_FILE = "sweep.json"  # the sweep's costs and their run directories
-COLUMNS = ["delay_ms", "policy", "c_ms", "c_beside_ms", "c_beside_ci_low_ms",
+COLUMNS = ["delay_ms", "policy", "c_upfront_ms", "c_ms", "c_beside_ms", "c_beside_ci_low_ms",
            "c_beside_ci_high_ms", "per_poll_ms", "polls_per_step", "repeats",
            *[f"{m}_ratio{s}" for m in METRICS for s in ("", "_ci_low", "_ci_high")],
            "model_step_ratio", "model_step_low", "model_step_high", "model_inside"]
@@ -57,16 +61,17 @@ def is_sweep(run_dir: Path) -> bool:
     return (Path(run_dir) / SWEEP_FILE).exists()
 
 
-def model_step_ratio(this: dict, ref: dict) -> tuple[float, float, float]:
+def model_step_ratio(this: dict, ref: dict, scale: float = 1.0) -> tuple[float, float, float]:
     """The overhead model's step ratio of pr36425 over pr27010, from pr27010's measured step:
     take away its predicted decision-collective time (polls/step x c) and add pr36425's,
-    1 - (E_ref - E_this) / step_ref; the band from c's interval (low: the most saved)."""
+    1 - (E_ref - E_this) / step_ref; the band from c's interval (low: the most saved).
+    `scale`: c's ratio to the c the predictions were made with."""
     step = ref.get("step_mean_ms", math.nan)
     if not step > 0:  # NaN too
         return (math.nan,) * 3
 
     def ratio(e_ref: str, e_this: str) -> float:
-        return 1 - (ref.get(e_ref, math.nan) - this.get(e_this, math.nan)) / step
+        return 1 - scale * (ref.get(e_ref, math.nan) - this.get(e_this, math.nan)) / step
     return (ratio("predicted_extra_step_ms", "predicted_extra_step_ms"),
             ratio("predicted_extra_step_high_ms", "predicted_extra_step_low_ms"),
             ratio("predicted_extra_step_low_ms", "predicted_extra_step_high_ms"))
@@ -77,9 +82,12 @@ def cost_row(delay: float, policy: str, summary: pd.DataFrame, calib: dict | Non
     rows = {r["protocol"]: r for r in summary[summary["policy"] == policy].to_dict("records")}
     this, ref = rows.get(PROTOCOL, {}), rows.get(REFERENCE_PROTOCOL, {})
     beside = (calib or {}).get("beside") or {}
-    model = model_step_ratio(this, ref)
-    out = {"delay_ms": delay, "policy": policy,
-           "c_ms": ((calib or {}).get("allreduce") or {}).get("mean_ms", math.nan),
+    upfront = ((calib or {}).get("allreduce") or {}).get("mean_ms", math.nan)
+    c = beside.get("c_ms", math.nan)
+    scale = c / upfront if c > 0 and upfront > 0 else 1.0  # NaN: not > 0
+    model = model_step_ratio(this, ref, scale)
+    out = {"delay_ms": delay, "policy": policy, "c_upfront_ms": upfront,
+           "c_ms": c if c > 0 else upfront,
            "c_beside_ms": beside.get("c_ms", math.nan),
            "c_beside_ci_low_ms": beside.get("c_ci_low_ms", math.nan),
            "c_beside_ci_high_ms": beside.get("c_ci_high_ms", math.nan),
@@ -100,13 +108,13 @@ def cost_row(delay: float, policy: str, summary: pd.DataFrame, calib: dict | Non
 
 def table_lines(rows: list[dict]) -> list[str]:
     """A markdown table: per cost and policy, c, the ratios with intervals, the model."""
-    head = ["added ms", "policy", "c ms (beside)", "ms/poll in run", "polls/step",
+    head = ["added ms", "policy", "c ms [CI]", "c before ms", "ms/poll in run", "polls/step",
             *METRICS.values(), "model step", "model inside"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        beside = interval_text(r["c_beside_ms"], r["c_beside_ci_low_ms"],
-                               r["c_beside_ci_high_ms"])
-        cells = [f"{r['delay_ms']:g}", r["policy"], f"{_f(r['c_ms'], '.2f')} ({beside})",
+        cells = [f"{r['delay_ms']:g}", r["policy"],
+                 interval_text(r["c_ms"], r["c_beside_ci_low_ms"], r["c_beside_ci_high_ms"]),
+                 _f(r["c_upfront_ms"], ".2f"),
                  _f(r["per_poll_ms"], ".2f"), _f(r["polls_per_step"], ".1f"),
                  *[interval_text(r[f"{m}_ratio"], r[f"{m}_ratio_ci_low"],
                                  r[f"{m}_ratio_ci_high"]) for m in METRICS],
@@ -124,11 +132,13 @@ def check_lines(rows: list[dict]) -> list[str]:
 def trend_line(rows: list[dict]) -> str:
     """wait_complete: each cost's step ratio at or below the previous cost's interval."""
     wc = [r for r in rows if r["policy"] == "wait_complete"]
+    if any(math.isnan(r["step_mean_ratio_ci_high"]) for r in wc):
+        return "wait_complete: no interval at some cost, so no trend is stated."
     bad = [f"+{b['delay_ms']:g} ms {b['step_mean_ratio']:.2f} above +{a['delay_ms']:g} ms's "
            f"[{a['step_mean_ratio_ci_low']:.2f}, {a['step_mean_ratio_ci_high']:.2f}]"
            for a, b in zip(wc, wc[1:], strict=False)
            if b["step_mean_ratio"] > a["step_mean_ratio"]
-           and not b["step_mean_ratio"] <= a["step_mean_ratio_ci_high"]]  # NaN: no interval
+           and b["step_mean_ratio"] > a["step_mean_ratio_ci_high"]]
     steps = ", ".join(_f(r["step_mean_ratio"], ".2f") for r in wc)
     if bad:
         return f"wait_complete step ratio by cost ({steps}): it RISES past the interval: " \
@@ -187,9 +197,13 @@ def write_sweep(run_dir: Path, plots: bool = True) -> SweepReport:
     rows.sort(key=lambda r: (POLICIES.index(r["policy"]), r["delay_ms"]))
     write_csv_atomic(run_dir / "sweep.csv", rows, COLUMNS)
     lines = [f"{PROTOCOL} over {REFERENCE_PROTOCOL} by added cost per control-plane "
-             f"collective [95% CI over paired repeats]; c: the calibrated mean the model "
-             f"uses (the median beside the cells [CI]); ms/poll in run: what one of "
-             f"{REFERENCE_PROTOCOL}'s decision collectives took its scheduler:", "",
+             f"collective [95% CI over paired repeats]. c: one control-plane all-reduce, "
+             f"measured beside the cells (the median of the cells' means [CI]), the model's "
+             f"input; c before: the mean of the stretch before the cells; ms/poll in run: "
+             f"what one of {REFERENCE_PROTOCOL}'s decision collectives took its scheduler. "
+             f"Model step: 1 - (polls/step x c) / {REFERENCE_PROTOCOL}'s step under "
+             f"wait_complete (pr36425's polls issue none); under timeout both sides' "
+             f"polls x c.", "",
              *table_lines(rows), "", *check_lines(rows)]
     if plots and rows:
         from bench.analysis.sweep_plot import draw

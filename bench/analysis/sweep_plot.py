@@ -39,7 +39,7 @@ def draw(rows: list[dict], path: Path) -> None:
                         xytext=(0, 6), ha="center", fontsize=7, color="0.4")
         ax.axhline(1.0, color="0.6", lw=0.8)
         ax.set_title(f"{policy}: pr36425 / pr27010")
-        ax.set_xlabel("c: one control-plane all-reduce, ms (calibrated, incl. added cost)")
+        ax.set_xlabel("c: one control-plane all-reduce beside the cells, ms (incl. added cost)")
     axes[0].set_ylabel("ratio [95% CI over paired repeats]")
     axes[0].legend(fontsize=7, loc="lower left")
     fig.tight_layout()

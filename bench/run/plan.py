@@ -265,7 +265,7 @@ def _delay_sweep(gpus: int) -> dict:
     wait_complete and timeout (where both pay it). Each cost's ratios pair serves of one
     repeat (bench.analysis.sweep)."""
     return {**_default(gpus), "protocols": ("pr27010", "pr36425"),
-            "delays_ms": (0.0, 0.5, 1.0, 2.0, 3.0), "repeats": 10}
+            "delays_ms": (0.0, 0.5, 1.0, 2.0, 3.0), "repeats": 12}
 
 
 def _pp(gpus: int) -> dict:
@@ -344,8 +344,8 @@ PRESET_HELP = {
              "3 repeats",
     "delay-sweep": "make bench's workload at added costs per control-plane collective of "
                    "0, 0.5, 1, 2, 3 ms, interleaved (pr27010 / pr36425, wait_complete and "
-                   "timeout, 10 repeats): headline ratios against the measured c and the "
-                   "overhead model (sweep.md, sweep.png)",
+                   "timeout, 12 repeats, about 11 minutes on 2 cores): headline ratios "
+                   "against the measured c and the overhead model (sweep.md, sweep.png)",
     "trace-sweep": "the excerpt's 40 requests at 1, 2, 4, 8 x their arrival rate (timeout, "
                    "pr27010 / pr36425 / step-clock, 2 repeats): TTFT, ITL and step time "
                    "against offered load",
