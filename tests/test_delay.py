@@ -250,3 +250,12 @@ def test_a_small_sweep_end_to_end(tmp_path, monkeypatch):
     got = pd.read_csv(out / "sweep.csv")
     assert sorted(set(got["delay_ms"])) == [0.0, 3.0] and (out / "sweep.md").exists()
     print((out / "sweep.md").read_text(), file=sys.stderr)
+
+
+def test_a_named_hosts_cost_is_read_off_the_curve_between_measured_costs():
+    rows = [_row(0, "wait_complete", 0.9, 0.8, 1.0) | {"c_ms": 1.0},
+            _row(2, "wait_complete", 0.7, 0.6, 0.8) | {"c_ms": 3.0}]
+    assert sweep.read_at(rows, "wait_complete", 2.0) == pytest.approx((0.8, 0.7, 0.9))
+    assert sweep.read_at(rows, "wait_complete", 3.0) == pytest.approx((0.7, 0.6, 0.8))
+    assert sweep.read_at(rows, "wait_complete", 0.5) is None
+    assert sweep.read_at(rows, "timeout", 2.0) is None

@@ -39,6 +39,15 @@ METRICS = {"step_mean": "step", "prefetch_ttft_p50": "TTFT p50 prefetch",
            "bystander_ttft_p50": "TTFT p50 bystander", "itl_p50": "ITL p50",
            "e2e_p50": "e2e p50"}
 SWEEP_FILE = "sweep.json"  # the sweep's costs and their run directories
+# Hosts whose control-plane all-reduce cost a public report gives: (name, c ms, source).
+NAMED_HOSTS = (
+    ("small-model TP host, per control all-reduce", 0.15,
+     "SGLang PR #30511 (~150 us each), as quoted in SPEC section 8"),
+    ("2 servers over TCP, 1 KB gloo allreduce_ring", 0.354, "pytorch/gloo issue #158"),
+    ("4x GB300 (Grace), 4-rank gloo all_reduce", 0.5, "SGLang PR #39903"),
+    ("TP8 on a 16-core GPU host under load", 0.8, "this project, SPEC section 8"),
+    ("4x B200 (Xeon 6960P, 2 sockets), 4-rank gloo all_reduce", 3.2, "SGLang PR #39903"),
+)
 COLUMNS = ["delay_ms", "policy", "c_upfront_ms", "c_ms", "c_beside_ms", "c_beside_ci_low_ms",
            "c_beside_ci_high_ms", "per_poll_ms", "polls_per_step", "repeats",
            *[f"{m}_ratio{s}" for m in METRICS for s in ("", "_ci_low", "_ci_high")],
@@ -176,6 +185,40 @@ def model_lines(rows: list[dict]) -> list[str]:
                     for r in miss)]
 
 
+def read_at(rows: list[dict], policy: str, c: float, metric: str = "step_mean"
+            ) -> tuple[float, float, float] | None:
+    """`metric`'s ratio and interval bounds under `policy` at all-reduce cost `c`, read off
+    the measured curve: linear in c between the two costs whose measured c bracket it
+    (each bound on its own); None outside the measured range."""
+    pts = sorted((r["c_ms"], r[f"{metric}_ratio"], r[f"{metric}_ratio_ci_low"],
+                  r[f"{metric}_ratio_ci_high"]) for r in rows
+                 if r["policy"] == policy and r["c_ms"] > 0)
+    for (c0, *v0), (c1, *v1) in zip(pts, pts[1:], strict=False):
+        if c0 <= c <= c1:
+            w = 0.0 if c1 == c0 else (c - c0) / (c1 - c0)
+            return tuple(a + w * (b - a) for a, b in zip(v0, v1, strict=True))
+    return None
+
+
+def host_lines(rows: list[dict]) -> list[str]:
+    """The curve read at NAMED_HOSTS' costs: step and TTFT p50 ratios with intervals."""
+    have = [r["c_ms"] for r in rows if r["c_ms"] > 0]
+    if not have:
+        return []
+    out = [f"Read at named hosts' c (linear between the measured costs; measured c "
+           f"{min(have):.2f}-{max(have):.2f} ms here):", "",
+           "| host | c ms | source | policy | step | TTFT p50 prefetch | TTFT p50 bystander |",
+           "|---|---|---|---|---|---|---|"]
+    for name, c, source in NAMED_HOSTS:
+        for policy in POLICIES:
+            cells = [read_at(rows, policy, c, m) for m in ("step_mean", "prefetch_ttft_p50",
+                                                          "bystander_ttft_p50")]
+            text = ["outside the measured c" if v is None else interval_text(*v)
+                    for v in cells]
+            out.append(f"| {name} | {c:g} | {source} | {policy} | " + " | ".join(text) + " |")
+    return out
+
+
 def write_sweep(run_dir: Path, plots: bool = True) -> SweepReport:
     """Each cost's report (bench.analysis.report), then sweep.csv, sweep.md and (unless
     `plots` is False) sweep.png of `run_dir`, a sweep's directory."""
@@ -204,7 +247,7 @@ def write_sweep(run_dir: Path, plots: bool = True) -> SweepReport:
              f"Model step: 1 - (polls/step x c) / {REFERENCE_PROTOCOL}'s step under "
              f"wait_complete (pr36425's polls issue none); under timeout both sides' "
              f"polls x c.", "",
-             *table_lines(rows), "", *check_lines(rows)]
+             *table_lines(rows), "", *check_lines(rows), "", *host_lines(rows)]
     if plots and rows:
         from bench.analysis.sweep_plot import draw
 
