@@ -263,11 +263,15 @@ def _run_torchrun(plan: RunPlan) -> int:
     from bench.run.worker import run_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == 0 and plan.delays_ms:
+        _announce_sweep(plan)
     t0 = time.monotonic()
     run_rank(rank, world, plan)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return _finish(Path(plan.out_dir), t0) if rank == 0 else 0
+    if rank != 0:
+        return 0
+    return (_finish_sweep if plan.delays_ms else _finish)(Path(plan.out_dir), t0)
 
 
 def _run_local(plan: RunPlan) -> int:
