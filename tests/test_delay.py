@@ -36,6 +36,7 @@ from hicache.comm.comm import (
 )
 from hicache.spec.config import HiCacheConfig
 from sglang_adapter.door import Door
+from sglang_adapter.source import DEFAULT_CACHE
 from tests.doubles import ThreadWorld
 from tests.helpers import run_scenario
 
@@ -253,9 +254,38 @@ def test_a_small_sweep_end_to_end(tmp_path, monkeypatch):
 
 
 def test_a_named_hosts_cost_is_read_off_the_curve_between_measured_costs():
-    rows = [_row(0, "wait_complete", 0.9, 0.8, 1.0) | {"c_ms": 1.0},
-            _row(2, "wait_complete", 0.7, 0.6, 0.8) | {"c_ms": 3.0}]
+    """Linear between the costs whose c bracket it; at an end point when c lies inside that
+    point's interval of c; else not read."""
+    rows = [_row(0, "wait_complete", 0.9, 0.8, 1.0) | {"c_ms": 1.0, "c_beside_ci_low_ms": 0.7,
+                                                       "c_beside_ci_high_ms": 1.4},
+            _row(2, "wait_complete", 0.7, 0.6, 0.8) | {"c_ms": 3.0, "c_beside_ci_low_ms": 2.5,
+                                                       "c_beside_ci_high_ms": 3.5}]
     assert sweep.read_at(rows, "wait_complete", 2.0) == pytest.approx((0.8, 0.7, 0.9))
     assert sweep.read_at(rows, "wait_complete", 3.0) == pytest.approx((0.7, 0.6, 0.8))
+    assert sweep.read_at(rows, "wait_complete", 0.8) == pytest.approx((0.9, 0.8, 1.0))
+    assert sweep.read_at(rows, "wait_complete", 3.4) == pytest.approx((0.7, 0.6, 0.8))
     assert sweep.read_at(rows, "wait_complete", 0.5) is None
+    assert sweep.read_at(rows, "wait_complete", 3.6) is None
     assert sweep.read_at(rows, "timeout", 2.0) is None
+
+
+@pytest.mark.slow  # a 2-rank serve importing SGLang on each rank: about a minute
+def test_sglangs_own_decision_collectives_pay_the_delay(tmp_path, monkeypatch):
+    """--cache sglang: SGLang 0.5.23's timeout poll all-reduces through the door, and each
+    of those collectives takes at least the added cost on the scheduler."""
+    from bench.commands.run import main as main_run
+
+    wheels = sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl"))
+    if not wheels:
+        pytest.skip(f"no sglang 0.5.23 wheel in {DEFAULT_CACHE} (make sglang-fetch)")
+    monkeypatch.setenv("BENCH_NO_PLOTS", "1")
+    out = tmp_path / "sgl"
+    assert main_run(["--cache", "sglang", "--sglang", str(wheels[-1]), "--preset", "ci",
+                     "--policies", "timeout", "--requests", "6", "--bystanders", "2",
+                     "--output-tokens", "4", "--repeats", "1", "--seed", "3",
+                     "--timeout-base", "0.004", "--storage-latency-ms", "60",
+                     "--collective-delay-ms", "4", "--out", str(out)]) == 0
+    steps = pd.read_csv(out / "steps.csv")
+    polled = steps[steps["decision"] > 0]
+    assert len(polled) and (polled["decision_sync_ms"] >= 4 * polled["decision"]).all()
+    assert set(pd.read_csv(out / "requests.csv")["collective_delay_ms"]) == {4.0}

@@ -189,14 +189,18 @@ def read_at(rows: list[dict], policy: str, c: float, metric: str = "step_mean"
             ) -> tuple[float, float, float] | None:
     """`metric`'s ratio and interval bounds under `policy` at all-reduce cost `c`, read off
     the measured curve: linear in c between the two costs whose measured c bracket it
-    (each bound on its own); None outside the measured range."""
+    (each bound on its own); at the lowest (highest) cost's own point when `c` lies below
+    (above) it but inside that point's interval of c; None outside the measured range."""
     pts = sorted((r["c_ms"], r[f"{metric}_ratio"], r[f"{metric}_ratio_ci_low"],
-                  r[f"{metric}_ratio_ci_high"]) for r in rows
+                  r[f"{metric}_ratio_ci_high"], r.get("c_beside_ci_low_ms", math.nan),
+                  r.get("c_beside_ci_high_ms", math.nan)) for r in rows
                  if r["policy"] == policy and r["c_ms"] > 0)
+    if pts and (pts[0][4] <= c <= pts[0][0] or pts[-1][0] <= c <= pts[-1][5]):
+        return (pts[0] if c <= pts[0][0] else pts[-1])[1:4]
     for (c0, *v0), (c1, *v1) in zip(pts, pts[1:], strict=False):
         if c0 <= c <= c1:
             w = 0.0 if c1 == c0 else (c - c0) / (c1 - c0)
-            return tuple(a + w * (b - a) for a, b in zip(v0, v1, strict=True))
+            return tuple(a + w * (b - a) for a, b in zip(v0[:3], v1[:3], strict=True))
     return None
 
 
@@ -205,8 +209,9 @@ def host_lines(rows: list[dict]) -> list[str]:
     have = [r["c_ms"] for r in rows if r["c_ms"] > 0]
     if not have:
         return []
-    out = [f"Read at named hosts' c (linear between the measured costs; measured c "
-           f"{min(have):.2f}-{max(have):.2f} ms here):", "",
+    out = [f"Read at named hosts' c (linear between the measured costs, or at the end "
+           f"point whose interval of c holds it; measured c {min(have):.2f}-{max(have):.2f} "
+           f"ms here):", "",
            "| host | c ms | source | policy | step | TTFT p50 prefetch | TTFT p50 bystander |",
            "|---|---|---|---|---|---|---|"]
     for name, c, source in NAMED_HOSTS:

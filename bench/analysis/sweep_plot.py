@@ -18,7 +18,7 @@ MARKERS = {"step_mean": "o", "prefetch_ttft_p50": "s", "bystander_ttft_p50": "^"
 
 def draw(rows: list[dict], path: Path) -> None:
     """One panel per policy: every METRICS ratio against c, and the model's step line."""
-    fig = Figure(figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.6))
     axes = fig.subplots(1, len(POLICIES), sharey=True)
     for ax, policy in zip(axes, POLICIES, strict=True):
         sub = [r for r in rows if r["policy"] == policy]
@@ -34,14 +34,16 @@ def draw(rows: list[dict], path: Path) -> None:
                         lw=1.6 if m == "step_mean" else 0.8, label=label, color=f"C{i}")
         ax.plot(c, [r["model_step_ratio"] for r in sub], "k--", lw=1.2,
                 label="model: step (polls/step x c)")
-        for x, r in zip(c, sub, strict=True):
-            ax.annotate(f"+{r['delay_ms']:g}", (x, 1.0), textcoords="offset points",
-                        xytext=(0, 6), ha="center", fontsize=7, color="0.4")
+        for x, r in zip(c, sub, strict=True):  # the added cost, along the top
+            ax.text(x, 0.98, f"+{r['delay_ms']:g}", transform=ax.get_xaxis_transform(),
+                    ha="center", va="top", fontsize=7, color="0.4")
         ax.axhline(1.0, color="0.6", lw=0.8)
         ax.set_title(f"{policy}: pr36425 / pr27010")
         ax.set_xlabel("c: one control-plane all-reduce beside the cells, ms (incl. added cost)")
     axes[0].set_ylabel("ratio [95% CI over paired repeats]")
-    axes[0].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png", dpi=120)
