@@ -42,10 +42,9 @@ SWEEP_FILE = "sweep.json"  # the sweep's costs and their run directories
 # Hosts whose control-plane all-reduce cost a public report gives: (name, c ms, source).
 NAMED_HOSTS = (
     ("small-model TP host, per control all-reduce", 0.15,
-     "SGLang PR #30511 (~150 us each), as quoted in SPEC section 8"),
+     "SGLang PR #30511 (~150 us each; docs/design.md section 8)"),
     ("2 servers over TCP, 1 KB gloo allreduce_ring", 0.354, "pytorch/gloo issue #158"),
     ("4x GB300 (Grace), 4-rank gloo all_reduce", 0.5, "SGLang PR #39903"),
-    ("TP8 on a 16-core GPU host under load", 0.8, "this project, SPEC section 8"),
     ("4x B200 (Xeon 6960P, 2 sockets), 4-rank gloo all_reduce", 3.2, "SGLang PR #39903"),
 )
 COLUMNS = ["delay_ms", "policy", "c_upfront_ms", "c_ms", "c_beside_ms", "c_beside_ci_low_ms",
