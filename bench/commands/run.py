@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.commands import trace_flags
+from bench.commands import cost_sweep, trace_flags
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
 from bench.run import options
 from bench.run.options import PAIRINGS, REPEAT_SEEDS
@@ -264,14 +264,14 @@ def _run_torchrun(plan: RunPlan) -> int:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if rank == 0 and plan.delays_ms:
-        _announce_sweep(plan)
+        cost_sweep.announce(plan)
     t0 = time.monotonic()
     run_rank(rank, world, plan)
     if dist.is_initialized():
         dist.destroy_process_group()
     if rank != 0:
         return 0
-    return (_finish_sweep if plan.delays_ms else _finish)(Path(plan.out_dir), t0)
+    return (cost_sweep.finish if plan.delays_ms else _finish)(Path(plan.out_dir), t0)
 
 
 def _run_local(plan: RunPlan) -> int:
@@ -290,7 +290,7 @@ def _run_local(plan: RunPlan) -> int:
               "(the report says so too); compare ratios within the run", file=sys.stderr)
     RunDir(plan.out_dir).link_latest()
     if plan.delays_ms:
-        _announce_sweep(plan)
+        cost_sweep.announce(plan)
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     with planted(plan) as record:
@@ -300,37 +300,8 @@ def _run_local(plan: RunPlan) -> int:
     if error:
         _record_failure(Path(plan.out_dir), error)
     if plan.delays_ms:
-        return _finish_sweep(Path(plan.out_dir), t0, error)
+        return cost_sweep.finish(Path(plan.out_dir), t0, error)
     return _finish(Path(plan.out_dir), t0, error)
-
-
-def _announce_sweep(plan: RunPlan) -> None:
-    """sweep.json (bench.analysis.sweep) names every cost's run directory."""
-    from bench.analysis.sweep import write_manifest
-    from bench.run.plan import delay_dir
-
-    write_manifest(Path(plan.out_dir), plan.delays_ms, [delay_dir(d) for d in plan.delays_ms])
-    print(f"cost sweep: +{', +'.join(f'{d:g}' for d in plan.delays_ms)} ms per control-plane "
-          f"collective, interleaved in every repeat", file=sys.stderr)
-
-
-def _finish_sweep(run_dir: Path, t0: float, error: str | None = None) -> int:
-    """A sweep's end: every cost's report, then the sweep's (bench.analysis.sweep)."""
-    from bench.analysis.plot_switch import plots_wanted
-    from bench.analysis.sweep import write_sweep
-
-    took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
-    try:
-        report = write_sweep(run_dir, plots=plots_wanted())
-    except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
-        print(f"FAILED: could not build the sweep's report: {e} {took}")
-        return 1
-    print("\n".join(report.lines))
-    ok = report.ok and error is None and bool(report.rows)
-    print(f"{'OK' if ok else 'FAILED'}: cost sweep, every cost's run "
-          f"{'passed' if report.ok else 'did NOT pass'} its checks{f'; {error}' if error else ''} "
-          f"{took}")
-    return 0 if ok else 1
 
 
 def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:

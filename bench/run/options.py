@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from bench import neighbour
+from bench.run import delays
 from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
@@ -160,7 +161,11 @@ def build_plan(args: RunOptions) -> RunPlan:
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())),
                    neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing))
-    plan = _with_delays(plan, _delays(args.collective_delay_ms) or preset.get("delays_ms", ()))
+    try:
+        plan = delays.apply(plan, delays.parse(args.collective_delay_ms)
+                            or preset.get("delays_ms", ()))
+    except ValueError as e:
+        raise OptionError(str(e)) from None
     plan = _system_under_test(plan, args)
     if args.schedule is None:
         plan = _pin_if_possible(plan)
@@ -172,33 +177,6 @@ def build_plan(args: RunOptions) -> RunPlan:
         # step: a burst lands on both sides of a step, so a disturbed serve needs no redo.
         plan = replace(plan, redo_disturbed=None)
     _check_configs(plan)
-    return plan
-
-
-def _delays(text: str | None) -> tuple[float, ...]:
-    """--collective-delay-ms MS[,MS...] as ms, each finite and >= 0 (() when not given)."""
-    if text is None:
-        return ()
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or not all(math.isfinite(v) and v >= 0 for v in values):
-        raise OptionError(f"--collective-delay-ms takes ms >= 0, or a comma list of them for a "
-                          f"cost sweep, e.g. 0,0.5,1,2,3; got {text!r}")
-    return tuple(dict.fromkeys(values))
-
-
-def _with_delays(plan: RunPlan, delays: tuple[float, ...]) -> RunPlan:
-    """One added cost: the system's collective_delay_ms; several: a cost sweep."""
-    if len(delays) > 1:
-        if plan.pairing == "duet":
-            raise OptionError("a cost sweep (several --collective-delay-ms) serves in one "
-                              "world: --pairing duet is not supported with it")
-        return replace(plan, delays_ms=delays)
-    if delays:
-        system = {**dict(plan.system), "collective_delay_ms": delays[0]}
-        return replace(plan, system=tuple(sorted(system.items())))
     return plan
 
 
