@@ -218,7 +218,10 @@ def _row(delay, policy, ratio, low, high):
 def test_the_trend_and_timeout_checks():
     falls = [_row(0, "wait_complete", 0.9, 0.85, 0.95), _row(1, "wait_complete", 0.93, 0.9, 1),
              _row(2, "wait_complete", 0.7, 0.65, 0.75)]
-    assert "each falls" in sweep.trend_line(falls)
+    assert "each falls" in sweep.trend_line(falls) and "the effect grows" in \
+        sweep.trend_line(falls)
+    flat = [_row(0, "wait_complete", 0.7, 0.65, 0.75), _row(1, "wait_complete", 0.68, 0.6, 0.8)]
+    assert "does not grow beyond the intervals" in sweep.trend_line(flat)
     rises = falls + [_row(3, "wait_complete", 0.8, 0.75, 0.85)]
     assert "RISES" in sweep.trend_line(rises) and "+3 ms 0.80 above +2 ms's" in \
         sweep.trend_line(rises)

@@ -151,8 +151,14 @@ def trend_line(rows: list[dict]) -> str:
     if bad:
         return f"wait_complete step ratio by cost ({steps}): it RISES past the interval: " \
                + "; ".join(bad) + "."
+    first, last = wc[0], wc[-1]
+    grows = last["step_mean_ratio_ci_high"] < first["step_mean_ratio_ci_low"]
     return (f"wait_complete step ratio by cost ({steps}): each falls, or stays inside the "
-            f"previous cost's interval: the effect grows with what an all-reduce costs.")
+            f"previous cost's interval; " + (
+                "the effect grows with what an all-reduce costs (the last cost's interval "
+                "lies below the first's)." if grows else
+                "the last cost's interval overlaps the first's: over this range the step "
+                "effect does not grow beyond the intervals."))
 
 
 def timeout_line(rows: list[dict]) -> str:
