@@ -12,7 +12,7 @@ MUTANTS ?=
 
 SGLANG ?= 0.5.23
 
-.PHONY: sglang-fetch sglang-ready sglang-slice sglang-check setup dev test test-fast test-all test-stats bench gate compare microbench project lint mutate gpu-check clean
+.PHONY: sglang-fetch sglang-ready sglang-slice sglang-check setup dev test test-fast test-all test-stats bench delay-sweep gate compare microbench project lint mutate gpu-check clean
 
 setup: $(STAMP)  ## runtime only: no network where python3 already imports the runtime deps
 
@@ -55,6 +55,9 @@ test-stats: dev  ## checks that hold at 95 %, so fail by chance now and then: no
 
 bench: setup  ## the main job: protocols x policies x repeats, results/latest
 	$(PY) -m bench run --preset $(PRESET) $(ARGS)
+
+delay-sweep: setup  ## make bench's workload at 0-3 ms added per control-plane collective: ratio against c, with the model (sweep.md)
+	$(PY) -m bench run --preset delay-sweep $(ARGS)
 
 gate: dev  ## quick CI preset, its micro-benchmarks, then the perf gate: counts vs the model, timings vs the baseline revision run beside this tree
 	$(PY) -m bench run --preset ci $(ARGS)

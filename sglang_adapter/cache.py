@@ -91,6 +91,7 @@ class SGLangCache(HiCache):
         door.register("tp_cpu", tp_group)  # SGLang's collectives on the harness's groups
         door.register("pp_cpu", pp_group)
         door.listener, door.failure = self._record, self._failure
+        door.delay_s = cfg.collective_delay_ms / 1e3  # SGLang's collectives pay it too
         self.handles: dict[str, object] = {}  # rid -> SGLang's key of its prefetch
         self._poll_s = 0.0
         self.checker: consensus.Checker | None = None
@@ -217,6 +218,7 @@ class SGLangCache(HiCache):
 
     def close(self) -> None:
         self.door.listener = self.door.failure = None
+        self.door.delay_s = 0.0
         super().close()
         # Every run: each collective SGLang issued here came from this SPEC's own files
         # (several SGLangs in one run: each side's from its own, never another's).

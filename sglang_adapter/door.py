@@ -6,8 +6,12 @@ whose immediate caller is a file of the loaded SGLang is recorded under its call
 `<path under sglang/srt/>:<function>:<line>` (e.g.
 `mem_cache/unified_radix_cache.py:_can_terminate_prefetch:2311`), its group's name and the
 request the driver says is in hand. Calls from anywhere else (the harness's own `Comm`)
-pass through uncounted. The count is held against torch's own per-group sequence numbers
-(`crosscheck`): a collective SGLang issued that the door missed would show there.
+pass through uncounted. An added cost (`delay_s`, HiCacheConfig.collective_delay_ms) is
+slept before every counted call, as `Comm` does for the harness's control plane: SGLang's
+collectives on this path are all control plane (decisions, hit queries, acks, PP relays);
+an async one (isend, async_op) pays it at its issue. The count is held against torch's own
+per-group sequence numbers (`crosscheck`): a collective SGLang issued that the door missed
+would show there.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class Door:
         # called torch.distributed (own_files: a side's call sites are its own SPEC's).
         self.files: set[str] = set()
         self.strays: set[str] = set()
+        self.delay_s = 0.0  # the added cost of every counted call (set per serve)
 
     @property
     def rid(self) -> str | None:
@@ -132,6 +137,8 @@ class Door:
                     self.sequence.append([name, f"{op} {site} < {call.via}", call.rid,
                                           self.step])
             t0 = time.monotonic()
+            if self.delay_s > 0:
+                time.sleep(self.delay_s)  # a slow link: blocks without CPU, in the timed span
             try:
                 out = real(*args, **kwargs)
             except Exception as e:  # gloo: a timeout or a mispaired peer

@@ -37,6 +37,13 @@ BAD = [
     (["--protocols", "sglang-0.5.18", "--host-memory", "buffer_only"],
      "host_memory buffer_only is not modelled for pre27010"),
     (["--protocols", "sglang-0.5.17"], "unknown protocol sglang-0.5.17"),
+    (["--collective-delay-ms", "-1"], "--collective-delay-ms takes ms >= 0"),
+    (["--collective-delay-ms", "slow"], "--collective-delay-ms takes ms >= 0"),
+    (["--collective-delay-ms", "0,1,-0.5"], "--collective-delay-ms takes ms >= 0"),
+    (["--collective-delay-ms", "nan"], "--collective-delay-ms takes ms >= 0"),
+    (["--preset", "delay-sweep", "--collective-delay-ms", "0,inf"],
+     "--collective-delay-ms takes ms >= 0"),
+    (["--collective-delay-ms", "0,1", "--pairing", "duet"], "--pairing duet is not supported"),
 ]
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_COMMAND_PARTS = {"bench.commands.common", "bench.commands.trace_flags"}
+SHARED_COMMAND_PARTS = {"bench.commands.common", "bench.commands.trace_flags",
+                        "bench.commands.cost_sweep"}  # parts of a verb, not verbs
 RUN_FILES = re.compile(r"""(?<!["'])["'](requests|steps|ranks|summary|failures|divergence)"""
                        r"""\.csv["']|(?<!["'])["'](env|calibration|progress|verdict)\.json["']""")
 

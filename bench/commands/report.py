@@ -1,7 +1,8 @@
 """Usage: python -m bench report RUN_DIR [--percentile-method linear|nearest-rank]
 
 Rebuilds a run directory's summary.csv, plots and report.md from its CSVs and env.json
-alone. Exit 0: written; 2: bad input (one line on stderr).
+alone; for a cost sweep's directory (sweep.json), every cost's, then sweep.md, sweep.csv
+and sweep.png. Exit 0: written; 2: bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ PROG = "bench report"
 
 
 def _main(argv: list[str]) -> int:
+    from bench.analysis import sweep
     from bench.analysis.report import write_report  # matplotlib: only once the arguments are good
 
     parser = CliParser.from_doc(PROG, __doc__)
@@ -23,6 +25,9 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         raise UsageError(f"{args.run_dir}: no such directory")
+    if sweep.is_sweep(args.run_dir):
+        print("\n".join(sweep.write_sweep(args.run_dir).lines))
+        return 0
     report = write_report(args.run_dir, args.percentile_method)
     print(f"wrote {report.path}; the run: {report.verdict.line}")
     return 0

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.commands import trace_flags
+from bench.commands import cost_sweep, trace_flags
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
 from bench.run import options
 from bench.run.options import PAIRINGS, REPEAT_SEEDS
@@ -147,6 +147,12 @@ def parser() -> CliParser:
     a("--timeline", action="store_true", help="record every collective, poll, storage "
       "batch and copy per thread, for `python -m bench timeline` (docs/timeline.md)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
+    a("--collective-delay-ms", metavar="MS", help="an added cost: every control-plane "
+      "collective of the system under test (the scheduler's and the background threads'; "
+      "SGLang's too under --cache sglang) first waits MS ms, a sleep, on every rank, as on a "
+      "slow interconnect; the calibrated c includes it (0). A comma list (0,0.5,1,2,3) is a "
+      "cost sweep: every repeat serves at each cost, interleaved, each cost's rows in a "
+      "run directory of its own, and sweep.md / sweep.png compare them (preset delay-sweep)")
     a = _group(p, 'hazards and faults')
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
@@ -261,11 +267,15 @@ def _run_torchrun(plan: RunPlan) -> int:
     from bench.run.worker import run_rank
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == 0 and plan.delays_ms:
+        cost_sweep.announce(plan)
     t0 = time.monotonic()
     run_rank(rank, world, plan)
     if dist.is_initialized():
         dist.destroy_process_group()
-    return _finish(Path(plan.out_dir), t0) if rank == 0 else 0
+    if rank != 0:
+        return 0
+    return (cost_sweep.finish if plan.delays_ms else _finish)(Path(plan.out_dir), t0)
 
 
 def _run_local(plan: RunPlan) -> int:
@@ -283,6 +293,8 @@ def _run_local(plan: RunPlan) -> int:
               f"{cores} cores: timings are partly CPU-bound, not only collective-bound "
               "(the report says so too); compare ratios within the run", file=sys.stderr)
     RunDir(plan.out_dir).link_latest()
+    if plan.delays_ms:
+        cost_sweep.announce(plan)
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     with planted(plan) as record:
@@ -291,6 +303,8 @@ def _run_local(plan: RunPlan) -> int:
         RunDir(plan.out_dir).add_to_env("neighbour", record)
     if error:
         _record_failure(Path(plan.out_dir), error)
+    if plan.delays_ms:
+        return cost_sweep.finish(Path(plan.out_dir), t0, error)
     return _finish(Path(plan.out_dir), t0, error)
 
 

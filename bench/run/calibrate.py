@@ -4,8 +4,9 @@ before the cells run: the input of the overhead model (bench.analysis.overhead).
 Every rank runs the same loop on its PP stage's TP CPU group (`tp_cpu`), through `Comm`
 with call site `calibration`, on a counter of its own (the system's counts stay exact).
 The tensor is the decision vote's shape: two int32. Rank 0's samples are the measurement;
-every rank's median is kept to show the spread. With TP = 1 there is no control-plane
-all-reduce (SGLang skips it) and c is 0 by definition.
+every rank's median is kept to show the spread. With an added cost (--collective-delay-ms)
+the probe pays it as the system's collectives do, so c includes it. With TP = 1 there is no
+control-plane all-reduce (SGLang skips it) and c is 0 by definition.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ METHOD = ("back-to-back MAX all-reduces of 2 int32 on the TP CPU gloo group, tim
           "percentile bootstrap over the samples")
 
 
-def measure(layout: Layout, groups: Groups, n: int = 300, warmup: int = 30) -> list[float]:
-    """This rank's n all-reduce latencies in ms ([] when TP = 1)."""
+def measure(layout: Layout, groups: Groups, n: int = 300, warmup: int = 30,
+            delay_ms: float = 0.0) -> list[float]:
+    """This rank's n all-reduce latencies in ms ([] when TP = 1), each with the added cost
+    `delay_ms` the system's collectives pay."""
     if groups.size("tp_cpu") == 1:
         return []
-    comm = Comm(layout, groups, CollectiveCounter())
+    comm = Comm(layout, groups, CollectiveCounter(), delay_ms)
     t = torch.zeros(2, dtype=torch.int32)
     out = []
     for i in range(warmup + n):
@@ -49,10 +52,11 @@ def mean_ci(samples: list[float], n_boot: int = 2000, seed: int = 0) -> tuple[fl
     return float(low), float(high)
 
 
-def summarize(per_rank: list[list[float]], tp: int, pp: int) -> dict:
+def summarize(per_rank: list[list[float]], tp: int, pp: int, delay_ms: float = 0.0) -> dict:
     """calibration.json's content from every rank's samples (rank 0's are the figure)."""
     samples = per_rank[0]
     out = {"tp": tp, "pp": pp, "group": "tp_cpu", "method": METHOD, "n": len(samples),
+           "collective_delay_ms": delay_ms,
            "allreduce_ms": [round(s, 4) for s in samples], "pp_hop_ms": None,
            "pp_hop_note": "not measured: taken as half a 2-rank all-reduce (analysis.overhead)",
            "per_rank_p50_ms": [percentile(s, 50) if s else None for s in per_rank]}

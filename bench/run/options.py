@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from bench import neighbour
+from bench.run import delays
 from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
@@ -70,6 +71,7 @@ class RunOptions:
     step_ms: float | None = None
     consensus: bool = False
     collective_timeout: float | None = None
+    collective_delay_ms: str | None = None  # MS, or MS,MS,... (a cost sweep)
     kill_rank: int | None = None
     kill_step: int | None = None
     workload: str | None = None
@@ -160,6 +162,11 @@ def build_plan(args: RunOptions) -> RunPlan:
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())),
                    neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing))
+    try:
+        plan = delays.apply(plan, delays.parse(args.collective_delay_ms)
+                            or preset.get("delays_ms", ()))
+    except ValueError as e:
+        raise OptionError(str(e)) from None
     plan = _system_under_test(plan, args)
     if args.schedule is None:
         plan = _pin_if_possible(plan)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from bench.run import workload as synthetic
 from bench.run.trace import TraceSpec
@@ -40,6 +41,7 @@ class Cell:
     rate_rps: float
     policy: str
     protocol: str
+    delay_ms: float | None = None  # a cost sweep's added cost (None: the plan's own)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class RunPlan:
     # protocol, in `protocols`' order, the first the reference; each serves on rank
     # processes of its own (bench.run.sides), whose plan's `sglang` is that side's.
     sides: tuple[Target, ...] = ()
+    # A cost sweep (bench.analysis.sweep): every repeat serves every cell at each of these
+    # added costs per control-plane collective (ms), interleaved; () = one cost, the
+    # system's collective_delay_ms. Each cost's rows go to a run directory of its own.
+    delays_ms: tuple[float, ...] = ()
     out_dir: str = ""
 
     @property
@@ -97,16 +103,34 @@ class RunPlan:
 
     def cells(self) -> list[Cell]:
         """Repeat-major and interleaved: every repeat runs every configuration once, with the
-        protocol order rotated per repeat, so slow drift of the machine hits all alike."""
+        protocol order (and a sweep's cost order) rotated per repeat, so slow drift of the
+        machine hits all alike; the protocols of one configuration serve back to back."""
         cells = []
         for rep in range(self.repeats):
-            protos = self.protocols[rep % len(self.protocols):] + \
-                self.protocols[: rep % len(self.protocols)]
-            for rate in self.rates:
-                for policy in self.policies:
-                    for proto in protos:
-                        cells.append(Cell(len(cells), rep, rate, policy, proto))
+            for delay in _rotated(self.delays_ms or (None,), rep):
+                for rate in self.rates:
+                    for policy in self.policies:
+                        for proto in _rotated(self.protocols, rep):
+                            cells.append(Cell(len(cells), rep, rate, policy, proto, delay))
         return cells
+
+    @property
+    def delay_ms(self) -> float:
+        """The added cost per control-plane collective of a one-cost plan, ms."""
+        return float(dict(self.system).get("collective_delay_ms", 0.0))
+
+    def per_delay(self) -> dict[float | None, RunPlan]:
+        """The plan each cell serves under, by its Cell.delay_ms: this one (None), or for
+        a sweep one plan per cost, writing to a run directory of its own."""
+        if not self.delays_ms:
+            return {None: self}
+        return {d: self.at_delay(d) for d in self.delays_ms}
+
+    def at_delay(self, delay_ms: float) -> RunPlan:
+        """One cost of a sweep: this plan at `delay_ms`, into its own run directory."""
+        system = {**dict(self.system), "collective_delay_ms": delay_ms}
+        out = str(Path(self.out_dir) / delay_dir(delay_ms)) if self.out_dir else ""
+        return replace(self, delays_ms=(), system=tuple(sorted(system.items())), out_dir=out)
 
     @property
     def forward(self) -> str:
@@ -132,10 +156,13 @@ class RunPlan:
         # --cache sglang: the release's project protocol runs the data path
         target = self.target(cell)
         protocol = target.protocol if target is not None else cell.protocol
+        system = dict(self.system)
+        if cell.delay_ms is not None:
+            system["collective_delay_ms"] = cell.delay_ms
         cfg = HiCacheConfig(protocol=protocol, policy=cell.policy, tp=self.tp,
                             pp=self.pp, model=self.model, step_time=self.step_time(),
                             pad_forward=self.device == "cpu", twin_protocol=self.twin(cell),
-                            **dict(self.system))
+                            **system)
         # Storage reads take the time of the model's KV bytes on one TP rank.
         page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
         return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),
@@ -182,6 +209,16 @@ class RunPlan:
     def workload_for(self, cell: Cell) -> WorkloadSpec:
         # The same requests for every protocol within a repeat: paired comparisons.
         return replace(self.workload, rate_rps=cell.rate_rps, seed=self.repeat_seed(cell))
+
+
+def _rotated(items: tuple, rep: int) -> tuple:
+    k = rep % len(items)
+    return items[k:] + items[:k]
+
+
+def delay_dir(delay_ms: float) -> str:
+    """A sweep's run directory of one cost, under the sweep's."""
+    return f"delay_{delay_ms:g}ms"
 
 
 def _tp(gpus: int) -> int:
@@ -231,6 +268,17 @@ def _sweep(gpus: int) -> dict:
     return {"tp": _tp(gpus), "repeats": 2, "requests": 16,
             "protocols": ("pr27010", "pr36425", "step-clock"),
             "policies": ("wait_complete", "timeout"), "rates": (4.0, 8.0, 16.0, 32.0)}
+
+
+def _delay_sweep(gpus: int) -> dict:
+    """Issue 50's sweep: make bench's workload (the default preset: a burst of 24
+    prefetching requests and 24 bystanders, free schedule, one seed) at five added costs per
+    control-plane collective, native and +0.5, +1, +2, +3 ms, interleaved in every repeat;
+    pr27010 (every poll all-reduces under wait_complete) against pr36425 (none), under
+    wait_complete and timeout (where both pay it). Each cost's ratios pair serves of one
+    repeat (bench.analysis.sweep)."""
+    return {**_default(gpus), "protocols": ("pr27010", "pr36425"),
+            "delays_ms": (0.0, 0.5, 1.0, 2.0, 3.0), "repeats": 12}
 
 
 def _pp(gpus: int) -> dict:
@@ -284,7 +332,7 @@ def _race(gpus: int) -> dict:
 
 PRESETS = {"default": _default, "cost": _cost, "queue": _queue, "ci": _ci, "sweep": _sweep,
            "pp": _pp, "race": _race, "releases": _releases, "lag": _lag, "trace": _trace,
-           "trace-sweep": _trace_sweep}
+           "trace-sweep": _trace_sweep, "delay-sweep": _delay_sweep}
 PRESET_HELP = {
     "default": "make bench, the end-to-end headline: a burst of 24 prefetching requests and "
                "24 bystanders on the free schedule, pr27010 / pr36425 / step-clock, "
@@ -307,6 +355,10 @@ PRESET_HELP = {
     "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 32 replayed at 2x), "
              "device/host/storage tiers, pr27010 / pr36425, wait_complete and timeout, "
              "3 repeats",
+    "delay-sweep": "make bench's workload at added costs per control-plane collective of "
+                   "0, 0.5, 1, 2, 3 ms, interleaved (pr27010 / pr36425, wait_complete and "
+                   "timeout, 12 repeats, about 11 minutes on 2 cores): headline ratios "
+                   "against the measured c and the overhead model (sweep.md, sweep.png)",
     "trace-sweep": "the excerpt's 40 requests at 1, 2, 4, 8 x their arrival rate (timeout, "
                    "pr27010 / pr36425 / step-clock, 2 repeats): TTFT, ITL and step time "
                    "against offered load",

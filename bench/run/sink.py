@@ -42,6 +42,7 @@ class ResultSink:
     def __init__(self, plan: RunPlan, h2d: dict | None = None):
         self.plan, self.h2d = plan, h2d or {}
         self.run = RunDir(plan.out_dir)
+        self.run.path.mkdir(parents=True, exist_ok=True)  # a sweep's cost: a folder below
         self.requests: list[dict] = []
         self.steps: list[dict] = []
         self.ranks: list[dict] = []
@@ -56,14 +57,17 @@ class ResultSink:
                                                   "schema_version": SCHEMA_VERSION,
                                                   "threads_per_rank": plan.threads_per_rank,
                                                   "torch_distributed_debug": debug,
+                                                  "collective_delay_ms": plan.delay_ms,
                                                   "plan": _plan_dict(plan)})
 
     def calibration(self, per_rank: list[list[float]]) -> None:
         """calibration.json: c, the control-plane all-reduce latency (bench.run.calibrate)."""
-        self.calib = calibrate.summarize(per_rank, self.plan.tp, self.plan.pp)
+        self.calib = calibrate.summarize(per_rank, self.plan.tp, self.plan.pp,
+                                         self.plan.delay_ms)
         write_json_atomic(self.run.file("calibration"), self.calib)
         c = self.calib["allreduce"]
-        print(f"calibration: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
+        added = f" (+{self.plan.delay_ms:g} ms added)" if self.plan.delay_ms else ""
+        print(f"calibration{added}: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
               f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
               f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
 
@@ -125,7 +129,8 @@ class ResultSink:
                 "seed": p.seed, "page_size": cfg.page_size, "extra_pool": cfg.extra_pool,
                 "race_guard": cfg.race_guard, "host_memory": cfg.host_memory,
                 "workload": p.workload_name, "time_scale": p.time_scale(cell),
-                "write_policy": cfg.write_policy, "schedule": cfg.schedule}
+                "write_policy": cfg.write_policy, "schedule": cfg.schedule,
+                "collective_delay_ms": cfg.collective_delay_ms}
 
     def _request_rows(self, cell: Cell, config: dict, gathered: list[dict]) -> list[dict]:
         logs = [p["decisions"] for p in gathered]

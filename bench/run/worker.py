@@ -32,21 +32,26 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
              side: Side | None = None) -> dict:
     """Entry point of one rank (spawned locally, or in-process under torchrun); `lane`: this
     rank's lane of a duet (bench.run.duet), which serves only its own cells; `side`: this
-    rank's side of several SGLangs (bench.run.sides), which serves its own cells in turn."""
+    rank's side of several SGLangs (bench.run.sides), which serves its own cells in turn.
+    A cost sweep's cells each serve under the plan of their added cost (plan.per_delay)."""
+    plans = plan.per_delay()  # one plan (and sink) per added cost of a sweep, else one
     with side.setup() if side else contextlib.nullcontext():
-        sink, layout, groups, device, make_cache = _setup(rank, world, plan)
+        sinks, layout, groups, device, make_cache = _setup(rank, world, plan, plans)
     cells = (side.cells(plan) if side else duet.lane_cells(plan, lane.index) if lane
              else plan.cells())
     steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
     for cell in cells:
         with side.serve(cell) if side else contextlib.nullcontext():
-            _cell(plan, cell, len(plan.cells() if side else cells), sink, layout, groups,
-                  device, steps, lane, make_cache)
-    return sink.finish() if sink else {}
+            _cell(plans[cell.delay_ms], cell, len(plan.cells() if side else cells),
+                  sinks.get(cell.delay_ms), layout, groups, device, steps, lane, make_cache)
+    for sink in sinks.values():
+        sink.finish()
+    return {"dir": plan.out_dir} if sinks else {}
 
 
-def _setup(rank: int, world: int, plan: RunPlan):
-    """This rank's groups, calibration and system under test; rank 0's sink."""
+def _setup(rank: int, world: int, plan: RunPlan, plans: dict):
+    """This rank's groups, calibration (at each added cost of a sweep: c includes it) and
+    system under test; rank 0's sinks, one per added cost."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     layout = Layout(rank, plan.tp, plan.pp)
@@ -54,20 +59,24 @@ def _setup(rank: int, world: int, plan: RunPlan):
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     groups = setup_distributed(layout, device, timeout, plan.backend)
     # Measured once, before any configuration, by rank 0 (the others wait at the barrier).
-    sink = ResultSink(plan, h2d_peak(device)) if rank == 0 else None
-    # c for the overhead model, measured before any cell on quiet groups.
-    samples = _gather({"rank": rank, "c": calibrate.measure(layout, groups)}, world)
-    if sink:
-        sink.calibration([p["c"] for p in samples])
-        sink.say(fit.oversized_line(plan, device))
-    return sink, layout, groups, device, cache_factory(plan)
+    h2d = h2d_peak(device) if rank == 0 else None
+    sinks = {d: ResultSink(p, h2d) for d, p in plans.items()} if rank == 0 else {}
+    for d, p in plans.items():
+        # c for the overhead model, measured before any cell on quiet groups.
+        c = calibrate.measure(layout, groups, delay_ms=p.delay_ms)
+        samples = _gather({"rank": rank, "c": c}, world)
+        if sinks:
+            sinks[d].calibration([s["c"] for s in samples])
+    if sinks:
+        next(iter(sinks.values())).say(fit.oversized_line(plan, device))
+    return sinks, layout, groups, device, cache_factory(plan)
 
 
 def _cell(plan: RunPlan, cell: Cell, n_cells: int, sink: ResultSink | None, layout: Layout,
           groups: Groups, device, steps: list[int], lane: Lane | None,
           make_cache: CacheFactory) -> None:
     """One cell served (again while rank 0 finds it disturbed and the plan allows), its
-    rows written by rank 0, then c measured beside it."""
+    rows written by rank 0, then c measured beside it (at the cell's added cost)."""
     if sink:
         sink.begin(cell, n_cells)
     attempt = 0
@@ -86,7 +95,8 @@ def _cell(plan: RunPlan, cell: Cell, n_cells: int, sink: ResultSink | None, layo
     if sink:
         sink.add(cell, gathered, attempt)
     # c beside the cells: after every serve, outside its timed region (bench.run.calibrate)
-    c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP)
+    c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP,
+                          plan.delay_ms)
     if sink:
         sink.beside(c)
 

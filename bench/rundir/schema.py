@@ -19,7 +19,7 @@ STEP_SITES = ["request_broadcast", "per_step_min", "model_allreduce"]  # per-ste
 CONFIG_COLUMNS = [
     "preset", "protocol", "policy", "tp", "pp", "world_size", "device", "backend", "model",
     "forward", "storage", "rate_rps", "seed", "page_size", "extra_pool", "race_guard",
-    "host_memory", "workload", "time_scale", "write_policy", "schedule",
+    "host_memory", "workload", "time_scale", "write_policy", "schedule", "collective_delay_ms",
 ]
 
 # Where each request's prompt tokens came from, at scheduling (they sum to prompt_tokens),
@@ -37,7 +37,7 @@ WRITE_PATH_COLUMNS = ["host_copy_pages", "storage_write_pages", "device_evicted_
 OPTIONAL_COLUMNS = ["workload", "time_scale", "write_policy", *TOKEN_COLUMNS,
                     *WRITE_PATH_COLUMNS, "absent_polls", "schedule", "schedule_digest",
                     "vt_s", "pin_wait_ms", "forward_late_ms", "poll_ms", "twin_protocol",
-                    "twin_poll_ms", "twin_first", "call_sites"]
+                    "twin_poll_ms", "twin_first", "call_sites", "collective_delay_ms"]
 
 REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rid", "request_class", "arrival_s", "ttft_ms", "queue_ms", "prefetch_io_ms",

@@ -42,7 +42,7 @@ class PairedPolls:
         self.primary, self.cfg = primary, cfg
         self.twin = make_protocol(cfg.twin_protocol, cfg.policy, cfg.race_guard) \
             if cfg.twin_protocol else None
-        self.twin_comm = Comm(comm.layout, comm.groups, CollectiveCounter()) \
+        self.twin_comm = Comm(comm.layout, comm.groups, CollectiveCounter(), comm.delay_s * 1e3) \
             if self.twin else None
         self.seed = cfg.storage.seed
         self.step = -1

@@ -18,6 +18,13 @@ grid ends with the same global MIN: rank 0 pays T + (1 if PP > 1). pre27010 used
 groups only.
 The default group belongs to the harness (barriers, result gathering) and is not counted.
 At world size 1 there are no groups and every collective is a no-op.
+
+An added cost (HiCacheConfig.collective_delay_ms): every blocking control-plane collective
+of the system (DELAYED_SITES: the scheduler's and the background threads' alike, not the
+model's data-plane all-reduce, not the harness's own) first sleeps that long on every rank,
+as a rank would wait on a slow interconnect or a busy host without spending CPU; the wait is
+inside the collective's timed span. A collective issued now and waited on later pays it at
+its wait (what is left of it since the issue); a PP hop's send does not (its receive does).
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ CALIBRATION = "calibration"  # the harness's latency probe (bench.run.calibrate)
 HARNESS_STOP = "harness_stop"  # the harness's end-of-serve agreement; not a system site
 SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
          MODEL_ALLREDUCE, CONSENSUS, TICKET)
+# Control-plane sites that pay an added cost (Comm's delay): every system site but the model's
+# data plane, and the harness's calibration, which measures c and so must include it.
+DELAYED_SITES = frozenset(set(SITES) - {MODEL_ALLREDUCE} | {CALIBRATION})
 SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
 GROUP_NAMES = ("sched", "tp_cpu", "pp_cpu", "data", "prefetch", "prefetch_pp", "ack", "ack_pp",
                "consensus", "ticket")
@@ -195,10 +205,13 @@ class CollectiveCounter:
 
 
 class Comm:
-    """The system's only door to torch.distributed. Every call names its site."""
+    """The system's only door to torch.distributed. Every call names its site. `delay_ms`:
+    the added cost every blocking collective at a DELAYED_SITES site waits first."""
 
-    def __init__(self, layout: Layout, groups: Groups, counter: CollectiveCounter):
+    def __init__(self, layout: Layout, groups: Groups, counter: CollectiveCounter,
+                 delay_ms: float = 0.0):
         self.layout, self.groups, self.counter = layout, groups, counter
+        self.delay_s = delay_ms / 1e3
         self._sends: list[dist.Work] = []
 
     def all_reduce(self, t: torch.Tensor, op, group: str, site: str, rid: str | None = None):
@@ -217,12 +230,15 @@ class Comm:
         which raises a CollectiveError naming the site. A no-op on a one-rank group."""
         if self.groups.size(group) == 1:
             return lambda: None
+        issued = time.monotonic()
         work = self._run(lambda: dist.all_reduce(t, op=op, group=self.groups.pg[group],
                                                  async_op=True),
-                         site, group, 1, None, "all_reduce_async")
+                         site, group, 1, None, "all_reduce_async", delay=False)
 
         def wait() -> None:
             t0 = time.monotonic()
+            # The added cost runs from the issue: a forward that outlasts it hides it.
+            self._delay(site, issued + self.delay_s - t0)
             try:
                 work.wait()
             except Exception as e:  # gloo raises RuntimeError on timeout or a mispaired peer
@@ -267,7 +283,7 @@ class Comm:
             # Send a copy: the caller may reuse `t` before the send completes.
             buf = t.clone()
             self._run(lambda: self._sends.append(dist.isend(buf, group_dst=stage + 1, group=pg)),
-                      PP_HOP, "pp_cpu", 1, rid, "isend")
+                      PP_HOP, "pp_cpu", 1, rid, "isend", delay=False)
 
     def drain_sends(self) -> None:
         """Wait for the PP hop sends of the last step (backpressure on a lagging stage)."""
@@ -313,10 +329,13 @@ class Comm:
             return obj
         return None if buf is None else pickle.loads(buf.numpy().tobytes())
 
-    def _run(self, fn, site: str, group: str, raw_ops, rid: str | None, op: str = "all_reduce"):
+    def _run(self, fn, site: str, group: str, raw_ops, rid: str | None, op: str = "all_reduce",
+             delay: bool = True):
         """Runs one collective (`raw_ops` torch ops, or a function of fn's result); `op`
-        names it on the timeline."""
+        names it on the timeline; `delay`: a blocking one, which pays the added cost."""
         t0 = time.monotonic()
+        if delay:
+            self._delay(site, self.delay_s)
         try:
             out = fn()
         except Exception as e:  # gloo raises RuntimeError on timeout or a mispaired peer
@@ -325,6 +344,11 @@ class Comm:
         self.counter.record(site, group, raw, rid, time.monotonic() - t0, t0, op,
                             f"{op}@{group} {site}")
         return out
+
+    def _delay(self, site: str, seconds: float) -> None:
+        """The added cost: a sleep, the same on every rank (the harness's sites excepted)."""
+        if seconds > 0 and site in DELAYED_SITES:
+            time.sleep(seconds)  # blocks this thread without CPU: a slow link, not work
 
     def _error(self, site: str, group: str, rid: str | None, e: Exception) -> CollectiveError:
         ranks = self.groups.ranks.get(group)

@@ -67,7 +67,7 @@ class System:
                  device: torch.device, seed: int = 0, make_cache: CacheFactory = HiCache):
         self.cfg, self.layout, self.groups = cfg, layout, groups
         self.stats = Stats(events=EventLog() if cfg.timeline else None)
-        self.comm = Comm(layout, groups, self.stats.counter)
+        self.comm = Comm(layout, groups, self.stats.counter, cfg.collective_delay_ms)
         self.storage = make_storage(cfg.storage, layout.rank, layout.tp_rank)
         self.storage.paced = cfg.schedule != "pinned"  # pinned: modelled time is virtual
         self.consensus = (ConsensusChecker(self.comm, cfg.consensus_interval_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from hicache.spec.cost_model import (
@@ -72,6 +73,10 @@ class HiCacheConfig:
     timeline: bool = False
     consensus_interval_s: float = 0.05
     collective_timeout_s: float = 60.0
+    # A fixed blocking wait (a sleep: no CPU spent) added to every control-plane collective
+    # of the system under test, the same on every rank: a slow interconnect or a busy host
+    # (hicache.comm.comm.DELAYED_SITES; SGLang's under --cache sglang, sglang_adapter.door).
+    collective_delay_ms: float = 0.0
     # A prompt of max_input_tokens or more (the device pool's, hicache.cache.prefill_pages) is
     # refused, as SGLang's validate_input_length does; True cuts it to that length instead
     # (SGLang's --allow-auto-truncate).
@@ -191,6 +196,9 @@ class HiCacheConfig:
             raise ValueError("hazard span_skew needs PP > 1 (its spans differ between stages)")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
+        if not 0 <= self.collective_delay_ms < math.inf:
+            raise ValueError(f"collective_delay_ms must be finite and >= 0, got "
+                             f"{self.collective_delay_ms}")
         self._check_pinned()
 
     @property
