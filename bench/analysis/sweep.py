@@ -261,7 +261,7 @@ def write_sweep(run_dir: Path, plots: bool = True) -> SweepReport:
     if plots and rows:
         from bench.analysis.sweep_plot import draw
 
-        draw(rows, run_dir / "sweep.png")
+        draw(rows, run_dir / "sweep.png", METRICS, POLICIES)
         lines += ["", "![ratio against c](sweep.png)"]
     write_text_atomic(run_dir / "sweep.md", "# Cost sweep\n\n" + "\n".join(lines) + "\n")
     return SweepReport(rows, lines, ok)

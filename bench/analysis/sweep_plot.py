@@ -9,23 +9,24 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from bench.analysis.sweep import METRICS, POLICIES
 from bench.rundir.files import atomic_open
 
 MARKERS = {"step_mean": "o", "prefetch_ttft_p50": "s", "bystander_ttft_p50": "^",
            "itl_p50": "v", "e2e_p50": "D"}
 
 
-def draw(rows: list[dict], path: Path) -> None:
-    """One panel per policy: every METRICS ratio against c, and the model's step line."""
+def draw(rows: list[dict], path: Path, metrics: dict[str, str],
+         policies: tuple[str, ...]) -> None:
+    """One panel per policy: every metric's ratio against c, and the model's step line
+    (`metrics` and `policies` are bench.analysis.sweep's, passed in: no import back)."""
     fig = Figure(figsize=(11, 4.6))
-    axes = fig.subplots(1, len(POLICIES), sharey=True)
-    for ax, policy in zip(axes, POLICIES, strict=True):
+    axes = fig.subplots(1, len(policies), sharey=True)
+    for ax, policy in zip(axes, policies, strict=True):
         sub = [r for r in rows if r["policy"] == policy]
         if not sub:
             continue
         c = np.array([r["c_ms"] for r in sub])
-        for i, (m, label) in enumerate(METRICS.items()):
+        for i, (m, label) in enumerate(metrics.items()):
             y = np.array([r[f"{m}_ratio"] for r in sub])
             err = np.array([[yy - r[f"{m}_ratio_ci_low"], r[f"{m}_ratio_ci_high"] - yy]
                             for yy, r in zip(y, sub, strict=True)]).T
