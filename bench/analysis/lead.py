@@ -8,6 +8,7 @@ All text is built from summary rows (bench.analysis.summarize), so it can be reb
 from __future__ import annotations
 
 import math
+import textwrap
 
 import pandas as pd
 
@@ -224,6 +225,13 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 # The terminal's headline in two tables, each under 120 characters (the report has it whole):
 # the medians first, then polls per step, e2e and the tails.
 HEADLINE_SPLIT = ([0, 1, 3, 4, 5, 6, 7], [0, 1, 2, 8, 9, 10, 11])
+WIDTH = 118
+
+
+def _wrapped(lines: list[str], width: int = WIDTH) -> list[str]:
+    """The headline's prose at the tables' width: a terminal shows it without wrapping."""
+    return [part for line in lines
+            for part in textwrap.wrap(line, width, subsequent_indent="  ") or [""]]
 
 
 def _split_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -241,9 +249,10 @@ def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     head, cost = headline_rows(summary), cost_rows(summary)
     out = ["", "Expected (overhead model):", *expectation_lines(summary, calib), ""]
     if head:
-        out += [f"{HEADLINE_TITLE} [95% CI over repeats], {schedule_label(summary)}:",
-                *_split_table(HEADLINE_HEADERS, head), *resolution_lines(summary),
-                *lag_lines(summary), "",
+        out += [*_wrapped([f"{HEADLINE_TITLE} [95% CI over repeats], "
+                           f"{schedule_label(summary)}:"]),
+                *_split_table(HEADLINE_HEADERS, head),
+                *_wrapped([*resolution_lines(summary), *lag_lines(summary)]), "",
                 "Cost decomposition (the scheduler's time in decision collectives, measured "
                 "in this run; model: polls/step x c):",
                 *_table(COST_HEADERS[:-2], [r[:-2] for r in cost])]
