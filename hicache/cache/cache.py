@@ -22,7 +22,7 @@ from hicache.cache.poll import PrefetchPoll
 from hicache.cache.prefill_pages import PrefillPages
 from hicache.cache.step_events import StepEvents
 from hicache.cache.tiers import Tiers
-from hicache.cache.twin import PairedPolls
+from hicache.cache.twin import TwinPolls
 from hicache.comm.comm import Comm, Layout
 from hicache.comm.records import Stats
 from hicache.memory.hashing import page_hashes
@@ -61,7 +61,8 @@ class HiCache(StepEvents, PrefetchPoll):
             self.pairs.append((self.host_side, self.dev_side))
         self.tree = RadixTree(cfg.page_size)
         self.protocol = make_protocol(cfg.protocol, cfg.policy, cfg.race_guard)
-        self.paired = PairedPolls(cfg, self.protocol, comm)  # the polls, timed (hicache.cache.twin)
+        # the polls, timed, and a twin protocol's beside them (hicache.cache.twin)
+        self.twin_polls = TwinPolls(cfg, self.protocol, comm)
         self.agreement = self.protocol.agreement(cfg.host_memory)
         # buffer_only: host pages are staging for one load-back, not a cache tier.
         self.buffer_only = cfg.host_memory == "buffer_only"

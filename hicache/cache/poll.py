@@ -48,13 +48,13 @@ class PrefetchPoll:
     def poll_timing(self) -> tuple[float, float, bool]:
         """This step's polls' host seconds, the protocol's and its twin's, and whether the
         twin went first (hicache.cache.twin)."""
-        p = self.paired
+        p = self.twin_polls
         return p.seconds[0], p.seconds[1], p.twin_first
 
     @property
     def beside_counter(self):
         """The twin protocol's collective counter (None without a twin)."""
-        return self.paired.twin_counter
+        return self.twin_polls.twin_counter
 
     # ---- the poll ---------------------------------------------------------------------------
 
@@ -64,7 +64,7 @@ class PrefetchPoll:
         if op is None:
             return self._absent_poll(rid)
         self.stats.requests[rid].polls += 1
-        if not self.paired.poll(self._facts(op), self.comm, rid):
+        if not self.twin_polls.poll(self._facts(op), self.comm, rid):
             self._blocked(op)
             return False
         if op.ticketed:

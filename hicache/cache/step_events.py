@@ -22,7 +22,7 @@ class StepEvents:
         """Drains hit-query results and acks by counts all ranks agree on; returns whether
         any rank (of PP stage 0) still has work."""
         self.step_stamp, self.extra_polls = stamp, 0
-        self.paired.begin_step(self.stats.counter.step)
+        self.twin_polls.begin_step(self.stats.counter.step)
         if self.pin is not None:  # before anything reads the threads' results
             for op in self.pin.advance(stamp, self.ongoing):
                 st = self.stats.requests[op.rid]  # the measured clock: when it became true

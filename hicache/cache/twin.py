@@ -35,7 +35,7 @@ class PollDisagreement(RuntimeError):
     """The paired protocols answered one poll differently: they do not decide alike."""
 
 
-class PairedPolls:
+class TwinPolls:
     """The scheduler thread's polls of one cache (owned by HiCache)."""
 
     def __init__(self, cfg, primary: Protocol, comm: Comm):
