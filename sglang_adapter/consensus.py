@@ -28,6 +28,7 @@ ENV = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
 MODULE = "sglang.srt.utils.rank_consensus_checker"
 FIRED = "Found rank divergence"
 GROUP = "rank_consensus"  # the door's name for the checker's own groups
+POLL = "check_prefetch_progress called"  # SGLang's record of a poll's start
 
 
 def enable() -> None:
@@ -112,9 +113,9 @@ def read_records(path: Path) -> list[list]:
 
 
 def verdict(folder: str | Path, world: int, present: bool = True) -> dict:
-    """What SGLang's checker said of one serve: `fired: <function> at step N` (with the
-    request and each rank's record in `detail`), `silent`, or `absent` where the release
-    ships no checker."""
+    """What SGLang's checker said of one serve: `fired: <function>` (the request, its
+    poll, the step and each rank's record in `detail`), `silent`, or `absent` where the
+    release ships no checker."""
     if not present:
         return {"sglang_consensus": "absent", "consensus_detail": "this SGLang ships no "
                 "rank-consensus checker (PR #34406 is in 0.5.23)"}
@@ -130,9 +131,15 @@ def verdict(folder: str | Path, world: int, present: bool = True) -> dict:
     i, (step, rid) = first
     said = [f"rank {r}: {rec[i][2] if i < len(rec) else '(no record)'}"
             for r, rec in enumerate(records)]
-    function = next(rec[i][2].split()[0] for rec in records if i < len(rec))
-    return {"sglang_consensus": f"fired: {function} at step {step}",
-            "consensus_detail": f"record {i}, request {rid}; " + "; ".join(said)}
+    maker = next(rec for rec in records if i < len(rec))
+    function = maker[i][2].split()[0]
+    # The column names the function alone: a matrix cell serves on the wall clock, so the
+    # step and the request's poll at which the ranks' records part vary from one serve of
+    # a seed to the next (step 0 or 1, poll 1 or 2 in ongoing-skew); the detail has both.
+    polls = sum(1 for s, r, text in maker[: i + 1] if r == rid and text.startswith(POLL))
+    at = f"{rid}'s poll {polls}" if rid is not None and polls else "no poll"
+    return {"sglang_consensus": f"fired: {function}",
+            "consensus_detail": f"at {at}, step {step}, record {i}; " + "; ".join(said)}
 
 
 def _unseen(records: list[list[list]], first: tuple[int, tuple] | None) -> str:

@@ -104,7 +104,7 @@ CHECKED = "__sglang_consensus"
 
 def judged_by_sglang(spec: MatrixSpec, s: Scenario, protocol: str, tag: str) -> dict:
     """The cell served again with SGLang's own consensus checker on (its own groups and
-    thread), and what the checker said: `fired: <function> at step N`, `silent`, or
+    thread), and what the checker said: `fired: <function>` (where, in the detail), `silent`, or
     `absent` for a release without it. The outcome column stays the first serve's, so the
     checker never changes the outcome it is compared with."""
     present = ships_checker(spec.sglang.root)
