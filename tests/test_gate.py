@@ -458,6 +458,11 @@ def test_a_setting_off_and_a_setting_not_yet_recorded_are_one_plan():
     assert plan_differences(old, new, "vs") == []
     assert plan_differences(old, {**new, "trace": {"file": "t.jsonl"}}, "vs") == [
         "trace.file (unset) vs t.jsonl"]
+    # a run with no cost sweep and no SGLang sides against a baseline from before either
+    # existed (make gate's own case): one plan; a sweep or sides set is not
+    assert plan_differences(old, {**new, "delays_ms": [], "sides": []}, "vs") == []
+    assert plan_differences(old, {**new, "delays_ms": [0.0, 1.0]}, "vs") == [
+        "delays_ms (unset) vs [0.0, 1.0]"]
 
 
 def _serves(digests: dict, schedule: str = "pinned") -> pd.DataFrame:

@@ -379,9 +379,10 @@ def plan_differences(a: dict | None, b: dict | None, sep: str) -> list[str]:
     """'field a-value SEP b-value' for every setting two recorded plans (env.json's `plan`)
     differ in, the output directory aside."""
     fa, fb = _flat(a or {}), _flat(b or {})
-    # A setting recorded as None (off) and one not recorded at all (a plan written before the
-    # setting existed) are the same plan.
-    fa, fb = ({k: v for k, v in f.items() if v is not None} for f in (fa, fb))
+    # A setting recorded as None or empty (off: no sweep, no sides) and one not recorded at
+    # all (a plan written before the setting existed) are the same plan.
+    fa, fb = ({k: v for k, v in f.items() if v is not None and v != [] and v != ()}
+              for f in (fa, fb))
     return [f"{k} {fa.get(k, '(unset)')} {sep} {fb.get(k, '(unset)')}"
             for k in sorted(set(fa) | set(fb))
             if k != "out_dir" and fa.get(k, "(unset)") != fb.get(k, "(unset)")]
