@@ -231,7 +231,8 @@ WIDTH = 118
 def _wrapped(lines: list[str], width: int = WIDTH) -> list[str]:
     """The headline's prose at the tables' width: a terminal shows it without wrapping."""
     return [part for line in lines
-            for part in textwrap.wrap(line, width, subsequent_indent="  ") or [""]]
+            for part in textwrap.wrap(line, width, subsequent_indent="  ",
+                                      break_on_hyphens=False) or [""]]
 
 
 def _split_table(headers: list[str], rows: list[list[str]]) -> list[str]:
