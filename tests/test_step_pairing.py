@@ -150,8 +150,9 @@ def _run(out, *args: str) -> pd.DataFrame:
 
 
 # ---- statistical: hold at 95 %, so not in make test (make test-stats) -----------------------
-
-NEIGHBOUR = "cpu=1,burst=50ms-1s,seed=4"
+# Dropped at 3706294: "beside the neighbour the paired A/A holds 1 where whole serves are
+# wider" failed 3 of 29 runs of the tier (one identified, two runs kept only the count),
+# under the 19 in 20 its claim needs (docs/testing.md, "Tiers").
 
 
 @pytest.mark.slow
@@ -176,14 +177,3 @@ def test_a_planted_delay_is_recovered(tmp_path):
     assert delta.low > 0 and 0.9 * PLANT_MS <= delta.point <= 2.5 * PLANT_MS, delta
     aa = paired.twin_delta(steps, "pr27010", "timeout")
     assert aa.low <= 0 <= aa.high, aa
-
-
-@pytest.mark.slow
-@pytest.mark.statistical
-def test_the_paired_aa_holds_1_where_whole_serves_are_wider(tmp_path):
-    steps = _run(tmp_path / "r", "--neighbour", NEIGHBOUR)
-    design = paired.twin_ratio(steps, "pr36425", "timeout")
-    whole = paired.step_ratio(steps, "pr27010", "pr36425", "timeout")
-    assert design.low <= 1 <= design.high, design
-    assert whole.half_width > design.half_width or not whole.low <= 1 <= whole.high, \
-        (design, whole)
