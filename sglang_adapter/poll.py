@@ -102,10 +102,10 @@ class PollRig:
     def _build(self, cache) -> None:
         raise NotImplementedError
 
-    def _admit(self, case: PollCase, rid: str):
+    def admit(self, case: PollCase, rid: str):
         raise NotImplementedError
 
-    def _set_budget(self, seconds: float) -> None:
+    def set_budget(self, seconds: float) -> None:
         raise NotImplementedError
 
     def configure(self, policy: str, page_size: int, base_s: float,
@@ -126,8 +126,8 @@ class PollRig:
         it ended."""
         self.cache.prefetch_stop_policy = case.policy
         # The budget runs out between the last pending poll and the next (virtual clock).
-        self._set_budget((case.pending_polls - 0.5) * STEP_S)
-        handle = self._admit(case, rid)
+        self.set_budget((case.pending_polls - 0.5) * STEP_S)
+        handle = self.admit(case, rid)
         polls = 0
         while True:
             polls += 1
@@ -164,7 +164,7 @@ class UnifiedRig(PollRig):
         _empty_queues(ctl)
         cache.cache_controller = ctl
 
-    def _set_budget(self, seconds: float) -> None:
+    def set_budget(self, seconds: float) -> None:
         self.cache.prefetch_timeout_base = seconds
 
     def configure(self, policy: str, page_size: int, base_s: float,
@@ -176,7 +176,7 @@ class UnifiedRig(PollRig):
         self.cache.prefetch_timeout_base = base_s
         self.cache.prefetch_timeout_per_page = per_ki_token_s * page_size / 1024
 
-    def _admit(self, case: PollCase, rid: str):
+    def admit(self, case: PollCase, rid: str):
         return self.register(rid, list(range(case.prompt_tokens)))
 
     def handle(self, rid: str):
@@ -220,16 +220,16 @@ class HiRadixRig(PollRig):
     def configure(self, policy: str, page_size: int, base_s: float,
                   per_ki_token_s: float) -> None:
         self.cache.prefetch_stop_policy, self.cache.page_size = policy, page_size
-        self._set_budget(base_s, per_ki_token_s)
+        self.set_budget(base_s, per_ki_token_s)
 
-    def _set_budget(self, seconds: float, per_ki_token_s: float = 0.0) -> None:
+    def set_budget(self, seconds: float, per_ki_token_s: float = 0.0) -> None:
         # SGLang's own parse of --hicache-storage-backend-extra-config builds the config.
         extra = json.dumps({"prefetch_timeout_base": seconds,
                             "prefetch_timeout_per_ki_token": per_ki_token_s})
         self.cache.prefetch_timeout_config = \
             self.cache._parse_storage_backend_extra_config(extra)[2]
 
-    def _admit(self, case: PollCase, rid: str):
+    def admit(self, case: PollCase, rid: str):
         return self.register(rid, list(range(case.prompt_tokens)))
 
     def handle(self, rid: str):

@@ -206,6 +206,59 @@ def test_the_sglang_adapter_is_a_package_of_its_own():
     assert not bad, "\n".join(bad)
 
 
+
+def _door_violations(path: str, text: str, public: set[str]) -> list[str]:
+    """Where `text` reaches into sglang_adapter other than through its door: a submodule
+    imported, a name the door does not list, a private attribute of anything but self."""
+    tree, bad, through = ast.parse(text), [], False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bad += [f"{path}:{node.lineno} import {a.name}" for a in node.names
+                    if a.name.split(".")[0] == "sglang_adapter"]
+        elif isinstance(node, ast.ImportFrom) and node.module and \
+                node.module.split(".")[0] == "sglang_adapter":
+            through = True
+            if node.module != "sglang_adapter":
+                bad.append(f"{path}:{node.lineno} from {node.module} import ...")
+            bad += [f"{path}:{node.lineno} {a.name} is not a name of the door"
+                    for a in node.names if a.name not in public]
+    if through:
+        bad += [f"{path}:{n.lineno} .{n.attr}" for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+                and not n.attr.startswith("__")
+                and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))]
+    return bad
+
+
+def test_bench_reaches_sglang_through_one_door():
+    """bench/ and scripts/ import SGLang's adapter from the package alone (its __init__
+    lists the public names), never a submodule, never a private name of what it hands out."""
+    import sglang_adapter
+
+    files = [p for top in ("bench", "scripts") for p in sorted((REPO / top).rglob("*.py"))]
+    users = [p for p in files if "sglang_adapter" in p.read_text()]
+    assert len(users) > 10, "the scan found too few users of the adapter: vacuous"
+    bad = [v for p in users for v in _door_violations(str(p.relative_to(REPO)), p.read_text(),
+                                                      set(sglang_adapter.__all__))]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("planted", [
+    "from sglang_adapter.poll import make_rig\n",
+    "import sglang_adapter.door\n",
+    "from sglang_adapter import Rig\n",
+    "from sglang_adapter import make_rig\nrig = make_rig()\nrig._admit()\n"])
+def test_the_door_check_catches_a_planted_way_round(planted):
+    assert _door_violations("planted.py", planted, {"make_rig"})
+
+
+def test_every_name_of_the_door_opens():
+    import sglang_adapter
+
+    missing = [n for n in sglang_adapter.__all__ if getattr(sglang_adapter, n, None) is None]
+    assert not missing and len(sglang_adapter.__all__) >= 20, missing
+
+
 # ---- hicache/ by concern: seven rooms on six floors, every import pointing down ----
 
 HICACHE_FLOORS = {"spec": 0, "memory": 1, "comm": 2, "agreement": 3, "model": 3, "cache": 4,

@@ -33,7 +33,7 @@ from bench.analysis.lead import (
 from bench.rundir.schema import COUNT_COLUMNS
 from bench.tables import interval_text
 from hicache.spec.cost_model import POLICIES, modelled
-from sglang_adapter.target import run_unfit
+from sglang_adapter import run_unfit
 
 SITES_SHOWN = 12  # call-site rows shown per policy
 

@@ -60,7 +60,7 @@ def add_cache_options(add: Callable, protocol_note: str, several: bool = False) 
     """`--cache` and `--sglang`, alike in every verb that serves (`add`: the parser's
     add_argument); `protocol_note` says what becomes of the verb's protocols; `several`:
     the verb serves several SGLangs side by side (bench run)."""
-    from sglang_adapter.target import CACHES
+    from sglang_adapter import CACHES
 
     add("--cache", choices=CACHES, default="project", help="the system under test: project "
         "(the project's HiCache) or sglang (SGLang's own code read from --sglang behind "

@@ -69,7 +69,7 @@ def _spec(args) -> MatrixSpec:
 def _system_under_test(spec: MatrixSpec, args) -> MatrixSpec:
     """--cache sglang: the release read once here (one line, exit 2, when it cannot be had
     or driven); its cells run the release's model protocol under SGLang's decisions."""
-    from sglang_adapter.target import ChoiceError, choose
+    from sglang_adapter import ChoiceError, choose
 
     try:
         target = choose(args.cache, args.sglang, args.protocols is not None)

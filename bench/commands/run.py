@@ -86,7 +86,7 @@ def parser() -> CliParser:
       "docs/usage.md, Pairing)")
     add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified",
                       several=True)
-    from sglang_adapter.target import SGLANG_PATHS
+    from sglang_adapter import SGLANG_PATHS
 
     a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
       "controller (SGLang's controller path is the data path too: prefetch_from_storage, "

@@ -52,7 +52,7 @@ COLUMNS = ("request", "policy", "polls", "sglang_per_poll", "model_per_poll",
 
 
 def _parse(argv: list[str]):
-    from sglang_adapter.cases import POLICIES
+    from sglang_adapter import POLICIES
 
     parser = CliParser.from_doc(PROG, __doc__)
     parser.add_argument("--sglang", required=True, metavar="SPEC",
@@ -81,8 +81,7 @@ def _parse(argv: list[str]):
 
 def _main(argv: list[str]) -> int:
     from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
-    from sglang_adapter.loader import load
-    from sglang_adapter.source import resolve
+    from sglang_adapter import load, resolve
 
     args = _parse(argv)
     if args.controller:
@@ -131,8 +130,7 @@ def _hazard_main(args) -> int:
     cases = _cases(args)  # checked before SPEC is resolved: no download for bad options
     from bench.hazards.classify import HARNESS  # torch: only once the options held
     from bench.hazards.sglang import run_hazard
-    from sglang_adapter.loader import load
-    from sglang_adapter.source import resolve
+    from sglang_adapter import load, resolve
 
     source = resolve(args.sglang)
     load(source)  # an SGLang it cannot drive: one line before any rank starts
@@ -159,8 +157,7 @@ def _cell(value) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from sglang_adapter.loader import LoadError
-    from sglang_adapter.source import SourceError
+    from sglang_adapter import LoadError, SourceError
 
     return run_verb(PROG, _main, argv, bad_input=(UsageError, SourceError, LoadError))
 

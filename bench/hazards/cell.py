@@ -120,9 +120,9 @@ def _cache_factory(sglang):
     """The system under test: HiCache, or SGLang's decisions (imported in this rank)."""
     if sglang is None:
         return HiCache
-    from sglang_adapter.serving import factory
+    from sglang_adapter import cache_factory
 
-    return factory(sglang)
+    return cache_factory(sglang)
 
 
 def _await_thread_error(system: System, error: Exception, bound_s: float = 1.0) -> None:

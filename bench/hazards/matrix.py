@@ -19,9 +19,7 @@ from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, r
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
-from sglang_adapter.consensus import ships_checker
-from sglang_adapter.consensus import verdict as consensus_verdict
-from sglang_adapter.target import Target
+from sglang_adapter import Target, consensus_verdict, ships_checker
 
 _PRELOADED = False
 SGLANG_IMPORT_S = 20.0  # a rank's import of SGLang's decision path, on shared cores

@@ -31,22 +31,18 @@ from bench.hazards.classify import classify
 from bench.hazards.matrix import exit_codes_text, read_rank_json, report_from_journal
 from bench.hazards.sglang_case import HAZARDS, TP, HazardCase
 from bench.run.launch import launch_to_end
-from sglang_adapter.cases import STEP_S, PollCase
-from sglang_adapter.door import Door
-from sglang_adapter.loader import load
-from sglang_adapter.poll import make_rig
-from sglang_adapter.source import Source
+from sglang_adapter import STEP_S, Door, PollCase, Source, load, make_rig
 
 
-def _admit(rig, case: HazardCase, rank: int) -> list:
+def _registered(rig, case: HazardCase, rank: int) -> list:
     """The prefetches this rank registered, in walk order."""
     pc = PollCase(case.policy, case.pending_polls)
     if case.scenario == "ongoing-skew":
-        handle = rig._admit(pc, "r0")
+        handle = rig.admit(pc, "r0")
         if rank == 1:  # its hit was below the threshold here: never registered
             rig.cache.ongoing_prefetch.pop(handle)
         return [handle]
-    return [rig._admit(pc, f"r{i}") for i in range(2)]
+    return [rig.admit(pc, f"r{i}") for i in range(2)]
 
 
 def _walk(case: HazardCase, rank: int, step: int, pending: list) -> list:
@@ -64,8 +60,8 @@ def _serve(rig, door: Door, case: HazardCase, rank: int, log: dict) -> None:
     a rank-consensus record ("rid -> answer", what SGLang's own @rank_consensus compares)."""
     cache = rig.cache
     cache.prefetch_stop_policy = case.policy
-    rig._set_budget((case.pending_polls - 0.5) * STEP_S)
-    pending = _admit(rig, case, rank)
+    rig.set_budget((case.pending_polls - 0.5) * STEP_S)
+    pending = _registered(rig, case, rank)
     for step in range(case.steps):
         door.step, door.rid = step, None
         rig.step()

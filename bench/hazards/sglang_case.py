@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_adapter.cases import PollCase
+from sglang_adapter import PollCase
 
 HAZARDS = {"walk-skew": "#30760", "ongoing-skew": "#38273"}
 TP = 2

@@ -18,8 +18,7 @@ from bench.rundir.env import REPO_DIR
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import POLICIES, PROTOCOLS
 from hicache.spec.storage_spec import StorageSpec
-from sglang_adapter.sides import choose_sides, is_list
-from sglang_adapter.target import ChoiceError, choose_for_run
+from sglang_adapter import ChoiceError, choose_for_run, choose_sides, is_side_list
 
 REPEAT_SEEDS = ("same", "distinct")
 # Serve designs besides serial (every cell after the other): docs/usage.md, "Pairing".
@@ -187,7 +186,7 @@ def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
     (sglang_adapter.sides; one labelled SGLang: a run of one under its label)."""
     given = (args.protocols is not None, bool(plan.pairing))
     try:
-        if args.cache == "sglang" and is_list(args.sglang):
+        if args.cache == "sglang" and is_side_list(args.sglang):
             sides = choose_sides(args.sglang, *given, args.sglang_path, plan.pp,
                                  dict(plan.system))
             return replace(plan, sides=sides if len(sides) > 1 else (), sglang=sides[0],

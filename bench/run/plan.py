@@ -19,7 +19,7 @@ from hicache.spec.cost_model import POLICIES
 from hicache.spec.shapes import get_shape
 from hicache.spec.step_time import StepTimeModel, roofline
 from hicache.spec.storage_spec import StorageSpec
-from sglang_adapter.target import Target
+from sglang_adapter import Target
 
 # The five protocols the project compares: what "every protocol" means for a preset (the
 # default, ci and pp presets), so a protocol added for a release finding does not grow them.

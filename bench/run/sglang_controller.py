@@ -8,10 +8,7 @@ loaded is what storage holds and the door's counts equal torch's sequence number
 from __future__ import annotations
 
 from bench.run.launch import launch
-from sglang_adapter.controller import ControllerCase, controller_rank
-from sglang_adapter.loader import LoadError
-from sglang_adapter.source import resolve
-from sglang_adapter.target import resolve_target
+from sglang_adapter import ControllerCase, LoadError, controller_rank, resolve, resolve_target
 
 # A 130-page hit is read in two 128-page batches; "to-cut"'s reads stall past its budget.
 CASES = [ControllerCase("wc-part", "wait_complete", 4, 3),

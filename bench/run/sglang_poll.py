@@ -17,9 +17,7 @@ from dataclasses import dataclass
 
 from bench.run.launch import launch
 from hicache.spec.cost_model import decision_per_poll, per_step
-from sglang_adapter.cases import POLICIES, PollCase
-from sglang_adapter.source import Source
-from sglang_adapter.target import MODELLED, modelled_protocol  # noqa: F401 (re-exported)
+from sglang_adapter import MODELLED, POLICIES, PollCase, Source, modelled_protocol  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class PollOptions:
 
 def run_polls(opts: PollOptions, timeout_s: float = 600.0) -> tuple[list[dict], bool]:
     """(one row per request, whether every check held)."""
-    from sglang_adapter.poll import poll_rank  # torch: only once the options held
+    from sglang_adapter import poll_rank  # torch: only once the options held
 
     cases = [PollCase(p, opts.pending_polls) for p in opts.policies]
     results = launch(opts.tp * opts.pp, poll_rank, (opts.source, opts.tp, opts.pp, cases),

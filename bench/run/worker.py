@@ -128,9 +128,9 @@ def cache_factory(plan: RunPlan) -> CacheFactory:
     process once)."""
     if plan.sglang is None:
         return HiCache
-    from sglang_adapter.serving import factory
+    from sglang_adapter import cache_factory
 
-    return factory(plan.sglang)
+    return cache_factory(plan.sglang)
 
 
 def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
