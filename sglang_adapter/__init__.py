@@ -42,6 +42,7 @@ _DOOR = {
     "PollCase": ("cases", "PollCase"),
     "ships_checker": ("consensus", "ships_checker"),
     "consensus_verdict": ("consensus", "verdict"),
+    "consensus_collectives": ("consensus", "collectives"),
     # on a rank (torch)
     "Door": ("door", "Door"),
     "make_rig": ("poll", "make_rig"),

@@ -112,6 +112,8 @@ class SGLangCache(HiCache):
         super().stop(grace_s)
         if self.checker is not None:
             self.checker.stop(wait=grace_s > 0)  # after a failure, nothing is waited on
+            consensus.write_count(self.target.consensus_dir, self.layout.rank,
+                                  self.checker_calls)
 
     def _make_rig(self, loaded, tp_group, pp_group, storage):
         """SGLang's cache and controller objects (the poll rig: sglang_adapter.poll)."""

@@ -47,6 +47,24 @@ def paths(folder: str | Path, rank: int) -> tuple[Path, Path]:
     return folder / f"rank{rank}.consensus.jsonl", folder / f"rank{rank}.consensus.log"
 
 
+def count_path(folder: str | Path, rank: int) -> Path:
+    """How many collectives the checker issued on this rank's own groups in the serve."""
+    return Path(folder) / f"rank{rank}.consensus.count"
+
+
+def write_count(folder: str | Path, rank: int, n: int) -> None:
+    count_path(folder, rank).write_text(f"{n}\n")
+
+
+def collectives(folder: str | Path, world: int) -> int | None:
+    """The checker's collectives over every rank of one serve, counted apart from the
+    serve's (None where a rank wrote no count: it did not end its serve)."""
+    counts = [count_path(folder, r) for r in range(world)]
+    if not all(c.exists() for c in counts):
+        return None
+    return sum(int(c.read_text()) for c in counts)
+
+
 class Checker:
     """SGLang's checker in one rank. Built and started on the scheduler thread (SGLang's
     `assert_same` refuses records from any other thread); its worker thread owns SGLang's

@@ -122,3 +122,116 @@ def test_sglangs_checker_fires_where_ranks_decide_apart_and_stays_silent_where_o
     assert rows.loc["ongoing-skew", "consensus_detail"].startswith("at r00's poll ")
     assert rows.loc["sidecar-race", "outcome"] == "OK"
     assert rows.loc["sidecar-race", "sglang_consensus"] == "silent"
+
+
+# ---- bench run --sglang-consensus: the checker in every serve of a run ----
+
+
+def _serve_folder(run: Path, side: str, name: str, meta: dict, journals: list[list[list]],
+                  fired: bool = False, counts: tuple[int, ...] = (3, 3)) -> None:
+    folder = run / "consensus" / side / name
+    folder.mkdir(parents=True)
+    (folder / "serve.json").write_text(json.dumps(meta))
+    for rank, records in enumerate(journals):
+        _journal(folder, rank, records, fired)
+        consensus.write_count(folder, rank, counts[rank])
+
+
+def _meta(root: Path, repeat: int, serve: str = "main") -> dict:
+    return {"protocol": "sglang-0.5.23@unified", "policy": "timeout", "repeat": repeat,
+            "rate_rps": 16.0, "serve": serve, "world": 2, "root": str(root)}
+
+
+def _ships(tmp_path: Path) -> Path:
+    """A stand-in SGLang root that ships the checker's file (ships_checker reads the path)."""
+    root = tmp_path / "root"
+    (root / "sglang" / "srt" / "utils").mkdir(parents=True)
+    (root / "sglang" / "srt" / "utils" / "rank_consensus_checker.py").write_text("")
+    return root
+
+
+def test_a_run_reads_a_row_per_serve_and_fails_where_the_checker_fired(tmp_path):
+    from bench.analysis import consensus_serves
+    from bench.analysis.verdict import judge
+
+    root, run = _ships(tmp_path), tmp_path / "run"
+    same = [[[0, "r00", CALL], [0, "r00", BACK % True]]] * 2
+    _serve_folder(run, "side0", "000-warm", _meta(root, 0, "warm"), same)
+    _serve_folder(run, "side0", "000-main", _meta(root, 0), same)
+    _serve_folder(run, "side0", "001-main", _meta(root, 1),
+                  [[[0, "r00", CALL], [0, "r00", BACK % False]], same[1]], fired=True)
+    frame = consensus_serves.tabulate(run)
+    assert list(frame["sglang_consensus"]) == ["silent", "silent",
+                                               "fired: check_prefetch_progress"]
+    assert list(frame["serve"]) == ["warm", "main", "main"]
+    assert (run / "consensus.csv").exists() and list(frame["checker_collectives"]) == [6] * 3
+    reasons, notes = consensus_serves.findings(frame)
+    assert len(reasons) == 1 and "fired in 1 serve(s) (first: sglang-0.5.23@unified timeout " \
+        "repeat 1 main: fired: check_prefetch_progress, at r00's poll 1" in reasons[0]
+    assert notes == ["SGLang's rank-consensus checker was silent in 2 of 3 serve(s); its 12 "
+                     "collectives on its own groups are counted apart"]
+    import pandas as pd
+
+    verdict = judge(pd.DataFrame(), consensus=frame)
+    assert not verdict.ok and verdict.reasons[0] == reasons[0]
+
+
+def test_a_release_without_the_checker_is_a_note_not_a_failure(tmp_path):
+    from bench.analysis import consensus_serves
+
+    run = tmp_path / "run"
+    _serve_folder(run, "side0", "000-main", _meta(tmp_path / "old", 0), [[], []])
+    reasons, notes = consensus_serves.findings(consensus_serves.tabulate(run))
+    assert reasons == [] and notes == ["1 serve(s) ran an SGLang that ships no rank-consensus "
+                                       "checker (sglang-0.5.23@unified)"]
+
+
+def test_a_run_without_the_checker_has_no_table(tmp_path):
+    from bench.analysis import consensus_serves
+
+    assert consensus_serves.tabulate(tmp_path) is None
+    assert consensus_serves.findings(None) == ([], [])
+    assert not (tmp_path / "consensus.csv").exists()
+
+
+def test_bench_run_refuses_the_checker_without_sglang(tmp_path, capsys):
+    from bench.commands.run import main
+
+    assert main(["--sglang-consensus", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs --cache sglang --sglang SPEC" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+PINNED = ["--preset", "ci", "--requests", "6", "--bystanders", "2", "--output-tokens", "4",
+          "--repeats", "1", "--seed", "3", "--schedule", "pinned", "--policies", "timeout",
+          "--timeout-base", "0.004", "--storage-latency-ms", "60", "--cache", "sglang",
+          "--sglang", "0.5.23"]
+COUNTS = ["polls", "decision_collectives", "completion_collectives", "hit_query_collectives",
+          "ack_collectives", "terminated_by"]
+
+
+@pytest.mark.slow
+@pytest.mark.sglang_matrix  # two pinned runs on SGLang 0.5.23 at TP2: about a minute
+@pytest.mark.timeout(600)
+def test_bench_run_with_sglangs_checker_is_silent_and_costs_no_counted_collective(tmp_path):
+    """A pinned run with the checker on: silent in every serve, its collectives counted
+    apart (above 0), and every request's counts those of the same run without it."""
+    import pandas as pd
+
+    sglang_wheel("0.5.23")
+    env = {**__import__("os").environ, "BENCH_NO_PLOTS": "1"}
+    runs = {}
+    for name, extra in (("plain", []), ("checked", ["--sglang-consensus"])):
+        done = subprocess.run([sys.executable, "-m", "bench", "run", *PINNED, *extra, "--out",
+                               str(tmp_path / name)], cwd=REPO, capture_output=True,
+                              text=True, timeout=280, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        runs[name] = pd.read_csv(tmp_path / name / "requests.csv")
+    table = pd.read_csv(tmp_path / "checked" / "consensus.csv")
+    assert set(table["sglang_consensus"]) == {"silent"} and len(table) >= 2, table
+    assert (table["checker_collectives"] > 0).all(), table
+    key = ["rid", "rank"] if "rank" in runs["plain"] else ["rid"]
+    plain, checked = (runs[n].sort_values(key)[COUNTS].reset_index(drop=True) for n in runs)
+    pd.testing.assert_frame_equal(plain, checked)
+    assert not (tmp_path / "plain" / "consensus.csv").exists()

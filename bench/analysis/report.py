@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis import lead
+from bench.analysis import consensus_serves, lead
 from bench.analysis import trace_tiers as trace_report
 from bench.analysis.conditions import condition_lines
 from bench.analysis.plot_switch import NO_PLOTS
@@ -253,7 +253,8 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     write_csv_atomic(run.file("summary"), summary.to_dict("records"), SUMMARY_COLUMNS)
     disagreements = [] if details is None else \
         details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()
-    verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements)
+    verdict = judge(requests, ranks, (env or {}).get("plan"), failures, disagreements,
+                    consensus_serves.tabulate(run_dir))
     verdict.write(run_dir)
     trace_plots, trace_files = trace_report.write_outputs(run_dir, requests, summary, plots)
     drawn = None  # None: not drawn (the report says so); [] when there is nothing to plot

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.analysis.consensus_serves import findings
 from bench.analysis.schedule import digest_failures
 from bench.rundir.files import (
     ResultFileError,
@@ -228,11 +229,11 @@ def disturbed_notes(ranks: pd.DataFrame | None) -> list[str]:
 
 def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
           plan: dict | None = None, failures: pd.DataFrame | None = None,
-          details: list[str] = ()) -> Verdict:
+          details: list[str] = (), consensus: pd.DataFrame | None = None) -> Verdict:
     """The run's verdict from its request rows, rank rows, plan (env.json's `plan`) and
     failures.csv; `details` (divergence.csv's disagreement lines) name what the first
-    disagreement was."""
-    reasons, notes = [], []
+    disagreement was; `consensus` (consensus.csv) what SGLang's own checker said."""
+    reasons, notes = findings(consensus)
     if failures is not None and len(failures):
         reasons.append(f"the run stopped: {failures.iloc[0]['error']}")
     if len(requests):

@@ -95,6 +95,10 @@ def parser() -> CliParser:
       "cache tier, no side-car pool or write path), decisions (SGLang's check_hicache_events "
       "and check_prefetch_progress on the project's data path), or auto (the default: "
       "controller where the run fits it, else decisions; docs/sglang.md)")
+    a("--sglang-consensus", action="store_true", help="with --cache sglang: SGLang's own "
+      "rank-consensus checker on in every serve, as its scheduler configures it (0.5.23 on; "
+      "its collectives on its own groups, counted apart); consensus.csv says per serve "
+      "whether it fired, and where, and a fired checker fails the run (docs/sglang.md)")
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")
@@ -248,9 +252,15 @@ def resolve_plan(argv: list[str]) -> RunPlan:
     if plan.device == "cuda" and plan.step_ms is not None:
         raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
                          "forward is real")
+    if torchrun and args.sglang_consensus:
+        raise UsageError("--sglang-consensus journals every rank into the run's folder: run "
+                         "it without torchrun")
     if torchrun and int(os.environ["RANK"]) != 0:
         return replace(plan, out_dir="")  # only rank 0 writes
-    return replace(plan, out_dir=str(out_dir(args, plan.preset)))
+    plan = replace(plan, out_dir=str(out_dir(args, plan.preset)))
+    if args.sglang_consensus:
+        plan = plan.consensus_under(RunDir(plan.out_dir).file("consensus_dir"))
+    return plan
 
 
 def _main(argv: list[str]) -> int:
@@ -361,7 +371,11 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
 
     took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
     if not RunDir(run_dir).has("requests"):  # not even one configuration finished
-        print(f"FAILED: {error or 'the ranks wrote no rows'} {took}")
+        from bench.analysis import consensus_serves
+
+        # SGLang's checker, where it ran, may say why: it stops the ranks where they part
+        said = consensus_serves.findings(consensus_serves.tabulate(run_dir))[0]
+        print(f"FAILED: {'; '.join([*said, error or 'the ranks wrote no rows'])} {took}")
         return 1
     try:
         report = write_report(run_dir, plots=plots_wanted())

@@ -92,6 +92,7 @@ class RunOptions:
     cache: str = "project"
     sglang: str | None = None
     sglang_path: str | None = None  # auto | controller | decisions (None: auto)
+    sglang_consensus: bool = False  # SGLang's own rank-consensus checker in every serve
     out: Path | None = None
 
     @classmethod
@@ -195,6 +196,9 @@ def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
                                 dict(plan.system))
     except ChoiceError as e:
         raise OptionError(str(e)) from None
+    if args.sglang_consensus and target is None:
+        raise OptionError("--sglang-consensus runs SGLang's own checker: it needs --cache "
+                          "sglang --sglang SPEC")
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
 
 

@@ -172,6 +172,15 @@ class RunPlan:
         """The SGLang serving `cell`: its side's among several, else the run's (or None)."""
         return next((t for t in self.sides if t.name == cell.protocol), self.sglang)
 
+    def consensus_under(self, folder: Path) -> RunPlan:
+        """SGLang's rank-consensus checker on in every serve (--sglang-consensus): each
+        side's journals under `folder`/side<i> (one SGLang: side0), a folder per serve
+        below it (bench.run.worker)."""
+        sides = tuple(replace(t, consensus_dir=str(folder / f"side{i}"))
+                      for i, t in enumerate(self.sides))
+        first = sides[0] if sides else replace(self.sglang, consensus_dir=str(folder / "side0"))
+        return replace(self, sides=sides, sglang=first)
+
     def side_plan(self, side: Target) -> RunPlan:
         """The plan one side's ranks run: the whole run's cells, with `sglang` that side's."""
         return replace(self, sglang=side)

@@ -5,11 +5,14 @@ cell's per-rank stats (off the timed path), checks agreement and data, and write
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import logging
 import os
 import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -142,11 +145,13 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
         short = replace(spec, output_tokens=min(4, spec.output_tokens))
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
-        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane, make_cache)
+        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane,
+               _checked(make_cache, plan, cell, "warm", rank0))
     main = plan.build_workload(cell)
+    make_main = _checked(make_cache, plan, cell, "main", rank0)
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane,
-                           make_cache)
+                           make_main)
     cpu_s, wall_s, machine1 = time.process_time() - cpu0, time.monotonic() - wall0, \
         machine.read()
     return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
@@ -161,6 +166,24 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             "cpu_s": cpu_s, "wall_s": wall_s, "host": socket.gethostname(),
             # The machine's CPU account around the serve (rank 0's is read: _disturbed).
             "cpu_times": (machine0, machine1)}
+
+
+def _checked(make_cache: CacheFactory, plan: RunPlan, cell: Cell, serve: str,
+             rank0: bool) -> CacheFactory:
+    """With SGLang's rank-consensus checker on (--sglang-consensus), the cache of this serve
+    journals into a folder of its own, named by the cell (rank 0 writes serve.json there:
+    which cell, which serve); otherwise the factory as it is."""
+    target = plan.sglang
+    if target is None or target.consensus_dir is None:
+        return make_cache
+    folder = Path(target.consensus_dir) / f"{cell.index:03d}-{serve}"
+    folder.mkdir(parents=True, exist_ok=True)
+    if rank0:
+        (folder / "serve.json").write_text(json.dumps(
+            {"protocol": cell.protocol, "policy": cell.policy, "repeat": cell.repeat,
+             "rate_rps": cell.rate_rps, "serve": serve, "world": plan.world_size,
+             "root": target.root}))
+    return functools.partial(make_cache, target=replace(target, consensus_dir=str(folder)))
 
 
 def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:

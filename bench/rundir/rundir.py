@@ -49,7 +49,9 @@ FILES = {
     "summary": "summary.csv", "failures": "failures.csv", "divergence": "divergence.csv",
     "env": "env.json", "calibration": "calibration.json", "progress": "progress.json",
     "verdict": "verdict.json", "report": "report.md", "microbench": "microbench.json",
-    "gate": "gate.json",
+    "gate": "gate.json", "consensus": "consensus.csv",
+    # --sglang-consensus: SGLang's checker's journals, a folder per side and serve
+    "consensus_dir": "consensus",
 }
 
 # ---- the one column table --------------------------------------------------------------------
