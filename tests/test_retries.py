@@ -14,9 +14,11 @@ of `_drain_storage_control_queues_impl` (below the threshold, no host memory).
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import sys
 import types
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,9 @@ from hicache.comm.comm import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import background_cost, expected_per_request
+from hicache.spec.step_time import StepTimeModel
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
+from tests.helpers import case, run_cases
 
 PAGE = 64
 PROMPT = tokens(9, PAGE)  # 8 pages in storage + one new
@@ -298,3 +302,97 @@ def test_expected_hit_queries_count_every_prefetch_operation(tp, pp):
     assert (three.decision, three.ack, three.pp_hops) == (one.decision, one.ack, one.pp_hops)
     assert expected_per_request("sglang-0.5.23", "timeout", tp, pp, 0, 0, False, False,
                                 ops=0).hit_query == 0
+
+
+# ---- real ranks: the retry scenarios' counts, request by request ---------------------------
+
+SITES = ("decision", "completion", "pp_hop", "hit_query", "ack", "ticket")
+# The matrix's retry scenarios (bench/hazards/scenarios.py), on 2 ranks (TP2): one request
+# a step, so the tail still waits when its retry falls due; every prefix lands at step 4
+# ("late"), or on TP rank 1 only at step 6 ("skew").
+LANDING = {"late": {"land_step": 4}, "skew": {"land_skew_steps": 6}}
+PINNED = {"schedule": "pinned", "step_time": StepTimeModel(prefill_base_ms=5.0,
+                                                           decode_base_ms=1.0)}
+
+
+def _retry_cases(protocol: str) -> list[dict]:
+    base = {"protocol": protocol, "policy": "timeout", "tp": 2, "max_prefill_tokens": 2048,
+            "timeout_base_s": 30.0, "timeout_per_ki_token_s": 0.0}
+    return [case({**base, **LANDING[land], **(PINNED if sched == "pinned" else {})},
+                 {"latency_ms": 20.0}, n=16, prefix_tokens=512, new_tokens=1536, gap_s=0.0)
+            for land in LANDING for sched in ("free", "pinned", "pinned")]
+
+
+@pytest.fixture(scope="module")
+def retry_runs():
+    return {p: run_cases(2, _retry_cases(p), timeout_s=150)
+            for p in ("sglang-0.5.23", "pr36425")}
+
+
+def _expected_row(protocol: str, row: dict) -> tuple:
+    e = expected_per_request(protocol, "timeout", 2, 1, row["polls"], row["hit_tokens"] // PAGE,
+                             row["op_issued"], row["io_issued"],
+                             row["terminated_by"] == "poll", ops=row["prefetch_ops"])
+    return astuple(e)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("protocol", ["sglang-0.5.23", "pr36425"])
+def test_retry_scenarios_cost_what_the_model_says_request_by_request(retry_runs, protocol):
+    for i, per_rank in enumerate(retry_runs[protocol]):
+        for res in per_rank:
+            for row in res["rows"]:
+                got = tuple(row.get(f"coll_{s}", 0) for s in SITES)
+                assert got == _expected_row(protocol, row), (i, res["layout"], row["rid"])
+            for group, (counted, seq) in res["crosscheck"].items():
+                assert counted == seq, (i, group)
+        assert per_rank[0]["decisions"] == per_rank[1]["decisions"], i  # the ranks agree
+
+
+@pytest.mark.dist
+def test_0523_retries_turn_the_late_misses_into_hits_and_0519_never_does(retry_runs):
+    for new, old in zip(retry_runs["sglang-0.5.23"], retry_runs["pr36425"], strict=True):
+        retried = [r for r in new[0]["rows"] if r["prefetch_ops"] > 1]
+        assert retried, "no request waited long enough for its retry"
+        assert all(r["retries"] == r["prefetch_ops"] - 1 for r in new[0]["rows"])
+        assert all(r["terminated_by"] == "ack" and r["hit_tokens"] == 512 for r in retried)
+        assert all(r["prefetch_ops"] == 1 and r["retries"] == 0 for r in old[0]["rows"])
+        assert any(r["hit_tokens"] == 0 for r in old[0]["rows"])  # its misses stay misses
+        # each retry is one more hit query, on the prefetch thread's groups, on both ranks
+        extra = sum(r.get("coll_hit_query", 0) for r in new[0]["rows"]) - len(new[0]["rows"])
+        assert extra == len(retried)
+
+
+@pytest.mark.dist
+def test_pinned_retry_scenarios_repeat_request_by_request(retry_runs):
+    runs = retry_runs["sglang-0.5.23"]
+    for first, second in ((runs[1], runs[2]), (runs[4], runs[5])):
+        keys = ("rid", "polls", "prefetch_ops", "retries", "terminated_by", "hit_tokens",
+                *(f"coll_{s}" for s in SITES))
+        rows = [[{k: r.get(k, 0) for k in keys} for r in res["rows"]] for res in (first[0],
+                                                                                  second[0])]
+        assert rows[0] == rows[1]
+
+
+# ---- the hazard matrix's retry cells on the model ------------------------------------------
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scenario", ["late-write", "miss-skew"])
+def test_the_retry_cells_are_ok_and_only_0523_fetches_what_landed(scenario, tmp_path):
+    """The ranks part nowhere: the miss reaches the retry set only through the agreed
+    (MIN) hit, so a rank that held the pages (miss-skew) arms the same retry as its peer."""
+    from bench.hazards.matrix import MatrixSpec, run_one
+    from bench.hazards.scenarios import RETRY_PROTOCOLS, SCENARIOS
+
+    spec = MatrixSpec((), (), seed=0, timeout_s=2.0, out=tmp_path)
+    fetched = {}
+    for protocol in RETRY_PROTOCOLS:
+        row = run_one(spec, SCENARIOS[scenario], protocol)
+        assert row["outcome"] == "OK", (protocol, row)
+        cell = tmp_path / "cells" / f"{scenario}__{protocol}"
+        ranks = [json.loads((cell / f"rank{r}.json").read_text()) for r in (0, 1)]
+        assert ranks[0]["decisions"] == ranks[1]["decisions"]
+        fetched[protocol] = sum(d[0] == "ack" for d in ranks[0]["decisions"].values())
+    assert fetched == {"pr36425": 0, "sglang-0.5.23": fetched["sglang-0.5.23"]}
+    assert fetched["sglang-0.5.23"] > 0
