@@ -138,7 +138,8 @@ class ControllerCache(SGLangCache):
         self.door.rid = rid
         try:
             handle = self.rig.issue(rid, key, anchor=rid, prior=m.last_hash,
-                                    storage_hit_end=storage_hit_end)
+                                    storage_hit_end=storage_hit_end,
+                                    step=self.stats.counter.step)
         finally:
             self.door.rid = None
         info = self.rig.cache.ongoing_prefetch.get(handle)

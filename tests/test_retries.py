@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
+import subprocess
 import sys
 import types
 from dataclasses import astuple
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -33,6 +36,7 @@ from hicache.spec.step_time import StepTimeModel
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
 from tests.helpers import case, run_cases
 
+REPO = Path(__file__).resolve().parent.parent
 PAGE = 64
 PROMPT = tokens(9, PAGE)  # 8 pages in storage + one new
 OTHER = tokens(9, PAGE, base=10_000_000)  # another request, ahead of r1 in the queue
@@ -396,3 +400,49 @@ def test_the_retry_cells_are_ok_and_only_0523_fetches_what_landed(scenario, tmp_
         fetched[protocol] = sum(d[0] == "ack" for d in ranks[0]["decisions"].values())
     assert fetched == {"pr36425": 0, "sglang-0.5.23": fetched["sglang-0.5.23"]}
     assert fetched["sglang-0.5.23"] > 0
+
+
+# ---- SGLang 0.5.23's own retries against the model, request by request (pinned) -------------
+
+# A burst of 8 whose first lookups miss; two running at a time (12 tokens each), so the
+# tail waits past its retry's due pass. The SGLang side runs SGLang's controller path (its
+# hit drain arms SGLang's own StoragePrefetchRetries, the harness's scheduler pops it as
+# SGLang's does, its prefetch_from_storage re-issues, its prefetch thread's MIN agrees).
+RETRY_RUN = ["--preset", "ci", "--policies", "timeout,wait_complete", "--requests", "8",
+             "--bystanders", "0", "--output-tokens", "12", "--max-running", "2",
+             "--repeats", "1", "--seed", "3", "--schedule", "pinned"]
+PER_REQUEST = ["polls", "prefetch_ops", "retries", "decision_collectives",
+               "completion_collectives", "hit_query_collectives", "ack_collectives", "pp_hops",
+               "terminated_by", "hit_tokens", "prefetched_tokens", "schedule_digest"]
+SGLANG_HIT = ("2x all_reduce@sglang_hit managers/cache_controller.py:_all_reduce:447 < "
+              "_sync_prefetch_hit_query:1502 < prefetch_thread_func:1356")
+
+
+def _bench_run(out: Path, *argv: str) -> pd.DataFrame:
+    done = subprocess.run([sys.executable, "-m", "bench", "run", *argv, "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "BENCH_NO_PLOTS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return pd.read_csv(out / "requests.csv").set_index(["policy", "rid"]).sort_index()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("landing", [["--land-step", "4"], ["--land-skew-steps", "6"]],
+                         ids=["late-write", "miss-skew"])
+def test_sglang_0523s_own_retries_cost_what_the_model_does_per_request(landing, tmp_path):
+    from tests.sglang_wheels import sglang_wheel
+
+    sglang_wheel("0.5.23")
+    model = _bench_run(tmp_path / "model", *RETRY_RUN, *landing, "--protocols", "sglang-0.5.23")
+    sgl = _bench_run(tmp_path / "sglang", *RETRY_RUN, *landing, "--cache", "sglang",
+                     "--sglang", "0.5.23")
+    plan = json.loads((tmp_path / "sglang" / "env.json").read_text())["plan"]
+    assert plan["sglang"]["controller"], "SGLang's controller path did not serve the run"
+    retried = sgl[sgl["prefetch_ops"] > 1]
+    assert len(retried) and (retried["terminated_by"] == "ack").all()
+    assert retried["call_sites"].str.contains(SGLANG_HIT, regex=False).all()
+    differ = sgl[PER_REQUEST] != model[PER_REQUEST]
+    assert not differ.any().any(), sgl[PER_REQUEST][differ.any(axis=1)].join(
+        model[PER_REQUEST][differ.any(axis=1)], rsuffix="_model").to_string()
+    assert sgl["ranks_agree"].all() and sgl["data_ok"].all()
