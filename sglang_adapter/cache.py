@@ -99,6 +99,10 @@ class SGLangCache(HiCache):
 
     def start(self) -> None:
         super().start()
+        self._start_checker()
+
+    def _start_checker(self) -> None:
+        """SGLang's own rank-consensus checker, where the run asks for it."""
         if self.target.consensus_dir is None:
             return
         # SGLang's scheduler configures it on its scheduler thread, this one (System.run).

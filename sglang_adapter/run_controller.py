@@ -97,9 +97,12 @@ class ControllerCache(SGLangCache):
     def start(self) -> None:
         for name, group in self._groups.items():  # the door exists by now
             self.door.register(name, group)
+        self._start_checker()  # SGLang's scheduler configures it here too
 
     def stop(self, grace_s: float) -> None:
         self.rig.stop()
+        if self.checker is not None:
+            self.checker.stop(wait=grace_s > 0)  # after a failure, nothing is waited on
 
     def error(self) -> BaseException | None:
         return None

@@ -72,7 +72,9 @@ def _system_under_test(spec: MatrixSpec, args) -> MatrixSpec:
     from sglang_adapter import ChoiceError, choose
 
     try:
-        target = choose(args.cache, args.sglang, args.protocols is not None)
+        # SGLang's page-hash extension built first where a cell may take its controller path
+        target = choose(args.cache, args.sglang, args.protocols is not None,
+                        native=any(s.sglang_controller for s in spec.scenarios))
     except ChoiceError as e:
         raise UsageError(str(e)) from None
     if args.sglang_consensus and target is None:

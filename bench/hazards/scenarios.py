@@ -28,6 +28,11 @@ class Scenario:
     new_tokens: int = 512  # computed by the prefill
     gap_ms: float = 2.0  # between arrivals
     protocols: tuple[str, ...] | None = None  # None: every protocol can run it
+    # --cache sglang: its hazard lives in SGLang's own drains (the retry set its hit drain
+    # arms), so SGLang's controller path is the data path where the cell fits it; else
+    # SGLang's decisions on the project's data path (every other scenario plants its
+    # hazard in the project's data path)
+    sglang_controller: bool = False
 
     @property
     def world(self) -> int:
@@ -117,7 +122,7 @@ def _late_write() -> Scenario:
                     "8 passes later finds them while the request still waits",
                     requests=16, new_tokens=1536, gap_ms=0.0,
                     system={"land_step": 4, **NO_TIMEOUT}, storage=SLOW_READS,
-                    protocols=RETRY_PROTOCOLS)
+                    protocols=RETRY_PROTOCOLS, sglang_controller=True)
 
 
 def _miss_skew() -> Scenario:
@@ -126,7 +131,7 @@ def _miss_skew() -> Scenario:
                     "differently (8 pages against 0)",
                     requests=16, new_tokens=1536, gap_ms=0.0,
                     system={"land_skew_steps": 6, **NO_TIMEOUT}, storage=SLOW_READS,
-                    protocols=RETRY_PROTOCOLS)
+                    protocols=RETRY_PROTOCOLS, sglang_controller=True)
 
 
 SCENARIOS = {s.name: s for s in (_budget_skew(), _ongoing_skew(), _early_return(),
