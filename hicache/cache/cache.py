@@ -197,7 +197,7 @@ class HiCache(StepEvents, PrefetchPoll):
 
     def _arm_retry(self, rid: str, storage_hit_end: int | None = None) -> None:
         """A miss: its lookup is issued again after the retry interval (0.5.23's
-        `storage_prefetch_retries.poll_miss`); releases before it: nothing."""
+        `storage_prefetch_retries.poll_miss`); a protocol without retries: nothing."""
         if self.retries is not None:
             self.retries.poll_miss(rid, storage_hit_end)
 
