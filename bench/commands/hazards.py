@@ -92,8 +92,9 @@ def _second_run(spec: MatrixSpec, rows: list[dict]) -> bool:
     """Every cell again with the same seed; whether each outcome repeats."""
     alike = True
     by = {s.name: s for s in spec.scenarios}
+    protocol = {spec.label(p): p for p in spec.protocols}  # the column -> what ran it
     for row in rows:
-        again = run_one(spec, by[row["scenario"]], row["protocol"], tag="__again")
+        again = run_one(spec, by[row["scenario"]], protocol[row["protocol"]], tag="__again")
         row["same_twice"] = again["outcome"] == row["outcome"] and \
             again.get("sglang_consensus") == row.get("sglang_consensus")
         alike &= row["same_twice"]
