@@ -27,6 +27,7 @@ _DOOR = {
     "Target": ("target", "Target"),
     "choose": ("target", "choose"),
     "choose_for_run": ("target", "choose_for_run"),
+    "controller_unfit": ("target", "controller_unfit"),
     "modelled_protocol": ("target", "modelled_protocol"),
     "resolve_target": ("target", "resolve_target"),
     "run_unfit": ("target", "run_unfit"),

@@ -72,7 +72,9 @@ def _system_under_test(spec: MatrixSpec, args) -> MatrixSpec:
     from sglang_adapter import ChoiceError, choose
 
     try:
-        target = choose(args.cache, args.sglang, args.protocols is not None)
+        # SGLang's page-hash extension built first where a cell may take its controller path
+        target = choose(args.cache, args.sglang, args.protocols is not None,
+                        native=any(s.sglang_controller for s in spec.scenarios))
     except ChoiceError as e:
         raise UsageError(str(e)) from None
     if args.sglang_consensus and target is None:
@@ -90,8 +92,9 @@ def _second_run(spec: MatrixSpec, rows: list[dict]) -> bool:
     """Every cell again with the same seed; whether each outcome repeats."""
     alike = True
     by = {s.name: s for s in spec.scenarios}
+    protocol = {spec.label(p): p for p in spec.protocols}  # the column -> what ran it
     for row in rows:
-        again = run_one(spec, by[row["scenario"]], row["protocol"], tag="__again")
+        again = run_one(spec, by[row["scenario"]], protocol[row["protocol"]], tag="__again")
         row["same_twice"] = again["outcome"] == row["outcome"] and \
             again.get("sglang_consensus") == row.get("sglang_consensus")
         alike &= row["same_twice"]

@@ -156,6 +156,11 @@ def parser() -> CliParser:
     a = _group(p, 'hazards and faults')
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
+    a("--land-step", type=int, help="the prefixes in storage are another writer's, landing "
+      "at this scheduler step: a hit query issued before it misses them (0.5.23 retries "
+      "it, docs/hazards.md 'Retries (0.5.23)'); 0: stored from the start")
+    a("--land-skew-steps", type=int, help="every TP rank but 0 sees them this many steps "
+      "later than rank 0 (ranks that see a miss differently)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int, help="the process-wide step at which --kill-rank exits")
     a("--plant", metavar="PROTOCOL:MS", help="fault injection: every step of PROTOCOL's "

@@ -19,7 +19,7 @@ from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, r
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
-from sglang_adapter import Target, consensus_verdict, ships_checker
+from sglang_adapter import Target, consensus_verdict, controller_unfit, ships_checker
 
 _PRELOADED = False
 SGLANG_IMPORT_S = 20.0  # a rank's import of SGLang's decision path, on shared cores
@@ -79,7 +79,7 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
     t0 = time.monotonic()
     got, dead = launch_to_end(s.world, run_cell,
                               (s, protocol, spec.seed, spec.timeout_s, str(cell_dir),
-                               spec.sglang),
+                               sglang_path(spec.sglang, s)),
                               timeout_s=spec.bound_s(s), method="forkserver")
     wall = time.monotonic() - t0
     reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
@@ -95,6 +95,15 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
     if spec.consensus and spec.sglang is not None and not tag.endswith(CHECKED):
         row.update(judged_by_sglang(spec, s, protocol, tag))
     return row
+
+
+def sglang_path(target: Target | None, s: Scenario) -> Target | None:
+    """The SGLang a cell serves with: its controller path as the data path where the
+    scenario asks for it and the cell fits it, else its decisions on the project's."""
+    if target is None or not s.sglang_controller or \
+            controller_unfit(target, s.pp, s.system) is not None:
+        return target
+    return replace(target, controller=True)
 
 
 CHECKED = "__sglang_consensus"

@@ -66,6 +66,8 @@ class RunOptions:
     host_memory: str | None = None
     no_race_guard: bool = False
     budget_skew: float | None = None
+    land_step: int | None = None
+    land_skew_steps: int | None = None
     timeout_base: float | None = None
     step_ms: float | None = None
     consensus: bool = False
@@ -129,7 +131,7 @@ def build_plan(args: RunOptions) -> RunPlan:
                  "max_running", "bystander_rate", "storage_gbps"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=name == "kill_step")
     for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate",
-                 "bystanders"):
+                 "bystanders", "land_step", "land_skew_steps"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     _positive("timeout-base", args.timeout_base, allow_zero=True)
     _positive("step-ms", args.step_ms, allow_zero=True)
@@ -315,6 +317,7 @@ def _system(args, preset: dict) -> dict:
     if args.no_race_guard:
         s["race_guard"] = False
     for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
+                      ("land_step", "land_step"), ("land_skew_steps", "land_skew_steps"),
                       ("max_running", "max_running_requests"),
                       ("collective_timeout", "collective_timeout_s"),
                       ("kill_rank", "kill_rank"), ("kill_step", "kill_step")):
