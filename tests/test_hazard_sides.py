@@ -246,3 +246,28 @@ def test_a_planted_head_whose_cell_gets_worse_is_named_first_and_fails(tmp_path)
     assert rows.loc["head=sglang-tree:tree@unified", "outcome"] != "OK"
     assert "Changed from base=sglang-0.5.23@unified (1):" in done.stdout
     assert "WORSE" in done.stdout and "1 worse than base=sglang-0.5.23@unified" in done.stdout
+
+
+@pytest.mark.slow  # a two-side run (2 repeats, pinned) and 2 cells x 2 sides: about a minute
+@pytest.mark.sglang_matrix  # make sglang-check
+@pytest.mark.timeout(900)
+def test_the_review_of_a_head_that_costs_a_collective_names_its_site(tmp_path):
+    """The head all-reduces in every wait_complete poll on both ranks: the run ends OK, the
+    page names the planted site on the head alone, and no hazard cell's outcome changes."""
+    from tests.sglang_wheels import sglang_wheel
+    from tests.test_sglang_adapter import _planted_tree as symmetric_plant
+
+    line = symmetric_plant(sglang_wheel("0.5.23"), tmp_path / "tree")
+    run = "--preset ci --requests 3 --bystanders 1 --output-tokens 4 --repeats 2 " \
+        "--repeat-seeds same --seed 3 --schedule pinned --policies wait_complete " \
+        "--storage-latency-ms 60 --tp 2"
+    done = subprocess.run([sys.executable, "-m", "bench", "review", "--sglang",
+                           f"base=0.5.23,head={tmp_path / 'tree'}", "--scenarios",
+                           "sidecar-race", "--run-args", run, "--out", str(tmp_path / "r")],
+                          cwd=REPO, capture_output=True, text=True, timeout=840)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = (tmp_path / "r" / "review.md").read_text()
+    assert text.splitlines()[2].startswith("**OK**")
+    assert f"wait_complete site (only {HEAD}): {HEAD} 1.000/poll at all_reduce@tp_cpu " \
+        f"mem_cache/unified_radix_cache.py:_can_terminate_prefetch:{line}" in text
+    assert f"No cell changed between base=sglang-0.5.23@unified and {HEAD}" in text

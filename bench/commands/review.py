@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.hazards.review import Part, RunRows, page, verdict
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.hazards.review import Part, RunRows, page, verdict
 from bench.hazards.scenarios import SCENARIOS, check_choice
 from bench.rundir.env import short_sha
 from bench.rundir.files import write_text_atomic
