@@ -33,6 +33,7 @@ _DOOR = {
     "run_unfit": ("target", "run_unfit"),
     "choose_sides": ("sides", "choose_sides"),
     "is_side_list": ("sides", "is_list"),
+    "parse_sides": ("sides", "parse"),
     "Source": ("source", "Source"),
     "SourceError": ("source", "SourceError"),
     "resolve": ("source", "resolve"),

@@ -9,6 +9,7 @@ a cell that outlives its bound: that cell is a harness failure, never a silent w
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,6 +69,31 @@ def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
                 rows.append(run_one(spec, s, protocol))
                 log(_line(rows[-1]))
     return rows
+
+
+def run_sides(specs: list[MatrixSpec], log=print) -> list[dict]:
+    """Several SGLangs' matrices (one spec a side, the reference first), one row per cell
+    per side: each scenario on every side in turn, so the sides' cells of a scenario run
+    moments apart. Each cell's ranks fork from the server (which imports no SGLang) and
+    import their own side's; this process imports none, checked before every cell."""
+    _preload()
+    rows = []
+    for s in specs[0].scenarios:
+        for spec in specs:
+            for protocol in (p for p in spec.protocols if runs(s, p)):
+                _no_sglang_here()
+                rows.append(run_one(spec, s, protocol))
+                log(_line(rows[-1]))
+    return rows
+
+
+def _no_sglang_here() -> None:
+    """Two SGLangs never meet in one interpreter: the launching process checked each side's
+    and took it out again (sglang_adapter.loader.unload); a cell forks from the server."""
+    if "sglang" in sys.modules:
+        raise RuntimeError(f"an sglang is imported in the launching process (from "
+                           f"{getattr(sys.modules['sglang'], '__file__', '?')}): a side's "
+                           "cells would not be its own")
 
 
 def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:

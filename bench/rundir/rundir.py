@@ -49,7 +49,7 @@ FILES = {
     "summary": "summary.csv", "failures": "failures.csv", "divergence": "divergence.csv",
     "env": "env.json", "calibration": "calibration.json", "progress": "progress.json",
     "verdict": "verdict.json", "report": "report.md", "microbench": "microbench.json",
-    "gate": "gate.json",
+    "gate": "gate.json", "hazards": "hazards.csv", "review": "review.md",
 }
 
 # ---- the one column table --------------------------------------------------------------------
@@ -104,6 +104,7 @@ COLUMNS: dict[tuple[str, str], Columns] = {
     ("ranks", "any"): Columns(()),
     ("failures", "any"): Columns(tuple(FAILURE_COLUMNS)),
     ("divergence", "any"): Columns(tuple(DIVERGENCE_COLUMNS)),
+    ("hazards", "any"): Columns(("scenario", "protocol", "outcome")),
 }
 
 
@@ -191,6 +192,16 @@ class RunDir:
 
     def divergence(self) -> pd.DataFrame | None:
         return self.table("divergence", optional=True)
+
+    def hazards(self, optional: bool = False) -> list[dict] | None:
+        """A `bench hazards` folder's cells as the run's rows (empty cells None, the step an
+        int), as bench.hazards.report wrote them."""
+        frame = self.table("hazards", optional=optional)
+        if frame is None:
+            return None
+        rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+        return [{**r, "step": None if r.get("step") is None else int(r["step"])}
+                for r in rows]
 
     def json(self, role: str, optional: bool = False, required: list[str] = ()) -> dict | None:
         path = self.file(role)
