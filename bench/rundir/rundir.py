@@ -49,7 +49,7 @@ FILES = {
     "summary": "summary.csv", "failures": "failures.csv", "divergence": "divergence.csv",
     "env": "env.json", "calibration": "calibration.json", "progress": "progress.json",
     "verdict": "verdict.json", "report": "report.md", "microbench": "microbench.json",
-    "gate": "gate.json",
+    "gate": "gate.json", "fidelity": "fidelity.csv",
 }
 
 # ---- the one column table --------------------------------------------------------------------
