@@ -169,3 +169,18 @@ def test_the_seed_pr_run_prints_both_headlines_and_a_fidelity_line_per_metric(tm
     for _, g in requests.groupby("repeat"):  # one seed: the same requests in all four
         rids = [frozenset(g[g["protocol"] == p]["rid"]) for p in set(g["protocol"])]
         assert len(set(rids)) == 1
+
+
+@pytest.mark.slow  # imports 0.5.23 in this process to learn its class
+@pytest.mark.timeout(120)
+def test_sides_of_one_model_are_refused_before_any_rank_starts(tmp_path, capsys):
+    from bench.commands.run import main
+    from tests.sglang_wheels import sglang_wheel
+
+    sglang_wheel("0.5.23")
+    out = tmp_path / "run"
+    assert main(["--cache", "sglang", "--sglang", "a=0.5.23,b=0.5.23", "--model-beside",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "two sides are modelled by sglang-0.5.23" in err
+    assert not out.exists()

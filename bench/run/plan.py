@@ -324,10 +324,10 @@ def _seed_pr(gpus: int) -> dict:
     """Issue 48's seed PR as SGLang shipped it: 0.5.18's HiRadixCache poll against 0.5.19's
     UnifiedRadixCache poll (both on SGLang's decisions path: 0.5.18 has no controller path
     here), and beside them in the same turns the project's model of each (pre27010,
-    pr36425): make bench's burst on the free schedule, one seed, the two policies whose
-    polls differ, 6 repeats (docs/sglang.md, "The seed PR as released")."""
-    return {**_default(gpus), "repeats": 6, "requests": 12, "bystanders": 12,
-            "sglang": "before=0.5.18,after=0.5.19", "model_beside": True}
+    pr36425): make bench's burst (24 + 24) on the free schedule, one seed, the two policies whose
+    polls differ, 10 repeats (docs/sglang.md, "The seed PR as released")."""
+    return {**_default(gpus), "repeats": 10, "sglang": "before=0.5.18,after=0.5.19",
+            "model_beside": True}
 
 
 def _lag(gpus: int) -> dict:
@@ -377,9 +377,9 @@ PRESET_HELP = {
                    "against the measured c and the overhead model (sweep.md, sweep.png)",
     "seed-pr": "issue 48's seed PR as released: SGLang 0.5.18 against 0.5.19 (--cache "
                "sglang, --sglang before=0.5.18,after=0.5.19 unless given) with the model's "
-               "pre27010 / pr36425 beside them in the same turns (--model-beside), a burst "
-               "of 12 + 12 on the free schedule, wait_complete and timeout, 6 repeats; a "
-               "fidelity line per metric (make bench SGLANG=0.5.18,0.5.19)",
+               "pre27010 / pr36425 beside them in the same turns (--model-beside), make "
+               "bench's burst of 24 + 24 on the free schedule, wait_complete and timeout, 10 "
+               "repeats; a fidelity line per metric (make bench SGLANG=0.5.18,0.5.19)",
     "trace-sweep": "the excerpt's 40 requests at 1, 2, 4, 8 x their arrival rate (timeout, "
                    "pr27010 / pr36425 / step-clock, 2 repeats): TTFT, ITL and step time "
                    "against offered load",
