@@ -191,10 +191,10 @@ def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None
     """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once;
     several SGLangs (a list, or a label): a side each, its name a protocol
     (sglang_adapter.sides; one labelled SGLang: a run of one under its label). A preset's
-    sides (seed-pr) serve unless --sglang names others."""
+    sides (seed-pr, whose system under test is SGLang) serve unless --sglang names others."""
     given = (args.protocols is not None, bool(plan.pairing))
-    if preset_sides and args.sglang is None:
-        args = replace(args, cache="sglang", sglang=preset_sides)
+    if preset_sides:
+        args = replace(args, cache="sglang", sglang=args.sglang or preset_sides)
     try:
         if args.cache == "sglang" and is_side_list(args.sglang):
             sides = choose_sides(args.sglang, *given, args.sglang_path, plan.pp,
