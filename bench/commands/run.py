@@ -95,6 +95,11 @@ def parser() -> CliParser:
       "cache tier, no side-car pool or write path), decisions (SGLang's check_hicache_events "
       "and check_prefetch_progress on the project's data path), or auto (the default: "
       "controller where the run fits it, else decisions; docs/sglang.md)")
+    a("--model-beside", action="store_true", help="with several SGLangs (--sglang A,B): "
+      "the project's model of each side's release (0.5.18 pre27010, 0.5.19 pr36425) serves "
+      "too, on a world of its own in the same turns and seeds, and a fidelity line per "
+      "metric says whether the model's ratio lies inside SGLang's 95%% interval (preset "
+      "seed-pr; docs/sglang.md, The seed PR as released)")
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")

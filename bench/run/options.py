@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from bench import neighbour
-from bench.run import delays
+from bench.run import delays, sides
 from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
@@ -94,6 +94,7 @@ class RunOptions:
     cache: str = "project"
     sglang: str | None = None
     sglang_path: str | None = None  # auto | controller | decisions (None: auto)
+    model_beside: bool = False  # the project's model of each side's release, in the turns
     out: Path | None = None
 
     @classmethod
@@ -168,7 +169,12 @@ def build_plan(args: RunOptions) -> RunPlan:
                             or preset.get("delays_ms", ()))
     except ValueError as e:
         raise OptionError(str(e)) from None
-    plan = _system_under_test(plan, args)
+    plan = _system_under_test(plan, args, preset.get("sglang"))
+    if args.model_beside or preset.get("model_beside"):
+        try:
+            plan = sides.with_model(plan)
+        except ValueError as e:
+            raise OptionError(str(e)) from None
     if args.schedule is None:
         plan = _pin_if_possible(plan)
     if args.redo_disturbed and plan.schedule != "pinned":
@@ -182,11 +188,15 @@ def build_plan(args: RunOptions) -> RunPlan:
     return plan
 
 
-def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
+def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None = None
+                       ) -> RunPlan:
     """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once;
     several SGLangs (a list, or a label): a side each, its name a protocol
-    (sglang_adapter.sides; one labelled SGLang: a run of one under its label)."""
+    (sglang_adapter.sides; one labelled SGLang: a run of one under its label). A preset's
+    sides (seed-pr, whose system under test is SGLang) serve unless --sglang names others."""
     given = (args.protocols is not None, bool(plan.pairing))
+    if preset_sides:
+        args = replace(args, cache="sglang", sglang=args.sglang or preset_sides)
     try:
         if args.cache == "sglang" and is_side_list(args.sglang):
             sides = choose_sides(args.sglang, *given, args.sglang_path, plan.pp,

@@ -50,6 +50,7 @@ FILES = {
     "env": "env.json", "calibration": "calibration.json", "progress": "progress.json",
     "verdict": "verdict.json", "report": "report.md", "microbench": "microbench.json",
     "gate": "gate.json", "hazards": "hazards.csv", "review": "review.md",
+    "fidelity": "fidelity.csv",
 }
 
 # ---- the one column table --------------------------------------------------------------------
