@@ -11,6 +11,10 @@ MUTMUT ?= mutmut>=3.8,<4
 MUTANTS ?=
 
 SGLANG ?= 0.5.23
+comma := ,
+# SGLANG=0.5.18,0.5.19 (a list, labels allowed): make bench runs them as sides, the model beside
+SGLANG_LIST = $(findstring $(comma),$(SGLANG))
+SGLANG_SPECS = $(foreach s,$(subst $(comma), ,$(SGLANG)),$(lastword $(subst =, ,$(s))))
 
 .PHONY: sglang-fetch sglang-ready sglang-slice sglang-check setup dev test test-fast test-all test-stats bench delay-sweep gate compare microbench project lint mutate gpu-check clean
 
@@ -53,8 +57,8 @@ test-all: sglang-ready  ## every tier (make test, sglang-check, test-stats) in t
 test-stats: dev  ## checks that hold at 95 %, so fail by chance now and then: not in make test
 	$(PY) -m pytest -q -m statistical
 
-bench: setup  ## the main job: protocols x policies x repeats, results/latest
-	$(PY) -m bench run --preset $(PRESET) $(ARGS)
+bench: setup  ## the main job: protocols x policies x repeats, results/latest; SGLANG=0.5.18,0.5.19: those SGLangs, the model beside (preset seed-pr)
+	$(PY) -m bench run $(if $(SGLANG_LIST),--preset seed-pr --sglang $(SGLANG),--preset $(PRESET)) $(ARGS)
 
 delay-sweep: setup  ## make bench's workload at 0-3 ms added per control-plane collective: ratio against c, with the model (sweep.md)
 	$(PY) -m bench run --preset delay-sweep $(ARGS)
@@ -82,7 +86,7 @@ mutate: dev  ## mutation testing of the contract modules, not in CI (docs/testin
 
 sglang-fetch: dev  ## --sglang's deps (msgspec, dill, packaging) when missing, and release $(SGLANG)'s wheel into the cache once (docs/sglang.md)
 	$(PY) -c "import msgspec, dill, packaging" 2>/dev/null || $(PY) -m pip install -q msgspec dill packaging
-	$(PY) -m sglang_adapter.source $(SGLANG)
+	$(PY) -m sglang_adapter.source $(SGLANG_SPECS)
 
 # make test's SGLang tests need the sglang extra in this venv and release $(SGLANG)'s wheel in
 # the cache: fetched here wherever the package index is reachable; where it is not, the tests
@@ -103,7 +107,8 @@ sglang-slice: sglang-fetch  ## CI's cheap slice of sglang-check: release $(SLICE
 sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layouts, a planted change, the hazard cells (not in make test)
 	$(PY) -m sglang_adapter.source 0.5.19 0.5.18
 	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py tests/test_sglang_hazards.py \
-		tests/test_sglang_run.py tests/test_sglang_controller.py tests/test_sglang_consensus.py
+		tests/test_sglang_run.py tests/test_sglang_controller.py tests/test_sglang_consensus.py \
+		tests/test_seed_pr.py
 
 lint: dev
 	$(PY) -m ruff check hicache bench tests scripts sglang_adapter

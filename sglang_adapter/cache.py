@@ -99,6 +99,10 @@ class SGLangCache(HiCache):
 
     def start(self) -> None:
         super().start()
+        self._start_checker()
+
+    def _start_checker(self) -> None:
+        """SGLang's own rank-consensus checker, where the run asks for it."""
         if self.target.consensus_dir is None:
             return
         # SGLang's scheduler configures it on its scheduler thread, this one (System.run).
@@ -147,6 +151,18 @@ class SGLangCache(HiCache):
 
     def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
         super().admit(rid, tokens, stamp)
+        self._register(rid, stamp)
+
+    def retry_prefetches(self, waiting: list[str], stamp: float) -> None:
+        """The data path's retries (the model's, hicache.cache.retries: on this path the
+        project's drains see the misses); each prefetch one issues again is registered in
+        SGLang's cache as an arrival's is, so SGLang's poll decides it."""
+        super().retry_prefetches(waiting, stamp)
+        for rid in waiting:
+            if rid not in self.handles:
+                self._register(rid, stamp)
+
+    def _register(self, rid: str, stamp: float) -> None:
         op = self.ongoing.get(rid)
         if op is not None:  # the data path issued it: SGLang's cache holds it ongoing too
             # its start time (0.5.18 times out from it) on the clock of this step's stamp

@@ -162,19 +162,27 @@ class ControllerRig(UnifiedRig):
         return out
 
     def issue(self, rid: str, tokens: list[int], slow: bool = False, *, anchor=None,
-              prior: str | None = None):
+              prior: str | None = None, storage_hit_end: int | None = None,
+              step: int | None = None):
         """SGLang's own `prefetch_from_storage` for `tokens` after `anchor` (the host node
         the prompt's prefix matched; None: the root), whose last page is named `prior`;
         first the pages' names in both chains, so the backend can translate
-        (sglang_adapter.sgl_storage)."""
+        (sglang_adapter.sgl_storage). `storage_hit_end`: a retry's known hit end (0.5.23's
+        `_retry_storage_prefetch` passes it on); `step`: the scheduler step it is issued at
+        (its hit query sees the pages landed by then)."""
         urc = self.loaded.modules[UNIFIED]
         handle = self.handle(rid)
         key = urc.RadixKey(tokens).page_aligned(self.page_size)
         utils = self.loaded.modules[UTILS]  # 0.5.23 names by the namespaced chain
         names = getattr(utils, "get_storage_hash_str", utils.get_hash_str)(
             key, prior, page_size=self.page_size)
-        self.tier.learn(names, page_hashes(tokens, self.page_size, prior)[: len(names)], slow)
-        self.cache.prefetch_from_storage(handle, anchor, tokens, last_hash=prior)
+        self.tier.learn(names, page_hashes(tokens, self.page_size, prior)[: len(names)], slow,
+                        step)
+        if storage_hit_end is None:  # a release before the retries has no such parameter
+            self.cache.prefetch_from_storage(handle, anchor, tokens, last_hash=prior)
+        else:
+            self.cache.prefetch_from_storage(handle, anchor, tokens, last_hash=prior,
+                                             storage_hit_end=storage_hit_end)
         return handle
 
     def loaded_pages(self) -> tuple[int, int]:

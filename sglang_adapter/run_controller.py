@@ -43,6 +43,13 @@ SGLANG_QUEUES = ("prefetch_queue", "prefetch_buffer", "prefetch_sync_queue",
                  "prefetch_hit_queue", "ack_prefetch_queue", "host_mem_release_queue")
 
 
+class _Queued:
+    """What SGLang's `pop_ready` reads of a waiting `Req`: its id and its re-issues so far."""
+
+    def __init__(self, rid: str, attempts: int):
+        self.rid, self.storage_prefetch_retry_attempts = rid, attempts
+
+
 class ControllerCache(SGLangCache):
     """One rank's cache with SGLang's controller path as its data path (module doc)."""
 
@@ -90,9 +97,12 @@ class ControllerCache(SGLangCache):
     def start(self) -> None:
         for name, group in self._groups.items():  # the door exists by now
             self.door.register(name, group)
+        self._start_checker()  # SGLang's scheduler configures it here too
 
     def stop(self, grace_s: float) -> None:
         self.rig.stop()
+        if self.checker is not None:
+            self.checker.stop(wait=grace_s > 0)  # after a failure, nothing is waited on
 
     def error(self) -> BaseException | None:
         return None
@@ -116,22 +126,58 @@ class ControllerCache(SGLangCache):
     def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
         """SGLang's own prefetch_from_storage after the host prefix the harness's tree
         matched (its own threshold, rate limit and anchor lock)."""
+        self._prefetch_kvcache(rid, tokens, stamp)
+
+    def _prefetch_kvcache(self, rid: str, tokens: list[int], stamp: float,
+                          storage_hit_end: int | None = None) -> None:
+        """As SGLang's scheduler `_prefetch_kvcache`: the prefix matched (afresh, for a
+        retry), then SGLang's own prefetch_from_storage."""
         m, key = self._storage_key(rid, tokens)
+        matches = self.matches[rid]
+        matches.insert(0, matches.pop())  # the base this prefetch follows
         st = self.stats.requests[rid]
         self._tick()
         self.sgl_tree.anchor(rid, tokens[: m.pages * self.page], m.hashes)
         self.door.rid = rid
         try:
-            handle = self.rig.issue(rid, key, anchor=rid, prior=m.last_hash)
+            handle = self.rig.issue(rid, key, anchor=rid, prior=m.last_hash,
+                                    storage_hit_end=storage_hit_end,
+                                    step=self.stats.counter.step)
         finally:
             self.door.rid = None
         info = self.rig.cache.ongoing_prefetch.get(handle)
-        if info is not None:
+        if info is not None and self.ops.get(rid) is not info.operation:
             if self.gate is not None:
                 self.gate.issued(info.operation, rid, stamp)
-            st.op_issued = True
+            st.op_issued, st.prefetch_ops = True, st.prefetch_ops + 1
             self.ops[rid] = info.operation
             self.handles[rid] = handle
+            self.hit_drained.discard(rid)  # this operation's hit is not drained yet
+
+    def retry_prefetches(self, waiting: list[str], stamp: float) -> None:
+        """SGLang's scheduler step `_process_storage_prefetch_retries`, as its scheduler
+        calls it right after `check_hicache_events`: SGLang's own
+        `StoragePrefetchRetries.pop_ready` over the waiting queue (armed by SGLang's own
+        drains and polls), then per due request `_retry_storage_prefetch`: its attempt
+        counted, its prefix matched afresh and SGLang's `prefetch_from_storage` called with
+        the known hit end. A release without retries has no such set: nothing."""
+        retries = getattr(self.rig.cache, "storage_prefetch_retries", None)
+        if retries is None:
+            return
+        queue = [_Queued(rid, self.retry_attempts.get(rid, 0)) for rid in waiting]
+        cfg = self.cfg
+        for req, hit_end in retries.pop_ready(queue, cfg.retry_poll_interval,
+                                              cfg.retry_max_attempts):
+            self.retry_attempts[req.rid] = req.storage_prefetch_retry_attempts + 1
+            self.stats.requests[req.rid].retries += 1
+            self._prefetch_kvcache(req.rid, self.prompts[req.rid], stamp, hit_end)
+
+    def load_back(self, rid: str):
+        """Scheduled: SGLang's scheduler cancels its retry (scheduler.py:4315-4318)."""
+        retries = getattr(self.rig.cache, "storage_prefetch_retries", None)
+        if retries is not None:
+            retries.cancel(rid)
+        return super().load_back(rid)
 
     # ---- per step -------------------------------------------------------------------------
 

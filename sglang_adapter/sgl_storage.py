@@ -53,7 +53,9 @@ class HarnessStorage(HiCacheStorage):
     def batch_exists(self, keys, extra_info=None) -> int:
         if self.tier.gate is not None:  # its modelled time (sglang_adapter.pinned_controller)
             self.tier.gate.exists_calls += 1
-        return self.tier.storage.batch_exists(self.tier.translate(list(keys)))
+        keys = list(keys)  # judged at its prefetch's issue step (pages that land late)
+        return self.tier.storage.batch_exists(self.tier.translate(keys),
+                                              self.tier.issue_step(keys))
 
     def exists(self, key) -> bool:
         return self.batch_exists([key]) == 1

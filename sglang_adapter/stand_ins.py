@@ -148,12 +148,24 @@ class Tier:
     slow: set[str] = field(default_factory=set)  # tier names whose reads stall
     lock: threading.Lock = field(default_factory=threading.Lock)
     gate: object = None  # pinned: sglang_adapter.pinned_controller.ControllerPin
+    # The scheduler step of the latest prefetch issued from each SGLang name (its span's
+    # first page): the step its hit query is judged at for pages that land late
+    # (HiCacheConfig.land_step); a name never issued: None (whatever has landed).
+    issued_at: dict[str, int] = field(default_factory=dict)
 
-    def learn(self, sglang_names: list[str], tier_names: list[str], slow: bool = False) -> None:
+    def learn(self, sglang_names: list[str], tier_names: list[str], slow: bool = False,
+              step: int | None = None) -> None:
         with self.lock:
             self.names.update(zip(sglang_names, tier_names, strict=True))
             if slow:
                 self.slow.update(tier_names)
+            if step is not None and sglang_names:
+                self.issued_at[sglang_names[0]] = step
+
+    def issue_step(self, keys: list[str]) -> int | None:
+        """The step the prefetch whose span starts at keys[0] was issued at (its hit query)."""
+        with self.lock:
+            return self.issued_at.get(keys[0]) if keys else None
 
     def stall(self, tier_names: list[str]) -> None:
         """A slow storage node: the read of a slow request's pages waits first."""

@@ -98,7 +98,8 @@ def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int
     e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
                              row["op_issued"], row["io_issued"], row["terminated_by"] == "poll",
                              host_memory=_host_memory(tags), absent_polls=row["absent_polls"],
-                             extra_pool="trail" in tags, trailing_sidecar="trail" in tags)
+                             extra_pool="trail" in tags, trailing_sidecar="trail" in tags,
+                             ops=row["prefetch_ops"])
     # With write-through ("wt") the expectation stands as is: copies and backups issue no
     # collective of their own, they ride in the per-step reduction (docs/design.md section 12).
     if pp_rank == 0:

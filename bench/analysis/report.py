@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis import consensus_serves, lead
+from bench.analysis import beside, consensus_serves, lead
 from bench.analysis import trace_tiers as trace_report
 from bench.analysis.conditions import condition_lines
 from bench.analysis.plot_switch import NO_PLOTS
@@ -267,6 +267,12 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
         timeline = report_lines(run_dir)
     divergence = divergence_lines(summary, requests, failures, ranks, details)
     side_text = side_lead(summary, requests, env["plan"]) if sides else []
+    if beside.pairs((env or {}).get("plan") or {}):  # --model-beside: fidelity.csv too
+        model = beside.model_summary(requests, steps, env["plan"], percentile_method,
+                                     calibration, ranks)
+        lines, rows = beside.lead_and_rows(summary, model, env["plan"])
+        write_csv_atomic(run.file("fidelity"), rows, beside.FIDELITY_COLUMNS)
+        side_text += lines
     text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
                          calibration, verdict,
                          trace_report.tier_lines(summary, requests, trace_files)

@@ -46,12 +46,25 @@ def side_names(plan: dict | None) -> list[str]:
 
 def lead_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list[str]:
     """The terminal's lead of a run of several SGLangs."""
+    return ["", *headline_lines(summary, plan), "", *counts_text(summary, requests, plan)]
+
+
+def _side_rows(summary: pd.DataFrame, plan: dict) -> tuple[list[dict], bool]:
+    """The sides' summary rows by policy, then side; whether the run was end to end (the
+    free schedule: what a server sees)."""
     names = side_names(plan)
-    ref = names[0]
     rows = [r for r in summary.to_dict("records") if r["protocol"] in names]
     rows.sort(key=lambda r: (_index(POLICIES, r["policy"]), names.index(r["protocol"])))
     end_to_end = bool(rows) and all(str(r.get("schedule")) in ("free", "None", "nan")
-                                    for r in rows)  # free: what a server sees
+                                    for r in rows)
+    return rows, end_to_end
+
+
+def headline_lines(summary: pd.DataFrame, plan: dict) -> list[str]:
+    """Every side's ratios to the reference with their intervals, what the run resolves,
+    which path ran and whose files every call site is."""
+    ref = side_names(plan)[0]
+    rows, end_to_end = _side_rows(summary, plan)
     ratios = RATIO_COLUMNS if end_to_end else COST_RATIOS
     title = ("end to end, free schedule" if end_to_end else
              "pinned schedule (host cost on one schedule, not a TTFT or ITL effect)")
@@ -59,11 +72,18 @@ def lead_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list
     table = [[r["protocol"], r["policy"], _f(r["polls_per_step"], ".1f"),
               _f(r["step_mean_ms"], ".1f"), *[_ratio(r, n, ref) for n in ratios]]
              for r in rows]
-    return ["", f"SGLang sides, ratios to {ref} [95% CI over repeats], {title}; "
+    return [f"SGLang sides, ratios to {ref} [95% CI over repeats], {title}; "
             f"{path_line(plan)}:", *_table(["side", *headers[1:]], table),
-            *resolution(rows, ref, ratios), own_files_line(plan), "",
-            *count_lines(rows, requests, names, end_to_end),
-            *unexpected_lines(rows, requests, ref)]
+            *resolution(rows, ref, ratios), own_files_line(plan)]
+
+
+def counts_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list[str]:
+    """The counts side by side and the decision collectives a side's model does not
+    expect."""
+    names = side_names(plan)
+    rows, end_to_end = _side_rows(summary, plan)
+    return [*count_lines(rows, requests, names, end_to_end),
+            *unexpected_lines(rows, requests, names[0])]
 
 
 def _index(seq: tuple, value: object) -> int:

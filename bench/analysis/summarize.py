@@ -70,15 +70,19 @@ def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
     # none)
     absent = requests["absent_polls"].fillna(0) if "absent_polls" in requests \
         else pd.Series(0, index=requests.index)
+    # PrefetchOperations a request issued (0.5.23's retries: more than one); runs before
+    # the column: one where an op was issued
+    ops = requests["prefetch_ops"] if "prefetch_ops" in requests \
+        else pd.Series(None, index=requests.index)
     rows = zip(requests["protocol"], requests["policy"], requests["tp"], requests["pp"],
                requests["polls"], hit_pages, as_bool(requests["op_issued"]),
                as_bool(requests["io_issued"]), requests["terminated_by"] == "poll", extra,
-               host, absent, strict=True)
+               host, absent, ops, strict=True)
     decision, background = [], []
-    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem, gone in rows:
+    for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem, gone, n in rows:
         e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
                                  bool(op), bool(io), bool(by_poll), bool(side), str(mem),
-                                 int(gone))
+                                 int(gone), ops=None if pd.isna(n) else int(n))
         decision.append(e.decision)
         background.append(e.hit_query + e.ack + e.ticket)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)

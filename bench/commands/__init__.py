@@ -34,6 +34,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "hazards": ("[--protocols P,..] [--scenarios S,..]", "the open PRs' protocols x hazard "
                 "scenarios: deadlock, divergence or corrupt pages, or OK with its cost",
                 "bench.commands.hazards"),
+    "review": ("--sglang BASE,HEAD", "the page a reviewer of a pull request to SGLang reads: "
+               "a run of both sides and their hazard cells", "bench.commands.review"),
     "sglang-poll": ("--sglang SPEC [--tp N] [--pp N]", "SGLang's own poll (a release, wheel "
                     "or source tree) on this machine's ranks, counted at its call sites, "
                     "against the project's model", "bench.commands.sglang_poll"),

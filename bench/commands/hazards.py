@@ -5,9 +5,12 @@ collective timeout and reports one of: OK (with the protocol's cost), deadlock (
 unpaired or failed collective: call site, ranks, step, each rank's last collectives),
 abort (gloo killed a rank on a size mismatch: the collective its peers name, both sizes),
 divergence (the first poll the ranks answered differently), corrupt pages. Writes
-hazards.csv, hazards.md, hazards.png, env.json and each cell's rank reports. Exit codes:
-0 every cell classified (and, with --twice, alike in both runs), 1 a cell ran past its
-bound or differed between the runs, 2 bad input.
+hazards.csv, hazards.md, hazards.png, env.json and each cell's rank reports. With
+`--cache sglang --sglang base=SPEC,head=SPEC` every cell runs on every side (a row per
+cell per side, the side in the protocol column), and the cells that changed from the first
+side are named first. Exit codes: 0 every cell classified (and, with --twice, alike in both
+runs), 1 a cell ran past its bound, differed between the runs, or (sides) got worse than
+the first side's, 2 bad input.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
-from bench.hazards.matrix import MatrixSpec, run_matrix, run_one
+from bench.hazards.matrix import MatrixSpec, run_matrix, run_one, run_sides
 from bench.hazards.report import write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
+from bench.hazards.sides import summary_lines, worse
 from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
@@ -36,7 +40,7 @@ def parser() -> CliParser:
     a("--collective-timeout", type=float, default=2.0, help="seconds, every system group")
     a("--pp", type=int, default=None, help="pin the layout's PP size (scenarios needing more: "
                                             "bad input)")
-    add_cache_options(a, "its release's protocol, so --protocols is not given")
+    add_cache_options(a, "its release's protocol, so --protocols is not given", several=True)
     a("--sglang-consensus", action="store_true",
       help="with --cache sglang: serve every cell a second time with SGLang's own "
       "rank-consensus checker on, and report what it said (the sglang_consensus column)")
@@ -45,7 +49,7 @@ def parser() -> CliParser:
     return p
 
 
-def _spec(args) -> MatrixSpec:
+def _specs(args) -> list[MatrixSpec]:
     protocols = tuple(x for x in (args.protocols or ",".join(PROTOCOLS)).split(",") if x)
     unknown = [x for x in protocols if x not in PROTOCOLS]
     if unknown or not protocols:
@@ -66,32 +70,47 @@ def _spec(args) -> MatrixSpec:
     return _system_under_test(spec, args)
 
 
-def _system_under_test(spec: MatrixSpec, args) -> MatrixSpec:
-    """--cache sglang: the release read once here (one line, exit 2, when it cannot be had
-    or driven); its cells run the release's model protocol under SGLang's decisions."""
-    from sglang_adapter import ChoiceError, choose
+def _system_under_test(spec: MatrixSpec, args) -> list[MatrixSpec]:
+    """--cache sglang: each release read once here, then taken out of this process again
+    (one line, exit 2, when it cannot be had or driven); its cells run the release's model
+    protocol under SGLang's decisions. Several (`base=SPEC,head=SPEC`): a spec a side."""
+    from sglang_adapter import ChoiceError, choose, choose_sides, is_side_list
 
+    several = args.cache == "sglang" and is_side_list(args.sglang)
     try:
-        target = choose(args.cache, args.sglang, args.protocols is not None)
+        # SGLang's page-hash extension built first where a cell may take its controller path
+        # (matrix.sglang_path); every other cell runs SGLang's decisions on the project's
+        native = any(s.sglang_controller for s in spec.scenarios)
+        targets = [replace(t, controller=False) for t in choose_sides(
+            args.sglang, args.protocols is not None, False, None if native else "decisions",
+            1, {})] if several else \
+            [choose(args.cache, args.sglang, args.protocols is not None, native=native)]
     except ChoiceError as e:
         raise UsageError(str(e)) from None
-    if args.sglang_consensus and target is None:
+    if args.sglang_consensus and targets[0] is None:
         raise UsageError("--sglang-consensus runs SGLang's own checker: it needs --cache "
                          "sglang --sglang SPEC")
-    return spec if target is None else replace(spec, protocols=(target.protocol,),
-                                               sglang=target, consensus=args.sglang_consensus)
+    return [spec if t is None else replace(spec, protocols=(t.protocol,), sglang=t,
+                                           consensus=args.sglang_consensus) for t in targets]
+
+
+def spec_sides(specs: list[MatrixSpec]) -> bool:
+    """Whether the run is of SGLang sides (a list or a label), not one SGLang or protocols."""
+    return len(specs) > 1 or (specs[0].sglang is not None and specs[0].sglang.side is not None)
 
 
 def _default_out() -> Path:
     return RunDir.new("run", "hazards", short_sha()).path
 
 
-def _second_run(spec: MatrixSpec, rows: list[dict]) -> bool:
+def _second_run(specs: list[MatrixSpec], rows: list[dict]) -> bool:
     """Every cell again with the same seed; whether each outcome repeats."""
     alike = True
-    by = {s.name: s for s in spec.scenarios}
+    by = {s.name: s for s in specs[0].scenarios}
+    cells = {spec.label(p): (spec, p) for spec in specs for p in spec.protocols}
     for row in rows:
-        again = run_one(spec, by[row["scenario"]], row["protocol"], tag="__again")
+        spec, protocol = cells[row["protocol"]]
+        again = run_one(spec, by[row["scenario"]], protocol, tag="__again")
         row["same_twice"] = again["outcome"] == row["outcome"] and \
             again.get("sglang_consensus") == row.get("sglang_consensus")
         alike &= row["same_twice"]
@@ -102,26 +121,38 @@ def _second_run(spec: MatrixSpec, rows: list[dict]) -> bool:
     return alike
 
 
+def _header(env: dict, specs: list[MatrixSpec], sides: bool) -> list[str]:
+    spec = specs[0]
+    named = "; ".join(f"{one.sglang.name} from {one.sglang.root}" for one in specs if sides)
+    where = [f"Sides, the first the reference: {named} (each cell's ranks import their own "
+             "side's SGLang)."] if sides else []
+    return [f"Commit {((env['git'] or {}).get('commit') or '?')[:10]}"
+            f"{' (dirty)' if env['git'] and env['git'].get('dirty') else ''}, "
+            f"{env['utc_time']}, host {env['host']}, {env['cpu_count']} CPUs; seed "
+            f"{spec.seed}, collective timeout {spec.timeout_s:g} s, gloo, TP 2.", *where]
+
+
 def _body(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    spec = _spec(args)
+    specs = _specs(args)
+    spec, sides = specs[0], spec_sides(specs)
     spec.out.mkdir(parents=True, exist_ok=True)
-    cells = sum(runs(s, p) for s in spec.scenarios for p in spec.protocols)
+    cells = sum(runs(s, p) for s in spec.scenarios for one in specs for p in one.protocols)
     print(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed {spec.seed}"
-          f" -> {spec.out}")
-    rows = run_matrix(spec)
-    alike = _second_run(spec, rows) if args.twice else True
+          f"{f', {len(specs)} sides' if sides else ''} -> {spec.out}")
+    rows = run_sides(specs) if sides else run_matrix(spec)
+    alike = _second_run(specs, rows) if args.twice else True
     env = collect_env("gloo", {"tp": 2, "pp": sorted({s.pp for s in spec.scenarios})})
     write_json_atomic(RunDir(spec.out).file("env"), env)
-    header = [f"Commit {((env['git'] or {}).get('commit') or '?')[:10]}"
-              f"{' (dirty)' if env['git'] and env['git'].get('dirty') else ''}, "
-              f"{env['utc_time']}, host {env['host']}, {env['cpu_count']} CPUs; seed "
-              f"{spec.seed}, collective timeout {spec.timeout_s:g} s, gloo, TP 2."]
-    write(spec.out, rows, header)
+    write(spec.out, rows, _header(env, specs, sides), sides, spec.consensus)
     harness = [r for r in rows if r["outcome"] == "harness"]
-    ok = not harness and alike
+    lost = worse(rows, spec.consensus) if sides else []
+    if sides:
+        print("\n".join(summary_lines(rows, spec.consensus)))
+    ok = not harness and alike and not lost
+    worse_note = f", {len(lost)} worse than {specs[0].label(spec.protocols[0])}" if lost else ""
     print(f"{PROG}: {'OK' if ok else 'FAILED'} ({len(rows)} cells, {len(harness)} past their "
-          f"bound{'' if alike else ', outcomes differ between the two runs'}) -> "
+          f"bound{'' if alike else ', outcomes differ between the two runs'}{worse_note}) -> "
           f"{spec.out / 'hazards.md'}")
     return 0 if ok else 1
 

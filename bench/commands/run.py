@@ -99,6 +99,11 @@ def parser() -> CliParser:
       "rank-consensus checker on in every serve, as its scheduler configures it (0.5.23 on; "
       "its collectives on its own groups, counted apart); consensus.csv says per serve "
       "whether it fired, and where, and a fired checker fails the run (docs/sglang.md)")
+    a("--model-beside", action="store_true", help="with several SGLangs (--sglang A,B): "
+      "the project's model of each side's release (0.5.18 pre27010, 0.5.19 pr36425) serves "
+      "too, on a world of its own in the same turns and seeds, and a fidelity line per "
+      "metric says whether the model's ratio lies inside SGLang's 95%% interval (preset "
+      "seed-pr; docs/sglang.md, The seed PR as released)")
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")
@@ -160,6 +165,11 @@ def parser() -> CliParser:
     a = _group(p, 'hazards and faults')
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
+    a("--land-step", type=int, help="the prefixes in storage are another writer's, landing "
+      "at this scheduler step: a hit query issued before it misses them (0.5.23 retries "
+      "it, docs/hazards.md 'Retries (0.5.23)'); 0: stored from the start")
+    a("--land-skew-steps", type=int, help="every TP rank but 0 sees them this many steps "
+      "later than rank 0 (ranks that see a miss differently)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int, help="the process-wide step at which --kill-rank exits")
     a("--plant", metavar="PROTOCOL:MS", help="fault injection: every step of PROTOCOL's "

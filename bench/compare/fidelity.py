@@ -7,46 +7,21 @@ the free-running intervals: the pinned clock charges every IO-wait step its host
 time, so a slower poll lengthens the IO itself and its TTFT ratio (0.45x at 53f28a3) is not
 the server's (0.91x). A row passes a metric when the candidate's ratio lies inside the free
 run's 95% interval (give the free run enough repeats to be tight); a metric the free run has
-no interval for, or the candidate no ratio, is not judged.
+no interval for, or the candidate no ratio, is not judged (the rule:
+bench.analysis.fidelity_rule).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pandas as pd
 
+from bench.analysis.fidelity_rule import METRICS, Row, interval
 from bench.run.plan import plan_differences
 from bench.rundir.schema import REFERENCE_PROTOCOL
 
-METRICS = ("prefetch_ttft_p50", "bystander_ttft_p50", "itl_p50", "step_mean")
 # What may differ between the two runs: the thing under test and how many serves each took.
 FREE_TO_DIFFER = ("system.schedule", "repeats", "preset", "protocols", "policies",
                   "redo_disturbed")
-
-
-@dataclass(frozen=True)
-class Row:
-    protocol: str
-    policy: str
-    metric: str
-    candidate: tuple[float, float, float]  # point, low, high
-    free: tuple[float, float, float]
-
-    @property
-    def judged(self) -> bool:
-        return not any(math.isnan(v) for v in (self.candidate[0], *self.free[1:]))
-
-    @property
-    def inside(self) -> bool:
-        return self.judged and self.free[1] <= self.candidate[0] <= self.free[2]
-
-
-def _interval(row: dict, metric: str) -> tuple[float, float, float]:
-    return tuple(float(row.get(f"{metric}_ratio{s}", math.nan))
-                 for s in ("", "_ci_low", "_ci_high"))
-
 
 def check_comparable(candidate_plan: dict | None, free_plan: dict | None,
                      free: pd.DataFrame) -> None:
@@ -73,7 +48,7 @@ def fidelity_rows(candidate: pd.DataFrame, free: pd.DataFrame) -> list[Row]:
         other = keyed.get((r["protocol"], r["policy"]))
         if other is None or r["protocol"] == REFERENCE_PROTOCOL:
             continue
-        out += [Row(r["protocol"], r["policy"], m, _interval(r, m), _interval(other, m))
+        out += [Row(r["protocol"], r["policy"], m, interval(r, m), interval(other, m))
                 for m in METRICS]
     return out
 

@@ -9,6 +9,7 @@ a cell that outlives its bound: that cell is a harness failure, never a silent w
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, r
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
-from sglang_adapter import Target, consensus_verdict, ships_checker
+from sglang_adapter import Target, consensus_verdict, controller_unfit, ships_checker
 
 _PRELOADED = False
 SGLANG_IMPORT_S = 20.0  # a rank's import of SGLang's decision path, on shared cores
@@ -70,6 +71,31 @@ def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
     return rows
 
 
+def run_sides(specs: list[MatrixSpec], log=print) -> list[dict]:
+    """Several SGLangs' matrices (one spec a side, the reference first), one row per cell
+    per side: each scenario on every side in turn, so the sides' cells of a scenario run
+    moments apart. Each cell's ranks fork from the server (which imports no SGLang) and
+    import their own side's; this process imports none, checked before every cell."""
+    _preload()
+    rows = []
+    for s in specs[0].scenarios:
+        for spec in specs:
+            for protocol in (p for p in spec.protocols if runs(s, p)):
+                _no_sglang_here()
+                rows.append(run_one(spec, s, protocol))
+                log(_line(rows[-1]))
+    return rows
+
+
+def _no_sglang_here() -> None:
+    """Two SGLangs never meet in one interpreter: the launching process checked each side's
+    and took it out again (sglang_adapter.loader.unload); a cell forks from the server."""
+    if "sglang" in sys.modules:
+        raise RuntimeError(f"an sglang is imported in the launching process (from "
+                           f"{getattr(sys.modules['sglang'], '__file__', '?')}): a side's "
+                           "cells would not be its own")
+
+
 def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:
     _preload()  # a cell's ranks fork from a server that imported torch once (4 ranks: long)
     cell_dir = spec.out / "cells" / f"{s.name}__{spec.label(protocol)}{tag}"
@@ -79,7 +105,7 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
     t0 = time.monotonic()
     got, dead = launch_to_end(s.world, run_cell,
                               (s, protocol, spec.seed, spec.timeout_s, str(cell_dir),
-                               spec.sglang),
+                               sglang_path(spec.sglang, s)),
                               timeout_s=spec.bound_s(s), method="forkserver")
     wall = time.monotonic() - t0
     reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
@@ -95,6 +121,15 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
     if spec.consensus and spec.sglang is not None and not tag.endswith(CHECKED):
         row.update(judged_by_sglang(spec, s, protocol, tag))
     return row
+
+
+def sglang_path(target: Target | None, s: Scenario) -> Target | None:
+    """The SGLang a cell serves with: its controller path as the data path where the
+    scenario asks for it and the cell fits it, else its decisions on the project's."""
+    if target is None or not s.sglang_controller or \
+            controller_unfit(target, s.pp, s.system) is not None:
+        return target
+    return replace(target, controller=True)
 
 
 CHECKED = "__sglang_consensus"

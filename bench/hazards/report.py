@@ -6,6 +6,7 @@ from pathlib import Path
 
 from bench.hazards.classify import ABORT, CORRUPT, DEADLOCK, DIVERGENCE, FAILED, HARNESS, OK
 from bench.hazards.scenarios import SCENARIOS
+from bench.hazards.sides import change_table, changed_first
 from bench.rundir.files import write_csv_atomic, write_text_atomic
 
 COLUMNS = ["scenario", "issue", "protocol", "policy", "tp", "pp", "seed", "outcome", "site",
@@ -39,14 +40,20 @@ def matrix_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write(out: Path, rows: list[dict], header: list[str]) -> None:
+def write(out: Path, rows: list[dict], header: list[str], sides: bool = False,
+          consensus: bool = False) -> None:
+    """`sides`: the rows are several SGLangs' (bench.hazards.sides), the cells that changed
+    from the first side's come first; `consensus`: SGLang's checker's verdict counts too."""
     write_csv_atomic(out / "hazards.csv", rows, COLUMNS)
-    write_text_atomic(out / "hazards.md", "\n".join(_markdown(rows, header)) + "\n")
+    lead = ["## Changed between the sides", "", *change_table(rows, consensus), "",
+            "## Every cell", ""] if sides else []
+    lines = _markdown(changed_first(rows, consensus) if sides else rows, header, lead)
+    write_text_atomic(out / "hazards.md", "\n".join(lines) + "\n")
     _figure(out / "hazards.png", rows)
 
 
-def _markdown(rows: list[dict], header: list[str]) -> list[str]:
-    lines = ["# Hazard matrix", "", *header, "", *matrix_table(rows), "",
+def _markdown(rows: list[dict], header: list[str], lead: list[str]) -> list[str]:
+    lines = ["# Hazard matrix", "", *header, "", *lead, *matrix_table(rows), "",
              "Cells: OK with decision collectives per poll and the scheduler's agreement "
              "collectives (decision, completion, per-step MIN) per step, on rank 0; otherwise "
              "the outcome, the call site and the step where it was found first.", "",

@@ -28,6 +28,11 @@ class Scenario:
     new_tokens: int = 512  # computed by the prefill
     gap_ms: float = 2.0  # between arrivals
     protocols: tuple[str, ...] | None = None  # None: every protocol can run it
+    # --cache sglang: its hazard lives in SGLang's own drains (the retry set its hit drain
+    # arms), so SGLang's controller path is the data path where the cell fits it; else
+    # SGLang's decisions on the project's data path (every other scenario plants its
+    # hazard in the project's data path)
+    sglang_controller: bool = False
 
     @property
     def world(self) -> int:
@@ -102,8 +107,36 @@ def _span_skew() -> Scenario:
                     storage=SLOW_READS, protocols=("sglang-0.5.23", "pr39267"))
 
 
+# The retry scenarios (0.5.23's StoragePrefetchRetries, docs/hazards.md "Retries (0.5.23)"):
+# every prompt's 8 stored pages are another writer's, landing while the burst (all at
+# once) waits; each
+# prompt's 1536 new tokens fill most of the 2048-token prefill budget, so the walk
+# schedules one request a step and the tail still waits when its retry falls due (8 passes
+# after the miss, SGLang's default). pr36425 (0.5.19, the same poll, no retries) beside it.
+RETRY_PROTOCOLS = ("pr36425", "sglang-0.5.23")
+
+
+def _late_write() -> Scenario:
+    return Scenario("late-write", "#36227", "every prefix lands in storage at scheduler step 4 "
+                    "(another writer's backup committing): the first lookups miss, a retry "
+                    "8 passes later finds them while the request still waits",
+                    requests=16, new_tokens=1536, gap_ms=0.0,
+                    system={"land_step": 4, **NO_TIMEOUT}, storage=SLOW_READS,
+                    protocols=RETRY_PROTOCOLS, sglang_controller=True)
+
+
+def _miss_skew() -> Scenario:
+    return Scenario("miss-skew", "#36227", "TP rank 0 holds every prefix from the start, "
+                    "TP rank 1 only from step 6: the ranks see the first lookups' miss "
+                    "differently (8 pages against 0)",
+                    requests=16, new_tokens=1536, gap_ms=0.0,
+                    system={"land_skew_steps": 6, **NO_TIMEOUT}, storage=SLOW_READS,
+                    protocols=RETRY_PROTOCOLS, sglang_controller=True)
+
+
 SCENARIOS = {s.name: s for s in (_budget_skew(), _ongoing_skew(), _early_return(),
-                                 _pp_stages(), _sidecar_race(), _pp_busy(), _span_skew())}
+                                 _pp_stages(), _sidecar_race(), _pp_busy(), _span_skew(),
+                                 _late_write(), _miss_skew())}
 
 
 def runs(scenario: Scenario, protocol: str) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from bench import neighbour
-from bench.run import delays
+from bench.run import delays, sides
 from bench.run.plan import ALIASES, PRESETS, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
@@ -66,6 +66,8 @@ class RunOptions:
     host_memory: str | None = None
     no_race_guard: bool = False
     budget_skew: float | None = None
+    land_step: int | None = None
+    land_skew_steps: int | None = None
     timeout_base: float | None = None
     step_ms: float | None = None
     consensus: bool = False
@@ -93,6 +95,7 @@ class RunOptions:
     sglang: str | None = None
     sglang_path: str | None = None  # auto | controller | decisions (None: auto)
     sglang_consensus: bool = False  # SGLang's own rank-consensus checker in every serve
+    model_beside: bool = False  # the project's model of each side's release, in the turns
     out: Path | None = None
 
     @classmethod
@@ -130,7 +133,7 @@ def build_plan(args: RunOptions) -> RunPlan:
                  "max_running", "bystander_rate", "storage_gbps"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=name == "kill_step")
     for name in ("storage_latency_ms", "jitter", "stall_ms", "budget_skew", "fail_rate",
-                 "bystanders"):
+                 "bystanders", "land_step", "land_skew_steps"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     _positive("timeout-base", args.timeout_base, allow_zero=True)
     _positive("step-ms", args.step_ms, allow_zero=True)
@@ -167,7 +170,12 @@ def build_plan(args: RunOptions) -> RunPlan:
                             or preset.get("delays_ms", ()))
     except ValueError as e:
         raise OptionError(str(e)) from None
-    plan = _system_under_test(plan, args)
+    plan = _system_under_test(plan, args, preset.get("sglang"))
+    if args.model_beside or preset.get("model_beside"):
+        try:
+            plan = sides.with_model(plan)
+        except ValueError as e:
+            raise OptionError(str(e)) from None
     if args.schedule is None:
         plan = _pin_if_possible(plan)
     if args.redo_disturbed and plan.schedule != "pinned":
@@ -181,11 +189,15 @@ def build_plan(args: RunOptions) -> RunPlan:
     return plan
 
 
-def _system_under_test(plan: RunPlan, args: RunOptions) -> RunPlan:
+def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None = None
+                       ) -> RunPlan:
     """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once;
     several SGLangs (a list, or a label): a side each, its name a protocol
-    (sglang_adapter.sides; one labelled SGLang: a run of one under its label)."""
+    (sglang_adapter.sides; one labelled SGLang: a run of one under its label). A preset's
+    sides (seed-pr, whose system under test is SGLang) serve unless --sglang names others."""
     given = (args.protocols is not None, bool(plan.pairing))
+    if preset_sides:
+        args = replace(args, cache="sglang", sglang=args.sglang or preset_sides)
     try:
         if args.cache == "sglang" and is_side_list(args.sglang):
             sides = choose_sides(args.sglang, *given, args.sglang_path, plan.pp,
@@ -319,6 +331,7 @@ def _system(args, preset: dict) -> dict:
     if args.no_race_guard:
         s["race_guard"] = False
     for flag, key in (("budget_skew", "budget_skew"), ("timeout_base", "timeout_base_s"),
+                      ("land_step", "land_step"), ("land_skew_steps", "land_skew_steps"),
                       ("max_running", "max_running_requests"),
                       ("collective_timeout", "collective_timeout_s"),
                       ("kill_rank", "kill_rank"), ("kill_step", "kill_step")):

@@ -86,6 +86,11 @@ class RunPlan:
     # protocol, in `protocols`' order, the first the reference; each serves on rank
     # processes of its own (bench.run.sides), whose plan's `sglang` is that side's.
     sides: tuple[Target, ...] = ()
+    # The project's model of each side's release (--model-beside: pre27010 for 0.5.18,
+    # pr36425 for 0.5.19), its protocols after the sides' in `protocols`: served in the same
+    # turns by a world of its own (bench.run.sides), so the model's ratio and SGLang's are
+    # paired by seed in one run (bench.analysis.beside holds one in the other's interval).
+    beside: tuple[str, ...] = ()
     # A cost sweep (bench.analysis.sweep): every repeat serves every cell at each of these
     # added costs per control-plane collective (ms), interleaved; () = one cost, the
     # system's collective_delay_ms. Each cost's rows go to a run directory of its own.
@@ -181,8 +186,9 @@ class RunPlan:
         first = sides[0] if sides else replace(self.sglang, consensus_dir=str(folder / "side0"))
         return replace(self, sides=sides, sglang=first)
 
-    def side_plan(self, side: Target) -> RunPlan:
-        """The plan one side's ranks run: the whole run's cells, with `sglang` that side's."""
+    def side_plan(self, side: Target | None) -> RunPlan:
+        """The plan one side's ranks run: the whole run's cells, with `sglang` that side's
+        (None: the model beside, the project's cache)."""
         return replace(self, sglang=side)
 
     def twin(self, cell: Cell) -> str:
@@ -323,6 +329,16 @@ def _releases(gpus: int) -> dict:
             "protocols": ("pr27010", "pr36425", "sglang-0.5.23")}
 
 
+def _seed_pr(gpus: int) -> dict:
+    """Issue 48's seed PR as SGLang shipped it: 0.5.18's HiRadixCache poll against 0.5.19's
+    UnifiedRadixCache poll (both on SGLang's decisions path: 0.5.18 has no controller path
+    here), and beside them in the same turns the project's model of each (pre27010,
+    pr36425): make bench's burst (24 + 24) on the free schedule, one seed, the two policies whose
+    polls differ, 10 repeats (docs/sglang.md, "The seed PR as released")."""
+    return {**_default(gpus), "repeats": 10, "sglang": "before=0.5.18,after=0.5.19",
+            "model_beside": True}
+
+
 def _lag(gpus: int) -> dict:
     """SGLang #32724's regime: a burst whose head fills the prefill budget (1536 new tokens a
     request against 4096 a step: two a prefill) while its prefetches finish far sooner, so
@@ -341,7 +357,7 @@ def _race(gpus: int) -> dict:
 
 PRESETS = {"default": _default, "cost": _cost, "queue": _queue, "ci": _ci, "sweep": _sweep,
            "pp": _pp, "race": _race, "releases": _releases, "lag": _lag, "trace": _trace,
-           "trace-sweep": _trace_sweep, "delay-sweep": _delay_sweep}
+           "trace-sweep": _trace_sweep, "delay-sweep": _delay_sweep, "seed-pr": _seed_pr}
 PRESET_HELP = {
     "default": "make bench, the end-to-end headline: a burst of 24 prefetching requests and "
                "24 bystanders on the free schedule, pr27010 / pr36425 / step-clock, "
@@ -368,6 +384,11 @@ PRESET_HELP = {
                    "0, 0.5, 1, 2, 3 ms, interleaved (pr27010 / pr36425, wait_complete and "
                    "timeout, 12 repeats, about 11 minutes on 2 cores): headline ratios "
                    "against the measured c and the overhead model (sweep.md, sweep.png)",
+    "seed-pr": "issue 48's seed PR as released: SGLang 0.5.18 against 0.5.19 (--cache "
+               "sglang, --sglang before=0.5.18,after=0.5.19 unless given) with the model's "
+               "pre27010 / pr36425 beside them in the same turns (--model-beside), make "
+               "bench's burst of 24 + 24 on the free schedule, wait_complete and timeout, 10 "
+               "repeats; a fidelity line per metric (make bench SGLANG=0.5.18,0.5.19)",
     "trace-sweep": "the excerpt's 40 requests at 1, 2, 4, 8 x their arrival rate (timeout, "
                    "pr27010 / pr36425 / step-clock, 2 repeats): TTFT, ITL and step time "
                    "against offered load",

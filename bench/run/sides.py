@@ -12,8 +12,10 @@ order rotated per repeat), and no side's serve overlaps another's: the waiting s
 block (no spin) and its SGLang threads have ended with its last serve (System.close).
 
 Each side's ranks first take a turn for their setup (groups, calibration, SGLang's import),
-so every calibration runs on a quiet machine too. The sides' rows are merged into the run
-directory (bench.rundir.lanes) and reported as any run is, the first side the reference.
+so every calibration runs on a quiet machine too. With --model-beside one more world, the
+project's cache serving the model of each side's release, takes its turns beside them.
+The sides' rows are merged into the run directory (bench.rundir.lanes) and reported as any
+run is, the first side the reference.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.run.plan import Cell, RunPlan
+from hicache.spec.cost_model import modelled
 
 SIDES_DIR = "sides"
 POLL_S = 1.0  # how often a waiting rank looks whether a failed side ended the run
@@ -71,15 +74,17 @@ class Turns:
 
 @dataclass
 class Side:
-    """What one rank of a side knows: its index among the sides and the shared turns."""
+    """What one rank of a world knows: its index among the worlds, the protocols it serves
+    (a side's own name; the model beside: the model's protocols) and the shared turns."""
 
     index: int
-    sides: int
+    sides: int  # worlds: the sides, and the model beside them
     turns: Turns
     wait_s: float
+    protocols: tuple[str, ...] = ()
 
     def cells(self, plan: RunPlan) -> list[Cell]:
-        return [c for c in plan.cells() if c.protocol == plan.sglang.name]
+        return [c for c in plan.cells() if c.protocol in self.protocols]
 
     def setup(self):
         return self._turn(self.index)
@@ -99,8 +104,33 @@ class Side:
         return _Turn()
 
 
+def with_model(plan: RunPlan) -> RunPlan:
+    """--model-beside: the project protocol modelling each side's release
+    (hicache.spec.cost_model.modelled: 0.5.18 pre27010, 0.5.19 pr36425) served by one more
+    world, after the sides in every repeat's turns. ValueError (one line) without several
+    sides, or where two sides share a model (its ratio to itself is 1)."""
+    if len(plan.sides) < 2:
+        raise ValueError("--model-beside holds the model's ratios in SGLang's intervals: it "
+                         "needs several SGLangs (--cache sglang --sglang A,B)")
+    models = tuple(modelled(t.name) for t in plan.sides)
+    twice = sorted({m for m in models if models.count(m) > 1})
+    if twice:
+        raise ValueError(f"--model-beside: two sides are modelled by {twice[0]}, whose ratio "
+                         "to itself is 1: no model to hold against them")
+    return replace(plan, beside=models, protocols=(*plan.protocols, *models))
+
+
 def side_dirs(plan: RunPlan) -> list[Path]:
-    return [Path(plan.out_dir) / SIDES_DIR / f"side{i}" for i in range(len(plan.sides))]
+    """Each world's run directory: side0, side1, ... and `model` (the model beside)."""
+    names = [f"side{i}" for i in range(len(plan.sides))] + (["model"] if plan.beside else [])
+    return [Path(plan.out_dir) / SIDES_DIR / n for n in names]
+
+
+def worlds(plan: RunPlan) -> list[tuple[RunPlan, tuple[str, ...]]]:
+    """Each world's plan and the protocols it serves: a side's SGLang and name, then the
+    model beside (the project's cache, the models' protocols)."""
+    out = [(plan.side_plan(t), (t.name,)) for t in plan.sides]
+    return out + ([(plan.side_plan(None), plan.beside)] if plan.beside else [])
 
 
 def run_sides(plan: RunPlan, timeout_s: float) -> list[str]:
@@ -113,15 +143,19 @@ def run_sides(plan: RunPlan, timeout_s: float) -> list[str]:
                   plan.world_size)
     errors: list[str] = []
 
+    served = worlds(plan)
+
     def one(i: int, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        side_plan = replace(plan.side_plan(plan.sides[i]), out_dir=str(path))
+        world_plan, protocols = served[i]
         try:
             launch(plan.world_size, Entry("bench.run.worker", "run_rank"),
-                   (side_plan, None, Side(i, len(plan.sides), turns, timeout_s)),
+                   (replace(world_plan, out_dir=str(path)), None,
+                    Side(i, len(served), turns, timeout_s, protocols)),
                    timeout_s=timeout_s)
         except LaunchError as e:
-            errors.append(f"side {plan.sides[i].name}: {e}")
+            errors.append(f"{'side' if i < len(plan.sides) else 'model'} "
+                          f"{', '.join(protocols)}: {e}")
             turns.abort()  # the other sides stop waiting for this one
 
     threads = [threading.Thread(target=one, args=(i, p))

@@ -266,6 +266,7 @@ def _counts(r: dict) -> dict:
             "ticket_collectives": r.get("coll_ticket", 0), "pp_hops": r.get("coll_pp_hop", 0),
             "call_sites": r.get("call_sites", ""),
             "terminated_by": r["terminated_by"], "op_issued": r["op_issued"],
+            "prefetch_ops": r["prefetch_ops"], "retries": r["retries"],
             "io_issued": r["io_issued"], "prefetch_requested_tokens": r["requested_tokens"],
             "hit_tokens": r["hit_tokens"], "prefetched_tokens": r["prefetched_tokens"],
             **{k: r[k] for k in TOKEN_COLUMNS if k in r}}

@@ -51,7 +51,8 @@ FILES = {
     "verdict": "verdict.json", "report": "report.md", "microbench": "microbench.json",
     "gate": "gate.json", "consensus": "consensus.csv",
     # --sglang-consensus: SGLang's checker's journals, a folder per side and serve
-    "consensus_dir": "consensus",
+    "consensus_dir": "consensus", "hazards": "hazards.csv", "review": "review.md",
+    "fidelity": "fidelity.csv",
 }
 
 # ---- the one column table --------------------------------------------------------------------
@@ -106,6 +107,7 @@ COLUMNS: dict[tuple[str, str], Columns] = {
     ("ranks", "any"): Columns(()),
     ("failures", "any"): Columns(tuple(FAILURE_COLUMNS)),
     ("divergence", "any"): Columns(tuple(DIVERGENCE_COLUMNS)),
+    ("hazards", "any"): Columns(("scenario", "protocol", "outcome")),
 }
 
 
@@ -193,6 +195,16 @@ class RunDir:
 
     def divergence(self) -> pd.DataFrame | None:
         return self.table("divergence", optional=True)
+
+    def hazards(self, optional: bool = False) -> list[dict] | None:
+        """A `bench hazards` folder's cells as the run's rows (empty cells None, the step an
+        int), as bench.hazards.report wrote them."""
+        frame = self.table("hazards", optional=optional)
+        if frame is None:
+            return None
+        rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+        return [{**r, "step": None if r.get("step") is None else int(r["step"])}
+                for r in rows]
 
     def json(self, role: str, optional: bool = False, required: list[str] = ()) -> dict | None:
         path = self.file(role)

@@ -45,8 +45,9 @@ REQUEST_COLUMNS = CONFIG_COLUMNS + [
     "sync_ms", "load_back_ms", "load_back_bytes", "load_back_gbps", "prefill_ms", "polls",
     "absent_polls", "decision_collectives",
     "completion_collectives", "hit_query_collectives", "ack_collectives",
-    "ticket_collectives", "pp_hops", "call_sites", "terminated_by", "op_issued", "io_issued",
-    "prefetch_requested_tokens", "hit_tokens", "prefetched_tokens", *TOKEN_COLUMNS,
+    "ticket_collectives", "pp_hops", "call_sites", "terminated_by", "op_issued",
+    "prefetch_ops", "retries", "io_issued", "prefetch_requested_tokens", "hit_tokens",
+    "prefetched_tokens", *TOKEN_COLUMNS,
     "output_tokens", "e2e_ms", "itl_mean_ms", "itl_p50_ms", "itl_p90_ms",
     "itl_p99_ms", "itl_ms", "ranks_agree", "disagreement", "data_ok", "schedule_digest",
 ]

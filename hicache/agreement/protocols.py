@@ -71,6 +71,9 @@ class Protocol:
     # 0.5.23: a timeout poll that ends a running prefetch marks its deadline expired; it is
     # never issued again (hicache.cache.poll `_expire`).
     deadline_expiry = False
+    # 0.5.23: a miss (a hit below the threshold, a poll that ended it before its hit, no
+    # host memory, the rate limit) arms a storage prefetch retry (hicache.cache.retries).
+    retries = False
     # The hit query's shape with a TRAILING_PAGES side-car (hicache.agreement.hit_query); any other
     # pool leaves it a MIN of the hit.
     trailing_hit_shape = "min"
@@ -202,7 +205,7 @@ class Sglang0523(Pr36425):
     every poll, whatever the policy (unified_radix_cache.py `_check_pp_prefetch_progress`)."""
 
     name, clock, step_agreement = "sglang-0.5.23", "first_blocked_poll", SGLANG_0_5_23
-    deadline_expiry, trailing_hit_shape = True, "span_mask"
+    deadline_expiry, trailing_hit_shape, retries = True, "span_mask", True
 
     def vote(self, f: Facts) -> Vote:
         if f.ticketed:

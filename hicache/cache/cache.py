@@ -20,6 +20,7 @@ from hicache.agreement.protocols import make_protocol
 from hicache.cache.controller import KV, SIDECAR, CacheController, PrefetchOp
 from hicache.cache.poll import PrefetchPoll
 from hicache.cache.prefill_pages import PrefillPages
+from hicache.cache.retries import PrefetchRetries
 from hicache.cache.step_events import StepEvents
 from hicache.cache.tiers import Tiers
 from hicache.cache.twin import TwinPolls
@@ -90,6 +91,12 @@ class HiCache(StepEvents, PrefetchPoll):
         self.staged: dict[str, tuple[list[int], list[str]]] = {}  # rid -> (slots, hashes)
         self.ongoing: dict[str, PrefetchOp] = {}
         self.expired: set[str] = set()  # 0.5.23: requests whose deadline expired (agreed)
+        # 0.5.23: misses whose lookup is issued again, and each request's re-issues so far
+        self.retries = PrefetchRetries() if self.protocol.retries else None
+        self.retry_attempts: dict[str, int] = {}
+        # 0.5.23, timeout: the prefetch whose first blocked poll started each request's
+        # wait; a retry's prefetch takes its clock and budget
+        self.waits: dict[str, PrefetchOp] = {}
         self.matches: dict[str, list[MatchResult]] = {}  # locked tree nodes per request
         self.prompts: dict[str, list[int]] = {}
         self.tokens_in_flight = 0
@@ -148,21 +155,69 @@ class HiCache(StepEvents, PrefetchPoll):
 
     def admit(self, rid: str, tokens: list[int], stamp: float) -> None:
         m, key = self._storage_key(rid, tokens)
-        st = self.stats.requests[rid]
-        if rid in self.expired or len(key) < self.cfg.prefetch_threshold:
-            return
+        self._prefetch_from_storage(rid, m, key, stamp)
+
+    def _prefetch_from_storage(self, rid: str, m: MatchResult, key: list[int], stamp: float,
+                               storage_hit_end: int | None = None) -> None:
+        """Issues the prefetch of `key` (the pages after the match `m`), or not
+        (unified_radix_cache.py `prefetch_from_storage`); `storage_hit_end`: a retry's known
+        hit end, up to which the span is taken as stored (no batch_exists)."""
+        if self.retries is not None:
+            self.retries.cancel(rid)
+        if rid in self.expired or rid in self.ongoing:
+            return  # 0.5.23: an agreed deadline is final; one prefetch at a time
+        start = m.pages * self.page
+        assume = storage_hit_end is not None and start < storage_hit_end <= start + len(key)
+        if assume:
+            key = key[: storage_hit_end - start]
+        if len(key) < self.cfg.prefetch_threshold:
+            return  # no lookup, so no retry armed
         if not self.buffer_only and not self.cfg.unbounded_pools and \
                 self.tokens_in_flight >= 0.5 * self.host_kv.num_pages * self.page:
-            return  # rate-limited: half the host pool already in flight (buffer mode sizes
-            # host memory at the hit instead: unified_radix_cache.py:2157)
+            # rate-limited: half the host pool already in flight (buffer mode sizes host
+            # memory at the hit instead: unified_radix_cache.py:2157); 0.5.23 retries it,
+            # paced: the limiter clears as transfers finish
+            self._arm_retry(rid, storage_hit_end)
+            return
         op = PrefetchOp(rid, key, m.last_hash, time.monotonic(), stamp, page_size=self.page,
-                        ticketed=self.ticketed)
+                        ticketed=self.ticketed, issue_step=self.stats.counter.step,
+                        storage_start=start, assume_stored=assume)
+        first = self.waits.get(rid)
+        if first is not None:  # the request's wait goes on (unified_radix_cache.py:2260-2263)
+            op.wait_start, op.wait_tokens = first.wait_start, first.wait_tokens
         self.ongoing[rid] = op
         self.tokens_in_flight += len(key)
-        st.op_issued = True
+        st = self.stats.requests[rid]
+        st.op_issued, st.prefetch_ops = True, st.prefetch_ops + 1
         if self.pin is not None:
             self.pin.hits.submitted.append(op)
         self.controller.prefetch_queue.put(op)
+
+    # ---- 0.5.23's storage prefetch retries (hicache.cache.retries) ------------------------------
+
+    def _arm_retry(self, rid: str, storage_hit_end: int | None = None) -> None:
+        """A miss: its lookup is issued again after the retry interval (0.5.23's
+        `storage_prefetch_retries.poll_miss`); a protocol without retries: nothing."""
+        if self.retries is not None:
+            self.retries.poll_miss(rid, storage_hit_end)
+
+    def retry_prefetches(self, waiting: list[str], stamp: float) -> None:
+        """Once per step, after check_hicache_events and before the walk: the due retries,
+        in waiting-queue order, issued again (scheduler.py
+        `_process_storage_prefetch_retries` -> `_retry_storage_prefetch` ->
+        `_prefetch_kvcache`: the prefix matched afresh, then `prefetch_from_storage`)."""
+        if self.retries is None:
+            return
+        cfg = self.cfg
+        for rid, hit_end in self.retries.pop_ready(waiting, self.retry_attempts,
+                                                    cfg.retry_poll_interval,
+                                                    cfg.retry_max_attempts):
+            self.retry_attempts[rid] = self.retry_attempts.get(rid, 0) + 1
+            self.stats.requests[rid].retries += 1
+            m, key = self._storage_key(rid, self.prompts[rid])
+            matches = self.matches[rid]
+            matches.insert(0, matches.pop())  # the base its prefetch now follows
+            self._prefetch_from_storage(rid, m, key, stamp, hit_end)
 
     def _match_and_lock(self, rid: str, tokens: list[int]) -> MatchResult:
         m = self.tree.match(tokens)
@@ -184,6 +239,7 @@ class HiCache(StepEvents, PrefetchPoll):
 
     def release(self, rid: str) -> None:
         self.prompts.pop(rid, None)
+        self.waits.pop(rid, None)
         self.host_kv.free(self.staged.pop(rid, ([], []))[0])
         for m in self.matches.pop(rid, []):
             self.tree.unlock(m.node)
@@ -221,6 +277,8 @@ class HiCache(StepEvents, PrefetchPoll):
 
     def load_back(self, rid: str) -> tuple[list[int], float]:
         """Device pages for the prompt before its prefill, and the copy's time."""
+        if self.retries is not None:  # scheduled: no lookup left to retry (scheduler.py:4315)
+            self.retries.cancel(rid)
         tokens = self.prompts[rid]
         m = self._match_and_lock(rid, tokens)
         staged = self.staged.pop(rid, ([], []))
@@ -273,11 +331,13 @@ class HiCache(StepEvents, PrefetchPoll):
             if op.terminated.is_set():
                 continue  # revoked by a poll while its hit query was in flight
             if op.hit_tokens < self.cfg.prefetch_threshold:
-                self._revoke(op)
+                self._revoke(op)  # a miss (or too short): 0.5.23 looks it up again later
+                self._arm_retry(op.rid)
                 continue
             slots = self._alloc_host(len(op.hash_value))
             if slots is None:
-                self._revoke(op)
+                self._revoke(op)  # no host memory: 0.5.23 retries, assuming the hit stored
+                self._arm_retry(op.rid, op.storage_start + op.hit_tokens)
                 continue
             op.host_slots, op.hash_value = slots, op.hash_value[: len(slots)]
             st.hit_tokens, st.io_issued = op.hit_tokens, True  # the hit it will fetch

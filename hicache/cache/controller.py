@@ -81,6 +81,7 @@ class PrefetchOp:
     decided: bool = False  # step-level "stop" (step-batched, step-clock)
     frozen_tokens: int = 0  # completed_tokens when the step-level decision was taken
     wait_start: float | None = None  # 0.5.23: this rank's clock at its first blocked poll
+    wait_tokens: int | None = None  # its budget's requested tokens (None: this op's own)
     ticketed: bool = False  # 0.5.23's PP-ticket path: the threads own it until ready
     io_error: str | None = None
     t_io_done: float | None = None
@@ -94,6 +95,12 @@ class PrefetchOp:
     terminated: threading.Event = field(default_factory=threading.Event)
     io_done: threading.Event = field(default_factory=threading.Event)
     ready: threading.Event = field(default_factory=threading.Event)  # ticket: final ack synced
+    # 0.5.23's retries (hicache.cache.retries): the scheduler step it was issued at (the
+    # storage tier's landing of late writes is judged at it), the prompt tokens before its
+    # span, and whether a known hit let it skip batch_exists (`assume_stored`).
+    issue_step: int = 0
+    storage_start: int = 0
+    assume_stored: bool = False
 
     page_size: int = 64
 
@@ -198,7 +205,11 @@ class CacheController:
         # Pinned: always queried, so its modelled time does not hang on a race with a poll.
         if op.terminated.is_set() and not self.pinned:
             return 0, 0
-        return self._storage_hit(op.hashes, op.rid)
+        if op.assume_stored:
+            # 0.5.23 `_storage_hit_query`: a prior hit on this span proved it stored; no
+            # batch_exists, but the hit query's MIN still runs.
+            return len(op.hashes), 0
+        return self._storage_hit(op.hashes, op.rid, op.issue_step)
 
     def _agreed_hit(self, op: PrefetchOp, local: int) -> int:
         # Its shape (hicache.agreement.hit_query): a MIN of the hit, or 0.5.23's restorable
@@ -221,12 +232,12 @@ class CacheController:
                 op.terminated.set()  # read nothing; its final ack still makes it ready
             self.io_queue.put(op)
 
-    def _storage_hit(self, hashes: list[str], rid: str) -> tuple[int, int]:
+    def _storage_hit(self, hashes: list[str], rid: str, step: int) -> tuple[int, int]:
         hit, calls = 0, 0
         for i in range(0, len(hashes), IO_BATCH_PAGES):
             batch = hashes[i: i + IO_BATCH_PAGES]
             t0 = time.monotonic()
-            n = self.storage.batch_exists(batch)
+            n = self.storage.batch_exists(batch, step)
             if self.events is not None:
                 self.events.span(EXISTS, t0, time.monotonic(), rid, len(batch), n)
             hit, calls = hit + n, calls + 1

@@ -81,6 +81,8 @@ class PrefetchPoll:
             # Stopped before its hit was agreed: no host slots, nothing usable, and no
             # completion MIN (SGLang revokes it first: hiradix_cache check_prefetch_progress).
             self._revoke(op, via="poll")
+            if op.rid not in self.expired:  # 0.5.23: a poll miss, unless its deadline
+                self._arm_retry(op.rid)  # (unified_radix_cache.py:2412-2416)
         else:
             self._finalize(op, self._usable_after_poll(op), "poll")
 
@@ -97,9 +99,12 @@ class PrefetchPoll:
     def _blocked(self, op: PrefetchOp) -> None:
         # 0.5.23 starts the timeout clock at the first poll that finds it pending
         # (unified_radix_cache.py `_start_storage_prefetch_wait`); a ticket has no clock.
+        # The wait is the request's: a retry's prefetch keeps it, budget and clock (popped
+        # only at admission, 2734).
         if self.protocol.clock == "first_blocked_poll" and self.cfg.policy == "timeout" \
                 and op.wait_start is None and not op.ticketed:
-            op.wait_start = self._now()
+            op.wait_start, op.wait_tokens = self._now(), len(op.tokens)
+            self.waits[op.rid] = op
 
     def _expire(self, op: PrefetchOp) -> None:
         """0.5.23: under timeout a poll that ends a prefetch still running is the ranks'
@@ -137,7 +142,8 @@ class PrefetchPoll:
             # 0.5.23 (unified_radix_cache.py:2259-2283): once every KV page landed it never
             # times out; the budget counts the requested pages, from the first blocked poll.
             landed = op.host_slots is not None and op.completed_tokens >= op.hit_tokens
-            budget = cfg.timeout_base_s + len(op.tokens) / 1024 * cfg.timeout_per_ki_token_s
+            tokens = len(op.tokens) if op.wait_tokens is None else op.wait_tokens
+            budget = cfg.timeout_base_s + tokens / 1024 * cfg.timeout_per_ki_token_s
             return not landed and op.wait_start is not None and \
                 self._now() - op.wait_start > budget
         if self.protocol.clock == "step" or self.pinned:

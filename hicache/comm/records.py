@@ -37,6 +37,10 @@ class RequestStats:
     # rejected (its prompt reaches the pool's max_input_tokens: never served)
     terminated_by: str = "none"
     op_issued: bool = False
+    # PrefetchOperations issued for it, each with its hit query: 1 for an issued prefetch,
+    # more where 0.5.23's retries issued it again (hicache.cache.retries)
+    prefetch_ops: int = 0
+    retries: int = 0  # 0.5.23's re-issues of its storage lookup (attempts, issued or not)
     io_issued: bool = False
     requested_tokens: int = 0
     hit_tokens: int = 0

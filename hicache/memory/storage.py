@@ -78,14 +78,22 @@ class Storage(ABC):
         # False under a pinned schedule: modelled time passes on the virtual clock, so the
         # calls do their real work without sleeping it out (hicache.spec.pinned).
         self.paced = True
+        # Another writer's pages landing during the serve (HiCacheConfig.land_step): pages
+        # `put` before the serve count for a hit query only from this scheduler step on.
+        # Reads are not gated: a rank reads only pages the agreed (MIN) hit counted.
+        self.land_step = 0
+        self._late: set[str] = set()
 
     # ---- public API ------------------------------------------------------------------------
 
-    def batch_exists(self, hashes: list[str]) -> int:
-        """Number of leading pages present on this rank (stops at the first miss)."""
+    def batch_exists(self, hashes: list[str], step: int | None = None) -> int:
+        """Number of leading pages present on this rank (stops at the first miss) for a hit
+        query issued at scheduler step `step` (None: whatever has landed by the end)."""
         self._pace(self.spec.exists_latency_ms / 1e3)
         # The miss rule goes first: a "missing" page is absent whatever the backend holds.
         kept = next((i for i, h in enumerate(hashes) if self._missing(h)), len(hashes))
+        if step is not None and step < self.land_step:  # another writer's, not landed yet
+            kept = next((i for i, h in enumerate(hashes[:kept]) if h in self._late), kept)
         return self._leading_present(hashes[:kept])
 
     def batch_get(self, hashes: list[str], pool: str, out: torch.Tensor,
@@ -152,6 +160,8 @@ class Storage(ABC):
         """Store pages with content page_content(hash, self.rank, pool); costs no model time.
         In chunks: a trace's history is tens of thousands of pages, and one tensor of them
         all (with its int64 intermediates) would be hundreds of MB that the allocator keeps."""
+        if self.land_step > 0:
+            self._late.update(hashes)  # visible to hit queries from land_step on
         for i in range(0, len(hashes), PUT_CHUNK_PAGES):
             chunk = hashes[i: i + PUT_CHUNK_PAGES]
             self._store(chunk, pool, expected_rows(chunk, self.rank, pool, page_elems))

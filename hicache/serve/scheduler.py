@@ -146,6 +146,8 @@ class Scheduler:
                 self.cache.admit(rid, tokens, stamp)
         busy = self._busy()
         any_busy = self.cache.check_hicache_events(stamp, busy)
+        # 0.5.23: the storage lookups due again, in queue order (_process_hicache_events)
+        self.cache.retry_prefetches(list(self.waiting), stamp)
         # t: rank 0's wall clock at the top of the step (step time = t_end - t)
         rec = StepStats(step, msg.get("wall", stamp), waiting=len(self.waiting),
                         running=len(self.running), vt=stamp,

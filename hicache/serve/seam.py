@@ -14,10 +14,10 @@ other ranks unless a line says otherwise):
   which `bench` compares across ranks. Every collective it issues is counted on
   `stats.counter` under a named call site.
 - `start()` before the first step; then per step: `admit` for each broadcast arrival,
-  `check_hicache_events` once, the walk (`begin_walk`, then per reached request
-  `walk_polls`, `walk_progress`, and for one that is ready `cached_tokens`,
-  `device_pages_needed` against `device_free_pages` / `device_room`), then per scheduled
-  request `load_back`, the forward, `cache_prefill` and `release`.
+  `check_hicache_events` once, `retry_prefetches` once, the walk (`begin_walk`, then per
+  reached request `walk_polls`, `walk_progress`, and for one that is ready
+  `cached_tokens`, `device_pages_needed` against `device_free_pages` / `device_room`),
+  then per scheduled request `load_back`, the forward, `cache_prefill` and `release`.
 - after the last step: `finish_pipeline()`, `stop(grace_s)`, `settle()`, `error()`; after a
   failure: `stop(0.0)` only; `close()` once the process is done with it.
 """
@@ -132,6 +132,12 @@ class CacheUnderTest(Protocol):
     def check_hicache_events(self, stamp: float, busy: bool) -> bool:
         """The per-step agreement (`stamp`: rank 0's clock, virtual when pinned; `busy`:
         this rank's scheduler holds work); returns whether any rank still has work."""
+        ...
+
+    def retry_prefetches(self, waiting: list[str], stamp: float) -> None:
+        """Right after `check_hicache_events`, before the walk (`waiting`: the queue in its
+        order): the storage lookups a release's retries have due now are issued again
+        (SGLang 0.5.23 `_process_storage_prefetch_retries`); nothing where it has none."""
         ...
 
     def has_work(self) -> bool:

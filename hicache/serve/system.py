@@ -70,6 +70,8 @@ class System:
         self.comm = Comm(layout, groups, self.stats.counter, cfg.collective_delay_ms)
         self.storage = make_storage(cfg.storage, layout.rank, layout.tp_rank)
         self.storage.paced = cfg.schedule != "pinned"  # pinned: modelled time is virtual
+        # another writer's pages land at a scheduler step (TP rank 0 first, the others later)
+        self.storage.land_step = cfg.land_step + (cfg.land_skew_steps if layout.tp_rank else 0)
         self.consensus = (ConsensusChecker(self.comm, cfg.consensus_interval_s)
                           if cfg.consensus_check else None)
         self.cache = make_cache(cfg, layout, self.comm, self.storage, device, self.stats,

@@ -31,6 +31,18 @@ class HiCacheConfig:
     pp: int = 1
     page_size: int = 64
     prefetch_threshold: int = 256  # tokens; shorter page-aligned prefixes are not fetched
+    # 0.5.23's storage prefetch retries (hicache.cache.retries; SGLang's
+    # --hicache-storage-prefetch-retry-poll-interval / -max-attempts, defaults 8 and 8): a
+    # miss is looked up again after this many scheduler passes (0: never), at most this
+    # many re-issues a request. Read only by the releases that retry (sglang-0.5.23, pr39267).
+    retry_poll_interval: int = 8
+    retry_max_attempts: int = 8
+    # Another writer's pages landing during the serve (the retry scenarios,
+    # docs/hazards.md): the prefixes stored before the serve count for a hit query only
+    # from the query's scheduler step `land_step` on (0: from the start); on every TP rank
+    # but 0 from `land_step + land_skew_steps` (ranks that see the miss differently).
+    land_step: int = 0
+    land_skew_steps: int = 0
     timeout_base_s: float = 1.0  # UnifiedRadixCache defaults
     timeout_per_ki_token_s: float = 0.25
     race_guard: bool = True  # PR #27550's pool_transfers_done check (pre27010 only)
@@ -177,6 +189,12 @@ class HiCacheConfig:
             raise ValueError(f"kv_budget_gib must be > 0, got {self.kv_budget_gib}")
         if self.prefetch_threshold < 0:
             raise ValueError("prefetch_threshold must be >= 0")
+        if self.land_step < 0 or self.land_skew_steps < 0:
+            raise ValueError(f"land_step and land_skew_steps must be >= 0, got "
+                             f"{self.land_step} and {self.land_skew_steps}")
+        if self.retry_poll_interval < 0 or self.retry_max_attempts < 0:
+            raise ValueError(f"retry_poll_interval and retry_max_attempts must be >= 0, got "
+                             f"{self.retry_poll_interval} and {self.retry_max_attempts}")
         if not 0.0 <= self.budget_skew < 1.0:
             raise ValueError(f"budget_skew must be in [0, 1), got {self.budget_skew}")
         if self.timeout_base_s < 0 or self.timeout_per_ki_token_s < 0:

@@ -165,6 +165,7 @@ def expected_per_request(
     host_memory: str = "cache",
     absent_polls: int = 0,
     trailing_sidecar: bool = False,
+    ops: int | None = None,
 ) -> Expected:
     """Collectives rank 0 issues for one request.
 
@@ -185,6 +186,11 @@ def expected_per_request(
     trailing_sidecar: the side-car has the TRAILING_PAGES hit policy; pr39267's hit query
     is then two reductions (the fixed-size bound, then the equal-size masks); 0.5.23's
     stays one (a larger tensor).
+    ops: PrefetchOperations issued for the request, each with its own hit query (and on the
+    PP-ticket path its own ticket); None: one if `op_issued`, else none. More than one where
+    0.5.23's retries looked it up again after a miss (hicache.cache.retries). A miss never
+    goes to IO, so `hit_pages`, `io_issued` and the acks are the last operation's; `polls`
+    count every operation's.
     """
     protocol = modelled(protocol)
     t = tp_cost(tp)
@@ -198,8 +204,9 @@ def expected_per_request(
     if protocol in ACK_PROTOCOLS and io_issued:
         # One per 128-page batch, plus the extra-pool ack; the final ack is free.
         acks = bg * (-(-hit_pages // IO_BATCH_PAGES) + int(extra_pool))
-    hit_query = bg * hit_query_rounds(protocol, trailing_sidecar) if op_issued else 0
-    ticket = int(op_issued and ticket_path(protocol, pp, host_memory))
+    n_ops = int(op_issued) if ops is None else ops
+    hit_query = bg * hit_query_rounds(protocol, trailing_sidecar) * n_ops
+    ticket = n_ops * int(ticket_path(protocol, pp, host_memory))
     absent = absent_polls if protocol == "pr38284" else 0
     return Expected((polls + absent) * ar, completion, (polls + absent) * hop, hit_query, acks,
                     ticket)

@@ -1,0 +1,110 @@
+"""`python -m bench review --sglang base=SPEC,head=SPEC`: the one page a reviewer of a pull
+request to SGLang reads.
+
+Runs `bench run --cache sglang --sglang LIST` and `bench hazards --cache sglang --sglang LIST`
+into one folder, each in a process of its own (this one imports no SGLang: each verb checks
+its sides and its ranks import their own), then writes review.md: whether it passed and
+why not, the run's headline (every side's ratios to the first, with intervals), the counts
+side by side by call site, and the hazard cells whose outcome changed from the first side's
+(docs/sglang.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard cell got
+worse; 1 the run FAILED, a hazard cell's outcome got worse than the first side's (or the
+matrix failed its own checks); 2 bad input (one line, nothing written, before any rank
+starts).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.commands.common import CliParser, UsageError, run_verb
+from bench.hazards.review import Part, RunRows, page, verdict
+from bench.hazards.scenarios import SCENARIOS, check_choice
+from bench.rundir.env import short_sha
+from bench.rundir.files import write_text_atomic
+from bench.rundir.rundir import REPO_DIR, RunDir
+
+PROG = "bench review"
+OWNED = ("--cache", "--sglang", "--out")  # the review sets them for both verbs
+
+
+def parser() -> CliParser:
+    p = CliParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--sglang", metavar="SPEC,SPEC", required=True,
+      help="two SGLangs or more, each optionally LABEL=SPEC (base=0.5.23,"
+      "head=~/sglang-pr/python), as bench run --sglang takes them: the first the reference")
+    a("--run-args", default="", metavar="ARGS",
+      help="more options for bench run, one quoted string (e.g. '--preset ci --repeats 4')")
+    a("--scenarios", default=",".join(SCENARIOS),
+      help=f"the hazard cells, comma-separated of {', '.join(SCENARIOS)}")
+    a("--sglang-consensus", action="store_true",
+      help="bench hazards --sglang-consensus: SGLang's own checker's verdict counts too")
+    a("--out", default="", help="results directory (default results/review_<sha>_<UTC>)")
+    return p
+
+
+def _check(args) -> tuple[list[str], list[str]]:
+    """The sides' list and the run's extra options, checked before anything runs (each verb
+    then checks the rest before any rank starts)."""
+    from sglang_adapter import ChoiceError, SourceError, parse_sides, resolve
+
+    try:
+        sides = parse_sides(args.sglang)
+        for label, spec in sides:
+            try:
+                resolve(spec)
+            except SourceError as e:
+                raise ChoiceError(f"{e} (side {label or spec})") from None
+        check_choice([x for x in args.scenarios.split(",") if x], None)
+    except ValueError as e:  # ChoiceError is one
+        raise UsageError(str(e)) from None
+    if len(sides) < 2:
+        raise UsageError("--sglang: a review needs two sides or more (BASE,HEAD)")
+    run_args = shlex.split(args.run_args)
+    owned = [o for o in run_args if o.split("=")[0] in OWNED]
+    if owned:
+        raise UsageError(f"--run-args: {owned[0].split('=')[0]} is the review's own")
+    return [label or spec for label, spec in sides], run_args
+
+
+def _verb(verb: str, argv: list[str], out: Path) -> Part:
+    """One verb in a process of its own, its output the user's; its Part."""
+    cmd = [sys.executable, "-m", "bench", verb, *argv, "--out", str(out)]
+    code = subprocess.run(cmd, cwd=REPO_DIR).returncode
+    return Part(shlex.join(["python", *cmd[1:]]), str(out), code)
+
+
+def _body(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    sides, run_args = _check(args)
+    out = Path(args.out) if args.out else RunDir.new("review", short_sha()).path
+    chosen = ["--cache", "sglang", "--sglang", args.sglang]
+    run = _verb("run", [*run_args, *chosen], out / "run")
+    if run.code == 2:
+        return 2  # its one line is on stderr; it wrote nothing
+    consensus = ["--sglang-consensus"] if args.sglang_consensus else []
+    hazards = _verb("hazards", [*chosen, "--scenarios", args.scenarios, *consensus],
+                    out / "hazards")
+    if hazards.code == 2:
+        return 2
+    rows = RunDir(hazards.folder).hazards(optional=True) or []
+    got = _run_rows(RunDir(run.folder))
+    lines = page(sides, run, hazards, got, rows, args.sglang_consensus)
+    write_text_atomic(RunDir(out).file("review"), "\n".join(lines) + "\n")
+    why = verdict(run, hazards, rows, args.sglang_consensus)
+    print(f"{PROG}: {'FAILED: ' + '; '.join(why) if why else 'OK'} -> "
+          f"{RunDir(out).file('review')}")
+    return 1 if why else 0
+
+
+def _run_rows(run: RunDir) -> RunRows:
+    summary = run.summary(optional=True)
+    requests = run.table("requests", optional=True)
+    return RunRows(summary, requests, run.plan())
+
+
+def main(argv: list[str]) -> int:
+    return run_verb(PROG, _body, argv)

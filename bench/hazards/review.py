@@ -1,0 +1,81 @@
+"""review.md: the one page a reviewer of a pull request to SGLang reads (`bench review`).
+
+Built from a run of the sides (`bench run --cache sglang --sglang base=SPEC,head=SPEC`:
+its summary and request rows and its plan) and a hazard matrix of the same sides (`bench
+hazards`: its rows): what the run and the matrix concluded, the run's headline (every
+side's ratios to the reference, bench.analysis.sides), its counts side by side by call
+site, and the hazard cells whose outcome changed from the reference's (bench.hazards.sides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from bench.analysis.sides import counts_text, headline_lines
+from bench.hazards.sides import change_table, changes, worse
+
+
+@dataclass(frozen=True)
+class Part:
+    """One verb's share of the review: how it ended and what it left."""
+
+    command: str  # as run, for the page
+    folder: str
+    code: int  # its exit code: 0 OK, 1 FAILED
+
+
+@dataclass(frozen=True)
+class RunRows:
+    """What the run of the sides left (summary None: it ended before writing one)."""
+
+    summary: pd.DataFrame | None
+    requests: pd.DataFrame | None
+    plan: dict | None
+
+
+def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool) -> list[str]:
+    """Why the review fails, a reason a line ([] when it does not)."""
+    why = [f"the run FAILED (exit {run.code}): {run.folder}"] if run.code else []
+    lost = worse(rows, consensus)
+    why += [f"hazard cell {c.scenario} is worse on {c.side}: {c.ref['outcome']} -> "
+            f"{c.row['outcome']}" for c in lost]
+    if hazards.code and not lost:
+        why.append(f"the hazard matrix FAILED (exit {hazards.code}: a cell ran past its "
+                   f"bound or differed between two runs): {hazards.folder}")
+    return why
+
+
+def page(sides: list[str], run: Part, hazards: Part, got: RunRows, rows: list[dict],
+         consensus: bool = False) -> list[str]:
+    """The page's lines (markdown)."""
+    why = verdict(run, hazards, rows, consensus)
+    found = changes(rows, consensus)
+    return [f"# Review: {', '.join(sides[1:])} against {sides[0]}", "",
+            ("**FAILED**: " + "; ".join(why) + "." if why else
+             f"**OK**: the run ended OK and no hazard cell got worse ({len(found)} changed)."),
+            "", f"- run: `{run.command}` -> {run.folder} (exit {run.code})",
+            f"- hazards: `{hazards.command}` -> {hazards.folder} (exit {hazards.code})", "",
+            "## The run's headline", "", *_block(_headline(got)), "",
+            "## Counts side by side, by call site", "", *_block(_counts(got)), "",
+            "## Hazard cells that changed", "",
+            *(change_table(rows, consensus) or ["No hazard cells were run."]), "",
+            f"Every cell, each side's: {hazards.folder}/hazards.md."]
+
+
+def _headline(got: RunRows) -> list[str]:
+    if got.summary is None or not got.plan:
+        return ["The run wrote no summary (it ended before its serves did): see its folder."]
+    return headline_lines(got.summary, got.plan)
+
+
+def _counts(got: RunRows) -> list[str]:
+    if got.summary is None or got.requests is None or not got.plan:
+        return ["No counts: the run wrote no summary."]
+    return counts_text(got.summary, got.requests, got.plan)
+
+
+def _block(lines: list[str]) -> list[str]:
+    """Fixed-width text kept as printed."""
+    return ["```text", *lines, "```"]
