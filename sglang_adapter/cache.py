@@ -114,8 +114,13 @@ class SGLangCache(HiCache):
 
     def stop(self, grace_s: float) -> None:
         super().stop(grace_s)
+        self._stop_checker(grace_s)
+
+    def _stop_checker(self, grace_s: float) -> None:
+        """SGLang's checker stopped (after a failure, nothing is waited on) and how many
+        collectives it issued on its own groups written beside its journal."""
         if self.checker is not None:
-            self.checker.stop(wait=grace_s > 0)  # after a failure, nothing is waited on
+            self.checker.stop(wait=grace_s > 0)
             consensus.write_count(self.target.consensus_dir, self.layout.rank,
                                   self.checker_calls)
 

@@ -87,8 +87,8 @@ class Checker:
         gloo groups as the coordinators' CPU groups (None: a layout without that group)."""
         if not self.present:
             return
-        handler = logging.FileHandler(self.log_path, mode="w")
-        logging.getLogger(MODULE).addHandler(handler)  # it flushes these before os._exit
+        self._handler = logging.FileHandler(self.log_path, mode="w")
+        logging.getLogger(MODULE).addHandler(self._handler)  # flushed before os._exit
         self._journal = open(self.records_path, "w")  # noqa: SIM115 (closed in stop)
         self._wrap_assert_same()
         self.module.configure([SimpleNamespace(cpu_group=g) for g in coordinators
@@ -98,7 +98,9 @@ class Checker:
     def _wrap_assert_same(self) -> None:
         """Every record journaled, flushed, before SGLang queues it: a rank the checker
         stops keeps every record it made. The decorators look `assert_same` up at each call."""
-        real = self.module.assert_same
+        # the release's own, not a wrapper an earlier serve's checker left on this rank
+        real = getattr(self.module.assert_same, "sglang_own", self.module.assert_same)
+        self._real = real
 
         def journaled(fmt: str, *args) -> None:
             if self.module.enabled():
@@ -106,6 +108,7 @@ class Checker:
                 self._journal.write(json.dumps([step, rid, fmt % args]) + "\n")
                 self._journal.flush()
             real(fmt, *args)
+        journaled.sglang_own = real
         self.module.assert_same = journaled
 
     def stop(self, wait: bool) -> None:
@@ -115,6 +118,10 @@ class Checker:
             return
         if wait:
             self.module.shutdown()
+        # the next serve on this rank (a run's warm-up, then its main serve) starts clean
+        self.module.assert_same = self._real
+        logging.getLogger(MODULE).removeHandler(self._handler)
+        self._handler.close()
         self._journal.close()
 
 

@@ -101,8 +101,7 @@ class ControllerCache(SGLangCache):
 
     def stop(self, grace_s: float) -> None:
         self.rig.stop()
-        if self.checker is not None:
-            self.checker.stop(wait=grace_s > 0)  # after a failure, nothing is waited on
+        self._stop_checker(grace_s)
 
     def error(self) -> BaseException | None:
         return None

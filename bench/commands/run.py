@@ -98,7 +98,7 @@ def parser() -> CliParser:
     a("--sglang-consensus", action="store_true", help="with --cache sglang: SGLang's own "
       "rank-consensus checker on in every serve, as its scheduler configures it (0.5.23 on; "
       "its collectives on its own groups, counted apart); consensus.csv says per serve "
-      "whether it fired, and where, and a fired checker fails the run (docs/sglang.md)")
+      "whether it fired, and where, and a fired checker fails the run (docs/hazards.md)")
     a("--model-beside", action="store_true", help="with several SGLangs (--sglang A,B): "
       "the project's model of each side's release (0.5.18 pre27010, 0.5.19 pr36425) serves "
       "too, on a world of its own in the same turns and seeds, and a fidelity line per "
