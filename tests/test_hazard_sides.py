@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.hazards.review import Part, RunRows, page, verdict
+from bench.hazards.review import Part, RunRows, page, strict_counts, verdict
 from bench.hazards.sides import changed_first, changes, summary_lines, worse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,6 +141,44 @@ def test_the_review_fails_on_a_failed_run_and_passes_an_aa():
     assert "The run wrote no summary" in text and "No cell changed" in text
 
 
+SITE = "all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_can_terminate_prefetch"
+
+
+def test_a_strict_review_fails_on_a_count_difference_nobody_explained():
+    """The head's planted all-reduce: a call site on the head alone, and collectives its
+    release's model does not expect; explained by the site it was meant to touch."""
+    ok = Part("c", "f", 0)
+    found = strict_counts(_got(), ())
+    assert found == [f"wait_complete: call site {SITE} on {HEAD} only ({SITE}:2299)",
+                     f"{HEAD} under wait_complete: decision collectives its release's model "
+                     f"(sglang-0.5.23) does not expect, at {SITE}:2299"], found
+    why = verdict(ok, ok, [], False, found)
+    assert len(why) == 2 and why[0].startswith("count difference not explained: ")
+    assert strict_counts(_got(), ("unified_radix_cache.py:_can_terminate_prefetch",)) == []
+    assert strict_counts(_got(), ("hiradix_cache.py",)) == found  # another site explains none
+    text = "\n".join(page(["a", "b"], ok, ok, _got(), [], counts=[],
+                          explained=("unified_radix_cache.py",)))
+    assert "## Count differences (--strict-counts)" in text
+    assert "None unexplained (explained: unified_radix_cache.py)" in text
+    assert "Count differences" not in "\n".join(page(["a", "b"], ok, ok, _got(), []))
+
+
+def test_a_strict_review_holds_a_sites_rate_per_poll_only_when_pinned():
+    got = _got()
+    requests = got.requests.copy()
+    requests.loc[0, ["decision_collectives", "call_sites"]] = \
+        [2, f"2x {SITE}:2299"]  # the base: the same site, half the rate per poll
+    pinned = RunRows(got.summary, requests, got.plan)
+    found = strict_counts(pinned, ())
+    assert f"wait_complete: {HEAD} 1.000/poll at {SITE} against {BASE}'s 0.500" in found
+    free = RunRows(got.summary.assign(schedule="free"), requests, got.plan)
+    assert not any("/poll at" in f for f in strict_counts(free, ()))
+    same = requests.copy()
+    same.loc[0] = {**same.loc[1].to_dict(), "protocol": BASE}
+    summary = got.summary.assign(decision_collectives_per_req=0.0)
+    assert strict_counts(RunRows(summary, same, got.plan), ()) == []  # an A/A
+
+
 # ---- bad input: one line, exit 2, nothing written, no SGLang imported ---------------------
 
 BAD = [(["--sglang", "a="], "label 'a' has no SPEC"),
@@ -166,7 +204,8 @@ def test_bad_sides_are_one_line_exit_2_and_nothing_written(argv, says, tmp_path,
 @pytest.mark.parametrize("argv, says", [
     (["--sglang", "a=0.5.23"], "a review needs two sides or more"),
     (["--sglang", "a=0.5.23,b=0.5.23", "--run-args", "--out x"], "--out is the review's own"),
-    (["--sglang", "a=0.5.23,b=0.5.23", "--scenarios", "nope"], "unknown scenario 'nope'")])
+    (["--sglang", "a=0.5.23,b=0.5.23", "--scenarios", "nope"], "unknown scenario 'nope'"),
+    (["--sglang", "a=0.5.23,b=0.5.23", "--explained", "x.py:f"], "it needs --strict-counts")])
 @pytest.mark.timeout(60)
 def test_a_review_refuses_what_it_cannot_review(argv, says, tmp_path, capsys):
     from bench.commands.review import main

@@ -239,3 +239,52 @@ def _more(g: pd.DataFrame, ref: pd.DataFrame | None) -> str:
                             if sum(c.values()) / polls >
                             sum(theirs.get(k, Counter()).values()) / ref_polls + 1e-9
                             for w in c))
+
+
+def count_changes(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict,
+                  explained: tuple[str, ...] = ()) -> list[str]:
+    """The count differences a strict review fails on (`bench review --strict-counts`),
+    a reason each: a call site (file:function, lines aside) that a side has and the
+    reference lacks, or the other way round; decision collectives a side's release model
+    does not expect; and on a pinned schedule (one schedule per seed, so rates are exact)
+    a call site whose collectives per poll differ from the reference's. A reason is dropped
+    when every call site it names contains one of `explained` (the sites the change is
+    meant to touch, e.g. `unified_radix_cache.py:_can_terminate_prefetch`)."""
+    names = side_names(plan)
+    rows, end_to_end = _side_rows(summary, plan)
+
+    def known(where: list[str]) -> bool:
+        return bool(where) and all(any(p in w for p in explained) for w in where)
+
+    out = []
+    for policy, g in requests.groupby("policy", sort=False):
+        per = {n: g[g["protocol"] == n] for n in names}
+        found = {n: sites(x) for n, x in per.items()}
+        polls = {n: max(int(x["polls"].sum()), 1) for n, x in per.items()}
+        ref = names[0]
+        for name in names[1:]:
+            for key in sorted(set(found[name]) ^ set(found[ref])):
+                who = name if key in found[name] else ref
+                if not known([key]):
+                    out.append(f"{policy}: call site {key} on {who} only "
+                               f"({', '.join(sorted(found[who][key]))})")
+            if end_to_end:
+                continue  # free: polls follow timing, so a rate is not a count to hold
+            for key in sorted(set(found[name]) & set(found[ref])):
+                mine = sum(found[name][key].values()) / polls[name]
+                theirs = sum(found[ref][key].values()) / polls[ref]
+                if abs(mine - theirs) > 1e-9 and not known([key]):
+                    out.append(f"{policy}: {name} {mine:.3f}/poll at {key} against "
+                               f"{ref}'s {theirs:.3f}")
+    for r in rows:
+        extra = r["decision_collectives_per_req"] - r["expected_decision_collectives_per_req"]
+        if pd.isna(extra) or extra <= 1e-9:
+            continue
+        g = _cell(requests, r["protocol"], r["policy"])
+        ref = _cell(requests, names[0], r["policy"]) if r["protocol"] != names[0] else None
+        where = [w for w in _more(g, ref).split(", ") if w]
+        if not known([re.sub(r":\d+", "", w) for w in where]):
+            out.append(f"{r['protocol']} under {r['policy']}: decision collectives its "
+                       f"release's model ({modelled(r['protocol'])}) does not expect, at "
+                       f"{', '.join(where) or 'no call site recorded'}")
+    return out

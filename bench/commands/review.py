@@ -8,7 +8,8 @@ why not, the run's headline (every side's ratios to the first, with intervals), 
 side by side by call site, and the hazard cells whose outcome changed from the first side's
 (docs/sglang.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard cell got
 worse; 1 the run FAILED, a hazard cell's outcome got worse than the first side's (or the
-matrix failed its own checks); 2 bad input (one line, nothing written, before any rank
+matrix failed its own checks), or under --strict-counts a count difference that no
+--explained call site accounts for; 2 bad input (one line, nothing written, before any rank
 starts).
 """
 
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.hazards.review import Part, RunRows, page, verdict
+from bench.hazards.review import Part, RunRows, page, strict_counts, verdict
 from bench.hazards.scenarios import SCENARIOS, check_choice
 from bench.rundir.env import short_sha
 from bench.rundir.files import write_text_atomic
@@ -42,6 +43,14 @@ def parser() -> CliParser:
       help=f"the hazard cells, comma-separated of {', '.join(SCENARIOS)}")
     a("--sglang-consensus", action="store_true",
       help="bench hazards --sglang-consensus: SGLang's own checker's verdict counts too")
+    a("--strict-counts", action="store_true",
+      help="fail (exit 1) on a count difference no --explained site accounts for: a call "
+      "site on one side only, collectives a side's release model does not expect, or "
+      "(pinned schedule) a site's collectives per poll unlike the first side's (a CI job's "
+      "setting: docs/sglang-ci.md)")
+    a("--explained", default="", metavar="SITE,..",
+      help="with --strict-counts: call sites the change is meant to touch, each a part of "
+      "file:function (e.g. unified_radix_cache.py:_can_terminate_prefetch)")
     a("--out", default="", help="results directory (default results/review_<sha>_<UTC>)")
     return p
 
@@ -61,6 +70,9 @@ def _check(args) -> tuple[list[str], list[str]]:
         check_choice([x for x in args.scenarios.split(",") if x], None)
     except ValueError as e:  # ChoiceError is one
         raise UsageError(str(e)) from None
+    if args.explained and not args.strict_counts:
+        raise UsageError("--explained names the sites a strict review lets differ: it needs "
+                         "--strict-counts")
     if len(sides) < 2:
         raise UsageError("--sglang: a review needs two sides or more (BASE,HEAD)")
     run_args = shlex.split(args.run_args)
@@ -92,9 +104,11 @@ def _body(argv: list[str]) -> int:
         return 2
     rows = RunDir(hazards.folder).hazards(optional=True) or []
     got = _run_rows(RunDir(run.folder))
-    lines = page(sides, run, hazards, got, rows, args.sglang_consensus)
+    explained = tuple(x for x in args.explained.split(",") if x)
+    counts = strict_counts(got, explained) if args.strict_counts else None
+    lines = page(sides, run, hazards, got, rows, args.sglang_consensus, counts, explained)
     write_text_atomic(RunDir(out).file("review"), "\n".join(lines) + "\n")
-    why = verdict(run, hazards, rows, args.sglang_consensus)
+    why = verdict(run, hazards, rows, args.sglang_consensus, counts)
     print(f"{PROG}: {'FAILED: ' + '; '.join(why) if why else 'OK'} -> "
           f"{RunDir(out).file('review')}")
     return 1 if why else 0

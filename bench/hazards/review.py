@@ -4,7 +4,8 @@ Built from a run of the sides (`bench run --cache sglang --sglang base=SPEC,head
 its summary and request rows and its plan) and a hazard matrix of the same sides (`bench
 hazards`: its rows): what the run and the matrix concluded, the run's headline (every
 side's ratios to the reference, bench.analysis.sides), its counts side by side by call
-site, and the hazard cells whose outcome changed from the reference's (bench.hazards.sides).
+site, and the hazard cells whose outcome changed from the reference's (bench.hazards.sides);
+under `--strict-counts`, the count differences no explained call site accounts for.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.analysis.sides import counts_text, headline_lines
+from bench.analysis.sides import count_changes, counts_text, headline_lines
 from bench.hazards.sides import change_table, changes, worse
 
 
@@ -35,9 +36,12 @@ class RunRows:
     plan: dict | None
 
 
-def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool) -> list[str]:
-    """Why the review fails, a reason a line ([] when it does not)."""
+def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
+            counts: list[str] | None = None) -> list[str]:
+    """Why the review fails, a reason a line ([] when it does not); `counts`: the
+    unexplained count differences of a strict review (None: not strict)."""
     why = [f"the run FAILED (exit {run.code}): {run.folder}"] if run.code else []
+    why += [f"count difference not explained: {c}" for c in counts or []]
     lost = worse(rows, consensus)
     why += [f"hazard cell {c.scenario} is worse on {c.side}: {c.ref['outcome']} -> "
             f"{c.row['outcome']}" for c in lost]
@@ -47,10 +51,19 @@ def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool) -> list
     return why
 
 
+def strict_counts(got: RunRows, explained: tuple[str, ...]) -> list[str]:
+    """The count differences no `explained` site accounts for (bench.analysis.sides
+    count_changes); none where the run wrote no summary (its failure says why)."""
+    if got.summary is None or got.requests is None or not got.plan:
+        return []
+    return count_changes(got.summary, got.requests, got.plan, explained)
+
+
 def page(sides: list[str], run: Part, hazards: Part, got: RunRows, rows: list[dict],
-         consensus: bool = False) -> list[str]:
-    """The page's lines (markdown)."""
-    why = verdict(run, hazards, rows, consensus)
+         consensus: bool = False, counts: list[str] | None = None,
+         explained: tuple[str, ...] = ()) -> list[str]:
+    """The page's lines (markdown); `counts` as for verdict."""
+    why = verdict(run, hazards, rows, consensus, counts)
     found = changes(rows, consensus)
     return [f"# Review: {', '.join(sides[1:])} against {sides[0]}", "",
             ("**FAILED**: " + "; ".join(why) + "." if why else
@@ -59,9 +72,21 @@ def page(sides: list[str], run: Part, hazards: Part, got: RunRows, rows: list[di
             f"- hazards: `{hazards.command}` -> {hazards.folder} (exit {hazards.code})", "",
             "## The run's headline", "", *_block(_headline(got)), "",
             "## Counts side by side, by call site", "", *_block(_counts(got)), "",
+            *_strict(counts, explained),
             "## Hazard cells that changed", "",
             *(change_table(rows, consensus) or ["No hazard cells were run."]), "",
             f"Every cell, each side's: {hazards.folder}/hazards.md."]
+
+
+def _strict(counts: list[str] | None, explained: tuple[str, ...]) -> list[str]:
+    """What a strict review found of the counts (nothing for a review that is not)."""
+    if counts is None:
+        return []
+    said = f" (explained: {', '.join(explained)})" if explained else ""
+    return ["## Count differences (--strict-counts)", "",
+            *([f"- {c}" for c in counts] or
+              [f"None unexplained{said}: every side issues what the reference does, at the "
+               "same call sites."]), ""]
 
 
 def _headline(got: RunRows) -> list[str]:
