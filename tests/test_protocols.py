@@ -88,8 +88,10 @@ VOTES = {
     # The open PRs poll as pr36425 does (#33029 moves the polls before the walk, #32725 adds
     # polls at the safe point, #38284 adds a dummy for an absent prefetch:
     # tests/test_open_prs.py).
-    # pr39903 too (its change is the per-step agreement's timing: tests/test_pr39903.py).
-    **{(pr, policy, True): row for pr in ("pr33029", "pr38284", "pr32725", "pr39903")
+    # pr39903 too (its change is the per-step agreement's timing: tests/test_pr39903.py),
+    # and pr34568 (PD prefill's admission ring only: tests/test_pp_admission.py).
+    **{(pr, policy, True): row for pr in ("pr33029", "pr38284", "pr32725", "pr39903",
+                                          "pr34568")
        for policy, row in (("best_effort", ALL_TRUE), ("wait_complete", PR36_WAIT),
                            ("timeout", PR36_TO))},
 }
@@ -288,7 +290,7 @@ SPEC_PER_POLL = {
     ("pr39267", "best_effort"): ((0, 0), (0, 0)),
     ("pr39267", "wait_complete"): ((0, 0), (0, 0)),
     ("pr39267", "timeout"): ((1, 0), (1, 1)),
-    **{(pr, policy): cost for pr in ("pr33029", "pr38284", "pr32725", "pr39903")
+    **{(pr, policy): cost for pr in ("pr33029", "pr38284", "pr32725", "pr39903", "pr34568")
        for policy, cost in (("best_effort", ((0, 0), (0, 0))),
                             ("wait_complete", ((0, 0), (0, 0))),
                             ("timeout", ((1, 0), (1, 1))))},

@@ -137,7 +137,8 @@ def _body(argv: list[str]) -> int:
     specs = _specs(args)
     spec, sides = specs[0], spec_sides(specs)
     spec.out.mkdir(parents=True, exist_ok=True)
-    cells = sum(runs(s, p) for s in spec.scenarios for one in specs for p in one.protocols)
+    cells = sum(runs(s, p, one.sglang is not None) for s in spec.scenarios for one in specs
+                for p in one.protocols)
     print(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed {spec.seed}"
           f"{f', {len(specs)} sides' if sides else ''} -> {spec.out}")
     rows = run_sides(specs) if sides else run_matrix(spec)

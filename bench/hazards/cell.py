@@ -165,6 +165,7 @@ def _report(system: System, rank: int, error: Exception | None, t0: float) -> di
         "steps": len(stats.steps),
         "step_collectives": sum(n for site, n in counter.by_site.items()
                                 if site in ("decision", "completion", "per_step_min")),
+        "by_site": dict(counter.by_site),  # every call site's count (the admission ring's too)
         "ready_lag_ms": [(r["ready"] - r["io_done"]) * 1e3 for r in rows
                          if r["ready"] is not None and r["io_done"] is not None],
         "crosscheck": system.crosscheck() if error is None else {},

@@ -20,6 +20,7 @@ from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, r
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
+from hicache.comm.comm import BOOTSTRAP_RING
 from sglang_adapter import Target, consensus_verdict, controller_unfit, ships_checker
 
 _PRELOADED = False
@@ -65,7 +66,7 @@ def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
     rows = []
     for s in spec.scenarios:
         for protocol in spec.protocols:
-            if runs(s, protocol):
+            if runs(s, protocol, spec.sglang is not None):
                 rows.append(run_one(spec, s, protocol))
                 log(_line(rows[-1]))
     return rows
@@ -80,7 +81,7 @@ def run_sides(specs: list[MatrixSpec], log=print) -> list[dict]:
     rows = []
     for s in specs[0].scenarios:
         for spec in specs:
-            for protocol in (p for p in spec.protocols if runs(s, p)):
+            for protocol in (p for p in spec.protocols if runs(s, p, spec.sglang is not None)):
                 _no_sglang_here()
                 rows.append(run_one(spec, s, protocol))
                 log(_line(rows[-1]))
@@ -184,11 +185,14 @@ def exit_codes_text(got: dict, dead: dict, world: int) -> str:
 
 def _costs(rep: dict) -> dict:
     """Rank 0's cost: decision collectives per poll; the scheduler's agreement collectives
-    (decision, completion and per-step MINs) per step; polls per step."""
+    (decision, completion and per-step MINs) per step; polls per step; PD prefill's
+    admission ring's sends and receives per step (None: the stage is off)."""
     polls, steps = rep["polls"], max(1, rep["steps"])
+    ring = rep["by_site"].get(BOOTSTRAP_RING)
     return {"decision_per_poll": round(rep["decision_collectives"] / polls, 3) if polls else 0.0,
             "collectives_per_step": round(rep["step_collectives"] / steps, 3),
-            "polls_per_step": round(polls / steps, 3), "steps": rep["steps"]}
+            "polls_per_step": round(polls / steps, 3), "steps": rep["steps"],
+            "ring_per_step": None if ring is None else round(ring / steps, 3)}
 
 
 def _named_s(reports: list[dict | None]) -> float | None:

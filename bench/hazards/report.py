@@ -11,8 +11,8 @@ from bench.rundir.files import write_csv_atomic, write_text_atomic
 
 COLUMNS = ["scenario", "issue", "protocol", "policy", "tp", "pp", "seed", "outcome", "site",
            "step", "named_s", "decision_per_poll", "collectives_per_step", "polls_per_step",
-           "steps", "same_twice", "sglang_consensus", "consensus_detail", "exit_codes",
-           "wall_s", "collective_timeout_s", "detail", "cell_dir"]
+           "ring_per_step", "steps", "same_twice", "sglang_consensus", "consensus_detail",
+           "exit_codes", "wall_s", "collective_timeout_s", "detail", "cell_dir"]
 COLOURS = {OK: "#4c9a2a", DEADLOCK: "#c0392b", ABORT: "#7b241c", DIVERGENCE: "#e67e22",
            CORRUPT: "#8e44ad",
            FAILED: "#7f8c8d", HARNESS: "#000000"}
@@ -21,7 +21,9 @@ COLOURS = {OK: "#4c9a2a", DEADLOCK: "#c0392b", ABORT: "#7b241c", DIVERGENCE: "#e
 def cell_text(row: dict) -> str:
     """One matrix cell: OK with its cost, or the outcome and where it was found."""
     if row["outcome"] == OK:
-        return f"OK {row['decision_per_poll']:g}/poll {row['collectives_per_step']:g}/step"
+        ring = row.get("ring_per_step")  # PD prefill's admission ring, where it is on
+        return (f"OK {row['decision_per_poll']:g}/poll {row['collectives_per_step']:g}/step"
+                + ("" if ring is None else f" + {ring:g} ring/step"))
     where = f" {row['site']}" if row["site"] else ""
     at = f"@{row['step']}" if row["step"] is not None else ""
     return f"**{row['outcome']}**{where}{at}"

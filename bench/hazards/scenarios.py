@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hicache.spec.cost_model import ADMISSION_PROTOCOLS
 from hicache.spec.step_time import StepTimeModel
 
 
@@ -33,6 +34,9 @@ class Scenario:
     # SGLang's decisions on the project's data path (every other scenario plants its
     # hazard in the project's data path)
     sglang_controller: bool = False
+    # Its hazard is in a stage of the model that no SGLang release has (PD prefill's
+    # admission ring: docs/hazards.md), so `--cache sglang` has no cell for it
+    model_only: bool = False
 
     @property
     def world(self) -> int:
@@ -134,14 +138,35 @@ def _miss_skew() -> Scenario:
                     protocols=RETRY_PROTOCOLS, sglang_controller=True)
 
 
+def _pp_admission() -> Scenario:
+    # SGLang issue #34572: PD prefill at PP 2, each stage admitting a bootstrapped request
+    # by its own prefetch's readiness. Stage 1 sees a prefetch end 3 steps after stage 0
+    # (`pd_stage_lag_steps`, structural: the PP pipeline's offset), so the stages' queues
+    # part at the first request, in the same step of every run. The before rule is 0.5.19's
+    # ring (pr36425's release), #34568 the PR on it.
+    return Scenario("pp-admission", "#34568", "PD prefill's bootstrap admission at PP 2: "
+                    "stage 1 sees each prefetch end 3 steps after stage 0, and each stage "
+                    "admits by its own readiness (before the PR)",
+                    pp=2, policy="wait_complete",
+                    system={"pd_admission": True, "pd_stage_lag_steps": 3,
+                            "step_time": StepTimeModel(prefill_base_ms=20.0)},
+                    storage=SLOW_READS, protocols=("pr36425", "pr34568"), model_only=True)
+
+
 SCENARIOS = {s.name: s for s in (_budget_skew(), _ongoing_skew(), _early_return(),
                                  _pp_stages(), _sidecar_race(), _pp_busy(), _span_skew(),
-                                 _late_write(), _miss_skew())}
+                                 _late_write(), _miss_skew(), _pp_admission())}
 
 
-def runs(scenario: Scenario, protocol: str) -> bool:
-    """Whether the matrix has a cell for this pair (pre27010 has no buffer_only mode)."""
-    return scenario.protocols is None or protocol in scenario.protocols
+def runs(scenario: Scenario, protocol: str, sglang: bool = False) -> bool:
+    """Whether the matrix has a cell for this pair (pre27010 has no buffer_only mode; a
+    protocol that changes only PD prefill's admission runs only where it is on; `sglang`:
+    SGLang's code serves, which has no cell for a stage only the model has)."""
+    if sglang and scenario.model_only:
+        return False
+    if scenario.protocols is None:
+        return protocol not in ADMISSION_PROTOCOLS
+    return protocol in scenario.protocols
 
 
 def check_choice(names: list[str], pp: int | None) -> list[Scenario]:

@@ -77,6 +77,10 @@ class Protocol:
     # The hit query's shape with a TRAILING_PAGES side-car (hicache.agreement.hit_query); any other
     # pool leaves it a MIN of the hit.
     trailing_hit_shape = "min"
+    # PD prefill's bootstrap admission at PP > 1 (HiCacheConfig.pd_admission): False, each
+    # stage admits the ring's agreed set by its own prefetch readiness (before PR #34568);
+    # True, readiness folded into the ring (hicache.agreement.pd_admission).
+    ready_in_ring = False
 
     def __init__(self, policy: str, race_guard: bool = True):
         self.policy, self.race_guard = policy, race_guard
@@ -264,9 +268,19 @@ class Pr39267(Sglang0523):
     name, trailing_hit_shape = "pr39267", "bounded_mask"
 
 
+class Pr34568(Pr36425):
+    """PR #34568 (open, for #34572), on 0.5.19's two-pass bootstrap RID ring, which 0.5.23
+    no longer has: PD prefill at PP > 1 admits a bootstrapped request only when every
+    stage's prefetch of it is ready, folded into the ring's first pass
+    (hicache.agreement.pd_admission `stage_sets`). The poll is pr36425's; without the
+    admission stage (off by default) it is pr36425."""
+
+    name, ready_in_ring = "pr34568", True
+
+
 REGISTRY: dict[str, type[Protocol]] = {
     p.name: p for p in (Pre27010, Pr27010, Pr36425, StepBatched, StepClock, Sglang0523,
-                        Pr33029, Pr38284, Pr32725, Pr39903, Pr39267)
+                        Pr33029, Pr38284, Pr32725, Pr39903, Pr39267, Pr34568)
 }
 
 

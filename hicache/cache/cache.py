@@ -138,6 +138,15 @@ class HiCache(StepEvents, PrefetchPoll):
     def prefetching(self, rid: str) -> bool:
         return rid in self.ongoing
 
+    def landed(self, rid: str) -> bool:
+        """This rank's own prefetch of `rid` has ended: it is not in `ongoing` (its pages
+        landed, as the agreed final ack says, or a poll ended it, or none was issued) or it
+        is terminated. Read on the scheduler thread, no collective; `ongoing` changes only
+        at the agreed drains, so the TP ranks of a stage answer alike (as SGLang's
+        stage-local `check_prefetch_progress` does), never by the IO thread's timing."""
+        op = self.ongoing.get(rid)
+        return op is None or op.terminated.is_set()
+
     def prompt_length(self, rid: str) -> int:
         return len(self.prompts[rid])
 

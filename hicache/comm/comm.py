@@ -53,12 +53,20 @@ CONSENSUS = "consensus"
 TICKET = "ticket"
 CALIBRATION = "calibration"  # the harness's latency probe (bench.run.calibrate); not a system site
 HARNESS_STOP = "harness_stop"  # the harness's end-of-serve agreement; not a system site
+# PD prefill's bootstrap RID ring at PP > 1 (hicache.agreement.pd_admission, off by default):
+# a system site, kept out of SITES because SITES are the fixed per-rank columns of every
+# run's ranks.csv, and only a run with the admission stage on ever issues it.
+BOOTSTRAP_RING = "bootstrap_ring"
+# With it on, the PP forward's hand-over of each prefill batch to the next stage (SGLang's
+# proxy tensors, a data-plane P2P: no added cost), on its own tag of `pp_cpu`.
+PP_PROXY, PROXY_TAG = "pp_proxy", 1
 SITES = (DECISION, COMPLETION, HIT_QUERY, ACK, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
          MODEL_ALLREDUCE, CONSENSUS, TICKET)
 # Control-plane sites that pay an added cost (Comm's delay): every system site but the model's
 # data plane, and the harness's calibration, which measures c and so must include it.
-DELAYED_SITES = frozenset(set(SITES) - {MODEL_ALLREDUCE} | {CALIBRATION})
-SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN})
+DELAYED_SITES = frozenset(set(SITES) - {MODEL_ALLREDUCE} | {CALIBRATION, BOOTSTRAP_RING})
+SCHEDULER_SITES = frozenset({DECISION, COMPLETION, PP_HOP, REQUEST_BROADCAST, PER_STEP_MIN,
+                             BOOTSTRAP_RING, PP_PROXY})
 GROUP_NAMES = ("sched", "tp_cpu", "pp_cpu", "data", "prefetch", "prefetch_pp", "ack", "ack_pp",
                "consensus", "ticket")
 RECENT = 8  # collectives each rank remembers for a deadlock report
@@ -284,6 +292,40 @@ class Comm:
             buf = t.clone()
             self._run(lambda: self._sends.append(dist.isend(buf, group_dst=stage + 1, group=pg)),
                       PP_HOP, "pp_cpu", 1, rid, "isend", delay=False)
+
+    def send_object(self, obj, stage: int, site: str, tag: int = 0):
+        """A python object to PP stage `stage` of this rank's column (`pp_cpu`), issued
+        without waiting: its length, then its bytes (SGLang's point_to_point_pyobj, async).
+        Returns the wait, which raises a CollectiveError naming the site."""
+        pg = self.groups.pg["pp_cpu"]
+        payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        n = torch.tensor([payload.numel()], dtype=torch.int64)
+        works = self._run(lambda: [dist.isend(n, group_dst=stage, group=pg, tag=tag),
+                                   dist.isend(payload, group_dst=stage, group=pg, tag=tag)],
+                          site, "pp_cpu", 2, None, "isend", delay=False)
+
+        def wait() -> None:
+            try:
+                for w in works:  # the works hold the buffers until the peer took them
+                    w.wait()
+            except Exception as e:  # gloo raises RuntimeError on timeout or a lost peer
+                raise self._error(site, "pp_cpu", None, e) from e
+
+        return wait
+
+    def recv_object(self, stage: int, site: str, tag: int = 0):
+        """The python object PP stage `stage` of this rank's column sent (blocking)."""
+        pg = self.groups.pg["pp_cpu"]
+
+        def recv() -> torch.Tensor:
+            n = torch.zeros(1, dtype=torch.int64)
+            dist.recv(n, group_src=stage, group=pg, tag=tag)  # blocks until the length
+            buf = torch.empty(int(n.item()), dtype=torch.uint8)
+            dist.recv(buf, group_src=stage, group=pg, tag=tag)
+            return buf
+
+        buf = self._run(recv, site, "pp_cpu", 2, None, "recv")
+        return pickle.loads(buf.numpy().tobytes())
 
     def drain_sends(self) -> None:
         """Wait for the PP hop sends of the last step (backpressure on a lagging stage)."""

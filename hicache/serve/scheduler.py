@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from hicache.agreement.consensus import ConsensusChecker
+from hicache.agreement.pd_admission import BootstrapQueue
+from hicache.agreement.protocols import REGISTRY
 from hicache.comm.comm import REQUEST_BROADCAST, Comm, Layout
 from hicache.comm.records import RequestStats, Stats, StepStats
 from hicache.memory.events import FORWARD, LOAD_BACK, POLL, STEP
@@ -71,6 +73,11 @@ class Scheduler:
         self.cache, self.model, self.stats = cache, model, stats
         self.consensus = consensus
         self.waiting: deque = deque()
+        # PD prefill at PP > 1 (cfg.pd_admission): arrivals wait here until the admission
+        # ring lets them into `waiting`; None: they enter it at once.
+        self.bootstrap = (BootstrapQueue(comm, layout, REGISTRY[cfg.protocol].ready_in_ring,
+                                         cfg.pd_stage_lag_steps)
+                          if cfg.pd_admission else None)
         self.running: dict[str, Running] = {}  # in join order
         # Rank-local walk horizon: a skewed rank believes the batch is full sooner (#30760).
         skew = cfg.budget_skew * layout.tp_rank / max(1, layout.tp - 1)
@@ -132,7 +139,8 @@ class Scheduler:
 
     def _busy(self) -> bool:
         # Host copies and storage writes not yet acked are work too: the serve ends after them.
-        return bool(self.waiting or self.running or self.cache.has_work())
+        return bool(self.waiting or self.running or self.cache.has_work()
+                    or (self.bootstrap is not None and self.bootstrap.queue))
 
     def _step(self, step: int, msg: dict) -> bool:
         self.stats.counter.step = step
@@ -142,12 +150,15 @@ class Scheduler:
                                                     enqueued=self._clock())
             tokens = self._validate_length(rid, tokens)
             if tokens is not None:
-                self.waiting.append(rid)
+                # the prefetch is issued at arrival, so it runs while the request waits
+                (self.waiting.append if self.bootstrap is None else self.bootstrap.add)(rid)
                 self.cache.admit(rid, tokens, stamp)
         busy = self._busy()
         any_busy = self.cache.check_hicache_events(stamp, busy)
         # 0.5.23: the storage lookups due again, in queue order (_process_hicache_events)
         self.cache.retry_prefetches(list(self.waiting), stamp)
+        if self.bootstrap is not None:  # PD prefill: the ring admits, before the walk
+            self.waiting.extend(self.bootstrap.admit(self.cache.landed))
         # t: rank 0's wall clock at the top of the step (step time = t_end - t)
         rec = StepStats(step, msg.get("wall", stamp), waiting=len(self.waiting),
                         running=len(self.running), vt=stamp,
@@ -156,6 +167,8 @@ class Scheduler:
             rec.pin_wait_s = self.cache.pin.take_waited()
         polls: list[tuple[str, bool]] = []
         batch = self._walk(rec, polls)
+        if batch and self.bootstrap is not None:  # PD prefill: the PP forward's hand-over
+            self.bootstrap.hand_over(batch)
         if batch:
             self._prefill(batch, rec)
         elif self.running:

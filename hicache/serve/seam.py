@@ -14,7 +14,8 @@ other ranks unless a line says otherwise):
   which `bench` compares across ranks. Every collective it issues is counted on
   `stats.counter` under a named call site.
 - `start()` before the first step; then per step: `admit` for each broadcast arrival,
-  `check_hicache_events` once, `retry_prefetches` once, the walk (`begin_walk`, then per
+  `check_hicache_events` once, `retry_prefetches` once, with PD prefill's admission stage
+  on `landed` for the bootstrap queue's requests, the walk (`begin_walk`, then per
   reached request `walk_polls`, `walk_progress`, and for one that is ready
   `cached_tokens`, `device_pages_needed` against `device_free_pages` / `device_room`),
   then per scheduled request `load_back`, the forward, `cache_prefill` and `release`.
@@ -150,6 +151,12 @@ class CacheUnderTest(Protocol):
 
     def prefetching(self, rid: str) -> bool:
         """Whether `rid`'s prefetch is still ongoing on this rank."""
+        ...
+
+    def landed(self, rid: str) -> bool:
+        """Whether this rank's own prefetch of `rid` has ended (its pages landed here, or it
+        was ended or never issued): the stage-local readiness of PD prefill's admission
+        (HiCacheConfig.pd_admission), read only with it on."""
         ...
 
     # ---- the walk --------------------------------------------------------------------------

@@ -100,6 +100,15 @@ class HiCacheConfig:
     # the first half of every prefix in its host tree and later stages do not, so the
     # stages' request spans differ (SGLang PR #39267's report; needs PP > 1). "" = none.
     hazard: str = ""
+    # PD prefill's bootstrap admission at PP > 1 (hicache.agreement.pd_admission): an arrival
+    # waits in a bootstrap queue until a two-pass ring over the PP stages admits it into
+    # the waiting queue (the protocol picks the rule: before or after SGLang PR #34568).
+    # Off: arrivals enter the waiting queue at once, as in every run before it.
+    pd_admission: bool = False
+    # With it: PP stage s sees its prefetches end s x this many scheduler steps after stage
+    # 0 does (the PP pipeline's micro-batch offset: a later stage runs each step's work
+    # later), the structural per-stage delay behind SGLang issue #34572. 0: none.
+    pd_stage_lag_steps: int = 0
     kill_rank: int = -1  # fault injection: this rank exits at kill_step
     kill_step: int = -1
     # Fault injection: every step whose walk polls a pending prefetch spins this many ms
@@ -212,6 +221,12 @@ class HiCacheConfig:
             raise ValueError("sidecar_hit_policy trailing_pages needs extra_pool (the side-car)")
         if self.hazard == "span_skew" and self.pp < 2:
             raise ValueError("hazard span_skew needs PP > 1 (its spans differ between stages)")
+        if self.pd_admission and self.pp < 2:
+            raise ValueError(f"pd_admission needs PP > 1 (its ring runs between PP stages), "
+                             f"got pp {self.pp}")
+        if self.pd_stage_lag_steps < 0 or (self.pd_stage_lag_steps and not self.pd_admission):
+            raise ValueError(f"pd_stage_lag_steps must be >= 0 and needs pd_admission, got "
+                             f"{self.pd_stage_lag_steps}")
         if self.collective_timeout_s <= 0:
             raise ValueError("collective_timeout_s must be > 0")
         if not 0 <= self.collective_delay_ms < math.inf:

@@ -20,13 +20,17 @@ from dataclasses import dataclass
 IO_BATCH_PAGES = 128  # pages per storage read batch and per completion ack
 
 PROTOCOLS = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock", "sglang-0.5.23",
-             "pr33029", "pr38284", "pr32725", "pr39903", "pr39267")
+             "pr33029", "pr38284", "pr32725", "pr39903", "pr39267", "pr34568")
 # Open pull requests modelled on the released poll of pr36425 (docs/prs.md): their poll
 # costs what pr36425's does; they differ in where and how often a poll is issued.
 OPEN_PRS = ("pr33029", "pr38284", "pr32725")
 # Pull requests on pr36425 that change no count: pr39903 (closed) waits on check_hicache_events'
-# agreement a step later; the same collectives, issued at the same step.
-SAME_COUNTS_AS_PR36425 = OPEN_PRS + ("pr39903",)
+# agreement a step later; the same collectives, issued at the same step. pr34568 changes
+# only PD prefill's admission ring, a stage off by default (HiCacheConfig.pd_admission).
+SAME_COUNTS_AS_PR36425 = OPEN_PRS + ("pr39903", "pr34568")
+# Protocols whose change lives only in the PD-prefill admission stage: the hazard matrix
+# runs them only in the scenarios that turn it on (elsewhere they are pr36425's cell).
+ADMISSION_PROTOCOLS = ("pr34568",)
 # 0.5.23 and pr39267 on it (open): its poll, per-step reduce and PP-ticket path; pr39267
 # adds a hit-query reduction with a TRAILING_PAGES side-car (hicache.agreement.hit_query).
 RELEASE_0523 = ("sglang-0.5.23", "pr39267")
