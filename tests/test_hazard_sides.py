@@ -179,6 +179,22 @@ def test_a_strict_review_holds_a_sites_rate_per_poll_only_when_pinned():
     assert strict_counts(RunRows(summary, same, got.plan), ()) == []  # an A/A
 
 
+def test_an_extra_is_put_on_decision_sites_not_on_a_thread_site_whose_rate_moved():
+    """Free schedule: the head polls half as often, so the ack thread's one all-reduce a
+    request is twice as many a poll; the extra decision collectives are the planted site's
+    alone, and explaining it passes the strict review (measured: docs/sglang-ci.md)."""
+    got = _got()
+    ack = "1x all_reduce@sglang_ack managers/cache_controller.py:_all_reduce:447 < " \
+        "prefetch_sync_thread_func:1947"
+    requests = got.requests.copy()
+    requests["call_sites"] = [ack, f"{ack}; 4x {SITE}:2299"]
+    requests["polls"] = [8, 4]
+    free = RunRows(got.summary.assign(schedule="free"), requests, got.plan)
+    assert strict_counts(free, ("_can_terminate_prefetch",)) == []
+    found = strict_counts(free, ())
+    assert found[-1].endswith(f"does not expect, at {SITE}:2299"), found
+
+
 # ---- bad input: one line, exit 2, nothing written, no SGLang imported ---------------------
 
 BAD = [(["--sglang", "a="], "label 'a' has no SPEC"),

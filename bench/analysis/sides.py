@@ -230,9 +230,21 @@ def _cell(requests: pd.DataFrame, protocol: str, policy: str) -> pd.DataFrame:
     return requests[(requests["protocol"] == protocol) & (requests["policy"] == policy)]
 
 
+# The groups a poll's decision collectives run on (the scheduler's TP and PP CPU groups);
+# the controller threads' hit-query and ack groups carry none, and their rate per poll moves
+# whenever polls per request do (the free schedule), so they never explain an extra.
+DECISION_GROUPS = ("tp_cpu", "pp_cpu")
+
+
+def _decision_site(where: str) -> bool:
+    return where.split(" ", 1)[0].partition("@")[2] in DECISION_GROUPS
+
+
 def _more(g: pd.DataFrame, ref: pd.DataFrame | None) -> str:
-    """The call sites (as written) `g` issues more of per poll than `ref` (all: None)."""
+    """The decision call sites (as written) `g` issues more of per poll than `ref` (all:
+    None)."""
     mine, theirs = sites(g), sites(ref) if ref is not None else {}
+    mine = {k: c for k, c in mine.items() if _decision_site(k)}
     polls = max(int(g["polls"].sum()), 1)
     ref_polls = max(int(ref["polls"].sum()), 1) if ref is not None else 1
     return ", ".join(sorted(w for k, c in mine.items()
