@@ -105,7 +105,7 @@ def test_cost_classes():
     classes = {k.label.split(":")[0]: k.pays for k in cost_classes()}
     assert classes["pr27010 (any policy), pr36425/timeout, sglang-0.5.23/timeout, "
                    "pr33029/timeout, pr38284/timeout, pr32725/timeout, pr39903/timeout, "
-                   "pr39267/timeout"]
+                   "pr39267/timeout, pr34568/timeout"]
     assert classes["pre27010/wait_complete, pre27010/timeout"]
     free = [k for k in cost_classes() if not k.pays][0]
     assert ("pr36425", "wait_complete") in free.members
@@ -160,7 +160,8 @@ def test_markdown_says_its_assumptions(projected):
         "pr33029/best_effort, pr33029/wait_complete, pr38284/best_effort, " \
         "pr38284/wait_complete, pr32725/best_effort, pr32725/wait_complete, " \
         "pr39903/best_effort, pr39903/wait_complete, pr39267/best_effort, " \
-        "pr39267/wait_complete issue no decision collective" in md
+        "pr39267/wait_complete, pr34568/best_effort, pr34568/wait_complete issue no decision " \
+        "collective" in md
     assert "2 of 5 points are marked in the plot" in md  # pr27010 and pr36425 timeout
 
 
