@@ -208,10 +208,11 @@ def request_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
     return out
 
 
-def unexpected_lines(rows: list[dict], requests: pd.DataFrame, ref: str) -> list[str]:
-    """A side issuing decision collectives its release's model does not expect: the
-    policy, the extra per poll, and the call sites it has more of per poll than the
-    reference side (all of its own for the reference)."""
+def unexpected(rows: list[dict], requests: pd.DataFrame, ref: str
+               ) -> list[tuple[dict, float, list[str]]]:
+    """Each side cell issuing decision collectives its release's model does not expect:
+    its summary row, the extra per poll, and the decision call sites it has more of per
+    poll than the reference side's cell (all of its own for the reference)."""
     out = []
     for r in rows:
         extra = r["decision_collectives_per_req"] - r["expected_decision_collectives_per_req"]
@@ -219,11 +220,17 @@ def unexpected_lines(rows: list[dict], requests: pd.DataFrame, ref: str) -> list
             continue
         g = _cell(requests, r["protocol"], r["policy"])
         per_poll = extra * len(g) / max(int(g["polls"].sum()), 1)
-        where = _more(g, _cell(requests, ref, r["policy"]) if r["protocol"] != ref else None)
-        out.append(f"{r['protocol']} under {r['policy']}: {per_poll:+.3f} decision "
-                   f"collectives per poll its release's model ({modelled(r['protocol'])}) "
-                   f"does not expect, at {where or 'no call site recorded'}")
+        out.append((r, per_poll, _more(g, _cell(requests, ref, r["policy"])
+                                       if r["protocol"] != ref else None)))
     return out
+
+
+def unexpected_lines(rows: list[dict], requests: pd.DataFrame, ref: str) -> list[str]:
+    """`unexpected`'s cells, a line each: the policy, the extra per poll, the call sites."""
+    return [f"{r['protocol']} under {r['policy']}: {per_poll:+.3f} decision "
+            f"collectives per poll its release's model ({modelled(r['protocol'])}) "
+            f"does not expect, at {', '.join(where) or 'no call site recorded'}"
+            for r, per_poll, where in unexpected(rows, requests, ref)]
 
 
 def _cell(requests: pd.DataFrame, protocol: str, policy: str) -> pd.DataFrame:
@@ -240,17 +247,17 @@ def _decision_site(where: str) -> bool:
     return where.split(" ", 1)[0].partition("@")[2] in DECISION_GROUPS
 
 
-def _more(g: pd.DataFrame, ref: pd.DataFrame | None) -> str:
+def _more(g: pd.DataFrame, ref: pd.DataFrame | None) -> list[str]:
     """The decision call sites (as written) `g` issues more of per poll than `ref` (all:
     None)."""
     mine, theirs = sites(g), sites(ref) if ref is not None else {}
     mine = {k: c for k, c in mine.items() if _decision_site(k)}
     polls = max(int(g["polls"].sum()), 1)
     ref_polls = max(int(ref["polls"].sum()), 1) if ref is not None else 1
-    return ", ".join(sorted(w for k, c in mine.items()
-                            if sum(c.values()) / polls >
-                            sum(theirs.get(k, Counter()).values()) / ref_polls + 1e-9
-                            for w in c))
+    return sorted(w for k, c in mine.items()
+                  if sum(c.values()) / polls >
+                  sum(theirs.get(k, Counter()).values()) / ref_polls + 1e-9
+                  for w in c)
 
 
 def count_changes(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict,
@@ -288,13 +295,7 @@ def count_changes(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict,
                 if abs(mine - theirs) > 1e-9 and not known([key]):
                     out.append(f"{policy}: {name} {mine:.3f}/poll at {key} against "
                                f"{ref}'s {theirs:.3f}")
-    for r in rows:
-        extra = r["decision_collectives_per_req"] - r["expected_decision_collectives_per_req"]
-        if pd.isna(extra) or extra <= 1e-9:
-            continue
-        g = _cell(requests, r["protocol"], r["policy"])
-        ref = _cell(requests, names[0], r["policy"]) if r["protocol"] != names[0] else None
-        where = [w for w in _more(g, ref).split(", ") if w]
+    for r, _, where in unexpected(rows, requests, names[0]):
         if not known([re.sub(r":\d+", "", w) for w in where]):
             out.append(f"{r['protocol']} under {r['policy']}: decision collectives its "
                        f"release's model ({modelled(r['protocol'])}) does not expect, at "
