@@ -8,6 +8,7 @@ interleaved, the planted call site named on its side alone.
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -99,6 +100,19 @@ def test_on_the_free_schedule_the_lead_is_end_to_end_and_pairs_no_requests():
     text = "\n".join(_lead("free"))
     assert "end to end, free schedule" in text and "TTFT p50 x prefetch" in text
     assert "Per request" not in text  # polls follow timing: counts per poll and per step
+
+
+
+@pytest.mark.parametrize("note", ["scipy is not installed",
+                                  "too few repeats for an interval (2 paired, needs 3)"])
+def test_a_run_without_intervals_says_why_as_its_intervals_did(note):
+    """No interval anywhere: the line gives the intervals' own reason (no scipy is not too
+    few repeats), as the model's headline does."""
+    from bench.analysis.sides import resolution
+
+    ref = {"protocol": "a", "policy": "timeout", "step_mean_ratio_mdd": math.nan}
+    other = {**ref, "protocol": "b", "interval_note": note}
+    assert resolution([ref, other], "a", ["step_mean"]) == [f"No intervals: {note}."]
 
 
 BAD = [

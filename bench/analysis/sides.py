@@ -123,8 +123,10 @@ def resolution(rows: list[dict], ref: str, ratios: list[str]) -> list[str]:
     widths = {n: [r[f"{n}_ratio_mdd"] for r in others
                   if not pd.isna(r.get(f"{n}_ratio_mdd", math.nan))] for n in ratios}
     parts = [f"{LABELS[n]} {100 * max(w):.1f}%" for n, w in widths.items() if w]
-    if not parts:
-        return ["No intervals (too few repeats)."]
+    if not parts:  # why, as the intervals said it (too few repeats, no scipy)
+        notes = [r.get("interval_note") for r in others
+                 if isinstance(r.get("interval_note"), str) and r.get("interval_note")]
+        return [f"No intervals: {notes[0]}." if notes else "No intervals."]
     off = [f"{r['protocol']}/{r['policy']} {LABELS[n]}" for r in others for n in ratios
            if r.get(f"{n}_ratio_ci_low", math.nan) > 1
            or r.get(f"{n}_ratio_ci_high", math.nan) < 1]
