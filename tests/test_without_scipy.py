@@ -1,7 +1,7 @@
 """A node without scipy (a GPU node as shipped, no package index), for real: `bench run`,
-`bench gate` and `bench ab` with scipy unimportable in every process they start (ranks,
-block runs, their ranks), each ending OK with exact counts and the intervals empty for the
-reason docs/metrics.md ("Without scipy") gives.
+`bench gate`, `bench ab` and a two-side `--cache sglang` run with scipy unimportable in
+every process they start (ranks, block runs, their ranks), each ending OK with exact counts
+and the intervals empty for the reason docs/metrics.md ("Without scipy") gives.
 
 scipy is hidden by a sitecustomize.py on PYTHONPATH: every Python process started with this
 environment (spawned ranks, `bench ab`'s block runs, which prepend their tree to PYTHONPATH
@@ -130,3 +130,28 @@ def test_ab_without_scipy(hidden, tmp_path):
     assert timings.sign_p.notna().any()  # exact without scipy
     md = (tmp_path / "ab" / "ab.md").read_text()
     assert f"No Wilcoxon p: {NO_SCIPY}" in md
+
+
+def test_sglang_sides_without_scipy(hidden, tmp_path):
+    """Two SGLang sides (an A/A of 0.5.23) end OK with exact counts, and the sides'
+    headline says its intervals are empty for want of scipy, not for too few repeats."""
+    from sglang_adapter.source import DEFAULT_CACHE
+
+    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
+        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    env, log = hidden
+    before = pids(log)
+    run = tmp_path / "run"
+    done = bench(env, REPO, "run", "--cache", "sglang", "--sglang", "a=0.5.23,b=0.5.23",
+                 "--preset", "ci", "--requests", "3", "--bystanders", "1",
+                 "--output-tokens", "4", "--policies", "timeout", "--repeats", "3",
+                 "--out", str(run))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and last_line(done).startswith("OK"), out[-4000:]
+    assert "Traceback" not in out
+    assert len(pids(log) - before) >= 1 + 2 * 2  # the command and each side's 2 ranks
+    assert f"No intervals: {NO_SCIPY}." in done.stdout
+    summary = pd.read_csv(run / "summary.csv")
+    assert set(summary.interval_note.dropna()) == {NO_SCIPY}
+    assert (summary.decision_collectives_per_req
+            == summary.expected_decision_collectives_per_req).all()
