@@ -586,3 +586,48 @@ def test_a_configuration_without_requests_is_not_comparable():
             assert rows[metric]["b_minus_a"] is None
     rows = {r["metric"]: r for r in count_rows(empty, empty, (0, 0))}
     assert rows["decision_collectives_per_req"]["verdict"] == "same"  # nothing vs nothing
+
+
+def _as_sglang(name: str):
+    """A doctored requests/steps edit: every row as one SGLang's, `name`."""
+    def edit(frame):
+        return frame[frame.protocol == "pr36425"].assign(protocol=name)
+    return edit
+
+
+def test_two_runs_of_one_sglang_each_pair_as_sglang(run_a, capsys, tmp_path):
+    """The before and after of a change made as two runs (0.5.18's, 0.5.19's): their rows
+    pair under protocol `sglang`, said in the header, not `0 of 0` and nothing compared."""
+    a = doctor(run_a, tmp_path / "a", requests=_as_sglang("sglang-0.5.18@hiradix"),
+               steps=_as_sglang("sglang-0.5.18@hiradix"))
+    b = doctor(run_a, tmp_path / "b", requests=_as_sglang("sglang-0.5.19@unified"),
+               steps=_as_sglang("sglang-0.5.19@unified"))
+    code, out, err, csv = compare(capsys, a, b, out=tmp_path / "out")
+    assert code == 0 and not err
+    assert "note: one SGLang in each run: A's sglang-0.5.18@hiradix paired with B's " \
+        "sglang-0.5.19@unified as protocol `sglang`" in out
+    assert set(csv.protocol) == {"sglang"} and "configuration" not in set(csv.kind)
+    n = len(pd.read_csv(a / "requests.csv"))
+    assert f"per request: {n} of {n} requests equal in every count" in "\n".join(out)
+
+
+def test_labelled_sides_pair_by_label(run_a, capsys, tmp_path):
+    a = doctor(run_a, tmp_path / "a", requests=_as_sglang("pr=sglang-tree:one@unified"),
+               steps=_as_sglang("pr=sglang-tree:one@unified"))
+    b = doctor(run_a, tmp_path / "b", requests=_as_sglang("pr=sglang-tree:two@unified"),
+               steps=_as_sglang("pr=sglang-tree:two@unified"))
+    code, out, _, csv = compare(capsys, a, b, out=tmp_path / "out")
+    assert code == 0 and set(csv.protocol) == {"pr"}
+
+
+def test_runs_with_no_configuration_in_common_are_refused(run_a, capsys, tmp_path):
+    """Nothing pairs (a model run's pr36425 against pr27010 alone): one line, exit 2, and
+    no compare.csv, never `0 better, 0 worse, 0 same` as if it had compared."""
+    def only(protocol):
+        return lambda frame: frame[frame.protocol == protocol]
+    a = doctor(run_a, tmp_path / "a", requests=only("pr36425"), steps=only("pr36425"))
+    b = doctor(run_a, tmp_path / "b", requests=only("pr27010"), steps=only("pr27010"))
+    code, out, err, csv = compare(capsys, a, b, out=tmp_path / "out")
+    assert code == 2 and not out and csv is None
+    assert err.count("\n") == 1 and "no configuration is in both runs (A: " \
+        "pr36425/wait_complete; B: pr27010/wait_complete): nothing to compare" in err

@@ -4,7 +4,10 @@
 Two runs side by side: what a code change did to collective counts and timings.
 
 Rows are matched by configuration (protocol, policy, tp, pp, storage, rate, extra_pool,
-race_guard, and page_size / model where both runs carry them). Per matched row:
+race_guard, and page_size / model where both runs carry them). A run of SGLang's own code
+(--cache sglang) against a model run pairs by the protocol that models its release; two
+SGLang runs pair their sides by label (LABEL=SPEC), else one SGLang each as `sglang`, with
+a warning where they ran different data paths. Per matched row:
 - counts (rank 0, exact): polls, decision, critical and background collectives per request,
   step collectives per step; A, B and B - A. Any change is flagged whatever the threshold:
   worse when B issues more, better when fewer. Polls follow timing, so when polls/req differ
@@ -17,8 +20,8 @@ race_guard, and page_size / model where both runs carry them). Per matched row:
   1 - threshold; else same; not comparable with fewer than 3 paired repeats (or without
   scipy). The runs were made at different times, so drift between them is not in the
   intervals: `python -m bench ab REV_A REV_B` interleaves two revisions instead.
-Refused (exit 2, one line): different presets, layouts (tp, pp) or schema versions; bad
-input. env.json differences that make timings incomparable are warned about at the top.
+Refused (exit 2, one line): different presets, layouts (tp, pp) or schema versions; no
+configuration in both runs; bad input. env.json differences that make timings incomparable are warned about at the top.
 Writes compare.csv, compare.md and compare_ratios.png into --out (default
 results/compare_<A>_vs_<B>). Exit 1 when anything is worse, else 0.
 """

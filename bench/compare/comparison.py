@@ -11,7 +11,7 @@ import pandas as pd
 
 from bench.analysis import verdict
 from bench.compare.metrics import TIMING_METRICS, TimingMetric, counts
-from bench.compare.per_request import as_modelled, sglang_run
+from bench.compare.per_request import as_modelled, sglang_run, sides_pairing
 from bench.compare.per_request import section as per_request_section
 from bench.compare.rules import TimingOptions, count_rows, timing_rows
 from bench.run.plan import plan_differences
@@ -174,6 +174,36 @@ def _order(key: tuple) -> tuple:
             *(cell(v) for v in key[2:]))
 
 
+def _configs(groups: dict) -> str:
+    return ", ".join(f"{k[0]}/{k[1]}" for k in sorted(groups, key=_order)) or "none"
+
+
+def _pair_sides(a: Run, b: Run) -> tuple[Run, Run, list[str]]:
+    """Two runs of SGLang's own code with their rows renamed so that they pair
+    (sides_pairing), and what the header says of it: the pairing, and a warning where
+    the two ran different data paths (their counts then differ by path, not by change)."""
+    pairing = sides_pairing(a.requests, b.requests)
+    notes = []
+    if pairing is not None:
+        ren_a, ren_b, note = pairing
+        a, b = (replace(r, requests=_renamed(r.requests, ren),
+                        steps=_renamed(r.steps, ren)) for r, ren in ((a, ren_a), (b, ren_b)))
+        notes.append(note)
+    paths = [r.fact("plan", "sglang", "controller") for r in (a, b)]
+    if None not in paths and paths[0] != paths[1]:
+        said = ["SGLang's controller path" if p else "SGLang's decisions path" for p in paths]
+        notes.append(f"warning: A ran {said[0]}, B {said[1]}: counts beside the decisions "
+                     "differ by data path, not only by the change (run both as sides of one "
+                     "run, --sglang A,B, to put them on one path)")
+    return a, b, notes
+
+
+def _renamed(frame: pd.DataFrame | None, names: dict) -> pd.DataFrame | None:
+    if frame is None or "protocol" not in frame:
+        return frame
+    return frame.assign(protocol=frame["protocol"].astype(str).map(lambda p: names.get(p, p)))
+
+
 def _config_rows(key: tuple, groups: dict, metrics: list[TimingMetric], present: dict,
                  timing: TimingOptions) -> list[dict]:
     """Count and timing rows of one configuration, or one row saying which side has it."""
@@ -192,8 +222,12 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
     """Refuse incomparable runs, match A's and B's configurations, build every row (timing
     `metrics` by name, all present when None; `threshold` as compare's --threshold)."""
     check_comparable(a, b)
+    both = sglang_run(a.requests) and sglang_run(b.requests)
     paired = sglang_run(a.requests) or sglang_run(b.requests)
-    if paired:  # SGLang's own code against the project's model of it: rows pair by model
+    notes = []
+    if both:  # two SGLangs: their rows pair by side (sides_pairing), or as named
+        a, b, notes = _pair_sides(a, b)
+    elif paired:  # SGLang's own code against the project's model of it: by model
         a, b = (replace(r, requests=as_modelled(r.requests), steps=as_modelled(r.steps))
                 for r in (a, b))
     keys = match_keys(a, b)
@@ -202,12 +236,16 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
     metrics, present = reported_metrics(a, b, metrics)
     timing = TimingOptions(threshold)
     comp = Comparison(a, b, keys, threshold,
-                      header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b),
-                      drift_note=DRIFT)
+                      header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b)
+                      + notes, drift_note=DRIFT)
     for key in sorted(set(groups[("a", "requests")]) | set(groups[("b", "requests")]),
                       key=_order):
         cells = dict(zip(keys, key, strict=True))
         comp.rows += [cells | row for row in _config_rows(key, groups, metrics, present, timing)]
+    if not any(r["kind"] != "configuration" for r in comp.rows):
+        raise ResultFileError(
+            "no configuration is in both runs (A: " + _configs(groups[("a", "requests")])
+            + "; B: " + _configs(groups[("b", "requests")]) + "): nothing to compare")
     if paired:
         lines, md = per_request_section(a.requests, b.requests)
         comp.header += lines

@@ -1,7 +1,8 @@
 """A run of SGLang's own code (`bench run --cache sglang`, protocol `sglang-0.5.23@unified`)
-beside a run of the project's model of that release, request by request: the two serve one
-workload per seed, so each request's counts pair (docs/sglang.md, "bench run --cache
-sglang"). Each difference names both sides' call sites (requests.csv `call_sites`)."""
+beside a run of the project's model of that release, or beside a run of another SGLang,
+request by request: the two serve one workload per seed, so each request's counts pair
+(docs/sglang.md, "bench run --cache sglang"). Each difference names both sides' call sites
+(requests.csv `call_sites`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,28 @@ def as_modelled(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     if frame is None:
         return None
     return frame.assign(protocol=frame["protocol"].astype(str).map(modelled))
+
+
+def sides_pairing(a: pd.DataFrame, b: pd.DataFrame) -> tuple[dict, dict, str] | None:
+    """Two runs of SGLang's own code whose protocols differ: how their rows pair, as
+    (A's renames, B's renames, a note), or None where they pair as named or cannot:
+    labelled sides (`LABEL=SPEC`) sharing their labels: by label; else one SGLang in each
+    run: both as `sglang` (the before and after of a change, made as two runs)."""
+    names_a, names_b = (sorted(f["protocol"].astype(str).unique()) for f in (a, b))
+    if names_a == names_b:
+        return None
+    labels_a, labels_b = ({n: n.split("=", 1)[0] for n in names if "=" in n}
+                          for names in (names_a, names_b))
+    shared = set(labels_a.values()) & set(labels_b.values())
+    if shared:
+        pairs = sorted(f"{la} ({n})" for n, la in labels_a.items() if la in shared)
+        return (labels_a, labels_b, f"note: SGLang sides paired by label: "
+                f"{', '.join(pairs)} in A with B's sides of the same labels")
+    if len(names_a) == 1 and len(names_b) == 1:
+        return ({names_a[0]: "sglang"}, {names_b[0]: "sglang"},
+                f"note: one SGLang in each run: A's {names_a[0]} paired with B's "
+                f"{names_b[0]} as protocol `sglang`")
+    return None
 
 
 def differences(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, list[str]]:
