@@ -61,7 +61,8 @@ class ControllerCache(SGLangCache):
         tree = ProjectTreeCore(page, _module(BASE).IncLockRefResult,
                                _module(BASE).DecLockRefResult, self.tree)
         self.sgl_tree = tree
-        rig = ControllerRig(loaded, self.layout.rank, self.layout.tp, 1, tp_group, None,
+        layout = self.layout
+        rig = ControllerRig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group,
                             storage=storage, host_tokens=host.size, page_size=page,
                             host=host, tree=tree, page_elems=cfg.kv_page_elems,
                             threshold=cfg.prefetch_threshold)
