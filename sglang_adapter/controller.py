@@ -25,6 +25,8 @@ Stand-ins, and why (docs/sglang.md, "SGLang's own controller path"):
 The clock: SGLang's threads run on real time; the rig's virtual clock drives only the
 timeout budget (as in the poll rig). How many polls a prefetch takes is therefore the
 threads' real timing, not pinned.
+Layout: any TP x PP, with the stage's TP group and the TP column's PP group as SGLang's
+scheduler hands them to its cache (`held_against_model` prices each stage).
 """
 
 from __future__ import annotations

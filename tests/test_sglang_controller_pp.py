@@ -249,3 +249,42 @@ def test_the_rig_at_tp2_pp2_costs_what_the_model_of_each_stage_says(tp2pp2):
 @pytest.mark.timeout(420)
 def test_the_rig_at_tp2_pp2_issues_each_collective_on_sglangs_group(tp2pp2):
     _sites(tp2pp2, 2)
+
+
+# ---- bench hazards --cache sglang: the pp-stages cell on the controller path ---------------
+
+def test_the_pp_stages_cell_takes_the_controller_path_where_it_fits():
+    from bench.hazards.matrix import sglang_path
+    from bench.hazards.scenarios import SCENARIOS
+
+    assert sglang_path(UNIFIED, SCENARIOS["pp-stages"]).controller
+    # buffer_only (SGLang's PP-ticket path) and a side-car pool keep SGLang's decisions
+    for name in ("pp-busy", "span-skew"):
+        assert not sglang_path(UNIFIED, SCENARIOS[name]).controller, name
+    hiradix = Target("/nowhere", "0.5.18", "0.5.18", "hiradix", "pre27010")
+    assert not sglang_path(hiradix, SCENARIOS["pp-stages"]).controller
+
+
+@pytest.mark.dist
+@pytest.mark.slow  # one 4-rank cell importing SGLang on each rank
+@pytest.mark.sglang_matrix
+@pytest.mark.timeout(500)
+def test_the_pp_stages_cell_is_ok_on_sglangs_controller_path(tmp_path):
+    """#22607 on SGLang's own controller path at TP2 x PP2: reads fail on some ranks and
+    not others, SGLang's ack MINs (over the TP copy, then the PP copy) make the stages
+    agree; the cell is OK, every rank decided every request alike."""
+    sglang_wheel("0.5.23")
+    _wheel("0.5.23")
+    done = subprocess.run([sys.executable, "-m", "bench", "hazards", "--cache", "sglang",
+                           "--sglang", "0.5.23", "--scenarios", "pp-stages", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=480, env={**os.environ, "BENCH_NO_PLOTS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = pd.read_csv(tmp_path / "hazards.csv").iloc[0]
+    assert (row["protocol"], row["outcome"]) == ("sglang-0.5.23@unified", "OK"), row.to_dict()
+    ranks = [json.loads((Path(row["cell_dir"]) / f"rank{r}.json").read_text())
+             for r in range(4)]
+    assert all(r["decisions"] == ranks[0]["decisions"] for r in ranks)
+    for r in ranks:  # SGLang's own ack MIN on both of its copies, on every rank alike
+        acks = [sum(c[0] == g for c in r["sequence"]) for g in ("sglang_ack", "sglang_ack_pp")]
+        assert acks[0] == acks[1] > 0, acks
