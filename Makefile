@@ -107,8 +107,8 @@ sglang-slice: sglang-fetch  ## CI's cheap slice of sglang-check: release $(SLICE
 sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layouts, a planted change, the hazard cells (not in make test)
 	$(PY) -m sglang_adapter.source 0.5.19 0.5.18
 	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py tests/test_sglang_hazards.py \
-		tests/test_sglang_run.py tests/test_sglang_controller.py tests/test_sglang_consensus.py \
-		tests/test_seed_pr.py
+		tests/test_sglang_run.py tests/test_sglang_controller.py tests/test_sglang_controller_pp.py \
+		tests/test_sglang_consensus.py tests/test_seed_pr.py
 
 lint: dev
 	$(PY) -m ruff check hicache bench tests scripts sglang_adapter

@@ -25,6 +25,8 @@ Stand-ins, and why (docs/sglang.md, "SGLang's own controller path"):
 The clock: SGLang's threads run on real time; the rig's virtual clock drives only the
 timeout budget (as in the poll rig). How many polls a prefetch takes is therefore the
 threads' real timing, not pinned.
+Layout: any TP x PP, with the stage's TP group and the TP column's PP group as SGLang's
+scheduler hands them to its cache (`held_against_model` prices each stage).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ UTILS = "sglang.srt.mem_cache.utils"
 STEP_WAIT_S = 0.01  # real time between two steps: SGLang's threads run meanwhile
 PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
 POOL = "kv"
+P2P_OPS = ("isend", "irecv", "send", "recv")  # _pp_sync's relay (sglang_adapter.cache's)
 
 
 class ControllerRig(UnifiedRig):
@@ -153,12 +156,16 @@ class ControllerRig(UnifiedRig):
         return config(**{k: v for k, v in values.items() if k in names})
 
     def sync_groups(self) -> dict[str, object]:
-        """SGLang's own groups, by the role it made them for (one per base group)."""
+        """SGLang's own groups, by the role it made them for and the base group whose ranks
+        each copies (`_create_sync_groups`: the TP group's, then at PP > 1 the PP group's):
+        sglang_hit / sglang_ack over the stage's TP ranks, sglang_hit_pp / sglang_ack_pp
+        over the TP column's PP ranks."""
         ctl, out = self.cache.cache_controller, {}
+        base = {_ranks(ctl.attn_tp_group): "", _ranks(ctl.pp_group): "_pp"}
         for role, groups in (("hit", ctl.prefetch_hits_sync_groups),
                              ("ack", ctl.prefetch_completion_sync_groups)):
             for i, g in enumerate(groups):
-                out[f"sglang_{role}{i or ''}"] = g
+                out[f"sglang_{role}{base.get(_ranks(g), i)}"] = g
         return out
 
     def issue(self, rid: str, tokens: list[int], slow: bool = False, *, anchor=None,
@@ -198,6 +205,10 @@ class ControllerRig(UnifiedRig):
 
     def stop(self) -> None:
         self.cache.cache_controller._stop_storage_threads()
+
+
+def _ranks(group) -> tuple[int, ...] | None:
+    return None if group is None else tuple(dist.get_process_group_ranks(group))
 
 
 def _module(name: str):
@@ -278,36 +289,50 @@ def settle(rig: ControllerRig, door: Door, max_steps: int = 1000) -> int:
     raise AssertionError("SGLang's controller never went idle")
 
 
-def held_against_model(protocol: str, outcome: dict, policy: str, tp: int, pp: int
-                       ) -> Expected:
-    """What the project's model of the release (`sglang-0.5.23`, `pr36425`) says rank 0
-    issues for this request, from what SGLang did with it (no side-car pool in this rig)."""
-    return expected_per_request(
+def held_against_model(protocol: str, outcome: dict, policy: str, tp: int, pp: int,
+                       pp_rank: int = 0) -> Expected:
+    """What the project's model of the release (`sglang-0.5.23`, `pr36425`) says a rank of
+    PP stage `pp_rank` issues for this request, from what SGLang did with it (no side-car
+    pool in this rig). The model prices rank 0; a later stage differs only in the poll's
+    relayed decision, as SGLang's `_all_reduce` issues it (unified_radix_cache.py:376-407):
+    only stage 0 all-reduces over its TP group, then `_pp_sync` relays the verdict, a send
+    on stage 0, a receive on the last stage, both on a stage between. The hit query and
+    the acks are the controller's `_all_reduce` over every group `_create_sync_groups` made
+    (TP, then PP): the same on every stage."""
+    want = expected_per_request(
         protocol, policy, tp, pp, outcome["ongoing_polls"], outcome["hit_pages"],
         outcome["issued"], outcome["io_issued"], outcome["ended_by"] == "poll")
+    if pp_rank == 0:
+        return want
+    hops = int(pp_rank > 0) + int(pp_rank < pp - 1)
+    return dataclasses.replace(want, decision=0, pp_hops=want.pp_hops * hops)
 
 
 def counted(calls, rid: str) -> Expected:
     """SGLang's own collectives for one request, by the role of the frame that issued them."""
     by = Counter()
-    for site, _group, _op, who, via, n in calls:
+    for site, _group, op, who, via, n in calls:
         if who == rid:
             # the hit query's MIN: inline in prefetch_thread_func (0.5.19), in
-            # _sync_prefetch_hit_query under it (0.5.23); the ack's under the ack thread
+            # _sync_prefetch_hit_query under it (0.5.23); the ack's under the ack thread;
+            # at PP > 1 the poll's verdict relayed by _pp_sync (isend / recv)
             role = ("hit_query" if "prefetch_thread_func" in via else
                     "ack" if "prefetch_sync_thread_func" in via else
+                    "pp_hop" if op in P2P_OPS and "_can_terminate_prefetch" in via else
                     "decision" if "_can_terminate_prefetch" in via else f"{site} < {via}")
             by[role] += n
-    extra = set(by) - {"hit_query", "ack", "decision"}
+    extra = set(by) - {"hit_query", "ack", "decision", "pp_hop"}
     assert not extra, f"{rid}: collectives of no known role: {extra}"
-    return Expected(by["decision"], 0, 0, by["hit_query"], by["ack"])
+    return Expected(by["decision"], 0, by["pp_hop"], by["hit_query"], by["ack"])
 
 
 def controller_rank(rank: int, world: int, source: Source, tp: int,
-                    cases: list[ControllerCase], stall_s: float = 0.5, seed: int = 0) -> dict:
-    """A spawned rank (bench.run.launch): SGLang's controller path at TP `tp` (PP 1) for
-    each case; returns per request what it did, SGLang's collectives and the model's, the
-    pages loaded against storage and the door's crosscheck."""
+                    cases: list[ControllerCase], stall_s: float = 0.5, seed: int = 0,
+                    pp: int = 1) -> dict:
+    """A spawned rank (bench.run.launch): SGLang's controller path at TP `tp` x PP `pp`
+    for each case; returns per request what it did, SGLang's collectives and the model's
+    for this rank's stage, the pages loaded against storage and the door's crosscheck."""
+    assert world == tp * pp, (world, tp, pp)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     loaded = load(source)
@@ -315,14 +340,17 @@ def controller_rank(rank: int, world: int, source: Source, tp: int,
         raise LoadError(f"sglang {source.label}: the controller rig drives UnifiedRadixCache "
                         "with a HybridCacheController (0.5.19 on), not HiRadixCache")
     native_hash(source, str(DEFAULT_CACHE))
-    tp_group, pp_group = grid_groups(rank, tp, 1)
+    # SGLang's scheduler hands its cache the stage's TP CPU group and the TP column's PP
+    # CPU group (kv_cache_builder.py:403-405); the controller copies both for its own.
+    tp_group, pp_group = grid_groups(rank, tp, pp)
     storage = make_storage(StorageSpec(latency_ms=1.0, exists_latency_ms=0.1, seed=seed),
                            rank, rank % tp)
     door = Door(source.root)
     door.register("tp", tp_group)
+    door.register("pp", pp_group)
     door.install()
     try:
-        rig = ControllerRig(loaded, rank, tp, 1, tp_group, pp_group, storage=storage,
+        rig = ControllerRig(loaded, rank, tp, pp, tp_group, pp_group, storage=storage,
                             host_tokens=4096 * 64, page_size=64, stall_s=stall_s)
         for name, group in rig.sync_groups().items():
             door.register(name, group)
@@ -335,15 +363,18 @@ def controller_rank(rank: int, world: int, source: Source, tp: int,
     finally:
         door.uninstall()
     dist.barrier()
-    return _report(rig, door, source, tp, cases, outcomes)
+    return _report(rig, door, source, cases, outcomes)
 
 
-def _report(rig: ControllerRig, door: Door, source: Source, tp: int,
-            cases: list[ControllerCase], outcomes: dict) -> dict:
+def _report(rig: ControllerRig, door: Door, source: Source, cases: list[ControllerCase],
+            outcomes: dict) -> dict:
     calls = [(c.site, c.group, c.op, c.rid, c.via, n) for c, n in door.calls.items()]
     protocol = modelled_protocol(source)
+    rank, tp, pp = rig.layout
     return {"outcomes": outcomes, "loaded": rig.loaded_pages(), "names": rig.tier.names,
             "crosscheck": door.crosscheck(), "calls": calls, "protocol": protocol,
+            "layout": rig.layout,
             "sglang": {c.rid: counted(calls, c.rid) for c in cases},
-            "model": {c.rid: held_against_model(protocol, outcomes[c.rid], c.policy, tp, 1)
+            "model": {c.rid: held_against_model(protocol, outcomes[c.rid], c.policy, tp, pp,
+                                                rank // tp)
                       for c in cases}}

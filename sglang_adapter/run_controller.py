@@ -23,10 +23,16 @@ operations and what its tree core was given. The project's own controller thread
 run; the harness's per-step agreement still runs beside SGLang's (its `busy` flag ends the
 serve on every rank alike), with nothing of the project's to drain.
 
-Schedule: SGLang's threads run on real time, so this runs under `--schedule free` only
-(docs/sglang.md says what a pinned schedule would need). TP only (PP 1), no side-car pool,
-host memory as a cache tier, no write path: refused in one line before any rank starts
-(bench.run.options).
+Schedule: pinned (sglang_adapter.pinned_controller gates what SGLang's drains see on the
+virtual clock) or free (SGLang's threads on real time, no gate).
+
+Layout: any TP x PP. SGLang's cache and controller get the harness's `tp_cpu` and `pp_cpu`
+groups as SGLang's scheduler hands them its TP and PP CPU groups; the controller copies
+both for its hit-query and ack MINs (`_create_sync_groups`), the cache all-reduces its
+per-step counts and timeout verdict on stage 0 and relays them down the stages
+(`_pp_sync`), and the later stages drain stage 0's counts (docs/sglang.md, "Its layouts").
+A side-car pool, buffer_only host memory (at PP > 1 SGLang's PP-ticket path) and the write
+path are refused in one line before any rank starts (sglang_adapter.target.run_unfit).
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ class ControllerCache(SGLangCache):
         tree = ProjectTreeCore(page, _module(BASE).IncLockRefResult,
                                _module(BASE).DecLockRefResult, self.tree)
         self.sgl_tree = tree
-        rig = ControllerRig(loaded, self.layout.rank, self.layout.tp, 1, tp_group, None,
+        layout = self.layout
+        rig = ControllerRig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group,
                             storage=storage, host_tokens=host.size, page_size=page,
                             host=host, tree=tree, page_elems=cfg.kv_page_elems,
                             threshold=cfg.prefetch_threshold)

@@ -121,13 +121,20 @@ def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
 
 def run_unfit(pp: int, system: dict) -> str | None:
     """controller_unfit's reasons that are the run's, whatever the SGLang: known before
-    SGLang is imported or its page-hash extension built."""
-    return ("runs at --pp 1 only" if pp != 1
-            else "serves no side-car pool (--extra-pool)" if system.get("extra_pool")
-            else "serves host memory as a cache tier only" if
+    SGLang is imported or its page-hash extension built. Any PP size serves (docs/sglang.md,
+    "Its layouts"); buffer_only does not: the rig builds no BufferModePipeline, and at
+    PP > 1 it is SGLang's PP-ticket path, whose tickets stage 0's scheduler relays to the
+    later stages with each request (scheduler.py:3117, 3325)."""
+    return ("serves no side-car pool (--extra-pool)" if system.get("extra_pool")
+            else f"serves host memory as a cache tier only ({_BUFFER_ONLY[pp > 1]})" if
             system.get("host_memory", "cache") != "cache"
             else "serves no write path (--write-policy none)" if
             system.get("write_policy", "none") != "none" else None)
+
+
+_BUFFER_ONLY = ("buffer_only needs SGLang's BufferModePipeline, not built here",
+                "buffer_only at --pp > 1 is SGLang's PP-ticket path: its scheduler's ticket "
+                "relay and BufferModePipeline are not built here")
 
 
 def pick_path(target: Target | None, path: str | None, pp: int, system: dict

@@ -76,6 +76,9 @@ RELEASES = [
                  marks=pytest.mark.sglang_matrix, id="0.5.23-tp1pp2"),
     pytest.param(("0.5.23", "sglang-0.5.23", "unified", (2, 2), DECISION_SITE),
                  marks=pytest.mark.sglang_matrix, id="0.5.23-tp2pp2"),
+    # PP > 1 takes the controller path above (auto); SGLang's decisions there too
+    pytest.param(("0.5.23", "sglang-0.5.23", "unified", (2, 2), DECISION_SITE, "decisions"),
+                 marks=pytest.mark.sglang_matrix, id="0.5.23-tp2pp2-decisions"),
     # SGLang's decisions on the project's data path where the controller path also fits
     pytest.param(("0.5.23", "sglang-0.5.23", "unified", (2, 1), DECISION_SITE, "decisions"),
                  marks=pytest.mark.sglang_matrix, id="0.5.23-decisions"),
@@ -102,7 +105,7 @@ def both_runs(request, tmp_path_factory):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         out[name] = root / name
     # SGLang's controller path is the data path where the run fits it (--sglang-path auto:
-    # 0.5.19 on, PP 1, its page-hash extension builds here), else SGLang's decisions on the
+    # 0.5.19 on, its page-hash extension builds here), else SGLang's decisions on the
     # project's data path; the run's plan says which ran.
     plan = json.loads((root / "sglang" / "env.json").read_text())["plan"]
     out["controller"] = bool(plan["sglang"]["controller"])
@@ -349,9 +352,10 @@ def test_controller_run_costs_what_the_model_says_given_its_polls(both_runs):
     of 0.5.23 priced on what SGLang did with it."""
     sgl = _requests(_controller(both_runs))
     assert set(sgl["protocol"]) == {both_runs["name"]}
+    tp, pp = both_runs["layout"]
     for (policy, rid), r in sgl.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request(both_runs["protocol"], policy, 2, 1, r["polls"],
+        want = expected_per_request(both_runs["protocol"], policy, tp, pp, r["polls"],
                                     hit_pages, r["op_issued"], r["io_issued"],
                                     r["terminated_by"] == "poll")
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
@@ -359,11 +363,16 @@ def test_controller_run_costs_what_the_model_says_given_its_polls(both_runs):
         assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,
                        want.ack), (policy, rid, r["terminated_by"], r["polls"])
     acked = sgl[sgl["ack_collectives"] > 0]
-    assert len(acked) and (sgl.loc[sgl["op_issued"], "hit_query_collectives"] == 1).all()
+    # one MIN per group SGLang copied: the stage's TP ranks, at PP > 1 the PP column's too
+    groups = ["_pp"] * (pp > 1) + [""] * (tp > 1)
+    issued = sgl[sgl["op_issued"]]
+    assert len(acked) and (issued["hit_query_collectives"] == len(groups)).all()
     if both_runs["name"].startswith("sglang-0.5.23@"):
-        issued = sgl[sgl["op_issued"]]
-        assert issued["call_sites"].str.contains(HIT_SITE, regex=False).all()
-        assert acked["call_sites"].str.contains(ACK_SITE, regex=False).all()
+        for suffix in groups:
+            assert issued["call_sites"].str.contains(
+                HIT_SITE.replace("sglang_hit ", f"sglang_hit{suffix} "), regex=False).all()
+            assert acked["call_sites"].str.contains(
+                ACK_SITE.replace("sglang_ack ", f"sglang_ack{suffix} "), regex=False).all()
     assert set(sgl.loc["timeout", "terminated_by"]) >= {"poll"}  # its decision MAX, too
     assert sgl.loc["timeout", "call_sites"].str.contains(both_runs["site"], regex=False).any()
 
@@ -380,7 +389,7 @@ def test_the_controller_path_is_refused_where_it_cannot_serve(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--extra-pool"], "serves no side-car pool"), (["--pp", "2"], "runs at --pp 1 only"),
+    (["--extra-pool"], "serves no side-car pool"),
     (["--host-memory", "buffer_only"], "serves host memory as a cache tier only"),
     (["--write-policy", "write_through"], "serves no write path")])
 def test_a_run_the_controller_path_cannot_serve_is_refused_before_sglang_is_read(

@@ -91,10 +91,10 @@ def parser() -> CliParser:
     a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
       "controller (SGLang's controller path is the data path too: prefetch_from_storage, "
       "its hit-query, IO and ack threads on the groups it makes, its drains and end path, "
-      "over the harness's storage, host pool and tree; 0.5.19 on, --pp 1, host memory a "
-      "cache tier, no side-car pool or write path), decisions (SGLang's check_hicache_events "
-      "and check_prefetch_progress on the project's data path), or auto (the default: "
-      "controller where the run fits it, else decisions; docs/sglang.md)")
+      "over the harness's storage, host pool and tree; 0.5.19 on, any --tp x --pp, host "
+      "memory a cache tier, no side-car pool or write path), decisions (SGLang's "
+      "check_hicache_events and check_prefetch_progress on the project's data path), or "
+      "auto (the default: controller where the run fits it, else decisions; docs/sglang.md)")
     a("--sglang-consensus", action="store_true", help="with --cache sglang: SGLang's own "
       "rank-consensus checker on in every serve, as its scheduler configures it (0.5.23 on; "
       "its collectives on its own groups, counted apart); consensus.csv says per serve "

@@ -29,10 +29,10 @@ class Scenario:
     new_tokens: int = 512  # computed by the prefill
     gap_ms: float = 2.0  # between arrivals
     protocols: tuple[str, ...] | None = None  # None: every protocol can run it
-    # --cache sglang: its hazard lives in SGLang's own drains (the retry set its hit drain
-    # arms), so SGLang's controller path is the data path where the cell fits it; else
-    # SGLang's decisions on the project's data path (every other scenario plants its
-    # hazard in the project's data path)
+    # --cache sglang: its hazard lives in SGLang's own controller path (the retry set its
+    # hit drain arms; the acks its sync thread MIN-reduces over TP and PP), so that path is
+    # the data path where the cell fits it; else SGLang's decisions on the project's data
+    # path (every other scenario plants its hazard in the project's data path)
     sglang_controller: bool = False
     # Its hazard is in a stage of the model that no SGLang release has (PD prefill's
     # admission ring: docs/hazards.md), so `--cache sglang` has no cell for it
@@ -74,9 +74,12 @@ def _early_return() -> Scenario:
 
 
 def _pp_stages() -> Scenario:
+    # Under --cache sglang the stages' different progress meets SGLang's own ack MINs (its
+    # sync thread's, over the TP group and then the PP group) and its per-step relay.
     return Scenario("pp-stages", "#22607", "storage reads fail on some ranks and not others "
                     "(fail rate 0.3, seeded per rank), so PP stages see different progress",
-                    pp=2, system=NO_TIMEOUT, storage={**SLOW_READS, "fail_rate": 0.3})
+                    pp=2, system=NO_TIMEOUT, storage={**SLOW_READS, "fail_rate": 0.3},
+                    sglang_controller=True)
 
 
 def _sidecar_race() -> Scenario:
