@@ -59,3 +59,16 @@ def test_without_scipy_points_counts_and_verdicts_stay_and_intervals_go(frames, 
     said = [line for line in lines if "scipy is not installed" in line]
     assert said == ["No intervals: scipy is not installed."]
     assert "[no CI]" in "\n".join(lines)
+
+
+def test_at_tp1_there_is_no_c_and_the_lead_says_so_not_0_ms():
+    """TP1 has no TP group: calibration times nothing, and the lead says that rather
+    than 'one all-reduce took 0.000 ms (n=0)'."""
+    from bench.analysis.lead import expectation_lines
+    from bench.run.calibrate import summarize
+
+    calib = summarize([[], []], tp=1, pp=2)
+    assert calib["n"] == 0
+    assert expectation_lines(pd.DataFrame(), calib) == [
+        "No c at TP1: no TP group to all-reduce on, so the model expects no "
+        "decision-collective time."]

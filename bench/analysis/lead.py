@@ -167,6 +167,9 @@ def expectation_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
     """What the model expects from c and the polls, said before any measurement."""
     if calib is None:
         return ["No calibration.json: the run measured no c, so the model expects nothing."]
+    if not calib.get("n"):
+        return [f"No c at TP{calib['tp']}: no TP group to all-reduce on, so the model "
+                "expects no decision-collective time."]
     c = calib["allreduce"]
     lines = ["The model predicts the scheduler's time per step in decision collectives "
              "(polls per step x c) and, from it, the step-time ratio at the polls per step "

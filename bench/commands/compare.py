@@ -21,9 +21,9 @@ a warning where they ran different data paths. Per matched row:
   scipy). The runs were made at different times, so drift between them is not in the
   intervals: `python -m bench ab REV_A REV_B` interleaves two revisions instead.
 Refused (exit 2, one line): different presets, layouts (tp, pp) or schema versions; no
-configuration in both runs; bad input. env.json differences that make timings incomparable are warned about at the top.
-Writes compare.csv, compare.md and compare_ratios.png into --out (default
-results/compare_<A>_vs_<B>). Exit 1 when anything is worse, else 0.
+configuration in both runs; bad input. env.json differences that make timings incomparable
+are warned about at the top. Writes compare.csv, compare.md and compare_ratios.png into
+--out (default results/compare_<A>_vs_<B>). Exit 1 when anything is worse, else 0.
 """
 
 from __future__ import annotations

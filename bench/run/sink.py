@@ -67,6 +67,10 @@ class ResultSink:
         write_json_atomic(self.run.file("calibration"), self.calib)
         c = self.calib["allreduce"]
         added = f" (+{self.plan.delay_ms:g} ms added)" if self.plan.delay_ms else ""
+        if not self.calib["n"]:  # TP1: no TP group, so no all-reduce to time
+            print(f"calibration: none at TP{self.plan.tp} (no TP group to all-reduce on)",
+                  file=sys.stderr, flush=True)
+            return
         print(f"calibration{added}: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
               f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
               f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
