@@ -121,6 +121,9 @@ class TreeCore:
     def inc_host_lock_ref(self, node_id):
         """SGLang's receipt of a host lock on the anchor (0.5.23 records the node in it)."""
         self.host_locks += 1
+        return self._receipt(node_id)
+
+    def _receipt(self, node_id):
         names = {f.name for f in dataclasses.fields(self._lock_result)}
         return self._lock_result(**({"node_id": node_id} if "node_id" in names else {}))
 
