@@ -87,7 +87,8 @@ class ControllerCache(SGLangCache):
                                       cfg.collective_timeout_s, self.layout.rank)
             rig.tier.gate = self.gate
         if self.tiers is not None:  # the write path after the host copy: SGLang's
-            ControllerWrites.adopt(self.tiers, rig.cache, _module(ACKS).HiCacheAck, self.stats)
+            ControllerWrites.adopt(self.tiers, rig.cache, rig.tier, _module(ACKS).HiCacheAck,
+                                   self.stats)
         hits = rig.cache.cache_controller.prefetch_hit_queue
         if not isinstance(hits, WatchedHits):
             hits.__class__ = WatchedHits  # SGLang's prefetch thread already waits on it

@@ -54,11 +54,12 @@ class ControllerWrites(Tiers):
     docstring). Scheduler thread only, as SGLang's cache; the backup thread is SGLang's."""
 
     @classmethod
-    def adopt(cls, tiers: Tiers, cache, ack_class, stats) -> ControllerWrites:
+    def adopt(cls, tiers: Tiers, cache, tier, ack_class, stats) -> ControllerWrites:
         """`tiers` (the cache's own, already built) with the write path handed to SGLang's
-        `cache` (a UnifiedRadixCache whose tree core is sglang_adapter.run_stand_ins')."""
+        `cache` (a UnifiedRadixCache whose tree core is sglang_adapter.run_stand_ins'),
+        writing through `tier` (sglang_adapter.stand_ins.Tier)."""
         tiers.__class__ = cls
-        tiers.sgl, tiers.ack_class, tiers.stats = cache, ack_class, stats
+        tiers.sgl, tiers.tier, tiers.ack_class, tiers.stats = cache, tier, ack_class, stats
         tiers.writer = None  # the request whose prefill is being cached
         tiers.backups: dict[int, tuple[object, BackupOp, str | None]] = {}
         tiers._ids = itertools.count(1)
@@ -111,13 +112,18 @@ class ControllerWrites(Tiers):
             self.stats.requests[rid].data_errors += bad
 
     def _check(self, names: list[str]) -> tuple[int, int]:
-        """(pages storage holds, pages absent or not what the harness computed)."""
+        """(pages storage holds, pages wrong): a page is wrong when SGLang's backup thread
+        did not hand it to the backend as the harness computed it (Tier.record_write), or
+        storage does not hold it, or holds other content (a tier that keeps bytes: file;
+        sim regenerates a page's content from its name)."""
         storage = self.controller.storage
+        names = self.tier.translate(names)
         rows = storage.stored(names, KV, self.host.page_elems)
         want = expected_rows(names[: rows.shape[0]], storage.rank, KV, self.host.page_elems)
-        want = want.to(self.host.data.dtype).to(rows.dtype)  # as the host pool holds it
-        differ = int((rows != want).any(dim=1).sum())
-        return rows.shape[0], differ + len(names) - rows.shape[0]
+        same = (rows == want.to(self.host.data.dtype).to(rows.dtype)).all(dim=1).tolist()
+        handed = self.tier.written_right(names)
+        held = same + [False] * (len(names) - rows.shape[0])
+        return rows.shape[0], sum(not (h and k) for h, k in zip(handed, held, strict=True))
 
     # ---- the project's own agreement has nothing of this path to drain ----------------------
 
