@@ -25,7 +25,7 @@ import torch
 from hicache.cache.controller import KV
 from hicache.memory.pools import PagePool, expected_rows
 from hicache.memory.storage import StorageSpec, make_storage
-from hicache.spec.cost_model import expected_per_request, per_step
+from hicache.spec.cost_model import expected_per_request, per_step, tp_cost
 from sglang_adapter.run_writes import ControllerWrites
 from sglang_adapter.stand_ins import Tier
 from tests.sglang_wheels import sglang_wheel
@@ -74,12 +74,21 @@ def test_the_host_pool_serves_the_page_sglangs_backup_thread_reads():
     assert torch.equal(host.get_data_page(2 * 64 + 5), rows[0])
 
 
-@pytest.fixture(scope="module")
-def written(tmp_path_factory) -> Path:
-    """One 2-rank serve (TP2) on SGLang 0.5.23's controller path with write_through."""
+# TP2 in make test; PP > 1 in make sglang-check (a later stage pops stage 0's relayed
+# counts of write acks and backup acks from its own queues).
+LAYOUTS = [pytest.param((2, 1), id="tp2"),
+           pytest.param((1, 2), marks=pytest.mark.sglang_matrix, id="tp1pp2"),
+           pytest.param((2, 2), marks=pytest.mark.sglang_matrix, id="tp2pp2")]
+
+
+@pytest.fixture(scope="module", params=LAYOUTS)
+def written(request, tmp_path_factory) -> tuple[Path, int, int]:
+    """One serve on SGLang 0.5.23's controller path with write_through, at TP x PP."""
+    tp, pp = request.param
     out = tmp_path_factory.mktemp("ctl_write") / "run"
     argv = ["--preset", "ci", "--requests", "4", "--bystanders", "2", "--output-tokens", "2",
-            "--repeats", "1", "--seed", "3", "--schedule", "free", "--tp", "2",
+            "--repeats", "1", "--seed", "3", "--schedule", "free", "--tp", str(tp), "--pp",
+            str(pp),
             "--policies", "wait_complete", "--cache", "sglang",
             "--sglang", str(sglang_wheel("0.5.23")), "--sglang-path", "controller",
             "--write-policy", "write_through", "--out", str(out)]
@@ -88,21 +97,22 @@ def written(tmp_path_factory) -> Path:
                           env={**os.environ, "BENCH_NO_PLOTS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("OK"), done.stdout[-2000:]
-    return out
+    return out, tp, pp
 
 
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_sglangs_backups_write_what_the_harness_computed(written):
-    ranks = pd.read_csv(written / "ranks.csv")
-    assert len(ranks) == 2
+    out, tp, pp = written
+    ranks = pd.read_csv(out / "ranks.csv")
+    assert len(ranks) == tp * pp
     assert (ranks["host_copy_pages"] > 0).all()
     # every host copy SGLang's writing_check acked went through its backup thread to
     # storage, was drained, and holds the computed KV (else data_ok is False below)
     assert (ranks["storage_write_pages"] == ranks["host_copy_pages"]).all()
     assert ranks["host_copy_pages"].nunique() == 1  # the ranks copied alike
     assert ranks["crosscheck_ok"].all() and (ranks["host_slots_unaccounted"] == 0).all()
-    reqs = pd.read_csv(written / "requests.csv")
+    reqs = pd.read_csv(out / "requests.csv")
     assert reqs["data_ok"].all() and reqs["ranks_agree"].all()
 
 
@@ -112,10 +122,11 @@ def test_the_write_path_costs_no_collective_per_request_or_step(written):
     """Per request: SGLang's hit-query and ack MINs as the model prices them, none at a
     frame of the write path; per step: the packed MIN (write acks and backup acks in it)
     and the harness's agreement beside it, nothing more."""
-    reqs = pd.read_csv(written / "requests.csv")
+    out, tp, pp = written
+    reqs = pd.read_csv(out / "requests.csv")
     for _, r in reqs.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request("sglang-0.5.23", r["policy"], 2, 1, r["polls"],
+        want = expected_per_request("sglang-0.5.23", r["policy"], tp, pp, r["polls"],
                                     hit_pages, r["op_issued"], r["io_issued"],
                                     r["terminated_by"] == "poll")
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
@@ -124,7 +135,9 @@ def test_the_write_path_costs_no_collective_per_request_or_step(written):
                        want.ack), r["rid"]
         sites = str(r["call_sites"]) if pd.notna(r["call_sites"]) else ""
         assert not any(f in sites for f in WRITE_FRAMES), (r["rid"], sites)
-    steps = pd.read_csv(written / "steps.csv")
-    tp_min, hops = per_step("sglang-0.5.23", 2, 1)
-    # SGLang's _sync_hicache_ready_counts beside the harness's step agreement
-    assert (steps["per_step_min"] == tp_min + 1).all() and (steps["pp_hop"] == hops).all()
+    steps = pd.read_csv(out / "steps.csv")  # rank 0's (PP stage 0)
+    tp_min, hops = per_step("sglang-0.5.23", tp, pp)
+    # SGLang's _sync_hicache_ready_counts beside the harness's step agreement: its MIN over
+    # the TP group (none at TP1), at PP > 1 its relay's send (_pp_sync)
+    assert (steps["per_step_min"] == tp_min + tp_cost(tp)).all()
+    assert (steps["pp_hop"] == hops + (pp > 1)).all()
