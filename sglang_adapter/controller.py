@@ -91,6 +91,7 @@ class ControllerRig(UnifiedRig):
         cache._prefetch_outcome_stats = defaultdict(int)
         cache.prefetch_loaded_storage_start_by_reqid, cache.ongoing_backup = {}, {}
         cache.ongoing_write_through, cache.ongoing_load_back = {}, {}
+        cache.hicache_storage_pass_prefix_keys = False  # __init__'s default
         cache.cache_controller = self._controller(cache)
 
     def _controller(self, cache):

@@ -31,8 +31,12 @@ groups as SGLang's scheduler hands them its TP and PP CPU groups; the controller
 both for its hit-query and ack MINs (`_create_sync_groups`), the cache all-reduces its
 per-step counts and timeout verdict on stage 0 and relays them down the stages
 (`_pp_sync`), and the later stages drain stage 0's counts (docs/sglang.md, "Its layouts").
-A side-car pool, buffer_only host memory (at PP > 1 SGLang's PP-ticket path) and the write
-path are refused in one line before any rank starts (sglang_adapter.target.run_unfit).
+Write path: under write_through the harness's device tier copies a prefill's pages to the
+host and SGLang's own write path takes them from there (its write-through acks,
+`writing_check`, `write_backup_storage`, its backup thread and `_drain_backup`:
+sglang_adapter.run_writes). A side-car pool, buffer_only host memory (at PP > 1 SGLang's
+PP-ticket path) and write_back are refused in one line before any rank starts
+(sglang_adapter.target.run_unfit).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from sglang_adapter.cache import SGLangCache
 from sglang_adapter.controller import BASE, ControllerRig, _module
 from sglang_adapter.pinned_controller import ControllerPin, WatchedHits
 from sglang_adapter.run_stand_ins import ProjectHostPool, ProjectTreeCore
+from sglang_adapter.run_writes import ControllerWrites
+
+ACKS = "sglang.srt.managers.cache_controller"  # HiCacheAck, what start_writing posts
 
 SGLANG_QUEUES = ("prefetch_queue", "prefetch_buffer", "prefetch_sync_queue",
                  "prefetch_hit_queue", "ack_prefetch_queue", "host_mem_release_queue")
@@ -79,6 +86,9 @@ class ControllerCache(SGLangCache):
                                       cfg.kv_page_elems, cfg.storage.exists_latency_ms / 1e3,
                                       cfg.collective_timeout_s, self.layout.rank)
             rig.tier.gate = self.gate
+        if self.tiers is not None:  # the write path after the host copy: SGLang's
+            ControllerWrites.adopt(self.tiers, rig.cache, rig.tier, _module(ACKS).HiCacheAck,
+                                   self.stats)
         hits = rig.cache.cache_controller.prefetch_hit_queue
         if not isinstance(hits, WatchedHits):
             hits.__class__ = WatchedHits  # SGLang's prefetch thread already waits on it
@@ -177,6 +187,17 @@ class ControllerCache(SGLangCache):
             self.retry_attempts[req.rid] = req.storage_prefetch_retry_attempts + 1
             self.stats.requests[req.rid].retries += 1
             self._prefetch_kvcache(req.rid, self.prompts[req.rid], stamp, hit_end)
+
+    def cache_prefill(self, rid: str, dev: list[int]) -> None:
+        """The prefill's pages cached; under write_through their host copies go to
+        SGLang's write path, each for this request (its storage check's data errors)."""
+        if self.tiers is not None:
+            self.tiers.writer = rid
+        try:
+            super().cache_prefill(rid, dev)
+        finally:
+            if self.tiers is not None:
+                self.tiers.writer = None
 
     def load_back(self, rid: str):
         """Scheduled: SGLang's scheduler cancels its retry (scheduler.py:4315-4318)."""

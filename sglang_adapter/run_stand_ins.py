@@ -58,7 +58,8 @@ class ProjectHostPool:
         self.pool.write([int(index) // self.page_size], data_page.reshape(1, -1))
 
     def get_data_page(self, index, flat: bool = True) -> torch.Tensor:
-        raise NotImplementedError("write-back through SGLang's controller: not on this path")
+        """The page SGLang's backup thread writes to storage (`_generic_page_set`)."""
+        return self.pool.data[int(index) // self.page_size].clone()
 
 
 class ProjectTreeCore(TreeCore):
@@ -69,6 +70,38 @@ class ProjectTreeCore(TreeCore):
         self.tree = tree
         self.anchors: dict[str, tuple[list[int], list[str]]] = {}
         self.fetched: dict[str, int] = {}  # rid -> tokens SGLang inserted for it
+        self.writes = None  # the write path's copies (sglang_adapter.run_writes), if on
+
+    # ---- the write path: backups by int node id (a prefetch's anchor is its rid) -----------
+
+    def inc_lock_ref(self, node_id, skip_lock_components=()):
+        self.tree.lock(self.writes.node(node_id))
+        return self._receipt(node_id)
+
+    def dec_lock_ref(self, node_id, params, skip_swa: bool = False):
+        self.tree.unlock(self.writes.node(node_id))
+        return self._dec_result()
+
+    def mark_write_through_pending(self, node_ids, ack_id):
+        return list(node_ids)
+
+    def finish_write_through(self, node_ids, ack_id) -> None:
+        pass  # the harness's tree holds the host copy since it was made (hicache.cache.tiers)
+
+    def build_storage_backup_spec(self, node_id, pass_prefix_keys: bool):
+        host, tokens, names = self.writes.storage_spec(node_id)
+        return types.SimpleNamespace(host_value=host, token_ids=tokens, hash_value=names,
+                                     prefix_keys=None, comp_xfers={})
+
+    def inc_host_lock_ref(self, node_id):
+        if isinstance(node_id, int):  # write_backup_storage's, for the backup thread
+            self.writes.pin(node_id)
+        return super().inc_host_lock_ref(node_id)
+
+    def dec_host_lock_ref(self, node_id, params):
+        if isinstance(node_id, int):  # _drain_backup's: the backup is acked
+            self.writes.stored(node_id)
+        return super().dec_host_lock_ref(node_id, params)
 
     def anchor(self, rid: str, tokens: list[int], hashes: list[str]) -> None:
         """The host prefix `rid`'s prefetch starts after (its node id is `rid`)."""

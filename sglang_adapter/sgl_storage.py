@@ -76,6 +76,7 @@ class HarnessStorage(HiCacheStorage):
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
         rows = torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values])
         names = self.tier.translate(list(keys))
+        self.tier.record_write(names, values)  # the write path's self-check
         return self.tier.storage.batch_set(names, self.tier.pool, rows) == len(keys)
 
     def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:

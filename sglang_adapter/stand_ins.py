@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hicache.memory.pools import expected_rows
 from hicache.memory.storage import Storage
 
 
@@ -121,6 +122,9 @@ class TreeCore:
     def inc_host_lock_ref(self, node_id):
         """SGLang's receipt of a host lock on the anchor (0.5.23 records the node in it)."""
         self.host_locks += 1
+        return self._receipt(node_id)
+
+    def _receipt(self, node_id):
         names = {f.name for f in dataclasses.fields(self._lock_result)}
         return self._lock_result(**({"node_id": node_id} if "node_id" in names else {}))
 
@@ -152,6 +156,9 @@ class Tier:
     # first page): the step its hit query is judged at for pages that land late
     # (HiCacheConfig.land_step); a name never issued: None (whatever has landed).
     issued_at: dict[str, int] = field(default_factory=dict)
+    # The write path: each tier name SGLang's backup thread wrote, and whether what it
+    # wrote was the KV the harness computed (record_write).
+    written: dict[str, bool] = field(default_factory=dict)
 
     def learn(self, sglang_names: list[str], tier_names: list[str], slow: bool = False,
               step: int | None = None) -> None:
@@ -177,6 +184,21 @@ class Tier:
     def translate(self, keys: list[str]) -> list[str]:
         with self.lock:
             return [self.names.get(k, k) for k in keys]
+
+    def record_write(self, tier_names: list[str], values) -> None:
+        """SGLang's backup thread hands the backend these pages (`batch_set`): each is held
+        against the KV the harness computed for it (a backup of the wrong slot or page
+        differs), what was handed recorded per name for the write path's check."""
+        want = expected_rows(tier_names, self.storage.rank, self.pool, self.page_elems)
+        same = [torch.equal(torch.as_tensor(v).flatten(), w.to(torch.as_tensor(v).dtype))
+                for v, w in zip(values, want, strict=True)]
+        with self.lock:
+            self.written.update(zip(tier_names, same, strict=True))
+
+    def written_right(self, tier_names: list[str]) -> list[bool]:
+        """Per page: handed to the backend by SGLang's backup thread, as computed."""
+        with self.lock:
+            return [self.written.get(n, False) for n in tier_names]
 
 
 # This process's tier, set by the rig before SGLang builds the backend (one SGLang, one

@@ -46,11 +46,19 @@ def test_the_controller_path_serves_every_pp_layout_with_host_memory_a_cache(pp)
     assert not pick_path(UNIFIED, "decisions", pp, {}).controller
 
 
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_controller_path_serves_write_through(pp):
+    system = {"write_policy": "write_through"}
+    assert run_unfit(pp, system) is None and controller_unfit(UNIFIED, pp, system) is None
+    assert pick_path(UNIFIED, "controller", pp, system).controller
+
+
 @pytest.mark.parametrize("pp, system, says", [
     (2, {"host_memory": "buffer_only"}, BUFFER_ONLY),
     (1, {"host_memory": "buffer_only"}, BUFFER_ONLY),
     (2, {"extra_pool": True}, "serves no side-car pool"),
-    (2, {"write_policy": "write_through"}, "serves no write path")])
+    (1, {"write_policy": "write_back"}, "serves the write path with write_through only"),
+    (2, {"write_policy": "write_back"}, "serves the write path with write_through only")])
 def test_what_it_cannot_serve_stays_refused_in_one_line(pp, system, says):
     why = run_unfit(pp, system)
     assert why is not None and says in why and "\n" not in why

@@ -6,7 +6,8 @@ A run FAILS when
   (each stage's TP ranks agreeing among themselves): pre27010 has no PP agreement by design
   (SGLang #22607, docs/design.md section 5), so that is reported as a known hazard, not a
   failure;
-- a request loaded prefix data that differs from storage;
+- a request loaded prefix data that differs from storage, or (SGLang's controller path
+  with write_through) SGLang's backup of its pages is not the KV the harness computed;
 - a rank's own collective counter differs from torch's sequence numbers (ranks.csv
   `crosscheck_ok`);
 - a rank ended a configuration with host slots neither in its radix tree nor free
@@ -47,7 +48,8 @@ RULES = {
     "ranks_agree": "ranks reached different decisions or counts: the protocol is not "
                    "rank-consistent (wrong answers or a hang in production)",
     "data_errors": "load-back copied prefix pages with a wrong checksum: a completion race "
-                   "(e.g. PR #27550's extra pool) let a request use half-written data",
+                   "(e.g. PR #27550's extra pool) let a request use half-written data; "
+                   "or a backup wrote to storage pages other than the computed KV",
     "counter_crosscheck": "a collective bypassed the counted call sites (or was counted "
                           "twice): the counts are not to be trusted",
     "host_slots": "host slots ended neither in the radix tree nor free: a free was skipped "
@@ -250,8 +252,8 @@ def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
         if len(refused):
             notes.append(_rejected_note(refused))
         if data_errors(requests).any():
-            reasons.append(f"{int(data_errors(requests).sum())} request(s) loaded data that "
-                           "differs from storage")
+            reasons.append(f"{int(data_errors(requests).sum())} request(s) loaded or backed "
+                           "up data that differs from storage or the computed KV")
         reasons += schedule_failures(requests, plan)
     miss = crosscheck_misses(ranks)
     if len(miss):

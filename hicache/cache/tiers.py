@@ -160,11 +160,16 @@ class Tiers:
         self.host_copied_pages += len(slots)
         op = BackupOp(list(node.hashes), list(slots))
         if lock:  # write_through: locked until the agreed ack (SGLang inc_lock_ref)
-            self.tree.lock(node)
-            self.copies.append(_HostCopy(node, op))
+            self.track_copy(node, op)
         else:  # write_back: finished on the spot, no ack to agree on
             self._write_storage(op)
         return True
+
+    def track_copy(self, node, op: BackupOp) -> None:
+        """A write-through copy made: locked, waiting for its agreed ack (SGLang's
+        `_track_write_through_node`). A subclass hands it to another write path."""
+        self.tree.lock(node)
+        self.copies.append(_HostCopy(node, op))
 
     def _alloc_host(self, pages: int) -> list[int] | None:
         slots = self.host.alloc(pages)

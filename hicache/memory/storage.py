@@ -166,6 +166,11 @@ class Storage(ABC):
             chunk = hashes[i: i + PUT_CHUNK_PAGES]
             self._store(chunk, pool, expected_rows(chunk, self.rank, pool, page_elems))
 
+    def stored(self, hashes: list[str], pool: str, page_elems: int) -> torch.Tensor:
+        """What storage holds for the leading stored pages of `hashes` (a self-check after
+        a write: no model time, no draw from the read model's RNG)."""
+        return self._load(hashes, pool, page_elems)
+
     # ---- backend hooks ---------------------------------------------------------------------
 
     @abstractmethod
