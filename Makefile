@@ -88,14 +88,16 @@ sglang-fetch: dev  ## --sglang's deps (msgspec, dill, packaging) when missing, a
 	$(PY) -c "import msgspec, dill, packaging" 2>/dev/null || $(PY) -m pip install -q msgspec dill packaging
 	$(PY) -m sglang_adapter.source $(SGLANG_SPECS)
 
-# make test's SGLang tests need the sglang extra in this venv and release $(SGLANG)'s wheel in
-# the cache: fetched here wherever the package index is reachable; where it is not, the tests
-# that need them skip, each naming what this machine lacks (and the summary says how many).
+# make test's SGLang tests need the sglang extra in this venv and the wheels of releases
+# $(TEST_RELEASES) in the cache (0.5.18: the sides tests that pair it with 0.5.23): fetched here
+# wherever the package index is reachable; where it is not, the tests that need them skip, each
+# naming what this machine lacks (and the summary says how many).
+TEST_RELEASES = $(sort 0.5.23 0.5.18 $(SGLANG_SPECS))
 sglang-ready: dev  ## what make test needs of SGLang, fetched when missing; never fails
 	@$(PY) -c "import msgspec, dill, packaging" 2>/dev/null || $(PY) -m pip install -q --retries 1 --timeout 15 msgspec dill packaging \
 		|| echo "make test: cannot install the sglang extra here: SGLang tests will skip"
-	@$(PY) -m sglang_adapter.source $(SGLANG) >/dev/null \
-		|| echo "make test: cannot fetch sglang $(SGLANG) here: SGLang tests will skip"
+	@for r in $(TEST_RELEASES); do $(PY) -m sglang_adapter.source $$r >/dev/null \
+		|| echo "make test: cannot fetch sglang $$r here: the SGLang tests that need it will skip"; done
 
 SLICE_RELEASE ?= 0.5.18
 sglang-slice: sglang-fetch  ## CI's cheap slice of sglang-check: release $(SLICE_RELEASE)'s poll and its bench run at TP2, SGLang's consensus checker on two hazard cells (about 2 min)
