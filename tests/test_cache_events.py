@@ -92,6 +92,21 @@ def test_pre27010_per_step_agreement_with_pp_is_0_5_18s():
     assert _step_sites(1, "pre27010") == [RELAYED]  # one packed MIN without PP
 
 
+def test_the_model_beside_pads_the_step_with_the_min_sglangs_own_step_adds():
+    """--model-beside: every step of an SGLang side issues SGLang's own per-step MIN before
+    the harness's agreement, so the model's step issues one more TP MIN there
+    (HiCacheConfig.step_pad_min); none on a one-rank TP group."""
+    for protocol in ("pre27010", "pr36425"):
+        comm = RecordingComm(Layout(0, 2, 1))
+        cfg = HiCacheConfig(protocol=protocol, tp=2, step_pad_min=True)
+        one_rank_cache(cfg, comm).check_hicache_events(0.0, busy=True)
+        assert comm.calls == [("tp_cpu", "per_step_min"), RELAYED], protocol
+    comm = RecordingComm(Layout(0, 1, 1))
+    cache = one_rank_cache(HiCacheConfig(protocol="pr36425", tp=1, step_pad_min=True), comm)
+    cache.check_hicache_events(0.0, busy=True)
+    assert ("tp_cpu", "per_step_min") not in comm.calls
+
+
 # ---- item 7: host pool pressure -------------------------------------------------------------
 
 def _pressured(free_pages: int):

@@ -114,6 +114,29 @@ def test_the_model_is_one_more_world_serving_its_protocols_in_the_same_turns():
                                            if c.protocol in ("pre27010", "pr36425")]
     assert {plan.repeat_seed(c) for c in cells if c.repeat == 0} == {0}  # one seed a repeat
     assert worlds[2][0].target(model[0]) is None  # the project's cache serves the model
+    # Only the model's world pads its steps with the MIN SGLang's own step adds.
+    assert [dict(p.system).get("step_pad_min", False) for p, _ in worlds] == \
+        [False, False, True]
+
+
+def _steps(sglang_mins: int, model_mins: int) -> pd.DataFrame:
+    return pd.DataFrame([{"protocol": p, "per_step_min": n} for p, n in
+                         ((BEFORE, sglang_mins), (AFTER, sglang_mins),
+                          ("pre27010", model_mins), ("pr36425", model_mins))] * 3)
+
+
+def test_the_lead_says_whether_the_model_paid_the_sides_collectives_a_step():
+    summary, model = _summaries({"step_mean": (0.9, 0.8, 1.0)}, {"step_mean": (0.95, 0.9, 1)})
+    lines, _ = beside.lead_and_rows(summary, model, PLAN, _steps(2, 2))
+    said = [line for line in lines if line.startswith("per-step MINs a step")]
+    assert said == ["per-step MINs a step: SGLang's sides 2.00, the model 2.00 (one a pad for "
+                    "the MIN SGLang's own step adds beside the harness's): the same "
+                    "collectives a step"]
+    lines, _ = beside.lead_and_rows(summary, model, PLAN, _steps(2, 1))
+    assert any("SGLang's sides 2.00, the model 1.00" in line and "they differ" in line
+               for line in lines)
+    lines, _ = beside.lead_and_rows(summary, model, PLAN)  # no steps: no line
+    assert not any(line.startswith("per-step MINs") for line in lines)
 
 
 @pytest.mark.parametrize("names, says", [

@@ -107,8 +107,28 @@ def model_table(model: pd.DataFrame, plan: dict, end_to_end: bool) -> list[str]:
            for n in names]] for r in rows])
 
 
-def lead_and_rows(summary: pd.DataFrame, model: pd.DataFrame, plan: dict
-                  ) -> tuple[list[str], list[dict]]:
+def step_mins_line(steps: pd.DataFrame | None, plan: dict) -> list[str]:
+    """The per-step MINs a step (steps.csv) of the sides and of the model, which pads each
+    step with the MIN SGLang's own check_hicache_events adds beside the harness's agreement
+    (HiCacheConfig.step_pad_min): equal, the two worlds pay the same collectives a step;
+    a difference is named, as a cost one ratio holds and the other does not."""
+    if steps is None or steps.empty or "per_step_min" not in steps:
+        return []
+    sides, models = [s for s, _ in pairs(plan)], list(plan["beside"])
+    of_sides = steps.loc[steps["protocol"].isin(sides), "per_step_min"].mean()
+    of_model = steps.loc[steps["protocol"].isin(models), "per_step_min"].mean()
+    if math.isnan(of_sides) or math.isnan(of_model):
+        return []
+    said = (f"per-step MINs a step: SGLang's sides {of_sides:.2f}, the model {of_model:.2f} "
+            "(one a pad for the MIN SGLang's own step adds beside the harness's)")
+    if round(of_sides, 2) == round(of_model, 2):
+        return [said + ": the same collectives a step"]
+    return [said + ": they differ, so a step's cost differs between the two worlds by more "
+            "than the releases' polls"]
+
+
+def lead_and_rows(summary: pd.DataFrame, model: pd.DataFrame, plan: dict,
+                  steps: pd.DataFrame | None = None) -> tuple[list[str], list[dict]]:
     """The model's headline and the fidelity lines (after the sides' lead), and
     fidelity.csv's rows (FIDELITY_COLUMNS), from the same Rows."""
     metrics = metrics_for(summary)
@@ -117,7 +137,7 @@ def lead_and_rows(summary: pd.DataFrame, model: pd.DataFrame, plan: dict
     held = "; ".join(f"{m} / {model0} against {s} / {side0}" for s, m in rest)
     lines = ["", f"The model beside, ratios to {model0} [95% CI over repeats] (the "
              "project's cache, the same turns and seeds as the sides):",
-             *model_table(model, plan, metrics == METRICS), "",
+             *model_table(model, plan, metrics == METRICS), *step_mins_line(steps, plan), "",
              f"Fidelity ({held}; inside: the model's ratio lies in SGLang's 95% interval, "
              "bench fidelity's rule):", *map(fidelity_line, rows), tally_line(rows)]
     return lines, csv_rows(rows, plan)

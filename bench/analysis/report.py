@@ -270,7 +270,7 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     if beside.pairs((env or {}).get("plan") or {}):  # --model-beside: fidelity.csv too
         model = beside.model_summary(requests, steps, env["plan"], percentile_method,
                                      calibration, ranks)
-        lines, rows = beside.lead_and_rows(summary, model, env["plan"])
+        lines, rows = beside.lead_and_rows(summary, model, env["plan"], steps)
         write_csv_atomic(run.file("fidelity"), rows, beside.FIDELITY_COLUMNS)
         side_text += lines
     text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,

@@ -188,7 +188,12 @@ class RunPlan:
 
     def side_plan(self, side: Target | None) -> RunPlan:
         """The plan one side's ranks run: the whole run's cells, with `sglang` that side's
-        (None: the model beside, the project's cache)."""
+        (None: the model beside, the project's cache, which pads every step with the MIN
+        SGLang's own step adds beside the harness's agreement, HiCacheConfig.step_pad_min:
+        the two worlds pay the same collectives a step)."""
+        if side is None:
+            system = {**dict(self.system), "step_pad_min": True}
+            return replace(self, sglang=None, system=tuple(sorted(system.items())))
         return replace(self, sglang=side)
 
     def twin(self, cell: Cell) -> str:

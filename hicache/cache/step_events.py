@@ -29,6 +29,8 @@ class StepEvents:
                 st.io_done_vt, st.io_done = op.io_end_v, self.pin.clock()
         self.comm.drain_sends()  # backpressure on the PP hop sends of the last step
         self.free_stopped_tails()
+        if self.cfg.step_pad_min and self.layout.tp > 1:
+            self._pad_step()
         if self.protocol.pipelined:
             return self._events_pipelined(busy)
         pending, facts, values, copies = self._step_inputs(busy)
@@ -36,6 +38,14 @@ class StepEvents:
         if copies is not None:
             agreed["head"].append(self._writing_check(copies))
         return self._apply_agreed(pending, facts, agreed)
+
+    def _pad_step(self) -> None:
+        """HiCacheConfig.step_pad_min: the MIN over the TP group that SGLang's own
+        check_hicache_events issues before the harness's agreement under --cache sglang
+        (sglang_adapter.cache, run_controller), here with nothing to agree on, so that the
+        model beside SGLang's sides pays the same collectives a step as they do."""
+        self.comm.all_reduce(torch.zeros(1, dtype=torch.int64), dist.ReduceOp.MIN, "tp_cpu",
+                             PER_STEP_MIN)
 
     def _events_pipelined(self, busy: bool) -> bool:
         """PR #39903: the agreement issued at the end of the last step is waited on now

@@ -89,6 +89,11 @@ class HiCacheConfig:
     # of the system under test, the same on every rank: a slow interconnect or a busy host
     # (hicache.comm.comm.DELAYED_SITES; SGLang's under --cache sglang, sglang_adapter.door).
     collective_delay_ms: float = 0.0
+    # One more MIN over the TP group every step, agreeing on nothing: what SGLang's own
+    # check_hicache_events adds beside the harness's agreement under --cache sglang (on
+    # either path: 2 per-step MINs a step at TP2, the project's cache 1). --model-beside
+    # sets it on the model's world, so the model pays the sides' collectives a step.
+    step_pad_min: bool = False
     # A prompt of max_input_tokens or more (the device pool's, hicache.cache.prefill_pages) is
     # refused, as SGLang's validate_input_length does; True cuts it to that length instead
     # (SGLang's --allow-auto-truncate).
