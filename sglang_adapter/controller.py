@@ -104,6 +104,7 @@ class ControllerRig(UnifiedRig):
         ctl.prefetch_hits_sync_groups, ctl.prefetch_completion_sync_groups = [], []
         ctl.mem_pool_host = HostPoolGroup(self.host, kv)
         ctl.storage_host_pool, ctl.page_size = self.host, self.page_size
+        # the write policy: the run's, once the write path is adopted (sglang_adapter.run_writes)
         ctl.write_policy, ctl.io_backend, ctl.enable_storage = "write_through", "", False
         ctl.storage_backend = ctl.storage_backend_type = None
         ctl.enable_storage_metrics, ctl.host_write_staged_tokens_fn = False, None

@@ -31,12 +31,12 @@ groups as SGLang's scheduler hands them its TP and PP CPU groups; the controller
 both for its hit-query and ack MINs (`_create_sync_groups`), the cache all-reduces its
 per-step counts and timeout verdict on stage 0 and relays them down the stages
 (`_pp_sync`), and the later stages drain stage 0's counts (docs/sglang.md, "Its layouts").
-Write path: under write_through the harness's device tier copies a prefill's pages to the
-host and SGLang's own write path takes them from there (its write-through acks,
-`writing_check`, `write_backup_storage`, its backup thread and `_drain_backup`:
-sglang_adapter.run_writes). A side-car pool, buffer_only host memory (at PP > 1 SGLang's
-PP-ticket path) and write_back are refused in one line before any rank starts
-(sglang_adapter.target.run_unfit).
+Write path: the harness's device tier copies pages to the host (under write_through a
+prefill's as they are cached, under write_back a device leaf's as it is evicted) and
+SGLang's own write path takes them from there (its write-through tracking, `writing_check`,
+`write_backup_storage`, its backup thread and `_drain_backup`: sglang_adapter.run_writes).
+A side-car pool and buffer_only host memory (at PP > 1 SGLang's PP-ticket path) are refused
+in one line before any rank starts (sglang_adapter.target.run_unfit).
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ class ControllerCache(SGLangCache):
 
     def cache_prefill(self, rid: str, dev: list[int]) -> None:
         """The prefill's pages cached; under write_through their host copies go to
-        SGLang's write path, each for this request (its storage check's data errors)."""
+        SGLang's write path, each for this request (its storage check's data errors);
+        under write_back the request is recorded as its pages' last maker."""
         if self.tiers is not None:
             self.tiers.writer = rid
         try:

@@ -9,7 +9,12 @@ lands where the harness's load-back, data checks and host-slot accounting read i
   prefetch is its request's matched host prefix (node id = the request id), and
   `insert_host` inserts the prefix plus what was fetched, as the project's own
   finalisation does (`hicache.cache.poll._finalize`); the pages already in the tree are
-  reported as SGLang's `prefix_len`, whose host slots SGLang's own end path frees.
+  reported as SGLang's `prefix_len`, whose host slots SGLang's own end path frees. The
+  write path's backups are by int node id (sglang_adapter.run_writes); under write_back
+  SGLang's packed MIN reads `write_back_duplicate_reclaim_digest`, which SGLang's tree
+  core rolls over the device-resident host duplicates its host eviction reclaims first:
+  0 on every rank, as the harness's host eviction takes host-only leaves and reclaims no
+  duplicate (hicache.memory.radix_tree.RadixTree.evict).
 Neither issues a collective (SGLang's tree core issues none either).
 """
 

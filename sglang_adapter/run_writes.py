@@ -1,7 +1,9 @@
-"""SGLang 0.5.23's write-through on the controller path (`bench run --cache sglang
---write-policy write_through`, sglang_adapter.run_controller): the harness's device tier
-copies a prefill's new pages to the host, as the project's does (hicache.cache.tiers),
-and hands each copy to SGLang's own write path from there on:
+"""SGLang 0.5.23's write path on the controller path (`bench run --cache sglang
+--write-policy write_through|write_back`, sglang_adapter.run_controller): the harness's
+device tier copies pages to the host, as the project's does (hicache.cache.tiers), and hands
+each copy to SGLang's own write path from there on.
+
+write_through: a prefill's new pages are copied as they are cached.
 
 - `_track_write_through_node` registers it (`ongoing_write_through`, SGLang's
   `inc_lock_ref` locking the node in the harness's tree) and its ack goes on the
@@ -16,15 +18,37 @@ and hands each copy to SGLang's own write path from there on:
   acks on `ack_backup_queue`; the packed MIN counts those acks and `_drain_backup` takes
   them, releasing the host lock (`dec_host_lock_ref`).
 
+write_back: a device leaf with no host copy is copied as the harness's device eviction
+takes it (`Tiers._evict_device` -> `RadixTree.evict_device`), where SGLang's `_evict`
+(`_evict_components`) builds its BackupKV (`evict_device_leaf(node, is_write_back=True)`):
+
+- as `_execute_and_commit_kv_backup(..., write_back=True)`: no `inc_lock_ref` (its
+  lock_params None), SGLang's own `_track_write_through_node`, and the copy's ack on
+  `ack_write_queue`, as `start_writing` posts it;
+- SGLang's own `writing_check(write_back=True)` then, before the leaf is demoted, as the
+  eviction loop calls it after a backup, and again after the whole eviction pass, as
+  `_evict` calls it when the controller's write policy is write_back: `start_writing`
+  (nothing queued: the copy was the harness's), every ack's `synchronize`,
+  `_finish_write_through_ack` -> `write_backup_storage`, no collective (no MIN: the copy
+  is finished on every rank when the leaf goes);
+- from there on as write_through: the backup thread, its ack in the packed MIN,
+  `_drain_backup`. The packed MIN also carries the tree core's
+  `write_back_duplicate_reclaim_digest` (sglang_adapter.run_stand_ins.ProjectTreeCore:
+  0, as the harness's host eviction reclaims no device-resident duplicates).
+
 Stand-in, and why: the copy itself. SGLang's `write` / `start_writing` submit it to its L2
 transfer engine (CUDA streams and events over a device KV pool), not built here; the
 harness's device tier copies synchronously instead (as the project's model says its
-copies are), so the ack SGLang receives is finished when posted (`_Done`).
+copies are), so the ack SGLang receives is finished when posted (`_Done`). Under
+write_back also the eviction walk: SGLang's `_evict_components` walks its own tree core's
+leaves, the harness's evicts its own tree's (the same order: LRU unlocked device leaves,
+whole nodes) and calls SGLang's write path where SGLang's walk would.
 
 Self-check: when SGLang's drain releases a backup's host lock, the pages it wrote are read
 back from storage and held against the KV the harness computed for them
 (`hicache.memory.pools.expected_rows`); a page absent or different is a data error of the
-request whose prefill made it (its row in requests.csv: `data_ok` False, the run FAILED).
+request whose prefill made it (its row in requests.csv: `data_ok` False, the run FAILED);
+under write_back, of the last request whose prompt cached the page on the device.
 """
 
 from __future__ import annotations
@@ -64,15 +88,50 @@ class ControllerWrites(Tiers):
         tiers.backups: dict[int, tuple[object, BackupOp, str | None]] = {}
         tiers._ids = itertools.count(1)
         tiers.data_errors = 0
+        tiers.makers: dict[str, str | None] = {}  # write_back: page -> who cached it last
         cache.tree_core.writes = tiers
+        # As SGLang's __init__ reads the policy off its controller (is_write_back: its tree
+        # core's) and `_evict` checks it there.
+        cache.cache_controller.write_policy = tiers.policy
+        cache.is_write_back = tiers.policy == "write_back"
         return tiers
 
+    def cache_prefill(self, tokens, hashes, slots, hit) -> None:
+        super().cache_prefill(tokens, hashes, slots, hit)
+        if self.policy == "write_back":  # whose data error a wrong write-back page is
+            self.makers.update(dict.fromkeys(hashes, self.writer))
+
     def track_copy(self, node, op: BackupOp) -> None:
-        """SGLang's `_execute_and_commit_kv_backup` after the copy: its lock, its
-        tracking, and the ack `start_writing` posts."""
+        """write_through: SGLang's `_execute_and_commit_kv_backup` after the copy: its
+        lock, its tracking, and the ack `start_writing` posts."""
         node_id = next(self._ids)
         self.backups[node_id] = (node, op, self.writer)
         lock = self.sgl.inc_lock_ref(node_id).to_dec_params()
+        self._track(node_id, lock, op)
+
+    def write_back_copy(self, node, op: BackupOp) -> None:
+        """write_back: `_execute_and_commit_kv_backup(..., write_back=True)` after the copy
+        (no lock), then SGLang's `writing_check(write_back=True)` before the leaf is
+        demoted, as its eviction loop calls it (module docstring)."""
+        node_id = next(self._ids)
+        rid = self.makers.get(op.hashes[-1])  # its prompt held every page of the node
+        for name in op.hashes:
+            self.makers.pop(name, None)
+        self.backups[node_id] = (node, op, rid)
+        self._track(node_id, None, op)
+        self.sgl.writing_check(write_back=True)  # no collective: every ack is waited for
+
+    def _evict_device(self, pages: int) -> None:
+        """The harness's eviction pass, then SGLang's `_evict`'s own closing
+        `writing_check(write_back=True)` under write_back (nothing left by then: each
+        leaf's was finished before it was demoted)."""
+        super()._evict_device(pages)
+        if self.sgl.cache_controller.write_policy == "write_back":
+            self.sgl.writing_check(write_back=True)
+
+    def _track(self, node_id: int, lock, op: BackupOp) -> None:
+        """SGLang's `_track_write_through_node`, and the copy's ack as `start_writing`
+        posts it (finished: the harness's copy is synchronous)."""
         self.sgl._track_write_through_node(node_id, lock, publish_node_ids=[node_id])
         done = _Done()
         self.sgl.cache_controller.ack_write_queue.append(self.ack_class(

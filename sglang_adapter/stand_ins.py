@@ -108,7 +108,10 @@ class TreeCore:
     or call on SGLang's tree core; the inserts are recorded (rid order is the caller's)."""
 
     is_eagle = False
-    write_back_duplicate_reclaim_digest = 0  # no write-back reclaim here
+    is_write_back = False  # the cache sets it from its controller's policy (its property)
+    # The rolling digest of the host duplicates write_back's host eviction reclaimed (its
+    # victims' order), in every packed MIN: none here (sglang_adapter.run_stand_ins).
+    write_back_duplicate_reclaim_digest = 0
 
     def __init__(self, page_size: int, lock_result, dec_result):
         self.page_size, self.enable_storage = page_size, True

@@ -122,21 +122,15 @@ def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
 def run_unfit(pp: int, system: dict) -> str | None:
     """controller_unfit's reasons that are the run's, whatever the SGLang: known before
     SGLang is imported or its page-hash extension built. Any PP size serves (docs/sglang.md,
-    "Its layouts"), and the write path under write_through (sglang_adapter.run_writes);
-    write_back does not (`_WRITE_BACK`), nor buffer_only: the rig builds no
+    "Its layouts"), and the write path under write_through and write_back
+    (sglang_adapter.run_writes); buffer_only does not: the rig builds no
     BufferModePipeline, and at PP > 1 it is SGLang's PP-ticket path, whose tickets stage
     0's scheduler relays to the later stages with each request (scheduler.py:3117, 3325)."""
     return ("serves no side-car pool (--extra-pool)" if system.get("extra_pool")
             else f"serves host memory as a cache tier only ({_BUFFER_ONLY[pp > 1]})" if
-            system.get("host_memory", "cache") != "cache"
-            else _WRITE_BACK if system.get("write_policy") == "write_back" else None)
+            system.get("host_memory", "cache") != "cache" else None)
 
 
-# SGLang's write_back copies a device leaf when it is evicted (`_evict` ->
-# `backup_node_for_write_back` -> `writing_check(write_back=True)`): its own device
-# eviction over its own tree core, which the rig does not build (the harness's evicts).
-_WRITE_BACK = ("serves the write path with write_through only (write_back copies in "
-               "SGLang's own device eviction, `backup_node_for_write_back`, not built here)")
 _BUFFER_ONLY = ("buffer_only needs SGLang's BufferModePipeline, not built here",
                 "buffer_only at --pp > 1 is SGLang's PP-ticket path: its scheduler's ticket "
                 "relay and BufferModePipeline are not built here")

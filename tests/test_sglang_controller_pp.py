@@ -46,9 +46,10 @@ def test_the_controller_path_serves_every_pp_layout_with_host_memory_a_cache(pp)
     assert not pick_path(UNIFIED, "decisions", pp, {}).controller
 
 
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
 @pytest.mark.parametrize("pp", [1, 2])
-def test_the_controller_path_serves_write_through(pp):
-    system = {"write_policy": "write_through"}
+def test_the_controller_path_serves_the_write_path(pp, policy):
+    system = {"write_policy": policy}
     assert run_unfit(pp, system) is None and controller_unfit(UNIFIED, pp, system) is None
     assert pick_path(UNIFIED, "controller", pp, system).controller
 
@@ -57,8 +58,8 @@ def test_the_controller_path_serves_write_through(pp):
     (2, {"host_memory": "buffer_only"}, BUFFER_ONLY),
     (1, {"host_memory": "buffer_only"}, BUFFER_ONLY),
     (2, {"extra_pool": True}, "serves no side-car pool"),
-    (1, {"write_policy": "write_back"}, "serves the write path with write_through only"),
-    (2, {"write_policy": "write_back"}, "serves the write path with write_through only")])
+    (1, {"write_policy": "write_back", "host_memory": "buffer_only"}, BUFFER_ONLY),
+    (1, {"write_policy": "write_back", "extra_pool": True}, "serves no side-car pool")])
 def test_what_it_cannot_serve_stays_refused_in_one_line(pp, system, says):
     why = run_unfit(pp, system)
     assert why is not None and says in why and "\n" not in why

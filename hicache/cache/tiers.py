@@ -162,7 +162,7 @@ class Tiers:
         if lock:  # write_through: locked until the agreed ack (SGLang inc_lock_ref)
             self.track_copy(node, op)
         else:  # write_back: finished on the spot, no ack to agree on
-            self._write_storage(op)
+            self.write_back_copy(node, op)
         return True
 
     def track_copy(self, node, op: BackupOp) -> None:
@@ -170,6 +170,12 @@ class Tiers:
         `_track_write_through_node`). A subclass hands it to another write path."""
         self.tree.lock(node)
         self.copies.append(_HostCopy(node, op))
+
+    def write_back_copy(self, node, op: BackupOp) -> None:
+        """A write-back copy made as its device leaf is evicted: no lock, no agreed ack,
+        straight to storage (SGLang's `writing_check(write_back=True)`). A subclass hands it
+        to another write path."""
+        self._write_storage(op)
 
     def _alloc_host(self, pages: int) -> list[int] | None:
         slots = self.host.alloc(pages)
