@@ -37,6 +37,30 @@ WRITE_FRAMES = ("writing_check", "_finish_write_through_ack", "write_backup_stor
                 "backup_thread_func", "_page_backup", "_drain_backup")
 
 
+def costs_no_write_collective(out: Path, tp: int, pp: int) -> None:
+    """A controller-path run's counts with the write path on: per request SGLang's
+    hit-query and ack MINs as the model prices them, none at a frame of the write path; per
+    step the packed MIN beside the harness's agreement, nothing more."""
+    reqs = pd.read_csv(out / "requests.csv")
+    for _, r in reqs.iterrows():
+        hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
+        want = expected_per_request("sglang-0.5.23", r["policy"], tp, pp, r["polls"],
+                                    hit_pages, r["op_issued"], r["io_issued"],
+                                    r["terminated_by"] == "poll")
+        got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
+               r["hit_query_collectives"], r["ack_collectives"])
+        assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,
+                       want.ack), r["rid"]
+        sites = str(r["call_sites"]) if pd.notna(r["call_sites"]) else ""
+        assert not any(f in sites for f in WRITE_FRAMES), (r["rid"], sites)
+    steps = pd.read_csv(out / "steps.csv")  # rank 0's (PP stage 0)
+    tp_min, hops = per_step("sglang-0.5.23", tp, pp)
+    # SGLang's _sync_hicache_ready_counts beside the harness's step agreement: its MIN over
+    # the TP group (none at TP1), at PP > 1 its relay's send (_pp_sync)
+    assert (steps["per_step_min"] == tp_min + tp_cost(tp)).all()
+    assert (steps["pp_hop"] == hops + (pp > 1)).all()
+
+
 def _writes(storage) -> ControllerWrites:
     """A ControllerWrites with only what its storage check reads (no SGLang, no group)."""
     writes = object.__new__(ControllerWrites)
@@ -122,22 +146,4 @@ def test_the_write_path_costs_no_collective_per_request_or_step(written):
     """Per request: SGLang's hit-query and ack MINs as the model prices them, none at a
     frame of the write path; per step: the packed MIN (write acks and backup acks in it)
     and the harness's agreement beside it, nothing more."""
-    out, tp, pp = written
-    reqs = pd.read_csv(out / "requests.csv")
-    for _, r in reqs.iterrows():
-        hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request("sglang-0.5.23", r["policy"], tp, pp, r["polls"],
-                                    hit_pages, r["op_issued"], r["io_issued"],
-                                    r["terminated_by"] == "poll")
-        got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
-               r["hit_query_collectives"], r["ack_collectives"])
-        assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,
-                       want.ack), r["rid"]
-        sites = str(r["call_sites"]) if pd.notna(r["call_sites"]) else ""
-        assert not any(f in sites for f in WRITE_FRAMES), (r["rid"], sites)
-    steps = pd.read_csv(out / "steps.csv")  # rank 0's (PP stage 0)
-    tp_min, hops = per_step("sglang-0.5.23", tp, pp)
-    # SGLang's _sync_hicache_ready_counts beside the harness's step agreement: its MIN over
-    # the TP group (none at TP1), at PP > 1 its relay's send (_pp_sync)
-    assert (steps["per_step_min"] == tp_min + tp_cost(tp)).all()
-    assert (steps["pp_hop"] == hops + (pp > 1)).all()
+    costs_no_write_collective(*written)

@@ -22,11 +22,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.spec.cost_model import expected_per_request, per_step, tp_cost
 from sglang_adapter.run_writes import ControllerWrites
 from sglang_adapter.target import Target, pick_path, run_unfit
 from tests.sglang_wheels import sglang_wheel
-from tests.test_sglang_controller_write import WRITE_FRAMES
+from tests.test_sglang_controller_write import costs_no_write_collective
 from tests.test_tiers import _prompt, _tiers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,20 +161,4 @@ def test_write_back_costs_no_collective_per_eviction_request_or_step(written_bac
     """Per request: SGLang's hit-query and ack MINs as the model prices them, none at a
     frame of the write path (writing_check(write_back=True) waits for its acks, it does not
     reduce a count); per step: the packed MIN and the harness's agreement, nothing more."""
-    out, tp, pp = written_back
-    reqs = pd.read_csv(out / "requests.csv")
-    for _, r in reqs.iterrows():
-        hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request("sglang-0.5.23", r["policy"], tp, pp, r["polls"],
-                                    hit_pages, r["op_issued"], r["io_issued"],
-                                    r["terminated_by"] == "poll")
-        got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
-               r["hit_query_collectives"], r["ack_collectives"])
-        assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,
-                       want.ack), r["rid"]
-        sites = str(r["call_sites"]) if pd.notna(r["call_sites"]) else ""
-        assert not any(f in sites for f in WRITE_FRAMES), (r["rid"], sites)
-    steps = pd.read_csv(out / "steps.csv")  # rank 0's (PP stage 0)
-    tp_min, hops = per_step("sglang-0.5.23", tp, pp)
-    assert (steps["per_step_min"] == tp_min + tp_cost(tp)).all()
-    assert (steps["pp_hop"] == hops + (pp > 1)).all()
+    costs_no_write_collective(*written_back)
