@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.analysis.verdict import disturbed_notes
+from bench.analysis.verdict import THREAD_SLACK, disturbed_notes, thread_growth_notes
 from bench.run import machine
 from bench.run.machine import CpuTimes
 
@@ -51,6 +51,39 @@ def test_the_verdict_says_how_many_serves_were_served_again_or_stayed_disturbed(
     notes = disturbed_notes(_ranks([3, 1], [0.2, 0.01]))
     assert len(notes) == 2 and notes[1].startswith("1 serve(s) kept were disturbed")
     assert disturbed_notes(None) == [] and disturbed_notes(pd.DataFrame({"rank": [0]})) == []
+
+
+def test_threads_counts_this_process_native_threads_too():
+    import threading
+
+    before, gate = machine.threads(), threading.Event()
+    worker = threading.Thread(target=gate.wait)
+    worker.start()
+    try:
+        assert machine.threads() == before + 1
+    finally:
+        gate.set()
+        worker.join()
+
+
+def _threads(counts: dict) -> pd.DataFrame:
+    return pd.DataFrame([{"protocol": p, "rank": r, "repeat": i, "threads": n}
+                         for (p, r), ns in counts.items() for i, n in enumerate(ns)])
+
+
+def test_the_verdict_names_a_rank_process_whose_threads_grew_over_the_repeats():
+    steady = {("a", 0): [42, 42, 42], ("a", 1): [41, 41, 41]}
+    assert thread_growth_notes(_threads(steady)) == []
+    assert thread_growth_notes(_threads({("a", 0): [42, 42 + THREAD_SLACK]})) == []
+    # the sides of a run are processes of their own: side b's rank 1 grew, a's did not
+    grown = {**steady, ("b", 0): [42, 54, 66], ("b", 1): [41, 53, 65]}
+    (note,) = thread_growth_notes(_threads(grown))
+    assert note.startswith("rank 0 of b held 42 threads before its first repeat and 66 "
+                           "before its last (and 1 more rank process(es))"), note
+    assert thread_growth_notes(None) == [] and \
+        thread_growth_notes(pd.DataFrame({"rank": [0]})) == []
+    unknown = _threads(steady).assign(threads=None)  # not Linux: no count, no note
+    assert thread_growth_notes(unknown) == []
 
 
 @pytest.mark.slow

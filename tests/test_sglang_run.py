@@ -340,6 +340,10 @@ def test_controller_run_self_checks_hold_with_sglangs_own_groups(both_runs):
     # the counter, SGLang's hit and ack groups included, equals torch's sequence numbers
     assert ranks["crosscheck_ok"].all() and (ranks["host_slots_unaccounted"] == 0).all()
     assert (ranks["hit_query"] > 0).all() and (ranks["ack"] > 0).all()
+    # SGLang's teardown (`detach_storage_backend`) destroys the groups each serve's attach
+    # made: every rank's process holds as many threads before its second repeat as before
+    # its first (left standing, each serve's four groups added twelve gloo threads)
+    assert (ranks.groupby("rank")["threads"].nunique() == 1).all(), ranks["threads"].tolist()
     requests = pd.read_csv(run / "requests.csv")
     assert requests["ranks_agree"].all() and requests["data_ok"].all()
     assert json.loads((run / "verdict.json").read_text())["ok"]

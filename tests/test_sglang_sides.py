@@ -224,6 +224,9 @@ def test_each_side_is_a_labelled_row_paired_by_seed_and_interleaved(sides_run):
     assert order == [(REF, "0"), (PR, "0"), (PR, "1"), (REF, "1")], order
     assert "SGLang sides, ratios to ref=sglang-0.5.23@unified" in out
     assert "every side on SGLang's controller path" in out
+    # each side's rank processes as they were before every serve (SGLang's teardown)
+    ranks = pd.read_csv(run / "ranks.csv")
+    assert (ranks.groupby(["protocol", "rank"])["threads"].nunique() == 1).all()
     assert f"Per request, {PR} against {REF}: " in out
 
 

@@ -207,6 +207,11 @@ def schedule_failures(requests: pd.DataFrame, plan: dict | None = None) -> list[
         if found else []
 
 
+# Threads a rank process may gain between its first repeat and its last before the run says
+# so: fewer than one gloo group's three (bench.run.machine.threads).
+THREAD_SLACK = 2
+
+
 def disturbed_notes(ranks: pd.DataFrame | None) -> list[str]:
     """How many serves the machine disturbed (bench.run.machine): served again, and still
     disturbed in the serve kept; reported, not a failure (no step time decided it)."""
@@ -227,6 +232,32 @@ def disturbed_notes(ranks: pd.DataFrame | None) -> list[str]:
         out.append(f"{kept} serve(s) kept were disturbed (cpu_lost above "
                    f"{100 * DISTURBED_LIMIT:.0f}% in ranks.csv): their timings carry outside load")
     return out
+
+
+def thread_growth_notes(ranks: pd.DataFrame | None) -> list[str]:
+    """Rank processes whose threads (ranks.csv `threads`, counted before each serve after a
+    collection: bench.run.worker._settled) grew from their first repeat to their last by
+    more than THREAD_SLACK: each serve left something running (a process group, a thread)
+    beside every later serve, so the timings drift with the repeat. Grouped by protocol as
+    well as rank: the sides of a run are processes of their own. Reported, not a failure:
+    the counts and data are checked apart."""
+    if ranks is None or ranks.empty or "threads" not in ranks:
+        return []
+    rows = ranks.assign(threads=pd.to_numeric(ranks["threads"], errors="coerce")).dropna(
+        subset=["threads"])
+    grown = []
+    for (protocol, rank), one in rows.groupby(["protocol", "rank"], sort=False):
+        first = one[one["repeat"] == one["repeat"].min()]["threads"].min()
+        last = one[one["repeat"] == one["repeat"].max()]["threads"].max()
+        if last - first > THREAD_SLACK:
+            grown.append((protocol, rank, int(first), int(last)))
+    if not grown:
+        return []
+    protocol, rank, first, last = grown[0]
+    more = f" (and {len(grown) - 1} more rank process(es))" if len(grown) > 1 else ""
+    return [f"rank {rank} of {protocol} held {first} threads before its first repeat and "
+            f"{last} before its last{more}: each serve left something running beside the "
+            f"later ones, whose timings drift with the repeat (ranks.csv threads)"]
 
 
 def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
@@ -266,6 +297,7 @@ def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,
                                                f"slot(s) neither in the tree nor free after "
                                                f"{_where(r)}"))
     notes += disturbed_notes(ranks)
+    notes += thread_growth_notes(ranks)
     absent = missing_cells(requests, plan)
     if absent:
         p, pol, rate, rep = absent[0]

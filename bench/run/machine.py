@@ -48,6 +48,16 @@ def read() -> CpuTimes | None:
     return CpuTimes((user + nice + system + irq + softirq) / hz, steal / hz)
 
 
+def threads() -> int | None:
+    """This process's threads, the interpreter's and native ones (gloo's, torch's); None
+    where /proc cannot be read (not Linux). A count that grows from serve to serve is
+    something each serve left behind, running beside every later one."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
 def interference(before: CpuTimes | None, after: CpuTimes | None, ranks_cpu_s: float,
                  wall_s: float) -> dict:
     """steal_s, other_cpu_s and their sum as a fraction of cores x wall (`lost`), for one

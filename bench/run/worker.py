@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import logging
 import os
@@ -145,10 +146,12 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
         short = replace(spec, output_tokens=min(4, spec.output_tokens))
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
+        _settled()
         _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane,
                _checked(make_cache, plan, cell, "warm", rank0))
     main = plan.build_workload(cell)
     make_main = _checked(make_cache, plan, cell, "main", rank0)
+    threads = _settled()
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane,
                            make_main)
@@ -164,8 +167,19 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             # CPU seconds this rank's threads used while serving (and the wall time):
             # together with the other ranks', how busy the machine's cores were.
             "cpu_s": cpu_s, "wall_s": wall_s, "host": socket.gethostname(),
+            "threads": threads,
             # The machine's CPU account around the serve (rank 0's is read: _disturbed).
             "cpu_times": (machine0, machine1)}
+
+
+def _settled() -> int | None:
+    """Before a serve, outside every timed region: the serves before it collected (some of
+    their garbage is in cycles, threads and their bound methods, which would otherwise be
+    collected in the middle of this serve, and can hold a process group SGLang's teardown
+    destroyed, and its gloo threads with it: sglang_adapter.controller.ControllerRig.stop);
+    then this process's threads, as the serve finds them (ranks.csv `threads`)."""
+    gc.collect()
+    return machine.threads()
 
 
 def _checked(make_cache: CacheFactory, plan: RunPlan, cell: Cell, serve: str,

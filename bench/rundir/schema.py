@@ -65,7 +65,7 @@ RANK_COLUMNS = CONFIG_COLUMNS + [
     "repeat", "rank", "tp_rank", "pp_rank", "decision", "completion", "pp_hop", "hit_query",
     "ack", "ticket", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
     "crosscheck_ok", "host_slots_unaccounted", *WRITE_PATH_COLUMNS, "cpu_s", "wall_s",
-    "attempts", "steal_s", "other_cpu_s", "cpu_lost",
+    "attempts", "steal_s", "other_cpu_s", "cpu_lost", "threads",
 ]
 
 # A serve is disturbed when the machine lost more than this of its cores x wall time to
