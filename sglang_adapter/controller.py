@@ -208,10 +208,10 @@ class ControllerRig(UnifiedRig):
     def stop(self) -> None:
         """SGLang's own teardown, `detach_storage_backend`: its threads stopped and joined,
         the gloo groups `_create_sync_groups` made destroyed, the backend let go. Every serve
-        attaches anew, and a group left standing keeps its gloo threads (three a group) in
-        the rank's process: a run of 34 repeats grew each rank to some 800 threads, and
-        each later serve paid for them (its step 40-50 % slower than the first repeat's).
-        The groups' sequence numbers stay readable for the crosscheck."""
+        attaches anew, and a group left standing keeps its gloo threads (three a group,
+        twelve a cell) in the rank's process, busy even idle: each later serve paid for
+        them (docs/results/2026-12-06_controller_teardown_6ba7ee8.md). The groups'
+        sequence numbers stay readable for the crosscheck."""
         self.cache.cache_controller.detach_storage_backend()
 
 

@@ -53,17 +53,16 @@ def test_the_verdict_says_how_many_serves_were_served_again_or_stayed_disturbed(
     assert disturbed_notes(None) == [] and disturbed_notes(pd.DataFrame({"rank": [0]})) == []
 
 
-def test_threads_counts_this_process_native_threads_too():
-    import threading
-
-    before, gate = machine.threads(), threading.Event()
-    worker = threading.Thread(target=gate.wait)
-    worker.start()
-    try:
-        assert machine.threads() == before + 1
-    finally:
-        gate.set()
-        worker.join()
+def test_threads_counts_this_processs_threads():
+    # in a fresh interpreter: no thread of another test starts or ends between the counts
+    code = ("import threading; from bench.run import machine; before = machine.threads(); "
+            "gate = threading.Event(); t = threading.Thread(target=gate.wait); t.start(); "
+            "print(before, machine.threads()); gate.set(); t.join()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    before, during = map(int, done.stdout.split())
+    assert before >= 1 and during == before + 1
 
 
 def _threads(counts: dict) -> pd.DataFrame:
