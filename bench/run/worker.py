@@ -146,12 +146,12 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
         short = replace(spec, output_tokens=min(4, spec.output_tokens))
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
-        _settled()
+        _settled(plan)
         _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane,
                _checked(make_cache, plan, cell, "warm", rank0))
     main = plan.build_workload(cell)
     make_main = _checked(make_cache, plan, cell, "main", rank0)
-    threads = _settled()
+    threads = _settled(plan)
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane,
                            make_main)
@@ -172,13 +172,17 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             "cpu_times": (machine0, machine1)}
 
 
-def _settled() -> int | None:
-    """Before a serve, outside every timed region: the serves before it collected (some of
-    their garbage is in cycles, threads and their bound methods, which would otherwise be
-    collected in the middle of this serve, and can hold a process group SGLang's teardown
-    destroyed, and its gloo threads with it: sglang_adapter.controller.ControllerRig.stop);
-    then this process's threads, as the serve finds them (ranks.csv `threads`)."""
-    gc.collect()
+def _settled(plan: RunPlan) -> int | None:
+    """Before a serve, outside every timed region: with SGLang's code behind the seam, the
+    serves before it collected (its objects form cycles, threads and their bound methods,
+    that can hold a process group SGLang's teardown destroyed, and its gloo threads with
+    it: sglang_adapter.controller.ControllerRig.stop); then this process's threads, as the
+    serve finds them (ranks.csv `threads`). The project's own serves leave no such garbage,
+    and a collection before each of them moved their steps (`bench ab` of the collection
+    everywhere against 781af9a, preset ci: step 4-10 % slower under wait_complete and
+    timeout), so they serve as they always did."""
+    if plan.sglang is not None:
+        gc.collect()
     return machine.threads()
 
 
