@@ -9,7 +9,7 @@ import types
 import pytest
 
 from bench.rundir import env as envinfo
-from bench.rundir.files import atomic_open, write_csv_atomic, write_json_atomic
+from bench.rundir.files import GrowingCsv, atomic_open, write_csv_atomic, write_json_atomic
 
 WORLD = {"world_size": 2, "tp": 2, "pp": 1, "nnodes": 1}
 
@@ -136,6 +136,24 @@ def test_write_csv_atomic_cells(tmp_path):
     with pytest.raises(ValueError):
         write_csv_atomic(path, [{"w": 1}], ["x"])
     assert path.read_text().startswith("x,y,z")  # the failed write left the old file
+
+
+def test_growing_csv_matches_whole_writes(tmp_path):
+    """Each add leaves the file write_csv_atomic would write of every row so far (quoting of
+    commas and newlines included); a bad row leaves the file as the last add wrote it."""
+    grown, whole = tmp_path / "grown.csv", tmp_path / "whole.csv"
+    cols = ["x", "y"]
+    log = GrowingCsv(grown, cols)
+    so_far: list[dict] = []
+    for rows in ([], [{"x": 1, "y": "a,b"}], [{"x": "two\nlines"}, {"y": 2.5}]):
+        log.add(rows)
+        so_far += rows
+        write_csv_atomic(whole, so_far, cols)
+        assert grown.read_bytes() == whole.read_bytes()
+    with pytest.raises(ValueError):
+        log.add([{"w": 1}])
+    assert grown.read_bytes() == whole.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grown.csv", "whole.csv"]
 
 
 def test_atomic_open_failure_keeps_old_file(tmp_path):

@@ -15,7 +15,7 @@ from bench.run import calibrate
 from bench.run.plan import Cell, RunPlan
 from bench.run.trace import reuse_bounds
 from bench.rundir.env import collect_env
-from bench.rundir.files import list_cell, write_csv_atomic, write_json_atomic
+from bench.rundir.files import GrowingCsv, list_cell, write_csv_atomic, write_json_atomic
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import (
     DIVERGENCE_COLUMNS,
@@ -43,9 +43,9 @@ class ResultSink:
         self.plan, self.h2d = plan, h2d or {}
         self.run = RunDir(plan.out_dir)
         self.run.path.mkdir(parents=True, exist_ok=True)  # a sweep's cost: a folder below
-        self.requests: list[dict] = []
-        self.steps: list[dict] = []
-        self.ranks: list[dict] = []
+        self.requests = GrowingCsv(self.run.file("requests"), REQUEST_COLUMNS)
+        self.steps = GrowingCsv(self.run.file("steps"), STEP_COLUMNS)
+        self.ranks = GrowingCsv(self.run.file("ranks"), RANK_COLUMNS)
         self.problems: list[dict] = []  # divergence.csv: what the CSVs cannot say
         self.calib: dict | None = None  # calibration.json, once measured
         self.beside_samples: list[list[float]] = []  # c after each cell, rank 0's
@@ -104,12 +104,14 @@ class ResultSink:
         """The cell's rows from its last serve (`attempts`: serves it took)."""
         config = self._config(cell)
         rows = self._request_rows(cell, config, gathered)
-        self.requests += rows
         steps = [self._step_row(config, cell, s) for s in gathered[0]["steps"]]
-        self.steps += steps
-        self.ranks += [{**self._rank_row(config, cell, p), **_machine(p, attempts)}
-                       for p in gathered]
-        self._write()
+        ranks = [{**self._rank_row(config, cell, p), **_machine(p, attempts)}
+                 for p in gathered]
+        if self.problems:  # found while building the rows
+            write_csv_atomic(self.run.file("divergence"), self.problems, DIVERGENCE_COLUMNS)
+        self.requests.add(rows)
+        self.steps.add(steps)
+        self.ranks.add(ranks)
         for p in gathered:  # the timeline, when recorded: a file per rank, kept per cell
             if p.get("timeline") is not None:
                 write_events(self.run.path, cell.__dict__,
@@ -206,13 +208,6 @@ class ResultSink:
     def _problem(self, cell: Cell, kind: str, what: str) -> None:
         self.problems.append({"protocol": cell.protocol, "policy": cell.policy,
                               "repeat": cell.repeat, "kind": kind, "what": what})
-
-    def _write(self) -> None:
-        if self.problems:
-            write_csv_atomic(self.run.file("divergence"), self.problems, DIVERGENCE_COLUMNS)
-        write_csv_atomic(self.run.file("requests"), self.requests, REQUEST_COLUMNS)
-        write_csv_atomic(self.run.file("steps"), self.steps, STEP_COLUMNS)
-        write_csv_atomic(self.run.file("ranks"), self.ranks, RANK_COLUMNS)
 
     def finish(self) -> dict:
         """The ranks' part of the run is over: its rows are on disk. The command builds the
