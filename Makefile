@@ -110,6 +110,7 @@ sglang-check: sglang-fetch  ## SGLang's own poll in its other releases and layou
 	$(PY) -m sglang_adapter.source 0.5.19 0.5.18
 	$(PY) -m pytest -q -m sglang_matrix tests/test_sglang_adapter.py tests/test_sglang_hazards.py \
 		tests/test_sglang_run.py tests/test_sglang_controller.py tests/test_sglang_controller_pp.py \
+		tests/test_sglang_controller_write.py tests/test_sglang_controller_write_back.py \
 		tests/test_sglang_consensus.py tests/test_seed_pr.py
 
 lint: dev

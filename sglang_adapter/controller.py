@@ -92,6 +92,9 @@ class ControllerRig(UnifiedRig):
         cache.prefetch_loaded_storage_start_by_reqid, cache.ongoing_backup = {}, {}
         cache.ongoing_write_through, cache.ongoing_load_back = {}, {}
         cache.hicache_storage_pass_prefix_keys = False  # __init__'s default
+        # As __init__ embeds it: 0.5.19's lock calls (the write path's inc_lock_ref) ask it
+        # first, and it hands every node that is no session's back to the tree core.
+        cache.session = base.StreamingSession(cache)
         cache.cache_controller = self._controller(cache)
 
     def _controller(self, cache):

@@ -87,8 +87,9 @@ class ProjectTreeCore(TreeCore):
         self.tree.unlock(self.writes.node(node_id))
         return self._dec_result()
 
-    def mark_write_through_pending(self, node_ids, ack_id):
-        return list(node_ids)
+    def mark_write_through_pending(self, node_ids, ack_id=None):
+        """0.5.23 passes the nodes the ack publishes (and takes them back); 0.5.19 one node."""
+        return list(node_ids) if ack_id is not None else None
 
     def finish_write_through(self, node_ids, ack_id) -> None:
         pass  # the harness's tree holds the host copy since it was made (hicache.cache.tiers)

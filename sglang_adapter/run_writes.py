@@ -1,7 +1,8 @@
-"""SGLang 0.5.23's write path on the controller path (`bench run --cache sglang
---write-policy write_through|write_back`, sglang_adapter.run_controller): the harness's
-device tier copies pages to the host, as the project's does (hicache.cache.tiers), and hands
-each copy to SGLang's own write path from there on.
+"""SGLang's write path (0.5.23's as below; 0.5.19's tracks a node alone: docs/sglang.md) on
+the controller path (`bench run --cache sglang --write-policy write_through|write_back`,
+sglang_adapter.run_controller): the harness's device tier copies pages to the host, as the
+project's does (hicache.cache.tiers), and hands each copy to SGLang's own write path from
+there on.
 
 write_through: a prefill's new pages are copied as they are cached.
 
@@ -53,6 +54,7 @@ under write_back, of the last request whose prompt cached the page on the device
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections import Counter
 
@@ -89,6 +91,9 @@ class ControllerWrites(Tiers):
         tiers._ids = itertools.count(1)
         tiers.data_errors = 0
         tiers.makers: dict[str, str | None] = {}  # write_back: page -> who cached it last
+        # 0.5.19-0.5.2x track a node alone; later releases name the nodes its ack publishes
+        tiers.publishes = "publish_node_ids" in inspect.signature(
+            cache._track_write_through_node).parameters
         cache.tree_core.writes = tiers
         # As SGLang's __init__ reads the policy off its controller (is_write_back: its tree
         # core's) and `_evict` checks it there.
@@ -132,7 +137,10 @@ class ControllerWrites(Tiers):
     def _track(self, node_id: int, lock, op: BackupOp) -> None:
         """SGLang's `_track_write_through_node`, and the copy's ack as `start_writing`
         posts it (finished: the harness's copy is synchronous)."""
-        self.sgl._track_write_through_node(node_id, lock, publish_node_ids=[node_id])
+        if self.publishes:
+            self.sgl._track_write_through_node(node_id, lock, publish_node_ids=[node_id])
+        else:
+            self.sgl._track_write_through_node(node_id, lock)
         done = _Done()
         self.sgl.cache_controller.ack_write_queue.append(self.ack_class(
             start_event=done, finish_event=done, node_ids=[node_id],

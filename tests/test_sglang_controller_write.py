@@ -25,7 +25,7 @@ import torch
 from hicache.cache.controller import KV
 from hicache.memory.pools import PagePool, expected_rows
 from hicache.memory.storage import StorageSpec, make_storage
-from hicache.spec.cost_model import expected_per_request, per_step, tp_cost
+from hicache.spec.cost_model import expected_per_request, per_step
 from sglang_adapter.run_writes import ControllerWrites
 from sglang_adapter.stand_ins import Tier
 from tests.sglang_wheels import sglang_wheel
@@ -37,14 +37,15 @@ WRITE_FRAMES = ("writing_check", "_finish_write_through_ack", "write_backup_stor
                 "backup_thread_func", "_page_backup", "_drain_backup")
 
 
-def costs_no_write_collective(out: Path, tp: int, pp: int) -> None:
+def costs_no_write_collective(out: Path, tp: int, pp: int, release: str = "0.5.23") -> None:
     """A controller-path run's counts with the write path on: per request SGLang's
-    hit-query and ack MINs as the model prices them, none at a frame of the write path; per
-    step the packed MIN beside the harness's agreement, nothing more."""
+    hit-query and ack MINs as the model of its release prices them, none at a frame of the
+    write path; per step the packed MIN beside the harness's agreement, nothing more."""
+    protocol = f"sglang-{release}@unified"  # modelled by its release's model
     reqs = pd.read_csv(out / "requests.csv")
     for _, r in reqs.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request("sglang-0.5.23", r["policy"], tp, pp, r["polls"],
+        want = expected_per_request(protocol, r["policy"], tp, pp, r["polls"],
                                     hit_pages, r["op_issued"], r["io_issued"],
                                     r["terminated_by"] == "poll")
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
@@ -54,11 +55,13 @@ def costs_no_write_collective(out: Path, tp: int, pp: int) -> None:
         sites = str(r["call_sites"]) if pd.notna(r["call_sites"]) else ""
         assert not any(f in sites for f in WRITE_FRAMES), (r["rid"], sites)
     steps = pd.read_csv(out / "steps.csv")  # rank 0's (PP stage 0)
-    tp_min, hops = per_step("sglang-0.5.23", tp, pp)
-    # SGLang's _sync_hicache_ready_counts beside the harness's step agreement: its MIN over
-    # the TP group (none at TP1), at PP > 1 its relay's send (_pp_sync)
-    assert (steps["per_step_min"] == tp_min + tp_cost(tp)).all()
-    assert (steps["pp_hop"] == hops + (pp > 1)).all()
+    tp_min, hops = per_step(protocol, tp, pp)
+    # SGLang's check_hicache_events beside the harness's step agreement, which takes the
+    # shape of the same release's model: each its MINs over the TP group (none at TP1), at
+    # PP > 1 each relayed (_pp_sync's send); 0.5.23 reduces once a step, 0.5.19 at PP > 1
+    # twice (its ready counts, then drain_storage_control_queues' queue sizes)
+    assert (steps["per_step_min"] == 2 * tp_min).all()
+    assert (steps["pp_hop"] == 2 * hops).all()
 
 
 def _writes(storage) -> ControllerWrites:
@@ -98,36 +101,39 @@ def test_the_host_pool_serves_the_page_sglangs_backup_thread_reads():
     assert torch.equal(host.get_data_page(2 * 64 + 5), rows[0])
 
 
-# TP2 in make test; PP > 1 in make sglang-check (a later stage pops stage 0's relayed
-# counts of write acks and backup acks from its own queues).
-LAYOUTS = [pytest.param((2, 1), id="tp2"),
-           pytest.param((1, 2), marks=pytest.mark.sglang_matrix, id="tp1pp2"),
-           pytest.param((2, 2), marks=pytest.mark.sglang_matrix, id="tp2pp2")]
+# 0.5.23 at TP2 in make test; PP > 1 and 0.5.19 in make sglang-check (a later stage pops
+# stage 0's relayed counts of write acks and backup acks from its own queues; 0.5.19 locks
+# through its embedded StreamingSession first).
+LAYOUTS = [pytest.param(("0.5.23", 2, 1), id="tp2"),
+           pytest.param(("0.5.23", 1, 2), marks=pytest.mark.sglang_matrix, id="tp1pp2"),
+           pytest.param(("0.5.23", 2, 2), marks=pytest.mark.sglang_matrix, id="tp2pp2"),
+           pytest.param(("0.5.19", 2, 2), marks=[pytest.mark.sglang_matrix, pytest.mark.slow],
+                        id="0.5.19-tp2pp2")]
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
-def written(request, tmp_path_factory) -> tuple[Path, int, int]:
-    """One serve on SGLang 0.5.23's controller path with write_through, at TP x PP."""
-    tp, pp = request.param
+def written(request, tmp_path_factory) -> tuple[Path, int, int, str]:
+    """One serve on SGLang's controller path with write_through, at TP x PP."""
+    release, tp, pp = request.param
     out = tmp_path_factory.mktemp("ctl_write") / "run"
     argv = ["--preset", "ci", "--requests", "4", "--bystanders", "2", "--output-tokens", "2",
             "--repeats", "1", "--seed", "3", "--schedule", "free", "--tp", str(tp), "--pp",
             str(pp),
             "--policies", "wait_complete", "--cache", "sglang",
-            "--sglang", str(sglang_wheel("0.5.23")), "--sglang-path", "controller",
+            "--sglang", str(sglang_wheel(release)), "--sglang-path", "controller",
             "--write-policy", "write_through", "--out", str(out)]
     done = subprocess.run([sys.executable, "-m", "bench", "run", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=80,
                           env={**os.environ, "BENCH_NO_PLOTS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("OK"), done.stdout[-2000:]
-    return out, tp, pp
+    return out, tp, pp, release
 
 
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_sglangs_backups_write_what_the_harness_computed(written):
-    out, tp, pp = written
+    out, tp, pp, _ = written
     ranks = pd.read_csv(out / "ranks.csv")
     assert len(ranks) == tp * pp
     assert (ranks["host_copy_pages"] > 0).all()

@@ -56,10 +56,17 @@ class _SGLang:
         self.calls.append(("writing_check", write_back, on_device))
 
 
-def _adopted():
+class _SGLang0519(_SGLang):
+    """0.5.19-0.5.22's `_track_write_through_node`: one node, no nodes to publish."""
+
+    def _track_write_through_node(self, node_id, lock_params):
+        self.calls.append(("track", node_id, lock_params, None))
+
+
+def _adopted(sglang=_SGLang):
     tiers, _ = _tiers("write_back", dev_pages=2)
     box: list = []
-    sgl = _SGLang(box)
+    sgl = sglang(box)
     writes = ControllerWrites.adopt(tiers, sgl, tier=None, ack_class=types.SimpleNamespace,
                                     stats=None)
     box.append(writes)
@@ -93,6 +100,16 @@ def test_an_evicted_leaf_goes_to_sglangs_write_back_path_before_it_is_demoted():
     assert writes.backups_in_flight == 0  # SGLang's write_backup_storage pins it, not this
 
 
+@pytest.mark.parametrize("sglang, published", [(_SGLang, [1]), (_SGLang0519, None)])
+def test_a_copy_is_tracked_as_the_release_defines_the_call(sglang, published):
+    """0.5.23 names the nodes the ack publishes; 0.5.19 takes the node alone (it refused
+    the keyword: write_back on 0.5.19's controller path failed at the first eviction)."""
+    writes, sgl = _adopted(sglang)
+    _cache(writes, "a", _prompt(1, 2))
+    _cache(writes, "b", _prompt(2, 2))
+    assert sgl.calls[0] == ("track", 1, None, published)
+
+
 def test_write_through_still_locks_and_leaves_the_ack_to_the_per_step_min():
     writes, sgl = _adopted()
     writes.policy = sgl.cache_controller.write_policy = "write_through"
@@ -112,35 +129,37 @@ def test_the_controller_path_serves_write_back_but_not_buffer_only():
     assert not pick_path(UNIFIED, None, 1, buffer_only).controller
 
 
-# TP2 in make test; PP > 1 in make sglang-check.
-LAYOUTS = [pytest.param((2, 1), id="tp2"),
-           pytest.param((1, 2), marks=pytest.mark.sglang_matrix, id="tp1pp2")]
+# TP2 in make test; PP > 1 and 0.5.19 (TP2 x PP2) in make sglang-check.
+LAYOUTS = [pytest.param(("0.5.23", 2, 1), id="tp2"),
+           pytest.param(("0.5.23", 1, 2), marks=pytest.mark.sglang_matrix, id="tp1pp2"),
+           pytest.param(("0.5.19", 2, 2), marks=[pytest.mark.sglang_matrix, pytest.mark.slow],
+                        id="0.5.19-tp2pp2")]
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
-def written_back(request, tmp_path_factory) -> tuple[Path, int, int]:
+def written_back(request, tmp_path_factory) -> tuple[Path, int, int, str]:
     """One serve on SGLang 0.5.23's controller path with write_back, at TP x PP, on a device
     pool of 51 pages (--kv-budget-gib 0.2 of llama3-8b's 4 MiB pages at TP2), which the
     serve's prompts overflow: leaves are evicted, and copied on the way."""
-    tp, pp = request.param
+    release, tp, pp = request.param
     out = tmp_path_factory.mktemp("ctl_write_back") / "run"
     argv = ["--preset", "ci", "--requests", "4", "--bystanders", "2", "--output-tokens", "2",
             "--repeats", "1", "--seed", "3", "--schedule", "free", "--tp", str(tp), "--pp",
             str(pp), "--policies", "wait_complete", "--cache", "sglang",
-            "--sglang", str(sglang_wheel("0.5.23")), "--sglang-path", "controller",
+            "--sglang", str(sglang_wheel(release)), "--sglang-path", "controller",
             "--write-policy", "write_back", "--kv-budget-gib", "0.2", "--out", str(out)]
     done = subprocess.run([sys.executable, "-m", "bench", "run", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=80,
                           env={**os.environ, "BENCH_NO_PLOTS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].startswith("OK"), done.stdout[-2000:]
-    return out, tp, pp
+    return out, tp, pp, release
 
 
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_sglangs_write_back_writes_what_the_harness_computed(written_back):
-    out, tp, pp = written_back
+    out, tp, pp, _ = written_back
     ranks = pd.read_csv(out / "ranks.csv")
     assert len(ranks) == tp * pp and (ranks["write_policy"] == "write_back").all()
     assert (ranks["device_evicted_pages"] > 0).all() and (ranks["host_copy_pages"] > 0).all()
