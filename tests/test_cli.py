@@ -2,11 +2,13 @@
 
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 
 from bench.commands.run import main as main_run
+from bench.commands.run import out_dir
 
 BAD = [
     (["--protocols", "pr99999"], "unknown protocol pr99999"),
@@ -83,6 +85,21 @@ def test_unwritable_output_directory(capsys, tmp_path):
     blocker.write_text("not a directory")
     assert main_run(["--out", str(blocker / "run")]) == 2
     assert "cannot write results to" in capsys.readouterr().err
+
+
+def test_a_folder_holding_files_is_refused_and_kept(capsys, tmp_path):
+    """A run's files left in --out (a failed run's failures.csv) would join the new run's
+    report and end it FAILED; a folder with other files only is taken as it is."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "failures.csv").write_text("protocol,policy,repeat,error\n")
+    assert main_run(["--repeats", "1", "--out", str(old)]) == 2
+    assert "already holds a run's files (failures.csv)" in capsys.readouterr().err
+    assert [p.name for p in old.iterdir()] == ["failures.csv"]  # nothing written, nothing lost
+    beside = tmp_path / "beside"  # bench ab's console.log, written before its bench run
+    beside.mkdir()
+    (beside / "console.log").write_text("")
+    assert out_dir(types.SimpleNamespace(out=beside), "ci") == beside
 
 
 def test_module_entry_point_exit_codes():

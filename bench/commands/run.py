@@ -176,7 +176,8 @@ def parser() -> CliParser:
       "cells whose walk polls a pending prefetch spins MS ms more (a known host cost: "
       "what a paired design must recover, docs/usage.md, Pairing)")
     a = _group(p, 'output')
-    a("--out", type=Path, help="results directory (default results/<UTC>_<preset>_<sha>)")
+    a("--out", type=Path,
+      help="results directory, new or empty (default results/<UTC>_<preset>_<sha>)")
     return p
 
 
@@ -231,6 +232,13 @@ def out_dir(args, preset: str) -> Path:
         path = args.out
     else:
         path = RunDir.new("run", preset, short_sha()).path
+    held = RunDir(path).leftovers() if path.is_dir() else []
+    if held:
+        # A run's files left there (failures.csv, a side's rows) would join this run's
+        # report; and "nothing already written is lost".
+        raise UsageError(f"--out {path} already holds a run's files ({', '.join(held[:3])}"
+                         f"{', ...' if len(held) > 3 else ''}): pick a new folder (or remove "
+                         "them)")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"

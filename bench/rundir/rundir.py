@@ -55,6 +55,11 @@ FILES = {
     "fidelity": "fidelity.csv",
 }
 
+# Folders a run may hold besides FILES' (bench.run.sides, bench.rundir.timeline; plots are
+# files of their own names).
+RUN_FOLDERS = ("sides", "timeline")
+
+
 # ---- the one column table --------------------------------------------------------------------
 SUMMARY_COUNTS = ["decision_collectives_per_req", "expected_decision_collectives_per_req",
                   "background_collectives_per_req", "expected_background_collectives_per_req",
@@ -148,6 +153,14 @@ class RunDir:
 
     def has(self, role: str) -> bool:
         return self.file(role).exists()
+
+    def leftovers(self) -> list[str]:
+        """The names in this folder that a run writes (FILES, RUN_FOLDERS, plots), sorted:
+        what a new run here would mix with its own. Anything else (a console log beside
+        the results) is not a run's."""
+        own = set(FILES.values()) | set(RUN_FOLDERS)
+        return sorted(p.name for p in self.path.iterdir()
+                      if p.name in own or p.suffix == ".png")
 
     def check_dir(self) -> RunDir:
         if not self.path.is_dir():
