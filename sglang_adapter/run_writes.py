@@ -91,7 +91,7 @@ class ControllerWrites(Tiers):
         tiers._ids = itertools.count(1)
         tiers.data_errors = 0
         tiers.makers: dict[str, str | None] = {}  # write_back: page -> who cached it last
-        # 0.5.19-0.5.2x track a node alone; later releases name the nodes its ack publishes
+        # 0.5.19 tracks a node alone; 0.5.23 also names the nodes its ack publishes
         tiers.publishes = "publish_node_ids" in inspect.signature(
             cache._track_write_through_node).parameters
         cache.tree_core.writes = tiers
@@ -137,10 +137,8 @@ class ControllerWrites(Tiers):
     def _track(self, node_id: int, lock, op: BackupOp) -> None:
         """SGLang's `_track_write_through_node`, and the copy's ack as `start_writing`
         posts it (finished: the harness's copy is synchronous)."""
-        if self.publishes:
-            self.sgl._track_write_through_node(node_id, lock, publish_node_ids=[node_id])
-        else:
-            self.sgl._track_write_through_node(node_id, lock)
+        published = {"publish_node_ids": [node_id]} if self.publishes else {}
+        self.sgl._track_write_through_node(node_id, lock, **published)
         done = _Done()
         self.sgl.cache_controller.ack_write_queue.append(self.ack_class(
             start_event=done, finish_event=done, node_ids=[node_id],

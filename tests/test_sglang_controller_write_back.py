@@ -57,7 +57,7 @@ class _SGLang:
 
 
 class _SGLang0519(_SGLang):
-    """0.5.19-0.5.22's `_track_write_through_node`: one node, no nodes to publish."""
+    """0.5.19's `_track_write_through_node`: one node, no nodes to publish."""
 
     def _track_write_through_node(self, node_id, lock_params):
         self.calls.append(("track", node_id, lock_params, None))
