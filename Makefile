@@ -89,10 +89,11 @@ sglang-fetch: dev  ## --sglang's deps (msgspec, dill, packaging) when missing, a
 	$(PY) -m sglang_adapter.source $(SGLANG_SPECS)
 
 # make test's SGLang tests need the sglang extra in this venv and the wheels of releases
-# $(TEST_RELEASES) in the cache (0.5.18: the sides tests that pair it with 0.5.23): fetched here
+# $(TEST_RELEASES) in the cache (0.5.18: the sides tests that pair it with 0.5.23; 0.5.19:
+# tests/test_seed_pr.py's preset test, which reads 0.5.18's and 0.5.19's classes): fetched here
 # wherever the package index is reachable; where it is not, the tests that need them skip, each
 # naming what this machine lacks (and the summary says how many).
-TEST_RELEASES = $(sort 0.5.23 0.5.18 $(SGLANG_SPECS))
+TEST_RELEASES = $(sort 0.5.23 0.5.18 0.5.19 $(SGLANG_SPECS))
 sglang-ready: dev  ## what make test needs of SGLang, fetched when missing; never fails
 	@$(PY) -c "import msgspec, dill, packaging" 2>/dev/null || $(PY) -m pip install -q --retries 1 --timeout 15 msgspec dill packaging \
 		|| echo "make test: cannot install the sglang extra here: SGLang tests will skip"
