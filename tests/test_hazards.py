@@ -67,6 +67,7 @@ def test_failed_collective_is_named():
 
 def test_missing_report_is_the_harness_an_aborted_rank_its_journal():
     assert classify([rep(0), None])["outcome"] == "harness"
+    assert "rank 1: killed at the cell's bound" in classify([rep(0), None])["detail"]
     assert classify([rep(0), {**rep(1), "aborted": -6}])["outcome"] == "deadlock"
     # its journal still shows the divergence that came first
     row = classify([rep(0, ["p", "-> False"]), {**rep(1, ["p", "-> True"]), "aborted": -6}])
@@ -185,3 +186,17 @@ def test_a_gloo_abort_names_the_collective_the_peer_died_in():
     assert (row["outcome"], row["site"]) == ("abort", "hit_query")
     row = classify([{**dead, "gloo": None}, {**rep(1, error=bcast), "thread_error": hit}])
     assert (row["outcome"], row["site"]) == ("deadlock", "request_broadcast")
+
+
+def test_a_rank_without_a_report_is_named_by_what_the_launcher_heard():
+    from bench.hazards.matrix import unreported
+
+    got = {0: (1.0, "error", "DistNetworkError: address already in use"), 1: (1.0, "ok", {})}
+    heard = unreported(got, {2: (-9, 2.0)}, 84.0, 4)
+    assert heard == {0: "failed: DistNetworkError: address already in use", 1: "ended",
+                     2: "died with exit code -9",
+                     3: "still running at the cell's bound (84 s), killed"}
+    row = classify([None, rep(1), rep(2), None], heard)
+    assert row["outcome"] == "harness" and row["detail"] == (
+        "rank(s) [0, 3] wrote no report (rank 0: failed: DistNetworkError: address already "
+        "in use; rank 3: still running at the cell's bound (84 s), killed)")

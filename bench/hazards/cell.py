@@ -26,6 +26,7 @@ from hicache.spec.request import Request
 from hicache.spec.storage_spec import StorageSpec
 
 HARNESS_TIMEOUT_S = 30.0
+SERVING = ".serving"  # rank<R>.serving: that rank has started; its serve's bound runs
 
 
 class CellFailed(RuntimeError):
@@ -102,6 +103,7 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
     system.populate([p[: s.prefix_tokens] for p in ps])
     reqs = [Request(f"r{i:02d}", p, i * s.gap_ms / 1e3) for i, p in enumerate(ps)]
     dist.barrier()  # every rank starts serving together (harness group)
+    mark_serving(cell_dir, rank)
     t0 = time.monotonic()
     error = None
     try:
@@ -114,6 +116,11 @@ def run_cell(rank: int, world: int, s: Scenario, protocol: str, seed: int, timeo
     if error is not None:
         raise CellFailed(report["error"])
     return {"rank": rank}
+
+
+def mark_serving(cell_dir: str, rank: int) -> None:
+    """Tells the launcher this rank's start-up is over (bench.hazards.matrix.all_serving)."""
+    (Path(cell_dir) / f"rank{rank}{SERVING}").touch()
 
 
 def _cache_factory(sglang):

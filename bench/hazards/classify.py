@@ -223,14 +223,20 @@ def _deadlock_among(alive: list[dict]) -> dict | None:
     return None
 
 
-def classify(reports: list[dict | None]) -> dict:
+KILLED = "killed at the cell's bound"
+
+
+def classify(reports: list[dict | None], unreported: dict[int, str] | None = None) -> dict:
     """The cell's outcome row (outcome, site, step, detail); costs are added for OK. A rank
-    without a report was killed at the cell's bound; one gloo aborted is reported from its
-    journals (`aborted`: its exit code)."""
+    without a report failed before it served (`unreported`: what the launcher heard from
+    it) or was killed at the cell's bound; one gloo aborted is reported from its journals
+    (`aborted`: its exit code)."""
     missing = [r for r, rep in enumerate(reports) if rep is None]
     if missing:
+        heard = unreported or {}
+        why = [f"rank {r}: {heard.get(r, KILLED)}" for r in missing]
         return {"outcome": HARNESS, "site": None, "step": None,
-                "detail": f"rank(s) {missing} wrote no report within the cell's bound"}
+                "detail": f"rank(s) {missing} wrote no report ({'; '.join(why)})"}
     # A collective that paired wrongly and a poll answered differently: whichever came
     # first is the cause; a collective that failed (or an abort) names the deadlock otherwise.
     mispair = _mispair(reports)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from bench.hazards.cell import HARNESS_TIMEOUT_S, journal_paths, read_journal, run_cell
+from bench.hazards.cell import HARNESS_TIMEOUT_S, SERVING, journal_paths, read_journal, run_cell
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
@@ -24,7 +24,10 @@ from hicache.comm.comm import BOOTSTRAP_RING
 from sglang_adapter import Target, consensus_verdict, controller_unfit, ships_checker
 
 _PRELOADED = False
-SGLANG_IMPORT_S = 20.0  # a rank's import of SGLang's decision path, on shared cores
+# A cell's start-up (fork, rendezvous, building the system; with SGLang its import on every
+# rank, about 3 s on a quiet machine): bounded apart from its serve, and generously, since
+# a loaded machine (make test's workers importing SGLang beside it) slows it many times over.
+START_S = 240.0
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,10 @@ class MatrixSpec:
     consensus: bool = False
 
     def bound_s(self, s: Scenario) -> float:
-        """A cell's wall-clock bound: start-up, a serve of a few hundred steps, and a
-        deadlock's two collective timeouts (the harness group's for the start-up); with
-        SGLang, its import on every rank too."""
-        load = SGLANG_IMPORT_S * s.world if self.sglang is not None else 0.0
-        return HARNESS_TIMEOUT_S + 10.0 + 2 * self.timeout_s + load
+        """A cell's wall-clock bound from the moment every rank has started (START_S bounds
+        the start-up): a serve of a few hundred steps, a deadlock's two collective
+        timeouts, and the harness group's timeout."""
+        return HARNESS_TIMEOUT_S + 10.0 + 2 * self.timeout_s
 
     def label(self, protocol: str) -> str:
         """The protocol column of a cell: the protocol, or SGLang's release and class."""
@@ -100,21 +102,20 @@ def _no_sglang_here() -> None:
 def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:
     _preload()  # a cell's ranks fork from a server that imported torch once (4 ranks: long)
     cell_dir = spec.out / "cells" / f"{s.name}__{spec.label(protocol)}{tag}"
-    cell_dir.mkdir(parents=True, exist_ok=True)
-    for old in cell_dir.glob("rank*.json"):
-        old.unlink()
+    fresh_cell(cell_dir)
     t0 = time.monotonic()
     got, dead = launch_to_end(s.world, run_cell,
                               (s, protocol, spec.seed, spec.timeout_s, str(cell_dir),
                                sglang_path(spec.sglang, s)),
-                              timeout_s=spec.bound_s(s), method="forkserver")
+                              timeout_s=spec.bound_s(s), method="forkserver",
+                              started=lambda: all_serving(cell_dir, s.world), start_s=START_S)
     wall = time.monotonic() - t0
     reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
                for r in range(s.world)]
     row = {"scenario": s.name, "issue": s.issue, "protocol": spec.label(protocol),
            "policy": s.policy,
            "tp": 2, "pp": s.pp, "seed": spec.seed,
-           **classify(reports),
+           **classify(reports, unreported(got, dead, spec.bound_s(s), s.world)),
            "exit_codes": exit_codes_text(got, dead, s.world), "wall_s": round(wall, 2),
            "collective_timeout_s": spec.timeout_s, "cell_dir": str(cell_dir)}
     row.update(_costs(reports[0]) if row["outcome"] == OK else {})
@@ -154,6 +155,18 @@ def judged_by_sglang(spec: MatrixSpec, s: Scenario, protocol: str, tag: str) -> 
     return out
 
 
+def fresh_cell(cell_dir: Path) -> None:
+    """The cell's directory, without an earlier serve's reports and start-up marks."""
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    for old in [*cell_dir.glob("rank*.json"), *cell_dir.glob(f"rank*{SERVING}")]:
+        old.unlink()
+
+
+def all_serving(cell_dir: Path, world: int) -> bool:
+    """Every rank of the cell has passed its start-up (bench.hazards.cell.mark_serving)."""
+    return all((cell_dir / f"rank{r}{SERVING}").exists() for r in range(world))
+
+
 def read_rank_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -169,6 +182,20 @@ def report_from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
             "stuck_s": None, "records": logs["records"], "record_steps": logs["record_steps"],
             "sequence": logs["sequence"], "group_ranks": {}, "decisions": {},
             "data_errors": 0, "steps": None}
+
+
+def unreported(got: dict, dead: dict, bound_s: float, world: int) -> dict[int, str]:
+    """What the launcher knows of each rank, should it have written no report: the error it
+    raised (a start-up failure, before its serve), its exit code, or the bound it ran past."""
+    out = {}
+    for r in range(world):
+        if r in got:
+            out[r] = f"failed: {str(got[r][2])[:200]}" if got[r][1] == "error" else "ended"
+        elif r in dead:
+            out[r] = f"died with exit code {dead[r][0]}"
+        else:
+            out[r] = f"still running at the cell's bound ({bound_s:.0f} s), killed"
+    return out
 
 
 def exit_codes_text(got: dict, dead: dict, world: int) -> str:

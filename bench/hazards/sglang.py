@@ -26,9 +26,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench.hazards.cell import HARNESS_TIMEOUT_S, Journal, journal_paths, write_rank_json
+from bench.hazards.cell import (
+    HARNESS_TIMEOUT_S,
+    Journal,
+    journal_paths,
+    mark_serving,
+    write_rank_json,
+)
 from bench.hazards.classify import classify
-from bench.hazards.matrix import exit_codes_text, read_rank_json, report_from_journal
+from bench.hazards.matrix import (
+    START_S,
+    all_serving,
+    exit_codes_text,
+    fresh_cell,
+    read_rank_json,
+    report_from_journal,
+    unreported,
+)
 from bench.hazards.sglang_case import HAZARDS, TP, HazardCase
 from bench.run.launch import launch_to_end
 from sglang_adapter import STEP_S, Door, PollCase, Source, load, make_rig
@@ -100,6 +114,7 @@ def hazard_rank(rank: int, world: int, source: Source, case: HazardCase,
            "ready_steps": {}}
     rig = make_rig(loaded, rank, TP, 1, tp_group, None)
     dist.barrier()  # every rank starts serving together (harness group)
+    mark_serving(cell_dir, rank)
     error, t0 = None, time.monotonic()
     door.install()
     try:
@@ -128,19 +143,21 @@ def _report(rank: int, door: Door, log: dict, error: str | None, case: HazardCas
             "elapsed_s": round(elapsed, 3)}
 
 
-def run_hazard(source: Source, case: HazardCase, out: Path, bound_s: float = 400.0,
+def run_hazard(source: Source, case: HazardCase, out: Path, bound_s: float = 60.0,
                tag: str = "") -> dict:
-    """One cell: its row (the classifier's outcome, site, step, detail; what gloo did)."""
+    """One cell: its row (the classifier's outcome, site, step, detail; what gloo did).
+    `bound_s` bounds the serve, from the moment both ranks have started (START_S, the
+    start-up: SGLang's import on each)."""
     cell_dir = out / f"{case.scenario}__{source.label}__{case.policy}{tag}"
-    cell_dir.mkdir(parents=True, exist_ok=True)
-    for old in cell_dir.glob("rank*.json"):
-        old.unlink()
+    fresh_cell(cell_dir)
     got, dead = launch_to_end(TP, hazard_rank, (source, case, str(cell_dir)),
-                              timeout_s=bound_s)
+                              timeout_s=bound_s, started=lambda: all_serving(cell_dir, TP),
+                              start_s=START_S)
     reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
                for r in range(TP)]
     row = {"scenario": case.scenario, "issue": HAZARDS[case.scenario],
-           "sglang": source.label, "policy": case.policy, **classify(reports),
+           "sglang": source.label, "policy": case.policy,
+           **classify(reports, unreported(got, dead, bound_s, TP)),
            "gloo": _gloo(reports), "exit_codes": exit_codes_text(got, dead, TP),
            # per rank, SGLang's collectives issued while a poll was in hand
            "poll_collectives": [None if r is None else sum(1 for c in r["sequence"] if c[2])

@@ -37,10 +37,16 @@ class Entry:
         return getattr(importlib.import_module(self.module), self.name)(*args)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def reserve_port() -> socket.socket:
+    """A loopback port held for a launch: bound with SO_REUSEADDR and never listening, so
+    the kernel hands it to no other bind(0) nor to an outgoing connection, while rank 0's
+    TCPStore (which sets SO_REUSEADDR too) can still bind and listen on it. A port merely
+    found free (bound, read, closed) can be taken by another test's gloo connection in the seconds
+    before rank 0 binds it; rank 0 then fails to bind and the others wait on a stranger."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def under_torchrun() -> bool:
@@ -67,22 +73,28 @@ def _entry(rank: int, world: int, port: int, fn, args, results) -> None:
 
 def _start(world: int, fn, args: tuple, method: str = "spawn"):
     """Starts the ranks (fresh interpreters; "forkserver": forked from a server that
-    imported the modules set with `set_forkserver_preload` once); returns their processes
-    and the queue they report on."""
+    imported the modules set with `set_forkserver_preload` once); returns their processes,
+    the queue they report on and the socket holding their port (the caller closes it once
+    the ranks have ended)."""
     ctx = mp.get_context(method)
     results = ctx.Queue()
-    port = free_port()
+    held = reserve_port()
+    port = held.getsockname()[1]
     procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results), daemon=True)
              for r in range(world)]
-    for p in procs:
-        p.start()
-    return procs, results
+    try:
+        for p in procs:
+            p.start()
+    except BaseException:
+        held.close()
+        raise
+    return procs, results, held
 
 
 def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0,
            method: str = "spawn") -> list:
     """Runs fn on `world` ranks; returns the per-rank results in rank order."""
-    procs, results = _start(world, fn, args, method)
+    procs, results, held = _start(world, fn, args, method)
     got: dict[int, tuple] = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -110,22 +122,44 @@ def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0,
             p.join(timeout=5 if len(got) == world else 0.1)
             if p.is_alive():
                 p.kill()
+        held.close()
     return [got[r][2] for r in range(world)]
 
 
+class Deadline:
+    """`timeout_s` from now; or, with `started`, `start_s` from now until `started()` first
+    turns true, then `timeout_s` from the moment it was seen to."""
+
+    def __init__(self, timeout_s: float, started=None, start_s: float = 0.0,
+                 clock=time.monotonic):
+        self.timeout_s, self.started, self.clock = timeout_s, started, clock
+        self.at = clock() + (timeout_s if started is None else start_s)
+
+    def passed(self) -> bool:
+        now = self.clock()
+        if self.started is not None and self.started():
+            self.at, self.started = now + self.timeout_s, None
+        return now >= self.at
+
+
 def launch_to_end(world: int, fn, args: tuple = (), timeout_s: float = 120.0,
-                  method: str = "spawn"
+                  method: str = "spawn", started=None, start_s: float = 0.0
                   ) -> tuple[dict[int, tuple], dict[int, tuple[int, float]]]:
     """Runs fn on `world` ranks and kills none when another fails. Returns, once every rank
     has reported or died (or at the deadline, when the ranks still running are killed and
     in neither): {rank: (wall time of its report, "ok" | "error", value or message)} and
-    {rank: (exit code, wall time its death was seen)} for ranks that died without one."""
-    procs, results = _start(world, fn, args, method)
+    {rank: (exit code, wall time its death was seen)} for ranks that died without one.
+
+    The deadline is `timeout_s` from the start; with `started` (a callable that turns true
+    once every rank has passed its start-up), `start_s` bounds the start-up and `timeout_s`
+    runs from the moment it ended: a start-up slowed by a loaded machine (imports, on
+    shared cores) is never taken for a hung rank."""
+    procs, results, held = _start(world, fn, args, method)
     got: dict[int, tuple] = {}
     dead: dict[int, tuple[int, float]] = {}
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s, started, start_s)
     try:
-        while len(got) + len(dead) < world and time.monotonic() < deadline:
+        while len(got) + len(dead) < world and not deadline.passed():
             _collect(results, got, wait_s=0.02)
             for r, p in enumerate(procs):
                 if r not in got and r not in dead and p.exitcode not in (None, 0):
@@ -139,6 +173,7 @@ def launch_to_end(world: int, fn, args: tuple = (), timeout_s: float = 120.0,
             if p.is_alive():
                 p.kill()
                 p.join()
+        held.close()
     return {r: v[:3] for r, v in got.items()}, dead
 
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from bench.run.launch import free_port
+from bench.run.launch import reserve_port
 from hicache.cache.cache import HiCache
 from hicache.cache.controller import PrefetchOp
 from hicache.comm.comm import COMPLETION, DECISION, Groups, Layout
@@ -107,7 +107,8 @@ class PollGroup:
     """Rank 0's end: owns the default group and the system groups of this process."""
 
     def __init__(self) -> None:
-        port = free_port()
+        self.held = reserve_port()  # until close(): no other process binds it first
+        port = self.held.getsockname()[1]
         self.peer = mp.get_context("spawn").Process(target=peer_main, args=(port,),
                                                     daemon=True, name="poll-peer")
         self.peer.start()
@@ -136,3 +137,4 @@ class PollGroup:
             self.peer.join(10)
             if self.peer.is_alive():
                 self.peer.kill()
+            self.held.close()
