@@ -143,11 +143,14 @@ def _report(rank: int, door: Door, log: dict, error: str | None, case: HazardCas
             "elapsed_s": round(elapsed, 3)}
 
 
-def run_hazard(source: Source, case: HazardCase, out: Path, bound_s: float = 60.0,
+def run_hazard(source: Source, case: HazardCase, out: Path, bound_s: float | None = None,
                tag: str = "") -> dict:
     """One cell: its row (the classifier's outcome, site, step, detail; what gloo did).
-    `bound_s` bounds the serve, from the moment both ranks have started (START_S, the
-    start-up: SGLang's import on each)."""
+    `bound_s` bounds the serve from the moment both ranks have started (START_S bounds the
+    start-up, SGLang's import on each); by default the harness group's timeout, 10 s, and
+    a deadlock's two collective timeouts, as the matrix's cells."""
+    if bound_s is None:
+        bound_s = HARNESS_TIMEOUT_S + 10.0 + 2 * case.timeout_s
     cell_dir = out / f"{case.scenario}__{source.label}__{case.policy}{tag}"
     fresh_cell(cell_dir)
     got, dead = launch_to_end(TP, hazard_rank, (source, case, str(cell_dir)),
