@@ -29,6 +29,12 @@ HARNESS_TIMEOUT_S = 30.0
 SERVING = ".serving"  # rank<R>.serving: that rank has started; its serve's bound runs
 
 
+def serve_bound_s(collective_timeout_s: float) -> float:
+    """A cell's wall-clock bound from the moment every rank has started: a serve of a few
+    hundred steps (10 s), a deadlock's two collective timeouts, and the harness group's."""
+    return HARNESS_TIMEOUT_S + 10.0 + 2 * collective_timeout_s
+
+
 class CellFailed(RuntimeError):
     """This rank's serve failed; its report is on disk."""
 

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from bench.hazards.cell import HARNESS_TIMEOUT_S, SERVING, journal_paths, read_journal, run_cell
+from bench.hazards.cell import (
+    SERVING,
+    journal_paths,
+    read_journal,
+    run_cell,
+    serve_bound_s,
+)
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
@@ -45,10 +51,8 @@ class MatrixSpec:
     consensus: bool = False
 
     def bound_s(self, s: Scenario) -> float:
-        """A cell's wall-clock bound from the moment every rank has started (START_S bounds
-        the start-up): a serve of a few hundred steps, a deadlock's two collective
-        timeouts, and the harness group's timeout."""
-        return HARNESS_TIMEOUT_S + 10.0 + 2 * self.timeout_s
+        """A cell's serve's bound (START_S bounds its start-up)."""
+        return serve_bound_s(self.timeout_s)
 
     def label(self, protocol: str) -> str:
         """The protocol column of a cell: the protocol, or SGLang's release and class."""

@@ -31,6 +31,7 @@ from bench.hazards.cell import (
     Journal,
     journal_paths,
     mark_serving,
+    serve_bound_s,
     write_rank_json,
 )
 from bench.hazards.classify import classify
@@ -147,10 +148,9 @@ def run_hazard(source: Source, case: HazardCase, out: Path, bound_s: float | Non
                tag: str = "") -> dict:
     """One cell: its row (the classifier's outcome, site, step, detail; what gloo did).
     `bound_s` bounds the serve from the moment both ranks have started (START_S bounds the
-    start-up, SGLang's import on each); by default the harness group's timeout, 10 s, and
-    a deadlock's two collective timeouts, as the matrix's cells."""
+    start-up, SGLang's import on each); by default the matrix's cells' bound."""
     if bound_s is None:
-        bound_s = HARNESS_TIMEOUT_S + 10.0 + 2 * case.timeout_s
+        bound_s = serve_bound_s(case.timeout_s)
     cell_dir = out / f"{case.scenario}__{source.label}__{case.policy}{tag}"
     fresh_cell(cell_dir)
     got, dead = launch_to_end(TP, hazard_rank, (source, case, str(cell_dir)),
