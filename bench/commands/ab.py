@@ -1,28 +1,31 @@
 """Usage: python -m bench ab REV_A REV_B [--preset ci] [--repeats 6] [--threshold 0.05]
                                   [--out DIR] [--seed 0] [--protocols P,..] [--policies P,..]
-                                  [--metric NAME ...] [--repeats-per-block 1]
-                                  [--requests N] [--bystanders N] [--neighbour SPEC]
+                                  [--metric NAME ...] [--design served|blocks]
+                                  [--repeats-per-block 1] [--requests N] [--bystanders N]
+                                  [--neighbour SPEC]
 
 Did this commit make it better or worse? Both revisions on this machine, interleaved.
 
 REV_A and REV_B are git revisions (a sha, a branch, HEAD~2, ...), checked out as detached
 worktrees that share this environment, or WORKTREE: this working tree as it is, uncommitted
 changes included (snapshotted into a worktree too, so both sides run from equivalent trees).
-Block k (k < --repeats) runs `bench run --preset P --repeats 1 --seed SEED+k` for each
-revision, which first drawn from --seed (as many blocks A B as B A), each run only once the
-one before has left no process behind, so the two runs of a block see the same workload
-and storage noise and sit next to each other in time
-(--repeats-per-block R: each run makes R repeats, paired by (block, repeat); fewer process
-starts, pairs a run apart in time). Per
-configuration: the counts exactly over every block (compare's rules: any change is flagged),
-and per timing metric the ratio B/A paired by block, exp(mean of ln(b_k / a_k)) with a 95% t
-interval over the blocks, and beside it the Wilcoxon signed-rank and sign tests; worse when
-the whole interval lies above 1 + threshold, better when below 1 - threshold, else same.
-Per gated metric the order effect (the run second in a block over the first, warned when
-its interval excludes 1) and the blocks' sides (flagged when all favour one side). Writes
-ab.md, ab.csv, ab_ratios.png and ab.json (the block order, every run's exit code, start
-and end) into --out (default results/ab_<A>_vs_<B>_<UTC time>),
-every block's run under runs/. The last line: `ab: N better, M worse, K same`.
+--design served (the default): the two revisions are sides of one run, `bench run --preset P
+--repeats N --seed SEED` in each tree, each side's ranks importing its own tree's code
+(bench/run/turns.py, the side interface; checked every run); each cell is served by A and
+B back to back, the side first in a repeat drawn from --seed (as many repeats A-first as
+B-first), so the pairs sit seconds apart. A revision older than the side interface cannot be
+a side: ab says so and runs blocks instead. --design blocks: block k (k < --repeats) runs
+`bench run --preset P --repeats 1 --seed SEED+k` for each revision, which first drawn from
+--seed, each run only once the one before has left no process behind (--repeats-per-block
+R: each run makes R repeats, paired by (block, repeat)). Per configuration: the counts
+exactly over every repeat (compare's rules: any change is flagged), and per timing metric
+the ratio B/A paired by repeat, exp(mean of ln(b_k / a_k)) with a 95% t interval over the
+pairs, and beside it the Wilcoxon signed-rank and sign tests; worse when the whole interval
+lies above 1 + threshold, better when below 1 - threshold, else same. Per gated metric the
+order effect (the side second in a pair over the first, warned when its interval excludes
+1). Writes ab.md, ab.csv, ab_ratios.png and ab.json (the design, the order, every run's exit
+code) into --out (default results/ab_<A>_vs_<B>_<UTC time>), every side's run under
+stages/ (served) or runs/ (blocks). The last line: `ab: N better, M worse, K same`.
 Exit 0: nothing worse; 1: something worse; 2: an unknown revision, HEAD with a dirty working
 tree, a revision that refuses the flags, or bad arguments (one line on stderr).
 """
@@ -56,8 +59,11 @@ def parser() -> CliParser:
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"bench run's preset "
                    f"(default {DEFAULT_PRESET})")
     p.add_argument("--repeats", type=int, default=DEFAULT_BLOCKS, metavar="N",
-                   help=f"blocks: one run per revision each (default {DEFAULT_BLOCKS}; an "
-                        "interval needs 3)")
+                   help=f"paired repeats (served) or blocks of one run per revision each "
+                        f"(default {DEFAULT_BLOCKS}; an interval needs 3)")
+    p.add_argument("--design", choices=("served", "blocks"), default="served",
+                   help="served: both revisions as sides of one run (default); blocks: "
+                        "whole runs per side")
     p.add_argument("--threshold", type=float, default=0.05, metavar="T",
                    help="worse/better only when the whole 95%% interval lies beyond "
                         "1 +- T (default 0.05)")
@@ -88,25 +94,58 @@ def build_plan(argv: list[str]):
 
 
 def _main(argv: list[str]) -> int:
-    from bench.ab.blocks import comparison, run_blocks, write_plan
+    from bench.ab.served import NotASide
     from bench.compare.report import print_comparison, write_outputs
 
-    spec = _neighbour(parser().parse_args(argv).neighbour)  # bad input before any work
+    args = parser().parse_args(argv)
+    spec = _neighbour(args.neighbour)  # bad input before any work
     plan = build_plan(argv)
     plan.out.mkdir(parents=True, exist_ok=True)
+    comp, written = None, []
+    with contextlib.ExitStack() as stack:
+        planted = stack.enter_context(Neighbour(spec)) if spec else None
+        if args.design == "served":
+            try:
+                comp, written = _served(plan)
+            except NotASide as e:
+                print(f"ab: {e}: it cannot be a side of one run; whole runs per side "
+                      "(--design blocks) instead, whose resolution the table shows",
+                      file=sys.stderr, flush=True)
+        if comp is None:
+            comp, written = _blocks(plan)
+    if planted is not None:
+        write_json_atomic(plan.out / "neighbour.json", planted.record())
+    print_comparison(comp, written + write_outputs(comp, plan.out))
+    return 1 if comp.tally()["worse"] else 0
+
+
+def _served(plan):
+    """Both revisions as sides of one run (bench.ab.served)."""
+    from bench.ab import served
+
+    sp = served.ServedPlan(plan.a, plan.b, plan.preset, plan.blocks * plan.per_block,
+                           plan.seed, plan.threshold, plan.run_args, plan.metrics, plan.out)
+    first = "".join(s.upper() for s in served.first_sides(sp.seed, sp.repeats))
+    print(f"ab: A = {plan.a.label}, B = {plan.b.label}: sides of one run, {sp.repeats} "
+          f"paired repeats of preset {plan.preset} {' '.join(plan.run_args)}, first side per "
+          f"repeat {first} (from seed {plan.seed}); results in {plan.out}", file=sys.stderr)
+    stages, comp = served.run(sp, log=lambda line: print(line, file=sys.stderr, flush=True))
+    path = plan.out / "ab.json"
+    write_json_atomic(path, served.record(sp, stages))
+    return comp, [path]
+
+
+def _blocks(plan):
+    """Whole runs per side, block by block (bench.ab.blocks)."""
+    from bench.ab.blocks import comparison, run_blocks, write_plan
+
     order = " ".join(f"{s.upper()}{'B' if s == 'a' else 'A'}" for s in plan.first_sides())
     print(f"ab: A = {plan.a.label}, B = {plan.b.label}: {plan.blocks} blocks of preset "
           f"{plan.preset} {' '.join(plan.run_args)}, in the order {order} (from seed "
           f"{plan.seed}); results in {plan.out}", file=sys.stderr)
-    with contextlib.ExitStack() as stack:
-        planted = stack.enter_context(Neighbour(spec)) if spec else None
-        runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
-    if planted is not None:
-        write_json_atomic(plan.out / "neighbour.json", planted.record())
+    runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
     comp = comparison(plan, runs)
-    written = write_outputs(comp, plan.out) + [write_plan(plan, runs)]
-    print_comparison(comp, written)
-    return 1 if comp.tally()["worse"] else 0
+    return comp, [write_plan(plan, runs)]
 
 
 def _neighbour(text: str | None):

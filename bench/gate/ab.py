@@ -1,20 +1,29 @@
 """`bench gate --ab`: the baseline revision (gate.json `ab.revision`) and this working tree,
-run interleaved on this machine by bench.ab.blocks with gate.json's `ab` settings, so that the
-gate's timing checks compare two revisions measured side by side instead of this machine
-against numbers recorded on another. A timing check that fails is confirmed by a second A/B of
-as many fresh blocks (the next seeds), run after the first (bench.gate.timing.confirmed)."""
+measured side by side on this machine with gate.json's `ab` settings, so that the gate's
+timing checks compare two revisions instead of this machine against numbers recorded on
+another.
+
+`ab.design` "served" (the default): both revisions as sides of one run (bench.ab.served),
+each cell served by A and B back to back, stages added while a gated check is undecided
+(bench.ab.sequential) within `budget_repeats` and `budget_s`. A baseline revision older than
+the side interface is refused in one line that says how to re-record the baseline.
+"blocks": whole `bench run`s per side (bench.ab.blocks); a failing check is confirmed by a
+second A/B of as many fresh blocks (bench.gate.timing.confirmed)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from bench.ab import RUN_SIZES, size_args
+from bench.ab import RUN_SIZES, served, size_args
 from bench.ab.blocks import AbPlan, comparison, run_blocks, write_plan
 from bench.ab.revisions import WORKTREE, Revision, RevisionError, resolve
+from bench.ab.sequential import Budget
+from bench.ab.served import ServedPlan
 from bench.compare.comparison import Comparison
 from bench.compare.report import write_outputs
-from bench.rundir.files import ResultFileError
+from bench.gate.baseline import DEFAULT_AB
+from bench.rundir.files import ResultFileError, write_json_atomic
 
 DEFAULT_BLOCKS = 2  # gate.json's `ab` without `blocks`
 
@@ -22,24 +31,70 @@ DEFAULT_BLOCKS = 2  # gate.json's `ab` without `blocks`
 def gate_plan(settings: dict, out: Path, seed: int = 0) -> AbPlan:
     """The A/B plan of gate.json's `ab`: A the baseline revision, B this working tree, block
     k's runs seeded seed + k."""
-    from bench.rundir.env import REPO_DIR
-
     ab = settings.get("ab")
     if ab is None:
         raise ResultFileError("gate.json has no ab settings: record a baseline with "
                               "--update-baseline first")
+    return AbPlan(_baseline_revision(ab), Revision(WORKTREE, None), ab["preset"],
+                  ab.get("blocks", DEFAULT_BLOCKS), seed=seed,
+                  per_block=ab.get("repeats_per_block", 1), run_args=_run_args(ab), out=out)
+
+
+def _baseline_revision(ab: dict) -> Revision:
+    from bench.rundir.env import REPO_DIR
+
     try:
-        a = resolve(ab["revision"], REPO_DIR)
+        return resolve(ab["revision"], REPO_DIR)
     except RevisionError as e:
         raise RevisionError(f"the baseline revision is not usable here ({e}); in a shallow "
                             "clone fetch it (git fetch --unshallow), or gate without "
                             "--ab") from None
+
+
+def _run_args(ab: dict) -> tuple[str, ...]:
+    """The flags gate.json's `ab` passes to both sides' `bench run`."""
     run_args = [x for key in ("schedule", "protocols", "policies") if ab.get(key)
                 for x in (f"--{key}", ab[key])]
-    run_args += size_args({key: ab[key] for key in RUN_SIZES if key in ab})
-    return AbPlan(a, Revision(WORKTREE, None), ab["preset"], ab.get("blocks", DEFAULT_BLOCKS),
-                  seed=seed, per_block=ab.get("repeats_per_block", 1),
-                  run_args=tuple(run_args), out=out)
+    return tuple(run_args + size_args({key: ab[key] for key in RUN_SIZES if key in ab}))
+
+
+def served_plan(settings: dict, out: Path) -> ServedPlan:
+    """The served A/B of gate.json's `ab`: A the baseline revision, B this working tree."""
+    ab = settings["ab"]
+    return ServedPlan(_baseline_revision(ab), Revision(WORKTREE, None), ab["preset"],
+                      ab.get("repeats", DEFAULT_AB["repeats"]), run_args=_run_args(ab),
+                      out=out)
+
+
+def budget(settings: dict) -> Budget:
+    ab = settings["ab"]
+    return Budget(ab.get("budget_repeats", DEFAULT_AB["budget_repeats"]),
+                  float(ab.get("budget_s", DEFAULT_AB["budget_s"])))
+
+
+REBASE = ("re-record the baseline at a commit that has it: bench run --preset ci --out DIR, "
+          "then bench gate DIR --update-baseline (docs/testing.md, \"The gate\")")
+
+
+def run_gate_served(settings: dict, out: Path, states) -> tuple[Comparison, Path]:
+    """The served A/B into `out` (ab.md, ab.csv, ab_ratios.png, ab.json, stages/); `states`
+    gives the gated checks' states of a comparison (the sequential rule's input)."""
+    plan = served_plan(settings, out)
+    out.mkdir(parents=True, exist_ok=True)
+    b = budget(settings)
+    print(f"gate: timings: {plan.a.label} (A, the baseline revision) and this tree (B) as "
+          f"sides of one run, preset {plan.preset} {' '.join(plan.run_args)}: "
+          f"{plan.repeats} paired repeats, more while a check is undecided (up to "
+          f"{b.repeats} repeats, {b.seconds:.0f}s)", file=sys.stderr, flush=True)
+    try:
+        stages, comp = served.run(plan, b, states,
+                                  log=lambda line: print(line, file=sys.stderr, flush=True))
+    except served.NotASide as e:
+        raise ResultFileError(f"the baseline revision cannot be served as a side: {e}; "
+                              f"{REBASE}") from None
+    write_outputs(comp, out)
+    write_json_atomic(out / "ab.json", served.record(plan, stages))
+    return comp, out
 
 
 def confirmation_seed(settings: dict) -> int:

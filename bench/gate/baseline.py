@@ -11,7 +11,6 @@ import pandas as pd
 
 from bench.ab import RUN_SIZES
 from bench.gate.checks import BASELINE_KEY
-from bench.gate.timing import AB_METRICS
 from bench.run.plan import plan_differences
 from bench.rundir.files import (
     ResultFileError,
@@ -81,8 +80,13 @@ def check_ab(ab: object, where: str) -> dict:
     if ab.get("schedule") not in (None, "free", "pinned"):
         raise ResultFileError(f"{where}: ab.schedule must be free or pinned, got "
                               f"{ab['schedule']!r}")
-    for key in ("blocks", "repeats_per_block"):
+    if ab.get("design", "blocks") not in ("served", "blocks"):
+        raise ResultFileError(f"{where}: ab.design must be served or blocks, got "
+                              f"{ab['design']!r}")
+    for key in ("blocks", "repeats_per_block", "repeats", "budget_repeats"):
         _positive_int(ab.get(key, 1), f"{where} (ab.{key})")
+    if not isinstance(ab.get("budget_s", 1), int | float) or ab.get("budget_s", 1) <= 0:
+        raise ResultFileError(f"{where}: ab.budget_s must be a number of seconds > 0")
     for key, least in RUN_SIZES.items():  # ab.requests / ab.bystanders size both sides
         if key in ab:
             _positive_int(ab[key], f"{where} (ab.{key})", least)
@@ -102,33 +106,22 @@ def read_settings(baseline_dir: Path) -> dict:
         check_tolerance(value, f"{gate_json} (thresholds.{key})")
     if "ab" in settings:
         check_ab(settings["ab"], str(gate_json))
-    check_unresolved_ok(settings.get("unresolved_ok", {}), str(gate_json))
+    if "unresolved_ok" in settings:
+        raise ResultFileError(f"{gate_json}: unresolved_ok is no longer read: an UNRESOLVED "
+                              "timing check fails the gate (docs/testing.md, \"The gate\"); "
+                              "remove the key")
     return settings
-
-
-def check_unresolved_ok(value: object, where: str) -> dict[str, str]:
-    """gate.json's `unresolved_ok`: gated metric -> the one-line reason its check may be
-    UNRESOLVED without failing the gate (bench.gate.timing.judge)."""
-    if not isinstance(value, dict):
-        raise ResultFileError(f"{where}: unresolved_ok must be an object (metric -> reason)")
-    for metric, reason in value.items():
-        if metric not in AB_METRICS:
-            raise ResultFileError(f"{where}: unresolved_ok.{metric}: not a gated metric; use "
-                                  f"one of {', '.join(AB_METRICS)}")
-        if not isinstance(reason, str) or not reason.strip():
-            raise ResultFileError(f"{where}: unresolved_ok.{metric}: give the reason, a "
-                                  "non-empty string")
-    return value
 
 
 # What `bench gate --ab` runs when gate.json names no other: make bench's burst of 24 on the
 # pinned schedule (about 10 waiting requests polled per step, so a slower poll shows: the
 # gate checks host cost, not the end-to-end effect) for the change the benchmark is about
-# (pr27010 -> pr36425) under wait_complete, six blocks of one repeat, each block's order of
-# sides drawn from its seed: each pair seconds apart, so drift cancels within the pair.
-DEFAULT_AB = {"preset": "default", "schedule": "pinned",
-              "protocols": "pr27010,pr36425", "policies": "wait_complete", "blocks": 6,
-              "repeats_per_block": 1}
+# (pr27010 -> pr36425) under wait_complete, both revisions as sides of one run
+# (bench.ab.served): each cell served by A and B back to back; a first stage of `repeats`,
+# more while a check is undecided, up to `budget_repeats` and `budget_s` (bench.ab.sequential).
+DEFAULT_AB = {"design": "served", "preset": "default", "schedule": "pinned",
+              "protocols": "pr27010,pr36425", "policies": "wait_complete", "repeats": 12,
+              "budget_repeats": 60, "budget_s": 300}
 
 
 def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,

@@ -28,9 +28,9 @@ class Check:
     # is no PASS either: the table and the last line say NOT JUDGED, and why (the note).
     judged: bool = True
     # Timing checks with an interval: the difference the interval resolves (its half-width,
-    # a fraction) beside the threshold asked. Wider than the threshold and not above it:
-    # UNRESOLVED, a change of the threshold's size could not be told from none, so it has
-    # not passed; it fails the gate unless gate.json's `unresolved_ok` names its metric.
+    # a fraction) beside the threshold asked. An interval that holds 1 + threshold is
+    # UNRESOLVED: a change of the threshold's size could not be told from none, so it has
+    # not passed, and it fails the gate (bench.ab.sequential.decide).
     resolves: float | None = None
     threshold: float | None = None
     unresolved: bool = False
@@ -66,3 +66,12 @@ def baseline_match(baseline: pd.DataFrame, row: dict) -> dict | None:
             return None
         match = match[match[k].astype(str) == str(row[k])]
     return match.iloc[0].to_dict() if len(match) else None
+
+
+def state(c: Check) -> str:
+    """PASS, FAIL, UNRESOLVED or NOT JUDGED."""
+    if not c.judged:
+        return "NOT JUDGED"
+    if c.unresolved:
+        return "UNRESOLVED"
+    return "PASS" if c.passed else "FAIL"

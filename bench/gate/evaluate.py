@@ -5,11 +5,10 @@ Hard checks are exact (counts never depend on timing): measured decision and bac
 collectives equal the analytic model (hicache.spec.cost_model) for every request, every rank
 agreed, no data errors, and no protocol spends more decision collectives per poll than the
 committed baseline. The timing checks (bench.gate.timing) use between-repeat intervals: with
---ab the baseline revision and this tree run interleaved on this machine (bench.ab.blocks) and each
-configuration's mean step time, ITL p50 and TTFT p50 per request class fails when its whole
-95% interval of B/A lies above 1 + the metric's threshold (gate.json, from bench noise),
-and is UNRESOLVED (failing unless gate.json's `unresolved_ok` allows it) when the interval
-is wider than the threshold;
+--ab the baseline revision and this tree serve as sides of one run on this machine
+(bench.ab.served) and each configuration's mean step time, ITL p50 and TTFT p50 per request
+class passes when its whole 95% interval of B/A lies below 1 + the metric's threshold
+(gate.json), fails when it lies above, and is UNRESOLVED, failing too, while it holds it;
 without --ab this run's ratios to pr27010 are held against the baseline's, paired by
 repeat. When the run directory holds microbench.json, the per-poll cost ratios are printed
 as information, never checked.
@@ -39,18 +38,19 @@ from bench.analysis.verdict import (
     schedule_failures,
     unexplained_disagreements,
 )
-from bench.gate.ab import confirmation_seed, run_gate_ab
+from bench.gate.ab import confirmation_seed, run_gate_ab, run_gate_served
 from bench.gate.baseline import (
     check_comparable,
     load_baseline,
     read_settings,
     update_baseline,
 )
-from bench.gate.checks import EPS, Check, baseline_value, make_check
+from bench.gate.checks import EPS, Check, baseline_value, make_check, state
 from bench.gate.timing import (
     AB_METRICS,
     DEFAULT_THRESHOLD,
     ab_checks,
+    ab_states,
     baseline_checks,
     confirmed,
     resolution_lines,
@@ -236,35 +236,43 @@ def _result(checks: list[Check]) -> str:
     """PASS, UNRESOLVED, NOT JUDGED (why), or several with their counts, for one check's
     rows (none of them failing)."""
     idle = [c for c in checks if not c.judged]
-    wide = [c for c in checks if c.unresolved]
     if len(idle) == len(checks):
         return f"NOT JUDGED ({_why(idle)})"
-    if len(wide) == len(checks):
-        return "UNRESOLVED (allowed by gate.json unresolved_ok)"
-    if not idle and not wide:
+    if not idle:
         return "PASS"
-    return ", ".join([f"PASS {len(checks) - len(idle) - len(wide)}",
-                      *([f"UNRESOLVED {len(wide)} (allowed)"] if wide else []),
-                      *([f"NOT JUDGED {len(idle)} ({_why(idle)})"] if idle else [])])
+    return f"PASS {len(checks) - len(idle)}, NOT JUDGED {len(idle)} ({_why(idle)})"
+
+
+WORST = ("FAIL", "UNRESOLVED", "NOT JUDGED", "PASS")
+
+
+def per_metric(checks: list[Check]) -> dict[str, str]:
+    """Each timing metric's state over its configurations, the worst first (WORST)."""
+    out: dict[str, str] = {}
+    for c in checks:
+        if c.resolves is None and c.judged:
+            continue  # not a timing check
+        metric = c.check.removesuffix("_ab").removesuffix("_ratio_vs_baseline")
+        s = state(c)
+        if metric not in out or WORST.index(s) < WORST.index(out[metric]):
+            out[metric] = s
+    return out
 
 
 def last_line(checks: list[Check]) -> str:
-    """The gate's last line: OK or FAILED, and the checks that were not judged or not
-    resolved."""
-    failed, idle = [c for c in checks if not c.passed], [c for c in checks if not c.judged]
-    wide = [c for c in checks if c.unresolved]
+    """The gate's last line: OK or FAILED, then PASS / FAIL / UNRESOLVED / NOT JUDGED per
+    timing metric (its worst configuration) and how the exact checks did."""
+    failed = [c for c in checks if not c.passed]
     head = "OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks"
-    tail = []
-    if wide:
-        allowed = sum(c.passed for c in wide)
-        tail.append(f"{len(wide)} timing check(s) UNRESOLVED (interval wider than the "
-                    f"threshold; {allowed} allowed by gate.json unresolved_ok)")
-    if idle:
-        tail.append(f"{len(idle)} timing check(s) NOT JUDGED ({_why(idle)})")
-    if not tail:
-        return head
-    passed = sum(c.passed and c.judged and not c.unresolved for c in checks)
-    return f"{head}{',' if failed else ', but'} {', '.join(tail)}: {passed} passed"
+    timing = per_metric(checks)
+    exact = [c for c in checks
+             if c.check.removesuffix("_ab").removesuffix("_ratio_vs_baseline") not in timing]
+    bad = sum(not c.passed for c in exact)
+    counts = (f"{len(exact)} count and correctness checks pass" if not bad
+              else f"{bad} of {len(exact)} count and correctness checks FAIL")
+    if not timing:
+        return f"{head}: {counts}"
+    return f"{head}: {', '.join(f'{m} {s}' for m, s in timing.items())}; {counts}"
 
 
 def _flagged(c: Check) -> str:
@@ -272,8 +280,7 @@ def _flagged(c: Check) -> str:
     if not c.judged:
         return f"NOT JUDGED ({_why([c])})"
     if c.unresolved:
-        return (f"UNRESOLVED (allowed): {c.note.removeprefix('UNRESOLVED: ')}" if c.passed
-                else f"UNRESOLVED: {c.meaning}")
+        return f"UNRESOLVED: {c.meaning}"
     return c.meaning
 
 
@@ -322,19 +329,33 @@ class GateOptions:
 def timing_checks(args: GateOptions, summary: pd.DataFrame, baseline: pd.DataFrame,
                   settings: dict) -> tuple[list[Check], str]:
     """The timing checks (bench.gate.timing) and one line on how they were made."""
-    limits, wide_ok = thresholds(settings, args.tolerance), settings.get("unresolved_ok", {})
+    limits = thresholds(settings, args.tolerance)
     shown = ", ".join(f"{m} {limits[m]:g}" for m in AB_METRICS if m != "ttft")
     if not args.ab:
-        return baseline_checks(summary, baseline, limits, wide_ok), (
+        return baseline_checks(summary, baseline, limits), (
             f"timings against the baseline's numbers, paired by repeat (thresholds {shown}); "
             "drift between the two runs is not in the intervals: --ab runs the baseline "
             "revision beside this tree instead")
+    if settings.get("ab", {}).get("design", "blocks") == "served":
+        comp, out = run_gate_served(settings, args.run_dir / "ab",
+                                    lambda c: ab_states(c, limits))
+        return ab_checks(comp, limits), (
+            f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
+            f"{comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
+            f"{comp.rows[0].get('repeats', '?') if comp.rows else 0} paired repeats "
+            f"(thresholds {shown}; {out / 'ab.md'})")
+    return _blocks_checks(args, settings, limits, shown)
+
+
+def _blocks_checks(args: GateOptions, settings: dict, limits: dict[str, float],
+                   shown: str) -> tuple[list[Check], str]:
+    """ab.design "blocks": whole runs per side, a failure confirmed by a second A/B."""
     comp, out = run_gate_ab(settings, args.run_dir / "ab")
-    checks = ab_checks(comp, limits, unresolved_ok=wide_ok)
+    checks = ab_checks(comp, limits)
     line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
             f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
             f"(thresholds {shown}; {out / 'ab.md'})")
-    # only a failure is confirmed; an UNRESOLVED check fails (or not) as it stands
+    # only a failure is confirmed; an UNRESOLVED check fails as it stands
     failed = sum(not c.passed and not c.unresolved for c in checks)
     if not failed or not args.confirm:
         return checks, line

@@ -41,8 +41,8 @@ from dataclasses import replace
 
 import pandas as pd
 
+from bench.ab.sequential import FAIL, PASS, decide
 from bench.compare.comparison import Comparison
-from bench.compare.rules import timing_verdict
 from bench.gate.checks import Check, baseline_match, make_check
 from bench.rundir.files import parse_list_cell
 from bench.rundir.rundir import FILES
@@ -78,50 +78,37 @@ def replicates(iv: Interval, threshold: float) -> bool:
 
 
 def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
-          against: str, again: bool = False, unresolved_ok: dict[str, str] | None = None
-          ) -> Check | None:
-    """One timing check: fails when the whole interval lies above 1 + threshold (a second
-    A/B, `again`: when it `replicates` the first's failure); else UNRESOLVED where the
-    interval is wider than the threshold, failing unless `unresolved_ok` (gate.json's)
-    names the metric."""
+          against: str, again: bool = False) -> Check | None:
+    """One timing check (bench.ab.sequential.decide): FAIL when the whole interval lies
+    above 1 + threshold (a second A/B, `again`: when it `replicates` the first's failure),
+    PASS when it lies below, else UNRESOLVED, which fails too: it has not passed."""
     if iv.point is None:
         return None
     bound = (f"x {against}: fails when its interval lies above 1 and its point above "
              f"{1 + threshold:g}" if again else
-             f"x {against}: fails when its interval lies above {1 + threshold:g}")
+             f"x {against}: passes below {1 + threshold:g}, fails above it")
     if not iv.has_interval:
         return make_check(row, name, True, expected=bound, observed=f"{iv.point:.3f}",
                           note=f"not judged: {iv.note}", judged=False)
     h = resolvable(iv)
     worse = (replicates(iv, threshold) if again
-             else timing_verdict(iv.low, iv.high, threshold) == "worse")
+             else decide(iv.low, iv.high, threshold) == FAIL)
     if worse:
         return make_check(
             row, name, False, expected=bound, observed=_observed(iv), resolves=h,
             threshold=threshold,
             meaning=f"{row['protocol']}'s {LABELS[metric]} grew beyond {1 + threshold:g}x "
                     f"{against}, its whole 95% interval above that: it got slower")
-    if again or h <= threshold:  # a second A/B only confirms or clears a failure
+    if again or decide(iv.low, iv.high, threshold) == PASS:
         return make_check(row, name, True, expected=bound, observed=_observed(iv),
                           resolves=h, threshold=threshold)
-    return _unresolved(row, name, metric, iv, threshold, bound, (unresolved_ok or {}))
-
-
-def _unresolved(row: dict, name: str, metric: str, iv: Interval, threshold: float,
-                bound: str, unresolved_ok: dict[str, str]) -> Check:
-    """A check whose interval is wider than its threshold: it cannot have passed."""
-    h, reason = resolvable(iv), unresolved_ok.get(metric)
-    why = f"UNRESOLVED: resolves {h:.1%}, wider than its threshold {threshold:.1%}"
     return make_check(
-        row, name, reason is not None, expected=bound, observed=_observed(iv), resolves=h,
+        row, name, False, expected=bound, observed=_observed(iv), resolves=h,
         threshold=threshold, unresolved=True,
-        note=f"{why}; not failing the gate (gate.json unresolved_ok: {reason})" if reason
-        else why,
-        meaning="" if reason else
-        f"{row['protocol']}'s {LABELS[metric]}: its 95% interval is wider than the threshold, "
-        f"so a change of {threshold:.1%} could not be told from none: not passed (more "
-        f"blocks or repeats narrow it; gate.json unresolved_ok.{metric} with a reason lets "
-        "it pass as UNRESOLVED)")
+        note=f"UNRESOLVED: its interval holds {1 + threshold:g} (resolves {h:.1%})",
+        meaning=f"{row['protocol']}'s {LABELS[metric]}: its 95% interval holds "
+                f"{1 + threshold:g}, so a change of {threshold:.1%} could not be told from "
+                "none: not passed (more paired repeats narrow it)")
 
 
 def _gated(row: dict) -> list[str]:
@@ -136,8 +123,7 @@ def _per_repeat(row: dict, metric: str) -> dict[int, float]:
 
 
 def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
-                    thresholds: dict[str, float],
-                    unresolved_ok: dict[str, str] | None = None) -> list[Check]:
+                    thresholds: dict[str, float]) -> list[Check]:
     """This run's ratios to pr27010 against the baseline's, paired by repeat."""
     checks = []
     for row in summary.to_dict("records"):
@@ -147,28 +133,43 @@ def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
         for m in _gated(row):
             iv = ratio_interval(_per_repeat(row, m), _per_repeat(base, m))
             checks.append(judge(row, f"{m}_ratio_vs_baseline", m, iv,
-                                thresholds.get(m, DEFAULT_THRESHOLD), "the baseline's",
-                                unresolved_ok=unresolved_ok))
+                                thresholds.get(m, DEFAULT_THRESHOLD), "the baseline's"))
     return [c for c in checks if c is not None]
 
 
-def ab_checks(comp: Comparison, thresholds: dict[str, float], again: bool = False,
-              unresolved_ok: dict[str, str] | None = None) -> list[Check]:
-    """Every configuration's gated timing metrics of an A/B run: B (this tree) over A (the
-    baseline revision), paired by block; `again`: judged as the second A/B (`judge`)."""
+def _ab_rows(comp: Comparison):
+    """(row, gated metric, interval of B/A) per configuration's gated timing metric."""
     wanted = {v: k for k, v in AB_METRICS.items()}
     if any(r.get("metric") == "prefetch_ttft_p50_ms" for r in comp.rows):
         wanted.pop("ttft_p50_ms")  # gated per request class instead
-    checks = []
     for row in comp.rows:
         m = wanted.get(row.get("metric"))
         if row.get("kind") != "timing" or m is None or row.get("ratio_b_over_a") is None:
             continue
-        iv = Interval(row["ratio_b_over_a"], row.get("ratio_ci_low"), row.get("ratio_ci_high"),
-                      int(row.get("repeats") or 0), row.get("ratio_mdd"), row.get("note") or "")
-        checks.append(judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
-                            "the baseline revision's", again, unresolved_ok))
+        yield row, m, Interval(row["ratio_b_over_a"], row.get("ratio_ci_low"),
+                               row.get("ratio_ci_high"), int(row.get("repeats") or 0),
+                               row.get("ratio_mdd"), row.get("note") or "")
+
+
+def ab_checks(comp: Comparison, thresholds: dict[str, float], again: bool = False
+              ) -> list[Check]:
+    """Every configuration's gated timing metrics of an A/B run: B (this tree) over A (the
+    baseline revision), paired by repeat; `again`: judged as the second A/B (`judge`)."""
+    checks = [judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
+                    "the baseline revision's", again) for row, m, iv in _ab_rows(comp)]
     return [c for c in checks if c is not None]
+
+
+def ab_states(comp: Comparison, thresholds: dict[str, float]
+              ) -> list[tuple[str, float, float, float, float]]:
+    """The sequential rule's input (bench.ab.sequential.more): per gated check its state,
+    point, low, high and threshold (an interval not yet made: UNRESOLVED at its point)."""
+    out = []
+    for _, m, iv in _ab_rows(comp):
+        t = thresholds.get(m, DEFAULT_THRESHOLD)
+        low, high = (iv.low, iv.high) if iv.has_interval else (None, None)
+        out.append((decide(low, high, t), iv.point, low, high, t))
+    return out
 
 
 def _key(c: Check) -> tuple[str, str, str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench.run import calibrate, duet, fit, machine, workload
+from bench.run import calibrate, duet, fit, machine, turns, workload
 from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
 from bench.run.sides import Side
@@ -37,7 +37,10 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
     """Entry point of one rank (spawned locally, or in-process under torchrun); `lane`: this
     rank's lane of a duet (bench.run.duet), which serves only its own cells; `side`: this
     rank's side of several SGLangs (bench.run.sides), which serves its own cells in turn.
-    A cost sweep's cells each serve under the plan of their added cost (plan.per_delay)."""
+    A cost sweep's cells each serve under the plan of their added cost (plan.per_delay).
+    Where another revision's run serves this one as a side (bench.run.turns.ENV set), its
+    turns come from that run."""
+    side = side or (None if lane else turns.from_env(rank, world, plan))
     plans = plan.per_delay()  # one plan (and sink) per added cost of a sweep, else one
     with side.setup() if side else contextlib.nullcontext():
         sinks, layout, groups, device, make_cache = _setup(rank, world, plan, plans)

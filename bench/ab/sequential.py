@@ -1,0 +1,69 @@
+"""The sequential rule of a served A/B: add repeats only while a gated check is undecided.
+
+Each gated check (a configuration's ratio B/A of one timing metric, with its 95% interval
+over the paired repeats) is decided against its threshold t:
+- PASS when the whole interval lies below 1 + t: B is not slower by t;
+- FAIL when the whole interval lies above 1 + t: B is slower by more than t;
+- UNRESOLVED while the interval holds 1 + t: the run cannot yet tell.
+After each stage the run stops when no check is UNRESOLVED, when a check FAILs (the gate's
+verdict is then known), or when the budget (repeats or seconds) is spent; otherwise it adds
+a stage sized to what the most undecided check needs, from how its half-width shrinks
+(1/sqrt(n)) and how far its point lies from 1 + t. The rule looks at where intervals lie
+against the threshold and stops on either side, as Pinpoint's "collect more data" does; an
+UNRESOLVED check left at the budget is no PASS (the gate fails it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+PASS, FAIL, UNRESOLVED = "PASS", "FAIL", "UNRESOLVED"
+
+
+def decide(low: float | None, high: float | None, threshold: float) -> str:
+    """A check's state from its interval of B/A."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return UNRESOLVED
+    if high < 1 + threshold:
+        return PASS
+    if low > 1 + threshold:
+        return FAIL
+    return UNRESOLVED
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How far a served A/B may grow: repeats in all, and seconds in all (stages started
+    after the seconds are spent are not started)."""
+
+    repeats: int
+    seconds: float
+    least_more: int = 4  # the smallest stage added (each stage starts both sides anew)
+
+
+def needed(point: float, low: float, high: float, threshold: float, n: int) -> float:
+    """Paired repeats in all at which this check's interval, shrinking as 1/sqrt(n) about
+    its point, would clear 1 + threshold on the point's side (inf at the threshold)."""
+    gap = abs(math.log(point) - math.log(1 + threshold))
+    half = (math.log(high) - math.log(low)) / 2
+    return math.inf if gap == 0 else n * (half / gap) ** 2
+
+
+def more(states: list[tuple[str, float, float | None, float | None, float]], n: int,
+         spent_s: float,
+         budget: Budget) -> int:
+    """Repeats to add after a stage (0: stop). `states`: per gated check (state, point,
+    low, high, threshold); `n`: paired repeats so far; `spent_s`: seconds so far."""
+    if any(s[0] == FAIL for s in states) or all(s[0] != UNRESOLVED for s in states):
+        return 0
+    left = budget.repeats - n
+    per_repeat = spent_s / n if n else math.inf
+    afford = int((budget.seconds - spent_s) / per_repeat) if per_repeat > 0 else left
+    room = min(left, afford)
+    if room < 1:
+        return 0
+    want = max(math.inf if lo is None else needed(p, lo, hi, t, n)
+               for s, p, lo, hi, t in states if s == UNRESOLVED)
+    add = budget.least_more if math.isinf(want) else math.ceil(want * 1.2) - n
+    return max(1, min(room, max(add, budget.least_more)))

@@ -1,0 +1,236 @@
+"""`bench ab`'s served design: two revisions as sides of one interleaved run, in stages.
+
+A stage is one run of both sides (bench.ab.conductor): `bench run --preset P --repeats R
+--seed S` in each revision's tree, their serves of each cell back to back. Repeats pair by
+(stage, repeat): the two serves of a pair ran seconds apart on the same seed. A run may add
+stages (fresh seeds) while its checks are undecided (bench.ab.sequential); the stages are
+then read as one run per side whose repeat numbers continue from stage to stage, and
+compared as `bench compare` compares two runs: exact counts over every repeat, timing ratios
+B/A paired by repeat with a t interval over the pairs.
+
+A revision older than the side interface (bench/run/turns.py, INTERFACE) cannot be a side:
+`interface_of` says so before anything runs, and `bench ab` falls back to its blocks.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from bench.ab import order as order_effect
+from bench.ab import sequential
+from bench.ab.conductor import Conductor, SideProc, first_sides, turn_order
+from bench.ab.revisions import Revision, checked_out
+from bench.ab.sequential import Budget
+from bench.analysis import verdict
+from bench.compare.comparison import Comparison, Run, compare, load_run
+from bench.run import turns
+from bench.rundir.env import REPO_DIR
+from bench.rundir.files import ResultFileError
+
+DRIFT = ("A and B serve each cell of one run back to back, seconds apart, on the same seed, "
+         "the side first in a repeat drawn from the seed (balanced), so drift slower than a "
+         "serve cancels within the pair; the intervals hold the repeat-to-repeat variation")
+TURNS_FILE = "turns.csv"
+
+
+def interface_of(root: Path) -> int | None:
+    """The side interface a tree speaks (bench/run/turns.py's INTERFACE), None before it."""
+    path = Path(root) / "bench" / "run" / "turns.py"
+    if not path.is_file():
+        return None
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "INTERFACE" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def refusal(rev: Revision, root: Path) -> str | None:
+    """One line on why `rev` cannot be served as a side here, or None."""
+    got = interface_of(root)
+    if got == turns.INTERFACE:
+        return None
+    if got is None:
+        return f"{rev.label} predates the side interface (bench/run/turns.py)"
+    return f"{rev.label} speaks side interface {got}, this tree {turns.INTERFACE}"
+
+
+@dataclass(frozen=True)
+class ServedPlan:
+    """What both sides run: preset, repeats of the first stage, seed of the first stage
+    and the flags passed to every `bench run`."""
+
+    a: Revision
+    b: Revision
+    preset: str
+    repeats: int
+    seed: int = 0
+    threshold: float = 0.05
+    run_args: tuple[str, ...] = ()
+    metrics: tuple[str, ...] | None = None
+    out: Path = Path("results/ab")
+
+    def command(self, repeats: int, seed: int) -> list[str]:
+        return ["--preset", self.preset, "--repeats", str(repeats), "--seed", str(seed),
+                *self.run_args]
+
+
+@dataclass
+class Stage:
+    """One run of both sides: its seed and repeats, run directories, exit codes, the
+    repeat's first side, and every turn's seconds."""
+
+    index: int
+    seed: int
+    repeats: int
+    dirs: dict[str, Path]
+    codes: dict[str, int] = field(default_factory=dict)
+    first: list[str] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def serve_stage(plan: ServedPlan, roots: dict[str, Path], index: int, seed: int,
+                repeats: int, log: Callable[[str], None]) -> Stage:
+    """Both sides' runs of one stage, their turns conducted; ConductError for a side that
+    failed or broke the interface (both sides are stopped then)."""
+    base = plan.out / "stages" / f"{index:02d}"
+    stage = Stage(index, seed, repeats, {s: base / s for s in "ab"})
+    stage.first = first_sides(seed, repeats)
+    conductor = Conductor([SideProc(s, roots[s], stage.dirs[s]) for s in "ab"])
+    t0 = time.monotonic()
+    try:
+        conductor.start(plan.command(repeats, seed))
+        cells = conductor.connect()
+        order = turn_order(cells, stage.first)
+        for i, (side, position) in enumerate(order):
+            seconds = conductor.turn(side, position)
+            stage.turns.append({"stage": index, "turn": i, "side": side.upper(),
+                                "position": position, "seconds": round(seconds, 3)})
+        stage.codes = conductor.finish()
+    finally:
+        conductor.close()
+    stage.seconds = time.monotonic() - t0
+    log(f"ab: stage {index}: {repeats} paired repeats (seed {seed}), {len(stage.turns)} turns "
+        f"in {stage.seconds:.0f}s; A {_last(stage.dirs['a'])}; B {_last(stage.dirs['b'])}")
+    for s in "ab":
+        if not (stage.dirs[s] / "requests.csv").exists():
+            raise ResultFileError(f"side {s.upper()} wrote no rows (exit {stage.codes[s]}): "
+                                  f"{_last(stage.dirs[s])}")
+    return stage
+
+
+def _last(out: Path) -> str:
+    path = out / "console.log"
+    lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+    return lines[-1] if lines else "(no output)"
+
+
+def merged(stages: list[Stage], side: str) -> Run:
+    """One side's stages as one Run whose repeats continue from stage to stage."""
+    frames, steps, offset = [], [], 0
+    runs = [load_run(s.dirs[side]) for s in stages]
+    for stage, run in zip(stages, runs, strict=True):
+        frames.append(run.requests.assign(repeat=offset + run.requests["repeat"].astype(int)))
+        if run.steps is not None:
+            steps.append(run.steps.assign(repeat=offset + run.steps["repeat"].astype(int)))
+        offset += stage.repeats
+    both = len(steps) == len(runs)
+    return Run(stages[0].dirs[side].parent.parent, runs[0].env,
+               pd.concat(frames, ignore_index=True),
+               pd.concat(steps, ignore_index=True) if both else None)
+
+
+def b_first(stages: list[Stage]) -> dict[int, bool]:
+    """Merged repeat -> whether B served first in it."""
+    out, offset = {}, 0
+    for s in stages:
+        out |= {offset + r: side == "b" for r, side in enumerate(s.first)}
+        offset += s.repeats
+    return out
+
+
+def comparison(plan: ServedPlan, stages: list[Stage]) -> Comparison:
+    """B against A over every stage, paired by repeat, with the served run's context."""
+    comp = compare(merged(stages, "a"), merged(stages, "b"), plan.threshold,
+                   list(plan.metrics) if plan.metrics else None)
+    comp.verb, comp.drift_note = "ab", DRIFT
+    comp.header = failed_sides(stages) + comp.header
+    order_effect.annotate(comp, b_first(stages), 1)
+    n = sum(s.repeats for s in stages)
+    seeds = ", ".join(str(s.seed) for s in stages)
+    comp.run_lines = [f"{side} = {rev.label}: one side of {len(stages)} served run(s) of "
+                      f"preset {plan.preset} ({n} repeats, seeds {seeds}) in "
+                      f"{plan.out / 'stages'}" for side, rev in (("A", plan.a), ("B", plan.b))]
+    comp.extra_rows += [{"metric": f"turn {t['stage']}.{t['turn']}", "kind": "turn", **t}
+                        for s in stages for t in s.turns]
+    comp.extra_columns += [c for c in ("stage", "turn", "side", "position", "seconds")
+                           if c not in comp.extra_columns]
+    return comp
+
+
+def failed_sides(stages: list[Stage]) -> list[str]:
+    """A side's run that did not pass its own checks: its counts and timings are suspect."""
+    out = []
+    for st in stages:
+        for s in "ab":
+            v = verdict.read(st.dirs[s])
+            if (v is not None and not v.ok) or st.codes.get(s, 1) != 0:
+                out.append(f"warning: stage {st.index} side {s.upper()} did not pass its own "
+                           f"checks: {v.line if v is not None else _last(st.dirs[s])}")
+    return out
+
+
+def record(plan: ServedPlan, stages: list[Stage]) -> dict:
+    """ab.json's content for a served A/B."""
+    return {"design": "served", "interface": turns.INTERFACE,
+            "a": {"name": plan.a.name, "commit": plan.a.sha},
+            "b": {"name": plan.b.name, "commit": plan.b.sha}, "preset": plan.preset,
+            "threshold": plan.threshold, "run_args": list(plan.run_args),
+            "python": sys.executable,
+            "stages": [{"index": s.index, "seed": s.seed, "repeats": s.repeats,
+                        "first": "".join(s.first), "exit": s.codes,
+                        "seconds": round(s.seconds, 1),
+                        "dirs": {k: str(v) for k, v in s.dirs.items()}} for s in stages]}
+
+
+States = Callable[[Comparison], list[tuple[str, float, float, float, float]]]
+
+
+def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = None,
+        log: Callable[[str], None] = print) -> tuple[list[Stage], Comparison]:
+    """The served A/B: a first stage of plan.repeats, then (with a budget and the gated
+    checks' `states`) more stages while bench.ab.sequential says so; each stage's seed the
+    next. RevisionError-like ResultFileError (one line) for a revision that cannot be a side."""
+    with checked_out(plan.a, REPO_DIR, plan.out) as root_a, \
+            checked_out(plan.b, REPO_DIR, plan.out) as root_b:
+        roots = {"a": root_a, "b": root_b}
+        for side, rev in (("a", plan.a), ("b", plan.b)):
+            why = refusal(rev, roots[side])
+            if why:
+                raise NotASide(why)
+        stages: list[Stage] = []
+        t0, repeats = time.monotonic(), plan.repeats
+        while repeats > 0:
+            stages.append(serve_stage(plan, roots, len(stages), plan.seed + len(stages),
+                                      repeats, log))
+            comp = comparison(plan, stages)
+            if budget is None or states is None:
+                break
+            n = sum(s.repeats for s in stages)
+            repeats = sequential.more(states(comp), n, time.monotonic() - t0, budget)
+            if repeats:
+                log(f"ab: {sum(s[0] == sequential.UNRESOLVED for s in states(comp))} gated "
+                    f"check(s) undecided after {n} paired repeats: {repeats} more")
+    return stages, comp
+
+
+class NotASide(ResultFileError):
+    """A revision whose tree does not speak this tree's side interface."""
