@@ -135,6 +135,17 @@ def test_block_runs_are_started_without_plots(tmp_path, monkeypatch):
 
 # ---- the gate on ab, with a fake ab ---------------------------------------------------------
 
+@pytest.fixture
+def blocks(clean, tmp_path):  # noqa: F811
+    """The clean run and a copy of its baseline whose gate.json asks for blocks of 6."""
+    baseline = tmp_path / "blocks_baseline"
+    shutil.copytree(clean[1], baseline)
+    settings = json.loads((baseline / "gate.json").read_text())
+    settings["ab"] = {**settings["ab"], "design": "blocks", "blocks": 6}
+    (baseline / "gate.json").write_text(json.dumps(settings))
+    return clean[0], baseline
+
+
 def fake_gate(monkeypatch, slower_in, calls):
     """gate.run_gate_ab replaced by an A/B of 4 fake blocks whose B is slower_in(seed) times
     A in every block (step times and ITL only); calls gets each A/B's seed."""
@@ -162,7 +173,7 @@ def failing_checks(out: str) -> set[str]:
 
 
 @pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
-def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tmp_path,  # noqa: F811
+def test_gate_ab_fails_a_slower_tree_on_its_timings_only(blocks, slower, code, tmp_path,
                                                          monkeypatch, capsys):
     """`bench gate --ab` judges the A/B's intervals (bench.gate.timing.ab_checks): this tree
     30% slower in every block fails on step time and ITL, and the second A/B (the next
@@ -171,8 +182,8 @@ def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tm
     calls = []
     fake_gate(monkeypatch, lambda seed: slower, calls)
     run = tmp_path / "run"
-    shutil.copytree(clean[0], run)
-    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == code
+    shutil.copytree(blocks[0], run)
+    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == code
     out = capsys.readouterr().out
     assert "interleaved on this machine" in out
     if code:
@@ -184,10 +195,10 @@ def test_gate_ab_fails_a_slower_tree_on_its_timings_only(clean, slower, code, tm
         assert out.splitlines()[-1].startswith("FAILED: ") and "ab: 0 better" in out
     else:
         assert calls == [0] and "confirmation" not in out
-        assert "ab: 0 better, 0 worse" in out and out.splitlines()[-1].endswith("OK"), out
+        assert "ab: 0 better, 0 worse" in out and out.splitlines()[-1].startswith("OK: "), out
 
 
-def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(clean, tmp_path,  # noqa: F811
+def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(blocks, tmp_path,
                                                                  monkeypatch, capsys):
     """A tree slower only in the first A/B (a burst of load on the machine) passes, each
     check it failed there noted with the second A/B's interval; with --no-confirm the first
@@ -195,24 +206,24 @@ def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(clean, tmp_path
     calls = []
     fake_gate(monkeypatch, lambda seed: 1.3 if seed == 0 else 1.0, calls)
     run = tmp_path / "run"
-    shutil.copytree(clean[0], run)
-    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == 0
+    shutil.copytree(blocks[0], run)
+    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == 0
     out = capsys.readouterr().out
-    assert calls == [0, 6] and out.splitlines()[-1] == "OK", out
+    assert calls == [0, 6] and out.splitlines()[-1].startswith("OK: step_mean PASS"), out
     notes = [x for x in out.splitlines() if "not confirmed by the second" in x]
     assert {x.split()[1] for x in notes} == {"step_mean_ab", "itl_p50_ab"}, out
     assert f"confirmation: 0 of {len(notes)} failing timing checks failed again" in out
     calls.clear()
-    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab", "--no-confirm"]) == 1
+    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab", "--no-confirm"]) == 1
     out = capsys.readouterr().out
     assert calls == [0] and failing_checks(out) == {"step_mean_ab", "itl_p50_ab"}, out
 
 
 def test_gate_ab_calls_a_step_interval_wider_than_its_threshold_unresolved(
-        clean, tmp_path, monkeypatch, capsys):  # noqa: F811
+        blocks, tmp_path, monkeypatch, capsys):
     """Doctored blocks whose B/A swings 1.25, 0.8, ... (step time and ITL): no interval above
-    1 + threshold, but one far wider than it: UNRESOLVED, not PASS; failing the gate with no
-    second A/B (a second only confirms a failure), passing it where gate.json allows it."""
+    1 + threshold, but one that holds it: UNRESOLVED, not PASS, failing the gate with no
+    second A/B (a second only confirms a failure)."""
     from bench.gate import evaluate as gate
 
     calls = []
@@ -224,24 +235,16 @@ def test_gate_ab_calls_a_step_interval_wider_than_its_threshold_unresolved(
         return comparison(plan, run_blocks(plan, fake_runner(swing), log=print)), out
     monkeypatch.setattr(gate, "run_gate_ab", fake_gate_ab)
     run = tmp_path / "run"
-    shutil.copytree(clean[0], run)
-    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == 1
+    shutil.copytree(blocks[0], run)
+    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == 1
     out = capsys.readouterr().out
     assert calls == [0] and "confirmation" not in out, out
     step = [x for x in failing_rows(out) if x.startswith("step_mean_ab")]
     assert step and all("UNRESOLVED: " in x for x in step), out
     assert any(x.startswith("resolution: step_mean_ab ") and x.endswith(": UNRESOLVED")
                for x in out.splitlines()), out
-    baseline = tmp_path / "baseline"
-    shutil.copytree(clean[1], baseline)
-    settings = json.loads((baseline / "gate.json").read_text())
-    settings["unresolved_ok"] = {"step_mean": "4 fake blocks", "itl_p50": "4 fake blocks"}
-    (baseline / "gate.json").write_text(json.dumps(settings))
-    assert main_gate([str(run), "--baseline", str(baseline), "--ab"]) == 0
-    out = capsys.readouterr().out
-    row = next(x for x in out.splitlines() if x.startswith("step_mean_ab"))
-    assert "UNRESOLVED" in row and "PASS" not in row, row
-    assert out.splitlines()[-1].startswith("OK, but ") and "UNRESOLVED" in out.splitlines()[-1]
+    last = out.splitlines()[-1]
+    assert last.startswith("FAILED: ") and "step_mean UNRESOLVED" in last, last
 
 
 @pytest.mark.parametrize("first, again, fails", [

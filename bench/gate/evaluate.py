@@ -256,7 +256,9 @@ def per_metric(checks: list[Check]) -> dict[str, str]:
         s = state(c)
         if metric not in out or WORST.index(s) < WORST.index(out[metric]):
             out[metric] = s
-    return out
+    order = list(AB_METRICS)
+    return dict(sorted(out.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order
+                       else len(order)))
 
 
 def last_line(checks: list[Check]) -> str:
@@ -272,7 +274,10 @@ def last_line(checks: list[Check]) -> str:
               else f"{bad} of {len(exact)} count and correctness checks FAIL")
     if not timing:
         return f"{head}: {counts}"
-    return f"{head}: {', '.join(f'{m} {s}' for m, s in timing.items())}; {counts}"
+    idle = [c for c in checks if not c.judged]
+    why = f" ({_why(idle)})" if idle else ""
+    states = ", ".join(f"{m} {s}{why if s == 'NOT JUDGED' else ''}" for m, s in timing.items())
+    return f"{head}: {states}; {counts}"
 
 
 def _flagged(c: Check) -> str:
