@@ -90,7 +90,10 @@ class SocketSide:
         return _Turn()
 
     def _await(self, position) -> None:
-        line = self.reader.readline()  # blocks while the other side serves: no CPU
+        try:
+            line = self.reader.readline()  # blocks while the other side serves: no CPU
+        except OSError:
+            line = ""  # the run went away
         if not line:
             raise SideAborted(f"side {self.name}: the run closed the connection before turn "
                               f"{position}")
