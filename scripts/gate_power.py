@@ -1,38 +1,50 @@
-"""Usage: python scripts/gate_power.py [--clean 5] [--slow-ms 0.1,0.25,0.5,1|none] [--out DIR]
+"""Usage: python scripts/gate_power.py [--plants 0.01,0.03,0.05,0.10] [--gates 5] [--aa 10]
+                                     [--aa-neighbour 10] [--neighbour SPEC] [--out DIR]
 
-Measures the gate's false positives and its power on this machine, the way `make gate` runs
-it: a scratch clone of HEAD (the base), one commit per --slow-ms on top of it whose pr36425
-poll sleeps that long (no collective added), a baseline recorded from a ci run of the base
-(its commit the baseline revision, the gate settings of this tree's results/baseline/gate.json
-kept: thresholds, ab and unresolved_ok), then `bench run --preset ci` and `bench gate RUN
---ab` on the base --clean times (every failure is a false positive) and once on each slow
-commit (a failure is a catch).
-Each gate run also records what its first A/B alone decided (how many checks it failed
-before the confirming A/B judged them), so one measurement gives both rates.
-Prints one line per gate run and a table, and writes gate_power.json into --out (default
-results/gate_power_<UTC time>). Needs a committed HEAD; takes about 3 minutes per gate run on
-2 cores. Measure on a quiet machine.
+Measures the gate's power and its false alarms on this machine, the way `make gate` judges
+timings: a scratch clone of HEAD (the base), one commit per planted share on top of it whose
+scheduler spins that share of each step's own time at the end of the step (real host work,
+no collective added: a 5 % plant makes every step 5 % longer), a baseline recorded from a ci
+run of the base (its commit the baseline revision, this tree's gate.json settings kept:
+thresholds and ab), then `bench gate RUN --ab` --gates times per plant (a FAIL of a timing
+check is a catch), --aa times on the base itself (every FAIL is a false alarm) and
+--aa-neighbour times on the base beside the planted noisy neighbour (`--neighbour`, default
+bench.neighbour's default). Each revision's ci run is made once and copied for each of its
+gates: the timing checks do not read it.
+
+Prints one line per gate (each timing metric's state, the paired repeats, the seconds) and a
+table, and writes gate_power.json and gate_power.md into --out (default
+results/gate_power_<UTC time>). Needs a committed HEAD; a gate takes 2 to 6 minutes on 2
+cores. Measure the quiet rows on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
-import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.rundir.files import write_json_atomic  # noqa: E402
+from bench.neighbour import DEFAULT, Neighbour, SpecError  # noqa: E402
+from bench.neighbour import parse as parse_neighbour  # noqa: E402
+from bench.rundir.files import write_json_atomic, write_text_atomic  # noqa: E402
 
-ANCHOR = '    name = "pr36425"\n\n    def vote(self, f: Facts) -> Vote:\n'
+SCHEDULER = Path("hicache") / "serve" / "scheduler.py"
+STEP_TOP = "        self.stats.counter.step = step\n        stamp = msg[\"now\"]"
+STEP_END = "        rec.t_end = self._clock()\n"
 GIT = ["git", "-c", "user.name=gate-power", "-c", "user.email=gate-power@localhost"]
+GATED = ("step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50")
 
 
 def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -42,18 +54,27 @@ def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPro
     return done
 
 
-def slow_commit(repo: Path, ms: float) -> str:
-    """A branch off the base whose pr36425 poll sleeps `ms` milliseconds."""
-    sh(GIT + ["checkout", "-q", "-B", f"slow_{ms:g}ms", "base"], repo)
-    path = repo / "hicache" / "agreement" / "protocols.py"
-    text = path.read_text()
-    if ANCHOR not in text:
-        sys.exit("gate_power: pr36425's vote moved: update ANCHOR")
-    text = text.replace("from __future__ import annotations\n",
-                        "from __future__ import annotations\n\nimport time\n", 1)
-    path.write_text(text.replace(ANCHOR, ANCHOR + f"        time.sleep({ms / 1000!r})\n"))
-    sh(GIT + ["commit", "-qam", f"pr36425: the poll sleeps {ms:g} ms"], repo)
+def plant_commit(repo: Path, share: float) -> str:
+    """A branch off the base whose scheduler spins `share` of each step's time so far at
+    the end of every step."""
+    sh(GIT + ["checkout", "-q", "-B", f"plant_{share:g}", "base"], repo)
+    path = repo / SCHEDULER
+    path.write_text(planted(path.read_text(), share))
+    sh(GIT + ["commit", "-qam", f"scheduler: every step spins {share:.0%} more"], repo)
     return sh(["git", "rev-parse", "HEAD"], repo).stdout.strip()
+
+
+def planted(text: str, share: float) -> str:
+    """The scheduler's source with the plant: at the end of every step, a spin of `share`
+    times the step's own time until then."""
+    if STEP_TOP not in text or STEP_END not in text:
+        sys.exit("gate_power: the scheduler's step moved: update STEP_TOP / STEP_END")
+    text = text.replace(STEP_TOP, "        _planted_t0 = time.perf_counter()\n" + STEP_TOP, 1)
+    return text.replace(STEP_END, (
+        "        _planted_end = time.perf_counter() + "
+        f"{share!r} * (time.perf_counter() - _planted_t0)\n"
+        "        while time.perf_counter() < _planted_end:  # the planted regression\n"
+        "            pass\n") + STEP_END, 1)
 
 
 def bench(repo: Path, *args: str) -> subprocess.CompletedProcess:
@@ -62,84 +83,134 @@ def bench(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 def record_baseline(repo: Path, out: Path) -> Path:
     """A ci run of the base, made the baseline; this tree's gate settings kept."""
-    run, baseline = out / "base_run", out / "baseline"
+    run, baseline = out / "runs" / "base", out / "baseline"
     if bench(repo, "run", "--preset", "ci", "--out", str(run)).returncode != 0:
         sys.exit("gate_power: the base's ci run failed")
     ours = json.loads((REPO / "results" / "baseline" / "gate.json").read_text())
     baseline.mkdir(parents=True)
     (baseline / "gate.json").write_text(json.dumps(
-        {k: ours[k] for k in ("thresholds", "ab", "unresolved_ok") if k in ours}))
+        {k: ours[k] for k in ("thresholds", "ab") if k in ours}))
     done = bench(repo, "gate", str(run), "--baseline", str(baseline), "--update-baseline")
     if done.returncode != 0:
         sys.exit(f"gate_power: recording the baseline failed: {done.stdout[-500:]}")
     return baseline
 
 
-def gate_once(repo: Path, rev: str, baseline: Path, out: Path) -> dict:
-    """`bench run --preset ci` then `bench gate --ab` at `rev`, as make gate runs them."""
+def ci_run(repo: Path, rev: str, out: Path) -> Path:
+    """The ci run of `rev`, made once."""
+    run = out / "runs" / rev[:10]
+    if not run.exists():
+        sh(["git", "checkout", "-q", rev], repo)
+        bench(repo, "run", "--preset", "ci", "--out", str(run))
+    return run
+
+
+def states(last_line: str) -> dict[str, str]:
+    """Each gated metric's state from the gate's last line."""
+    out = {}
+    for m in GATED:
+        for s in ("PASS", "FAIL", "UNRESOLVED", "NOT JUDGED"):
+            if f"{m} {s}" in last_line:
+                out[m] = s
+    return out
+
+
+def intervals(ab_csv: Path) -> dict[str, str]:
+    """`protocol metric` -> `point [low, high], n` of the gated rows of an ab.csv."""
+    if not ab_csv.exists():
+        return {}
+    d = pd.read_csv(ab_csv)
+    d = d[(d["kind"] == "timing") & d["metric"].isin([f"{m}_ms" for m in GATED])]
+    return {f"{r.protocol} {r.metric}": f"{r.ratio_b_over_a:.3f} [{r.ratio_ci_low:.3f}, "
+            f"{r.ratio_ci_high:.3f}], n={int(r.repeats)}" for r in d.itertuples()}
+
+
+def gate_once(repo: Path, rev: str, run: Path, baseline: Path, out: Path, label: str,
+              neighbour) -> dict:
+    """`bench gate --ab` at `rev` on a fresh copy of its ci run."""
     sh(["git", "checkout", "-q", rev], repo)
+    copy = out / "gates" / f"{len(list((out / 'gates').glob('*'))):02d}_{label.split()[0]}"
+    shutil.copytree(run, copy)
     t0 = time.monotonic()
-    run = out / f"run_{len(list(out.glob('run_*')))}"
-    bench(repo, "run", "--preset", "ci", "--out", str(run))
-    done = bench(repo, "gate", str(run), "--baseline", str(baseline), "--ab")
-    rows = [line.split() for line in done.stdout.splitlines()]
-    # the table lists failures, and beside them the UNRESOLVED checks gate.json allows
-    failing = [f"{r[0]} {r[1]}/{r[2]}" for r in rows if done.returncode == 1 and len(r) > 2
-               and r[0].endswith("_ab") and "UNRESOLVED" not in r]
-    # "confirmation: H of F failing timing checks ..." only when the first A/B failed F
-    confirm = re.search(r"^confirmation: (\d+) of (\d+) ", done.stdout, re.M)
-    first = int(confirm.group(2)) if confirm else 0
-    return {"rev": rev, "exit": done.returncode, "failing": failing, "run": str(run),
-            "first_ab_failed": first,
-            "unconfirmed": [line.split()[1] + " " + line.split()[2] for line in
-                            done.stdout.splitlines() if "not confirmed by the second" in line],
+    with Neighbour(neighbour) if neighbour else contextlib.nullcontext():
+        done = bench(repo, "gate", str(copy), "--baseline", str(baseline), "--ab")
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    ab = copy / "ab" / "ab.json"
+    stages = json.loads(ab.read_text())["stages"] if ab.exists() else []
+    return {"label": label, "rev": rev, "exit": done.returncode, "states": states(last),
+            "repeats": sum(s["repeats"] for s in stages), "stages": len(stages),
+            "intervals": intervals(copy / "ab" / "ab.csv"), "last_line": last,
             "seconds": round(time.monotonic() - t0, 1), "load_1m": os.getloadavg()[0],
-            "last_line": (done.stdout.strip().splitlines() or [""])[-1]}
+            "dir": str(copy)}
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[2])
-    p.add_argument("--clean", type=int, default=5)
-    p.add_argument("--slow-ms", default="0.1,0.25,0.5,1")
+def table(results: list[dict]) -> list[str]:
+    """Per label: gates, how many FAIL (any timing check), how many end UNRESOLVED (none
+    failing), how many PASS every check."""
+    rows = ["| gates | n | FAIL | UNRESOLVED | PASS | paired repeats (median) | seconds "
+            "(median) |", "|---|---|---|---|---|---|---|"]
+    for label in dict.fromkeys(r["label"] for r in results):
+        rs = [r for r in results if r["label"] == label]
+        fail = sum("FAIL" in r["states"].values() for r in rs)
+        wide = sum("FAIL" not in r["states"].values() and "UNRESOLVED" in r["states"].values()
+                   for r in rs)
+        rows.append(f"| {label} | {len(rs)} | {fail} | {wide} | {len(rs) - fail - wide} | "
+                    f"{pd.Series([r['repeats'] for r in rs]).median():g} | "
+                    f"{pd.Series([r['seconds'] for r in rs]).median():.0f} |")
+    return rows
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[3])
+    p.add_argument("--plants", default="0.01,0.03,0.05,0.10")
+    p.add_argument("--gates", type=int, default=5)
+    p.add_argument("--aa", type=int, default=10)
+    p.add_argument("--aa-neighbour", type=int, default=10)
+    p.add_argument("--neighbour", default=DEFAULT)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    try:  # "" or "none": clean gate runs only (false positives, no power)
-        slow_ms = [float(x) for x in args.slow_ms.split(",")
-                   if x.strip() and x.strip() != "none"]
-    except ValueError:
-        sys.exit(f"gate_power: --slow-ms takes a comma list of ms (or none), got "
-                 f"{args.slow_ms!r}")
-    if any(ms <= 0 for ms in slow_ms) or args.clean < 0:
-        sys.exit("gate_power: --slow-ms values must be > 0 and --clean >= 0")
+    try:
+        args.plants = [float(x) for x in args.plants.split(",") if x.strip()
+                       and x.strip() != "none"]
+        args.neighbour = parse_neighbour(args.neighbour)
+    except (ValueError, SpecError) as e:
+        sys.exit(f"gate_power: {e}")
+    if any(s <= 0 for s in args.plants) or min(args.gates, args.aa, args.aa_neighbour) < 0:
+        sys.exit("gate_power: --plants must be > 0, --gates and --aa counts >= 0")
     if args.out is not None and args.out.exists() and (
             not args.out.is_dir() or any(args.out.iterdir())):
         sys.exit(f"gate_power: --out {args.out} is not an empty folder: pick a new one")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = (args.out or REPO / "results" / f"gate_power_{stamp}").resolve()
     repo = out / "repo"
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "gates").mkdir(parents=True, exist_ok=True)
     head = sh(["git", "rev-parse", "HEAD"], REPO).stdout.strip()
     sh(["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], out)
     sh(GIT + ["checkout", "-q", "-B", "base", head], repo)
-    slow = {ms: slow_commit(repo, ms) for ms in slow_ms}
+    planted = {s: plant_commit(repo, s) for s in args.plants}
     sh(["git", "checkout", "-q", "base"], repo)
     baseline = record_baseline(repo, out)
+    base = sh(["git", "rev-parse", "base"], repo).stdout.strip()
+    plan = ([("A/A quiet", base, None)] * args.aa
+            + [("A/A neighbour", base, args.neighbour)] * args.aa_neighbour
+            + [(f"plant {s:.0%}", sha, None) for s, sha in planted.items()
+               for _ in range(args.gates)])
     results = []
-    for label, rev in [*(("clean", "base") for _ in range(args.clean)),
-                       *((f"slow {ms:g} ms", sha) for ms, sha in slow.items())]:
-        r = gate_once(repo, rev, baseline, out) | {"label": label}
+    for label, rev, neighbour in plan:
+        r = gate_once(repo, rev, ci_run(repo, rev, out), baseline, out, label, neighbour)
         results.append(r)
-        print(f"gate_power: {label}: exit {r['exit']} ({r['seconds']:.0f}s, load "
-              f"{r['load_1m']:.2f}), first A/B failed {r['first_ab_failed']} check(s): "
-              f"{'; '.join(r['failing']) or r['last_line']}", flush=True)
-    write_json_atomic(out / "gate_power.json", {"results": results, "cpu_count": os.cpu_count()})
-    clean = [r for r in results if r["label"] == "clean"]
-    caught = [f"{r['label']} {'caught' if r['exit'] == 1 else 'missed'}"
-              f"{'' if r['first_ab_failed'] else ' (first A/B missed it)'}"
-              for r in results if r["label"] != "clean"]
-    print(f"gate_power: false positives {sum(r['exit'] != 0 for r in clean)} of {len(clean)} "
-          f"({sum(r['first_ab_failed'] > 0 for r in clean)} of {len(clean)} by the first A/B "
-          "alone)" + (f"; {', '.join(caught)}" if caught else ""))
+        write_json_atomic(out / "gate_power.json", {"head": head, "results": results,
+                                                    "cpu_count": os.cpu_count()})
+        print(f"gate_power: {label}: exit {r['exit']}, {r['repeats']} paired repeats in "
+              f"{r['seconds']:.0f}s (load {r['load_1m']:.2f}): {r['last_line']}", flush=True)
+    lines = table(results)
+    write_text_atomic(out / "gate_power.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 

@@ -256,3 +256,23 @@ def test_this_tree_speaks_the_interface_and_an_older_one_is_refused(tmp_path):
     (tmp_path / "bench" / "run").mkdir(parents=True)
     (tmp_path / "bench" / "run" / "turns.py").write_text("INTERFACE = 7\n")
     assert "speaks side interface 7, this tree 1" in refusal(Revision("x", None), tmp_path)
+
+
+# ---- the power script's plant ----------------------------------------------------------
+
+
+def test_the_power_scripts_plant_spins_a_share_of_each_step():
+    """scripts/gate_power.py plants its regression into the scheduler's step as it is now:
+    the anchors are found, the result compiles, and the spin is sized by the share."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_power
+
+    text = (REPO / "hicache" / "serve" / "scheduler.py").read_text()
+    planted = gate_power.planted(text, 0.05)
+    compile(planted, "scheduler.py", "exec")
+    assert planted.count("_planted_t0 = time.perf_counter()") == 1
+    assert "0.05 * (time.perf_counter() - _planted_t0)" in planted
+    assert gate_power.states("FAILED: 2 of 9 checks: step_mean FAIL, itl_p50 PASS, "
+                             "prefetch_ttft_p50 UNRESOLVED; 5 count and correctness checks "
+                             "pass") == {"step_mean": "FAIL", "itl_p50": "PASS",
+                                         "prefetch_ttft_p50": "UNRESOLVED"}
