@@ -326,3 +326,39 @@ def test_the_review_of_a_head_that_costs_a_collective_names_its_site(tmp_path):
     assert f"wait_complete site (only {HEAD}): {HEAD} 1.000/poll at all_reduce@tp_cpu " \
         f"mem_cache/unified_radix_cache.py:_can_terminate_prefetch:{line}" in text
     assert f"No cell changed between base=sglang-0.5.23@unified and {HEAD}" in text
+
+
+def _timed(step: tuple, bystander: tuple) -> pd.DataFrame:
+    """A summary of a base and a head whose head's step and bystander ratios are given as
+    (point, low, high); None: too few repeats for an interval."""
+    def cols(name, iv):
+        point, low, high = iv if iv else (1.01, None, None)
+        return {f"{name}_ratio": point, f"{name}_ratio_ci_low": low,
+                f"{name}_ratio_ci_high": high}
+    rows = [{"protocol": BASE, "policy": "wait_complete"},
+            {"protocol": HEAD, "policy": "wait_complete", **cols("step_mean", step),
+             **cols("bystander_ttft_p50", bystander)}]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("step, bystander, states", [
+    ((1.00, 0.99, 1.01), (1.02, 0.95, 1.09), ["PASS", "PASS"]),
+    ((1.06, 1.04, 1.08), (1.02, 0.95, 1.09), ["FAIL", "PASS"]),
+    ((1.02, 0.99, 1.05), (1.02, 0.95, 1.12), ["UNRESOLVED", "UNRESOLVED"]),
+    (None, None, ["NOT JUDGED", "NOT JUDGED"]),
+])
+def test_the_review_judges_each_sides_timings_as_the_gate_does(step, bystander, states):
+    """The head's step (threshold 3 %) and bystander TTFT (10 %) against the base: PASS
+    below 1 + threshold, FAIL above, UNRESOLVED between; FAIL and UNRESOLVED fail the
+    review, NOT JUDGED (no interval) does not."""
+    from bench.analysis.side_timings import verdicts
+
+    limits = {"step_mean": 0.03, "bystander_ttft_p50": 0.10}
+    found = verdicts(_timed(step, bystander), [BASE, HEAD], limits)
+    assert [v.state for v in found] == states and {v.side for v in found} == {HEAD}
+    ok = Part("c", "f", 0)
+    why = verdict(ok, ok, [], False, timings=found)
+    assert len(why) == sum(s in ("FAIL", "UNRESOLVED") for s in states), why
+    text = "\n".join(page(["base", "head"], ok, ok, _got(), [], timings=found))
+    assert "## Timings at the gate's thresholds" in text
+    assert f"- {HEAD} wait_complete step_mean: {states[0]}" in text

@@ -8,9 +8,10 @@ why not, the run's headline (every side's ratios to the first, with intervals), 
 side by side by call site, and the hazard cells whose outcome changed from the first side's
 (docs/sglang.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard cell got
 worse; 1 the run FAILED, a hazard cell's outcome got worse than the first side's (or the
-matrix failed its own checks), or under --strict-counts a count difference that no
---explained call site accounts for; 2 bad input (one line, nothing written, before any rank
-starts).
+matrix failed its own checks), a timing of a side FAILED or UNRESOLVED at the gate's
+thresholds under its rule (bench.analysis.side_timings), or under --strict-counts a count
+difference that no --explained call site accounts for; 2 bad input (one line, nothing
+written, before any rank starts).
 """
 
 from __future__ import annotations
@@ -106,12 +107,30 @@ def _body(argv: list[str]) -> int:
     got = _run_rows(RunDir(run.folder))
     explained = tuple(x for x in args.explained.split(",") if x)
     counts = strict_counts(got, explained) if args.strict_counts else None
-    lines = page(sides, run, hazards, got, rows, args.sglang_consensus, counts, explained)
+    timings = _timings(got)
+    lines = page(sides, run, hazards, got, rows, args.sglang_consensus, counts, explained,
+                 timings)
     write_text_atomic(RunDir(out).file("review"), "\n".join(lines) + "\n")
-    why = verdict(run, hazards, rows, args.sglang_consensus, counts)
+    for t in timings:
+        print(f"{PROG}: timing {t.text()}")
+    why = verdict(run, hazards, rows, args.sglang_consensus, counts, timings)
     print(f"{PROG}: {'FAILED: ' + '; '.join(why) if why else 'OK'} -> "
           f"{RunDir(out).file('review')}")
     return 1 if why else 0
+
+
+def _timings(got: RunRows) -> list:
+    """The sides' timing verdicts at the gate's thresholds (results/baseline/gate.json's,
+    else the gate's default)."""
+    from bench.analysis.side_timings import verdicts
+    from bench.analysis.sides import side_names
+    from bench.gate.baseline import read_settings
+    from bench.gate.evaluate import thresholds
+
+    if got.summary is None or not got.plan:
+        return []
+    limits = thresholds(read_settings(REPO_DIR / "results" / "baseline"), None)
+    return verdicts(got.summary, list(side_names(got.plan)), limits)
 
 
 def _run_rows(run: RunDir) -> RunRows:

@@ -14,8 +14,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bench.analysis import side_timings
+from bench.analysis.side_timings import Verdict, failing
 from bench.analysis.sides import count_changes, counts_text, headline_lines
 from bench.hazards.sides import change_table, changes, worse
+
+TIMING_RULE = ("Each side against the first, per policy, as `make gate` judges a revision: "
+               "PASS when the whole 95% interval of the ratio lies below 1 + threshold, "
+               "FAIL when it lies above, UNRESOLVED (failing, like the gate) while it holds "
+               "it, NOT JUDGED without an interval (fewer than 3 repeats); more repeats "
+               "(--run-args '--repeats N') narrow an UNRESOLVED one.")
 
 
 @dataclass(frozen=True)
@@ -37,11 +45,14 @@ class RunRows:
 
 
 def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
-            counts: list[str] | None = None) -> list[str]:
+            counts: list[str] | None = None, timings: list[Verdict] | None = None
+            ) -> list[str]:
     """Why the review fails, a reason a line ([] when it does not); `counts`: the
-    unexplained count differences of a strict review (None: not strict)."""
+    unexplained count differences of a strict review (None: not strict); `timings`: the
+    sides' timing verdicts (bench.analysis.side_timings), FAIL and UNRESOLVED failing."""
     why = [f"the run FAILED (exit {run.code}): {run.folder}"] if run.code else []
     why += [f"count difference not explained: {c}" for c in counts or []]
+    why += [f"timing {t}" for t in failing(timings or [])]
     lost = worse(rows, consensus)
     why += [f"hazard cell {c.scenario} is worse on {c.side}: {c.ref['outcome']} -> "
             f"{c.row['outcome']}" for c in lost]
@@ -61,9 +72,10 @@ def strict_counts(got: RunRows, explained: tuple[str, ...]) -> list[str]:
 
 def page(sides: list[str], run: Part, hazards: Part, got: RunRows, rows: list[dict],
          consensus: bool = False, counts: list[str] | None = None,
-         explained: tuple[str, ...] = ()) -> list[str]:
-    """The page's lines (markdown); `counts` as for verdict."""
-    why = verdict(run, hazards, rows, consensus, counts)
+         explained: tuple[str, ...] = (), timings: list[Verdict] | None = None
+         ) -> list[str]:
+    """The page's lines (markdown); `counts` and `timings` as for verdict."""
+    why = verdict(run, hazards, rows, consensus, counts, timings)
     found = changes(rows, consensus)
     return [f"# Review: {', '.join(sides[1:])} against {sides[0]}", "",
             ("**FAILED**: " + "; ".join(why) + "." if why else
@@ -71,6 +83,8 @@ def page(sides: list[str], run: Part, hazards: Part, got: RunRows, rows: list[di
             "", f"- run: `{run.command}` -> {run.folder} (exit {run.code})",
             f"- hazards: `{hazards.command}` -> {hazards.folder} (exit {hazards.code})", "",
             "## The run's headline", "", *_block(_headline(got)), "",
+            "## Timings at the gate's thresholds", "", TIMING_RULE, "",
+            *side_timings.lines(timings or []), "",
             "## Counts side by side, by call site", "", *_block(_counts(got)), "",
             *_strict(counts, explained),
             "## Hazard cells that changed", "",
