@@ -276,3 +276,56 @@ def test_the_power_scripts_plant_spins_a_share_of_each_step():
                              "prefetch_ttft_p50 UNRESOLVED; 5 count and correctness checks "
                              "pass") == {"step_mean": "FAIL", "itl_p50": "PASS",
                                          "prefetch_ttft_p50": "UNRESOLVED"}
+
+
+# ---- the interface, pinned ---------------------------------------------------------------
+
+# The flags a side's plan may use (bench/run/turns.py): every revision that speaks
+# INTERFACE 1 accepts them, so a run must pass no other to a side.
+INTERFACE_FLAGS = {"--preset", "--repeats", "--seed", "--out", "--protocols", "--policies",
+                   "--schedule", "--requests", "--bystanders"}
+
+
+def test_a_served_plan_passes_only_the_interfaces_flags_and_bench_run_takes_them():
+    from bench.ab.served import ServedPlan
+    from bench.commands.run import parser as run_parser
+    from bench.gate.ab import _run_args
+    from bench.gate.baseline import DEFAULT_AB
+
+    args = _run_args({**DEFAULT_AB, "requests": 12, "bystanders": 12})
+    plan = ServedPlan(Revision("a", None), Revision("b", None), "default", 3, run_args=args)
+    flags = {x for x in [*plan.command(3, 0), "--out"] if x.startswith("--")}
+    assert flags <= INTERFACE_FLAGS, flags - INTERFACE_FLAGS
+    known = {o for a in run_parser()._actions for o in a.option_strings}
+    assert INTERFACE_FLAGS <= known
+
+
+def test_interface_1_says_exactly_this_on_the_wire(monkeypatch):
+    """A rank's lines as interface 1 defines them. A change here is a new interface: bump
+    INTERFACE (a baseline of the old one is then refused in one line) and this test."""
+    assert turns.INTERFACE == 1 and turns.ENV == "HICACHE_BENCH_TURNS"
+    monkeypatch.setattr(turns, "modules", lambda: {"hicache": "/t/hicache/__init__.py"})
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    side = turns.SocketSide(f"127.0.0.1:{server.getsockname()[1]}:a", 1, 2,
+                            FakePlan([FakeCell(0, 0, "pr27010")]))
+    conn, _ = server.accept()
+    lines = conn.makefile("r")
+    assert json.loads(lines.readline()) == {
+        "interface": 1, "side": "a", "rank": 1, "world": 2, "pid": side_pid(),
+        "modules": {"hicache": "/t/hicache/__init__.py"}, "cells": ["0/inf/wait_complete/pr27010"]}
+    conn.sendall(b'{"go": "setup"}\n{"go": 0}\n')
+    with side.setup():
+        pass
+    with side.serve(FakeCell(0, 0, "pr27010")):
+        pass
+    assert [json.loads(lines.readline()) for _ in range(2)] == [{"done": "setup"}, {"done": 0}]
+    conn.close()
+    server.close()
+
+
+def side_pid() -> int:
+    import os
+
+    return os.getpid()
