@@ -347,7 +347,7 @@ def timing_checks(args: GateOptions, summary: pd.DataFrame, baseline: pd.DataFra
         return ab_checks(comp, limits), (
             f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
             f"{comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
-            f"{comp.rows[0].get('repeats', '?') if comp.rows else 0} paired repeats "
+            f"{max((int(r.get('repeats') or 0) for r in comp.rows), default=0)} paired repeats "
             f"(thresholds {shown}; {out / 'ab.md'})")
     return _blocks_checks(args, settings, limits, shown)
 
