@@ -97,7 +97,8 @@ def fitted_table(headers: list[str], rows: list[list[str]], keys: int = 2,
 
 def wrapped(lines: list[str], width: int = WIDTH) -> list[str]:
     """Prose at a terminal's width: a longer line wraps, its continuation indented two
-    spaces more than the line itself; a line that fits is kept as it is."""
+    spaces more than the line itself; a line that fits is kept as it is, a word (a path)
+    longer than a line is cut."""
     out = []
     for line in lines:
         if len(line) <= width:
@@ -105,7 +106,7 @@ def wrapped(lines: list[str], width: int = WIDTH) -> list[str]:
             continue
         lead = line[:len(line) - len(line.lstrip())]
         out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead + "  ",
-                             break_on_hyphens=False, break_long_words=False) or [""]
+                             break_on_hyphens=False) or [""]
     return out
 
 

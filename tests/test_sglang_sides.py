@@ -247,6 +247,7 @@ def test_each_sides_call_sites_are_its_own_and_the_planted_one_is_named(sides_ru
     assert re.search(rf"wait_complete site \(only {re.escape(PR)}\): {re.escape(PR)} "
                      rf"1\.000/poll at all_reduce@tp_cpu {re.escape(planted)}",
                      (run / "call_sites.txt").read_text())
+    assert max(map(len, out.splitlines())) <= 120, max(out.splitlines(), key=len)
     out = " ".join(out.split())  # the console's lines wrap at 120
     assert re.search(rf"{re.escape(PR)} under wait_complete: \+1\.000 decision collectives "
                      rf"per poll its release's model \(sglang-0.5.23\) does not expect, at "
