@@ -1,9 +1,9 @@
 """Several SGLangs in one run (`bench run --cache sglang --sglang a=SPEC,b=SPEC`:
-sglang_adapter.sides, bench.run.sides, bench.analysis.sides; docs/sglang.md, "Before and
-after"): bad lists are one line and exit 2 before any rank starts, with nothing written; a
-new user's venv is told the command that fixes it; and one end-to-end run of 0.5.23 against
-a planted copy of its tree, each side on ranks of its own, rows labelled, paired by seed and
-interleaved, the planted call site named on its side alone.
+sglang_adapter.sides, bench.run.sides, bench.analysis.sides; docs/before-after.md): bad lists
+are one line and exit 2 before any rank starts, with nothing written; a new user's venv is
+told the command that fixes it; and one end-to-end run of 0.5.23 against a planted copy of
+its tree, each side on ranks of its own, rows labelled, paired by seed and interleaved, the
+planted call site named on its side alone.
 """
 
 from __future__ import annotations
