@@ -233,3 +233,41 @@ def test_the_map_reaches_every_page_and_before_after_is_two_clicks_from_the_read
     assert not unlinked, f"docs/index.md does not link {unlinked}"
     readme = (REPO / "README.md").read_text()
     assert "(docs/index.md)" in readme and "(before-after.md)" in index
+
+
+HOW_TO = ("tutorial.md", "before-after.md", "sglang-ci.md", "traces.md", "gpu.md",
+          "neighbour.md", "timeline.md")
+COMMAND = re.compile(r"^(?:\.venv/bin/)?python3? -m bench (\w[\w-]*)(.*)$")
+
+
+def _commands(page: Path) -> list[tuple[str, str]]:
+    """(verb, arguments) of every `python -m bench VERB ...` line in the page's code blocks,
+    continuation lines joined, comments dropped; a line with [optional] parts is a synopsis."""
+    text, out, inside = page.read_text().replace("\\\n", " "), [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            inside = not inside
+            continue
+        m = COMMAND.match(line.strip()) if inside else None
+        if m and "[" not in m.group(2):
+            out.append((m.group(1), m.group(2).split(" #")[0]))
+    return out
+
+
+def test_the_tutorial_and_how_to_commands_parse_as_written():
+    """Every command the tutorial and the how-to guides show is one its verb's parser takes
+    (options, choices, arity), read as written."""
+    import shlex
+
+    from bench.commands.options_doc import verb_parser
+
+    cmds = [(page.name, verb, args) for page in map((REPO / "docs").joinpath, HOW_TO)
+            for verb, args in _commands(page)]
+    assert len(cmds) >= 10
+    bad = []
+    for page, verb, args in cmds:
+        try:
+            verb_parser(verb).parse_args(shlex.split(args))
+        except SystemExit:
+            bad.append(f"{page}: python -m bench {verb}{args}")
+    assert not bad, "commands their verb refuses:\n" + "\n".join(bad)
