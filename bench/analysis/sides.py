@@ -29,6 +29,7 @@ from bench.analysis.lead import (
     RATIO_COLUMNS,
     _f,
 )
+from bench.rundir.rundir import FILES
 from bench.rundir.schema import COUNT_COLUMNS
 from bench.tables import fitted_table, interval_text, wrapped
 from hicache.spec.cost_model import POLICIES, modelled
@@ -175,7 +176,7 @@ def sites(requests: pd.DataFrame) -> dict[str, Counter]:
     return out
 
 
-SITES_FILE = "call_sites.txt"  # every chain in full, with its lines (bench.rundir FILES)
+SITES_FILE = FILES["call_sites"]  # every chain in full, with its lines
 
 
 def _site_counts(requests: pd.DataFrame, names: list[str]):
