@@ -395,12 +395,12 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
 
         # SGLang's checker, where it ran, may say why: it stops the ranks where they part
         said = consensus_serves.findings(consensus_serves.tabulate(run_dir))[0]
-        print(fit(f"FAILED: {'; '.join([*said, error or 'the ranks wrote no rows'])} {took}"))
+        print(f"FAILED: {'; '.join([*said, error or 'the ranks wrote no rows'])} {took}")
         return 1
     try:
         report = write_report(run_dir, plots=plots_wanted())
     except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
-        print(fit(f"FAILED: could not build the report: {e} {took}"))
+        print(f"FAILED: could not build the report: {e} {took}")
         return 1
     print(format_table(report.summary))
     print("\n".join(report.lead))
