@@ -113,3 +113,18 @@ def wrapped(lines: list[str], width: int = WIDTH) -> list[str]:
 def fit(*lines: str) -> str:
     """`lines` as one text for a terminal: each wrapped at WIDTH (wrapped)."""
     return "\n".join(wrapped([part for line in lines for part in line.split("\n")]))
+
+
+def console_table(headers: list[str], rows: list[list[str]], long: tuple[str, ...] = (),
+                  keys: int = 1) -> list[str]:
+    """A table for a terminal whose `long` columns (call-site chains, error text) would not
+    fit in any column group: the others as fitted_table, then each row's long cells below,
+    one wrapped line each, named by the row's first `keys` cells and the column."""
+    short = [i for i, h in enumerate(headers) if h not in long]
+    out = fitted_table([headers[i] for i in short], [[r[i] for i in short] for r in rows],
+                       keys=min(keys, len(short)))
+    for r in rows:
+        name = " ".join(r[:keys])
+        out += wrapped([f"  {name} {headers[i]}: {r[i]}" for i, h in enumerate(headers)
+                        if h in long and r[i]])
+    return out

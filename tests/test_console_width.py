@@ -110,3 +110,22 @@ def test_compares_table_fits():
     lines = format_table(rows).splitlines()
     assert len(_widest(lines)) <= WIDTH, _widest(lines)
     assert f"{LONG}/wait_complete" in lines and any("needs 3" in line for line in lines)
+
+
+def test_a_table_with_call_site_chains_names_them_below_it():
+    """sglang-poll's tables: the chains (or gloo's text) are not columns a terminal can hold,
+    so each goes on wrapped lines below the table, named by its row."""
+    from bench.commands.sglang_poll import COLUMNS
+    from bench.tables import console_table
+
+    chain = ("9x all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359 < "
+             "_all_reduce:386 < _can_terminate_prefetch:2311 < check_prefetch_progress:2405; "
+             "4x all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_sync_hicache_ready_counts:"
+             "3459 < check_hicache_events:3681")
+    rows = [["r0", "timeout", "3", "1", "1", "2", "2", "True", chain]]
+    lines = console_table(list(COLUMNS), rows, long=("call_sites",), keys=2)
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    assert lines[0].split()[:2] == ["request", "policy"] and "call_sites" not in lines[0]
+    below = " ".join(" ".join(lines[2:]).split())
+    assert below.startswith("r0 timeout call_sites: 9x all_reduce@tp_cpu") and \
+        "check_hicache_events:3681" in below
