@@ -69,7 +69,7 @@ class ControllerRig(UnifiedRig):
                  storage, host_tokens: int, page_size: int, stall_s: float = 0.0,
                  host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0):
         """`host` / `tree`: the host pool and tree core SGLang's path writes into (default
-        the memory-less stand-ins; `bench run --cache sglang --sglang-controller` passes
+        the memory-less stand-ins; `bench run --cache sglang --sglang-path controller` passes
         ones over the harness's own pool and tree: sglang_adapter.run_controller)."""
         self.page_size, self.host_tokens = page_size, host_tokens
         self.threshold = threshold or page_size

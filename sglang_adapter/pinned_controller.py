@@ -1,5 +1,5 @@
 """A pinned schedule for SGLang's controller threads (`bench run --cache sglang
---sglang-controller --schedule pinned`): what SGLang's drains see each step is a function of
+--sglang-path controller --schedule pinned`): what SGLang's drains see each step is a function of
 the seed, as the project's is (hicache.spec.pinned).
 
 SGLang's threads still do the real work (its hit queries with their MIN, its reads into the

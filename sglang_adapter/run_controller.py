@@ -1,5 +1,5 @@
 """SGLang's own controller path as the data path of `bench run --cache sglang --sglang SPEC
---sglang-controller` (docs/sglang.md, "bench run --cache sglang --sglang-controller").
+--sglang-path controller` (docs/sglang.md, "the controller path as the data path").
 
 `ControllerCache` keeps `SGLangCache`'s decisions (SGLang's `check_hicache_events` every
 step, its `check_prefetch_progress` for every poll the walk makes) and replaces the

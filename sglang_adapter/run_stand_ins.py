@@ -1,5 +1,5 @@
 """SGLang's host pool and tree core over the harness's own (`bench run --cache sglang
---sglang-controller`, sglang_adapter.run_controller): what SGLang's controller path loads
+--sglang-path controller`, sglang_adapter.run_controller): what SGLang's controller path loads
 lands where the harness's load-back, data checks and host-slot accounting read it.
 
 - `ProjectHostPool`: SGLang's host KV pool as the harness's host `PagePool` (SGLang counts

@@ -29,7 +29,7 @@ class Target:
     version: str | None
     family: str  # unified | hiradix (sglang_adapter.loader.FAMILIES)
     protocol: str  # the project protocol of the release: the data path's
-    # --sglang-controller: SGLang's controller path is the data path too
+    # --sglang-path controller: SGLang's controller path is the data path too
     # (sglang_adapter.run_controller); else the project's (sglang_adapter.cache)
     controller: bool = False
     native_error: str | None = None  # why SGLang's page-hash extension does not build here

@@ -196,3 +196,91 @@ def test_the_checks_catch_a_planted_name():
     assert not _module_exists("hicache.protocols.Pr36425")  # moved to hicache.agreement
     assert _module_exists("hicache.agreement.protocols.Pr36425")
     assert "--no-such-flag" not in _defined_options()
+
+
+# ---- docs/ a user reads: sizes, no tracker history, one name per idea --------------------
+
+DOCS_LIMIT_BYTES = 150_000  # docs/*.md outside docs/results/, all together
+PAGE_LIMIT_BYTES = 30_000  # any one of them
+# The tracker's issues and the rounds of work on them are history: git's and the dated pages'
+# under docs/results/, never a reference page's (SGLang's issues read "#30760" or "SGLang
+# #30760", never "issue 30760").
+HISTORY = re.compile(r"\bissues? #?\d+|\b(?:first|second|third|fourth|fifth|sixth|this|each) "
+                     r"round\b|\bround (?:one|two|three|\d+)\b|status against|"
+                     r"written before the code", re.I)
+RETIRED_OPTIONS = ("--sglang-controller",)  # now --sglang-path controller
+
+
+def _user_pages() -> list[Path]:
+    return sorted((REPO / "docs").glob("*.md"))
+
+
+def test_the_docs_fit_their_size_limits():
+    sizes = {p.name: len(p.read_bytes()) for p in _user_pages()}
+    big = {name: size for name, size in sizes.items() if size > PAGE_LIMIT_BYTES}
+    assert not big, f"pages over {PAGE_LIMIT_BYTES} bytes: {big}; split them by purpose"
+    total = sum(sizes.values())
+    assert total <= DOCS_LIMIT_BYTES, \
+        f"docs/*.md hold {total} bytes, over {DOCS_LIMIT_BYTES}: link results, do not retell"
+
+
+def test_no_page_outside_the_results_speaks_of_the_trackers_issues():
+    pages = [REPO / "README.md", *_user_pages()]
+    hits = [f"{p.relative_to(REPO)}:{n}: {m.group(0)!r}" for p in pages
+            for n, line in enumerate(p.read_text().splitlines(), 1)
+            for m in HISTORY.finditer(line)]
+    assert not hits, "history belongs to git and docs/results/:\n" + "\n".join(hits)
+
+
+def test_a_retired_option_is_named_nowhere():
+    hits = [f"{path.relative_to(REPO)}:{n}" for path in _sources() if path != Path(__file__)
+            for n, line in enumerate(path.read_text().splitlines(), 1)
+            if any(o in line for o in RETIRED_OPTIONS)]
+    assert not hits, "--sglang-controller is --sglang-path controller:\n" + "\n".join(hits)
+
+
+def test_the_map_reaches_every_page_and_before_after_is_two_clicks_from_the_readme():
+    index = (REPO / "docs" / "index.md").read_text()
+    unlinked = [p.name for p in _user_pages()
+                if p.name != "index.md" and f"]({p.name}" not in index]
+    assert not unlinked, f"docs/index.md does not link {unlinked}"
+    readme = (REPO / "README.md").read_text()
+    assert "(docs/index.md)" in readme and "(before-after.md)" in index
+
+
+HOW_TO = ("tutorial.md", "before-after.md", "sglang-ci.md", "traces.md", "gpu.md",
+          "neighbour.md", "timeline.md")
+COMMAND = re.compile(r"^(?:\.venv/bin/)?python3? -m bench (\w[\w-]*)(.*)$")
+
+
+def _commands(page: Path) -> list[tuple[str, str]]:
+    """(verb, arguments) of every `python -m bench VERB ...` line in the page's code blocks,
+    continuation lines joined, comments dropped; a line with [optional] parts is a synopsis."""
+    text, out, inside = page.read_text().replace("\\\n", " "), [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            inside = not inside
+            continue
+        m = COMMAND.match(line.strip()) if inside else None
+        if m and "[" not in m.group(2):
+            out.append((m.group(1), m.group(2).split(" #")[0]))
+    return out
+
+
+def test_the_tutorial_and_how_to_commands_parse_as_written():
+    """Every command the tutorial and the how-to guides show is one its verb's parser takes
+    (options, choices, arity), read as written."""
+    import shlex
+
+    from bench.commands.options_doc import verb_parser
+
+    cmds = [(page.name, verb, args) for page in map((REPO / "docs").joinpath, HOW_TO)
+            for verb, args in _commands(page)]
+    assert len(cmds) >= 10
+    bad = []
+    for page, verb, args in cmds:
+        try:
+            verb_parser(verb).parse_args(shlex.split(args))
+        except SystemExit:
+            bad.append(f"{page}: python -m bench {verb}{args}")
+    assert not bad, "commands their verb refuses:\n" + "\n".join(bad)

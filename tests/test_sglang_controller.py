@@ -25,7 +25,7 @@ from sglang_adapter.source import resolve, unpack
 from tests.sglang_wheels import sglang_wheel
 
 # make sglang-check: in make test SGLang 0.5.23's controller path runs inside `bench run
-# --cache sglang --sglang-controller` (tests/test_sglang_run.py), one TP2 launch for both.
+# --cache sglang --sglang-path controller` (tests/test_sglang_run.py), one TP2 launch for both.
 pytestmark = [pytest.mark.dist, pytest.mark.sglang_matrix]
 
 HIT = ("managers/cache_controller.py:_all_reduce:447",

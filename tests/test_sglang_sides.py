@@ -1,9 +1,9 @@
 """Several SGLangs in one run (`bench run --cache sglang --sglang a=SPEC,b=SPEC`:
-sglang_adapter.sides, bench.run.sides, bench.analysis.sides; docs/sglang.md, "Before and
-after"): bad lists are one line and exit 2 before any rank starts, with nothing written; a
-new user's venv is told the command that fixes it; and one end-to-end run of 0.5.23 against
-a planted copy of its tree, each side on ranks of its own, rows labelled, paired by seed and
-interleaved, the planted call site named on its side alone.
+sglang_adapter.sides, bench.run.sides, bench.analysis.sides; docs/before-after.md): bad lists
+are one line and exit 2 before any rank starts, with nothing written; a new user's venv is
+told the command that fixes it; and one end-to-end run of 0.5.23 against a planted copy of
+its tree, each side on ranks of its own, rows labelled, paired by seed and interleaved, the
+planted call site named on its side alone.
 """
 
 from __future__ import annotations
@@ -82,13 +82,15 @@ def _lead(schedule: str) -> list[str]:
 
 
 def test_the_sides_lead_says_path_ratios_counts_and_the_unexpected_site():
-    text = "\n".join(_lead("pinned"))
+    text = " ".join(" ".join(_lead("pinned")).split())  # wrapped lines read as one
     assert "ratios to base=sglang-0.5.23@unified" in text and "pinned schedule" in text
     assert "every side on SGLang's controller path" in text
     assert "1.20 [0.90, 1.50]" in text and "Every ratio's interval holds 1." in text
     assert "pr=sglang-tree:python@unified under /src/pr/python" in text
     assert "pr=sglang-tree:python@unified/wait_complete: 1.000 per poll (+1.000)" in text
-    assert "wait_complete site (only pr=sglang-tree:python@unified): " in text
+    assert "wait_complete: all_reduce@tp_cpu mem_cache/unified_radix_cache.py:" \
+        "_can_terminate_prefetch < check_prefetch_progress: " \
+        "base=sglang-0.5.23@unified -, pr=sglang-tree:python@unified 1.000" in text
     assert "Per request, pr=sglang-tree:python@unified against base=sglang-0.5.23@unified: " \
         "0 of 1 equal" in text
     assert "pr=sglang-tree:python@unified under wait_complete: +1.000 decision collectives " \
@@ -243,7 +245,10 @@ def test_each_sides_call_sites_are_its_own_and_the_planted_one_is_named(sides_ru
     for polls, sites in zip(pr["polls"], pr["call_sites"], strict=True):
         assert f"{polls}x all_reduce@tp_cpu {planted}" in sites, sites
     assert re.search(rf"wait_complete site \(only {re.escape(PR)}\): {re.escape(PR)} "
-                     rf"1\.000/poll at all_reduce@tp_cpu {re.escape(planted)}", out), out
+                     rf"1\.000/poll at all_reduce@tp_cpu {re.escape(planted)}",
+                     (run / "call_sites.txt").read_text())
+    assert max(map(len, out.splitlines())) <= 120, max(out.splitlines(), key=len)
+    out = " ".join(out.split())  # the console's lines wrap at 120
     assert re.search(rf"{re.escape(PR)} under wait_complete: \+1\.000 decision collectives "
                      rf"per poll its release's model \(sglang-0.5.23\) does not expect, at "
                      rf"all_reduce@tp_cpu {re.escape(planted)}", out), out

@@ -13,7 +13,7 @@ import textwrap
 import pandas as pd
 
 from bench.rundir.schema import REFERENCE_PROTOCOL
-from bench.tables import interval_text
+from bench.tables import fitted_table, interval_text, wrapped
 from hicache.spec.cost_model import OPEN_PRS, POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
@@ -220,9 +220,9 @@ def band_lines(summary: pd.DataFrame) -> list[str]:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in [headers, *rows]]
+    """A terminal's table: whole when it fits, else in stacked column groups led by
+    protocol and policy (bench.tables.fitted_table)."""
+    return fitted_table(headers, rows)
 
 
 # The terminal's headline in two tables, each under 120 characters (the report has it whole):
@@ -265,8 +265,8 @@ def lead_text(summary: pd.DataFrame, calib: dict | None) -> list[str]:
                 *_table(COST_HEADERS, cost), *resolution_lines(summary),
                 "Not a headline: TTFT and ITL on a pinned schedule are not what a server sees "
                 "(`--schedule free`, make bench's default, measures them)."]
-    return [*out, "", *band_lines(summary), agreement_sentence(summary),
-            tolerance_sentence(summary)]
+    return wrapped([*out, "", *band_lines(summary), agreement_sentence(summary),
+                    tolerance_sentence(summary)])
 
 
 def schedule_label(summary: pd.DataFrame) -> str:

@@ -16,7 +16,7 @@ from bench.analysis.conditions import condition_lines
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.analysis.provenance import provenance_lines
 from bench.analysis.sides import lead_text as side_lead
-from bench.analysis.sides import side_names
+from bench.analysis.sides import side_names, site_lines
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
 from bench.analysis.verdict import (
     KNOWN_HAZARD,
@@ -40,7 +40,7 @@ from bench.rundir.schema import (
     STEP_COLUMNS,
     SUMMARY_COLUMNS,
 )
-from bench.tables import markdown_table
+from bench.tables import markdown_table, wrapped
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}
@@ -267,6 +267,9 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
         timeline = report_lines(run_dir)
     divergence = divergence_lines(summary, requests, failures, ranks, details)
     side_text = side_lead(summary, requests, env["plan"]) if sides else []
+    if sides:  # the console names call sites short; the chains in full go to a file
+        write_text_atomic(run.file("call_sites"),
+                          "\n".join(site_lines(requests, sides)) + "\n")
     if beside.pairs((env or {}).get("plan") or {}):  # --model-beside: fidelity.csv too
         model = beside.model_summary(requests, steps, env["plan"], percentile_method,
                                      calibration, ranks)
@@ -281,4 +284,5 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     text_lead = side_text or lead.lead_text(summary, calibration)
     loaded = load_back_line(requests, env)
     return RunReport(run.file("report"), summary, verdict,
-                     text_lead + ([loaded] if loaded else []) + condition_lines(env, calibration))
+                     wrapped(text_lead + ([loaded] if loaded else [])
+                             + condition_lines(env, calibration)))

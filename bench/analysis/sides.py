@@ -28,10 +28,10 @@ from bench.analysis.lead import (
     LABELS,
     RATIO_COLUMNS,
     _f,
-    _table,
 )
+from bench.rundir.rundir import FILES
 from bench.rundir.schema import COUNT_COLUMNS
-from bench.tables import interval_text
+from bench.tables import fitted_table, interval_text, wrapped
 from hicache.spec.cost_model import POLICIES, modelled
 from sglang_adapter import run_unfit
 
@@ -46,7 +46,8 @@ def side_names(plan: dict | None) -> list[str]:
 
 def lead_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list[str]:
     """The terminal's lead of a run of several SGLangs."""
-    return ["", *headline_lines(summary, plan), "", *counts_text(summary, requests, plan)]
+    return wrapped(["", *headline_lines(summary, plan), "",
+                    *counts_text(summary, requests, plan, site_summary_lines)])
 
 
 def _side_rows(summary: pd.DataFrame, plan: dict) -> tuple[list[dict], bool]:
@@ -73,16 +74,18 @@ def headline_lines(summary: pd.DataFrame, plan: dict) -> list[str]:
               _f(r["step_mean_ms"], ".1f"), *[_ratio(r, n, ref) for n in ratios]]
              for r in rows]
     return [f"SGLang sides, ratios to {ref} [95% CI over repeats], {title}; "
-            f"{path_line(plan)}:", *_table(["side", *headers[1:]], table),
+            f"{path_line(plan)}:", *fitted_table(["side", *headers[1:]], table),
             *resolution(rows, ref, ratios), own_files_line(plan)]
 
 
-def counts_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict) -> list[str]:
+def counts_text(summary: pd.DataFrame, requests: pd.DataFrame, plan: dict,
+                sites_by=None) -> list[str]:
     """The counts side by side and the decision collectives a side's model does not
-    expect."""
+    expect; the call sites by `sites_by` (site_lines: every chain in full, as a page or
+    call_sites.txt has them; site_summary_lines: short, as the console has them)."""
     names = side_names(plan)
     rows, end_to_end = _side_rows(summary, plan)
-    return [*count_lines(rows, requests, names, end_to_end),
+    return [*count_lines(rows, requests, names, end_to_end, sites_by or site_lines),
             *unexpected_lines(rows, requests, names[0])]
 
 
@@ -136,7 +139,7 @@ def resolution(rows: list[dict], ref: str, ratios: list[str]) -> list[str]:
 
 
 def count_lines(rows: list[dict], requests: pd.DataFrame, names: list[str],
-                end_to_end: bool) -> list[str]:
+                end_to_end: bool, sites_by=None) -> list[str]:
     """Counts side by side: per poll and per step, per call site, per request (pinned)."""
     ref = names[0]
     out = ["Counts side by side (decision collectives per poll, step collectives per step; "
@@ -150,7 +153,7 @@ def count_lines(rows: list[dict], requests: pd.DataFrame, names: list[str],
                    f"{_f(r['step_collectives_per_step'], '.2f')} per step "
                    f"({_delta(r, base, 'step_collectives_per_step')}), "
                    f"{_f(r['polls_per_req'], '.1f')} polls/req")
-    out += site_lines(requests, names)
+    out += (sites_by or site_lines)(requests, names)
     if not end_to_end:
         out += request_lines(requests, names)
     return out
@@ -173,16 +176,47 @@ def sites(requests: pd.DataFrame) -> dict[str, Counter]:
     return out
 
 
-def site_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
-    """Per policy and call site: each side's count per poll at its own line; a site one
-    side alone has is named."""
-    out = []
+SITES_FILE = FILES["call_sites"]  # every chain in full, with its lines
+
+
+def _site_counts(requests: pd.DataFrame, names: list[str]):
+    """Per policy: each side's found sites (sites()) and polls, and the chains shown."""
     for policy, g in requests.groupby("policy", sort=False):
         per = {n: g[g["protocol"] == n] for n in names}
         polls = {n: max(int(x["polls"].sum()), 1) for n, x in per.items()}
         found = {n: sites(x) for n, x in per.items()}
         keys = sorted({k for f in found.values() for k in f})
+        yield policy, polls, found, keys
+
+
+def short_site(key: str) -> str:
+    """A chain as the console names it: the collective, the file and the two innermost
+    functions, and how many callers more (call_sites.txt has them all)."""
+    head, _, chain = key.partition(" ")
+    frames = chain.split(" < ")
+    more = f" (+{len(frames) - 2})" if len(frames) > 2 else ""
+    return f"{head} {' < '.join(frames[:2])}{more}"
+
+
+def site_summary_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
+    """Per policy and call site, short: each side's count per poll at the chain (its two
+    innermost functions), '-' for a side without it; every chain in full, each side's at
+    its own lines, is site_lines' (call_sites.txt)."""
+    out = [f"Call sites, collectives per poll by side (every chain in full: {SITES_FILE}):"]
+    for policy, polls, found, keys in _site_counts(requests, names):
         for key in keys[:SITES_SHOWN]:
+            counts = ", ".join(f"{n} {sum(found[n][key].values()) / polls[n]:.3f}"
+                               if key in found[n] else f"{n} -" for n in names)
+            out.append(f"  {policy}: {short_site(key)}: {counts}")
+    return out
+
+
+def site_lines(requests: pd.DataFrame, names: list[str]) -> list[str]:
+    """Per policy and call site: each side's count per poll at its own line; a site one
+    side alone has is named."""
+    out = []
+    for policy, polls, found, keys in _site_counts(requests, names):
+        for key in keys:
             have = [n for n in names if key in found[n]]
             cells = [f"{n} {sum(found[n][key].values()) / polls[n]:.3f}/poll at "
                      f"{'/'.join(sorted(found[n][key]))}" for n in have]

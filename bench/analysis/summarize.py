@@ -38,7 +38,7 @@ from bench.stats import (
     percentile,
     ratio_interval,
 )
-from bench.tables import interval_text
+from bench.tables import fitted_table, interval_text
 from hicache.spec.cost_model import POLICIES, PROTOCOLS, expected_per_request
 
 
@@ -320,10 +320,9 @@ def table_rows(summary: pd.DataFrame) -> list[list[str]]:
 
 
 def format_table(summary: pd.DataFrame) -> str:
-    """A compact fixed-width table of the summary rows, for a terminal."""
-    rows = [table_headers(summary)] + table_rows(summary)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-             for row in rows]
-    return "\n".join(lines)
+    """A compact fixed-width table of the summary rows, for a terminal: no wider than one
+    (bench.tables.WIDTH), its columns stacked in groups led by protocol and policy when
+    they do not fit."""
+    headers = table_headers(summary)
+    right = frozenset(range(2, len(headers)))
+    return "\n".join(fitted_table(headers, table_rows(summary), keys=2, right=right))

@@ -21,6 +21,7 @@ from bench.microbench import (
     run_pytest,
 )
 from bench.rundir.files import write_text_atomic
+from bench.tables import fit
 
 PROG = "bench microbench"
 
@@ -43,8 +44,8 @@ def _main(argv: list[str]) -> int:
     data = load(args.run_dir / JSON_NAME)
     md = build_markdown(data)
     write_text_atomic(args.run_dir / MD_NAME, md)
-    print(f"{md.splitlines()[-1]}; per-poll {HEADLINE}/{REFERENCE}: {headline(data)} "
-          f"({args.run_dir / MD_NAME})")
+    print(fit(f"{md.splitlines()[-1]}; per-poll {HEADLINE}/{REFERENCE}: {headline(data)} "
+              f"({args.run_dir / MD_NAME})"))
     ok = code == 0 and md.rstrip().splitlines()[-1].startswith("OK")
     return 0 if ok else 1
 

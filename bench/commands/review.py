@@ -6,7 +6,7 @@ into one folder, each in a process of its own (this one imports no SGLang: each 
 its sides and its ranks import their own), then writes review.md: whether it passed and
 why not, the run's headline (every side's ratios to the first, with intervals), the counts
 side by side by call site, and the hazard cells whose outcome changed from the first side's
-(docs/sglang.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard cell got
+(docs/before-after.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard cell got
 worse; 1 the run FAILED, a hazard cell's outcome got worse than the first side's (or the
 matrix failed its own checks), a timing of a side FAILED or UNRESOLVED at the gate's
 thresholds under its rule (bench.analysis.side_timings), or under --strict-counts a count

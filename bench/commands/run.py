@@ -27,6 +27,7 @@ from bench.run.plan import (
 from bench.rundir.env import short_sha
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import FAILURE_COLUMNS
+from bench.tables import fit
 from hicache.spec.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.spec.pinned import SCHEDULES
 from hicache.spec.shapes import SHAPES
@@ -311,15 +312,16 @@ def _run_local(plan: RunPlan) -> int:
         print("bench run: warning: TORCH_DISTRIBUTED_DEBUG=DETAIL adds hidden collectives and "
               "~20x latency; counts and timings of this run are not comparable",
               file=sys.stderr)
-    print(f"hicache-bench: preset {plan.preset}, {len(plan.cells())} runs "
-          f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
-          f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "
-          f"{plan.device}/{plan.backend}, results in {plan.out_dir}", file=sys.stderr)
+    said = [f"hicache-bench: preset {plan.preset}, {len(plan.cells())} runs "
+            f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
+            f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "
+            f"{plan.device}/{plan.backend}, results in {plan.out_dir}"]
     threads, cores = plan.world_size * plan.threads_per_rank, os.cpu_count() or 1
     if threads > cores:
-        print(f"bench run: note: {plan.world_size} ranks x {plan.threads_per_rank} threads exceed "
-              f"{cores} cores: timings are partly CPU-bound, not only collective-bound "
-              "(the report says so too); compare ratios within the run", file=sys.stderr)
+        said.append(f"bench run: note: {plan.world_size} ranks x {plan.threads_per_rank} "
+                    f"threads exceed {cores} cores: timings are partly CPU-bound, not only "
+                    "collective-bound (the report says so too); compare ratios within the run")
+    print(fit(*said), file=sys.stderr)
     RunDir(plan.out_dir).link_latest()
     if plan.delays_ms:
         cost_sweep.announce(plan)
@@ -403,7 +405,7 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     print(format_table(report.summary))
     print("\n".join(report.lead))
     for note in report.verdict.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(fit(f"note: {note}"), file=sys.stderr)
     kept = "; finished configurations are kept" if error else ""
     print(f"{report.verdict.line} {took}{kept}")
     return 0 if report.verdict.ok else 1

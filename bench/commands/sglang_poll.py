@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.tables import markdown_table
+from bench.tables import console_table, fit, fitted_table
 
 PROG = "bench sglang-poll"
 HAZARD_COLUMNS = ("scenario", "sglang", "policy", "outcome", "step", "poll_collectives",
@@ -100,7 +100,8 @@ def _main(argv: list[str]) -> int:
     rows, ok = run_polls(opts)
     print(f"sglang {source.label} at TP{opts.tp} x PP{opts.pp}, held against "
           f"{opts.protocol}")
-    print(markdown_table(list(COLUMNS), [[_cell(r[c]) for c in COLUMNS] for r in rows]))
+    print("\n".join(console_table(list(COLUMNS), [[_cell(r[c]) for c in COLUMNS] for r in rows],
+                                   long=("call_sites",), keys=2)))
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 
@@ -143,10 +144,11 @@ def _hazard_main(args) -> int:
             row["same_twice"] = again["outcome"] == row["outcome"]
             alike &= row["same_twice"]
         rows.append(row)
-        print(f"{case.scenario} x {source.label} x {case.policy}: {row['outcome']} "
-              f"{row['detail'][:300]}", flush=True)
+        print(fit(f"{case.scenario} x {source.label} x {case.policy}: {row['outcome']} "
+                  f"{row['detail'][:300]}"), flush=True)
     cols = [*HAZARD_COLUMNS, *(("same_twice",) if args.twice else ())]
-    print(markdown_table(list(cols), [[str(r[c]) for c in cols] for r in rows]))
+    print("\n".join(console_table(list(cols), [[str(r[c]) for c in cols] for r in rows],
+                                   long=("gloo", "site"), keys=3)))
     ok = alike and not any(r["outcome"] == HARNESS for r in rows)
     print(f"{'OK' if ok else 'FAILED'} ({len(rows)} cells -> {out})")
     return 0 if ok else 1
@@ -170,8 +172,9 @@ def _controller_main(args) -> int:
     # An SGLang it cannot have or drive: SourceError / LoadError, one line (main).
     table, ok, header, r0 = run_controller(args.sglang)
     print(header)
-    print(markdown_table(list(CONTROLLER_COLUMNS), [[str(v) for v in row] for row in table]))
-    print(f"pages loaded = storage: {r0['loaded'][1]} of {r0['loaded'][0]}; "
-          f"door = torch's sequence numbers: {r0['crosscheck']}")
+    print("\n".join(fitted_table(list(CONTROLLER_COLUMNS), [[str(v) for v in row]
+                                                             for row in table])))
+    print(fit(f"pages loaded = storage: {r0['loaded'][1]} of {r0['loaded'][0]}; "
+              f"door = torch's sequence numbers: {r0['crosscheck']}"))
     print("OK" if ok else "FAILED")
     return 0 if ok else 1

@@ -15,7 +15,7 @@ from bench.analysis.plots import save_figure
 from bench.compare.comparison import Comparison, Run
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import write_csv_atomic, write_text_atomic
-from bench.tables import interval_text, markdown_table
+from bench.tables import WIDTH, fit, fixed_width, interval_text, markdown_table, wrapped
 
 ROW_COLUMNS = ["metric", "kind", "a", "b", "b_minus_a", "ratio_b_over_a", "ratio_ci_low",
                "ratio_ci_high", "ratio_mdd", "repeats", "n_a", "n_b", "verdict", "note"]
@@ -76,11 +76,22 @@ def one_sided_lines(comp: Comparison) -> list[str]:
 
 
 def format_table(rows: list[list[str]]) -> str:
-    table = [HEADERS] + rows
-    widths = [max(len(r[i]) for r in table) for i in range(len(HEADERS))]
-    return "\n".join("  ".join(c.ljust(w) if i in (0, 1, 6, 7) else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
-                     for r in table)
+    """The rows for a terminal, no line over WIDTH: each configuration on a line of its
+    own and its metrics below it; a note that does not fit beside its row goes below it."""
+    table = fixed_width(HEADERS[1:-1], [r[1:-1] for r in rows], right=frozenset({1, 2, 3, 4}))
+    edge = max(map(len, table))  # where a note beside its row starts
+    lines = [f"{HEADERS[0]}", f"  {table[0]:<{edge}}  {HEADERS[-1]}"]
+    for r, line in zip(rows, table[1:], strict=True):
+        if r[0]:
+            lines.append(r[0])
+        line = f"  {line:<{edge}}" if r[-1] else f"  {line}"
+        if r[-1] and len(f"{line}  {r[-1]}") <= WIDTH:
+            line = f"{line}  {r[-1]}"
+        elif r[-1]:
+            lines += [line, *wrapped([f"      {HEADERS[-1]}: {r[-1]}"])]
+            continue
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _run_line(side: str, run: Run) -> str:
@@ -103,7 +114,7 @@ def print_comparison(comp: Comparison, written: list[Path]) -> None:
     lines = [*comp.header, *filter(None, context_lines(comp)), *one_sided_lines(comp),
              format_table(table_rows(comp)), f"wrote {', '.join(str(p) for p in written)}",
              comp.final_line()]
-    print("\n".join(lines))
+    print(fit(*lines))
 
 
 def write_csv(comp: Comparison, path: Path) -> None:

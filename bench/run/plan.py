@@ -389,7 +389,7 @@ PRESET_HELP = {
                    "0, 0.5, 1, 2, 3 ms, interleaved (pr27010 / pr36425, wait_complete and "
                    "timeout, 12 repeats, about 11 minutes on 2 cores): headline ratios "
                    "against the measured c and the overhead model (sweep.md, sweep.png)",
-    "seed-pr": "issue 48's seed PR as released: SGLang 0.5.18 against 0.5.19 (--cache "
+    "seed-pr": "the seed PR as released: SGLang 0.5.18 against 0.5.19 (--cache "
                "sglang, --sglang before=0.5.18,after=0.5.19 unless given) with the model's "
                "pre27010 / pr36425 beside them in the same turns (--model-beside), make "
                "bench's burst of 24 + 24 on the free schedule, wait_complete and timeout, 10 "

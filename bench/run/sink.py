@@ -28,6 +28,7 @@ from bench.rundir.schema import (
 )
 from bench.rundir.timeline import write_events
 from bench.stats import percentile
+from bench.tables import WIDTH, fit
 from hicache.agreement.consensus import (
     compare_decisions,
     describe_disagreements,
@@ -48,6 +49,7 @@ class ResultSink:
         self.ranks = GrowingCsv(self.run.file("ranks"), RANK_COLUMNS)
         self.problems: list[dict] = []  # divergence.csv: what the CSVs cannot say
         self.calib: dict | None = None  # calibration.json, once measured
+        self.said = 0  # characters of the progress line so far (a cell's outcome wraps)
         self.beside_samples: list[list[float]] = []  # c after each cell, rank 0's
         world = {"world_size": plan.world_size, "tp": plan.tp, "pp": plan.pp,
                  "device": plan.device, "backend": plan.backend}
@@ -86,19 +88,23 @@ class ResultSink:
     def say(self, line: str | None) -> None:
         """A line for the person running it, before the cells (none: nothing to say)."""
         if line:
-            print(line, file=sys.stderr, flush=True)
+            print(fit(line), file=sys.stderr, flush=True)
 
     def begin(self, cell: Cell, total: int) -> None:
         write_json_atomic(self.run.file("progress"), {**cell.__dict__, "total": total})
         scale = self.plan.time_scale(cell)
         load = f"rate={cell.rate_rps:g}" if scale is None else \
             f"rate={cell.rate_rps:.2f} (x{scale:g})"
-        print(f"[{cell.index + 1:3d}/{total}] {cell.protocol:<12} {cell.policy:<13} "
-              f"{load} repeat={cell.repeat} ...", end="", file=sys.stderr, flush=True)
+        said = (f"[{cell.index + 1:3d}/{total}] {cell.protocol:<12} {cell.policy:<13} "
+                f"{load} repeat={cell.repeat} ...")
+        self.said = len(said)  # the progress line so far: its outcome wraps past WIDTH
+        print(said, end="", file=sys.stderr, flush=True)
 
     def again(self, why: str) -> None:
         """The serve just run was disturbed (bench.run.machine) and runs again."""
-        print(f" disturbed ({why}), again ...", end="", file=sys.stderr, flush=True)
+        said = f" disturbed ({why}), again ..."
+        self.said += len(said)
+        print(said, end="", file=sys.stderr, flush=True)
 
     def add(self, cell: Cell, gathered: list[dict], attempts: int = 1) -> None:
         """The cell's rows from its last serve (`attempts`: serves it took)."""
@@ -120,10 +126,12 @@ class ResultSink:
         agree = all(r["ranks_agree"] for r in rows)
         step_ms = statistics.fmean(s["step_ms"] for s in steps) if steps else float("nan")
         polled = statistics.fmean(s["polled"] for s in steps) if steps else float("nan")
-        print(f" ttft p50 {statistics.median(ttft) if ttft else float('nan'):7.1f} ms, "
-              f"step {step_ms:5.1f} ms, polls/step {polled:5.1f}, "
-              f"decision/req {statistics.fmean(r['decision_collectives'] for r in rows):5.2f}"
-              f"{'' if agree else '  RANKS DISAGREE'}", file=sys.stderr, flush=True)
+        said = (f" ttft p50 {statistics.median(ttft) if ttft else float('nan'):7.1f} ms, "
+                f"step {step_ms:5.1f} ms, polls/step {polled:5.1f}, "
+                f"decision/req {statistics.fmean(r['decision_collectives'] for r in rows):5.2f}"
+                f"{'' if agree else '  RANKS DISAGREE'}")
+        wrap = self.said + len(said) > WIDTH  # a long side name: two lines
+        print(("\n       " if wrap else "") + said, file=sys.stderr, flush=True)
 
     def _config(self, cell: Cell) -> dict:
         p = self.plan

@@ -1,5 +1,5 @@
-"""Real traffic: requests from a trace in the Mooncake format (docs/usage.md, "Replaying real
-traces"), the format of the Mooncake FAST'25 release, which SGLang's bench_serving, NVIDIA
+"""Real traffic: requests from a trace in the Mooncake format (docs/traces.md), the
+format of the Mooncake FAST'25 release, which SGLang's bench_serving, NVIDIA
 AIPerf and Dynamo's data generator also read.
 
 One JSON object per line: `timestamp` (ms), `input_length` and `output_length` (tokens),

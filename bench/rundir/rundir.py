@@ -53,6 +53,8 @@ FILES = {
     # --sglang-consensus: SGLang's checker's journals, a folder per side and serve
     "consensus_dir": "consensus", "hazards": "hazards.csv", "review": "review.md",
     "fidelity": "fidelity.csv",
+    # several SGLangs: every call-site chain in full (bench.analysis.sides.site_file_lines)
+    "call_sites": "call_sites.txt",
 }
 
 # Folders a run may hold besides FILES' (bench.run.sides, bench.rundir.timeline; plots are

@@ -1,0 +1,131 @@
+"""No line a verb prints is wider than 120 characters (bench.tables.WIDTH): the tables
+stack their columns in groups led by the row's names, prose wraps, a run of several
+SGLangs names its call sites short (every chain in full in call_sites.txt). Built from
+small fixed rows: the run's table and lead, the sides' lead with long names and long
+chains, compare's table; the real runs' output is held where they run (the slow sides
+run in tests/test_sglang_sides.py)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from bench.tables import WIDTH, fitted_table, wrapped
+from tests.test_summarize import requests_frame, steps_frame
+
+LONG = "sglang-tree:/home/someone/src/sglang-with-a-long-branch-name/python@unified"
+
+
+def _widest(lines: list[str]) -> str:
+    return max(lines, key=len)
+
+
+def test_a_wide_table_stacks_its_columns_led_by_the_names():
+    headers = ["protocol", "policy", *[f"column {i} with a long name" for i in range(9)]]
+    rows = [["pr27010", "wait_complete", *[f"{i}.00 [0.90, 1.10]" for i in range(9)]]]
+    lines = fitted_table(headers, rows)
+    assert len(_widest(lines)) <= WIDTH < len("  ".join(headers))
+    heads = [line for line in lines if line.startswith("protocol")]
+    assert len(heads) == len(lines) // 2 > 1  # a header and its row per group
+    assert all(line.split()[:2] == ["pr27010", "wait_complete"] for line in lines[1::2])
+    for h in headers[2:]:  # every column once, in order
+        assert sum(h in line for line in heads) == 1
+
+
+def test_a_table_that_fits_is_left_whole():
+    lines = fitted_table(["a", "b", "c"], [["1", "2", "3"]])
+    assert lines == ["a  b  c", "1  2  3"]
+
+
+def test_prose_wraps_with_an_indent_and_a_line_that_fits_is_kept():
+    long = "word " * 60
+    out = wrapped(["short", long, "  indented " + long])
+    assert out[0] == "short" and len(_widest(out)) <= WIDTH
+    assert out[1].startswith("word") and out[2].startswith("  word")
+    assert any(line.startswith("    word") for line in out)  # the indented line's own
+
+
+def test_the_runs_table_and_lead_fit():
+    from bench.analysis.lead import lead_text
+    from bench.analysis.summarize import format_table, summarize
+
+    summary = summarize(requests_frame(), steps_frame())
+    for schedule in ("pinned", "free"):
+        summary["schedule"] = schedule
+        lines = format_table(summary).splitlines() + lead_text(summary, None)
+        assert len(_widest(lines)) <= WIDTH, _widest(lines)
+
+
+def _sides(schedule: str, names: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """A run of three sides with long names; the last issues a decision collective a poll
+    at a deep call site of its own."""
+    chain = " < ".join(["all_reduce@tp_cpu mem_cache/unified_radix_cache.py:"
+                        "_all_reduce_attn_groups:359", "_all_reduce:386",
+                        "_can_terminate_prefetch:2311", "check_prefetch_progress:2405",
+                        "process_prefetch_queue:1210", "event_loop_normal:998"])
+    ratio = {f"{n}_ratio{s}": v for n in ("step_mean", "prefetch_ttft_p50", "bystander_ttft_p50",
+                                          "itl_p50", "e2e_p50", "prefetch_ttft_p99",
+                                          "bystander_ttft_p99", "itl_p99")
+             for s, v in (("", 1.2), ("_ci_low", 0.9), ("_ci_high", 1.5), ("_mdd", 0.25))}
+    row = {"schedule": schedule, "polls_per_step": 2.0, "step_mean_ms": 10.0,
+           "polls_per_req": 4.0, "step_collectives_per_step": 5.0,
+           "expected_decision_collectives_per_req": 0.0, **ratio}
+    summary = pd.DataFrame([
+        {**row, "protocol": n, "policy": policy,
+         "decision_collectives_per_req": 4.0 * (n == names[-1]),
+         "decision_collectives_per_poll": 1.0 * (n == names[-1])}
+        for policy in ("wait_complete", "timeout") for n in names])
+    requests = pd.DataFrame([
+        {"protocol": n, "policy": policy, "repeat": 0, "rid": "r0", "polls": 4,
+         "decision_collectives": 4 * (n == names[-1]),
+         "call_sites": f"4x {chain}" if n == names[-1] else ""}
+        for policy in ("wait_complete", "timeout") for n in names])
+    plan = {"pp": 1, "system": {}, "sides": [
+        {"name": n, "root": f"/home/someone/.cache/hicache-bench/sglang/unpacked/{n}",
+         "controller": True, "family": "unified"} for n in names]}
+    return summary, requests, plan
+
+
+@pytest.mark.parametrize("schedule", ["pinned", "free"])
+def test_the_sides_lead_fits_and_names_the_chains_file(schedule):
+    from bench.analysis.sides import SITES_FILE, lead_text, site_lines
+
+    names = ["base=sglang-0.5.23@unified", "a=" + LONG, "b=" + LONG]
+    summary, requests, plan = _sides(schedule, names)
+    lines = lead_text(summary, requests, plan)
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    text = "\n".join(lines)
+    assert SITES_FILE in text and "check_prefetch_progress:2405" not in \
+        text.split("Call sites, collectives per poll")[1].split("under wait_complete")[0]
+    assert any("check_prefetch_progress:2405" in line for line in site_lines(requests, names))
+
+
+def test_compares_table_fits():
+    from bench.compare.report import format_table
+
+    rows = [[f"{LONG}/wait_complete", "bystander_ttft_p99_ms", "132.16", "140.01", "+7.85",
+             "1.059 [0.990, 1.130]", "not comparable",
+             "too few repeats for an interval (1 paired, needs 3)"],
+            ["", "decision_collectives_per_req", "0", "0", "+0", "-", "same", ""]]
+    lines = format_table(rows).splitlines()
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    assert f"{LONG}/wait_complete" in lines and any("needs 3" in line for line in lines)
+
+
+def test_a_table_with_call_site_chains_names_them_below_it():
+    """sglang-poll's tables: the chains (or gloo's text) are not columns a terminal can hold,
+    so each goes on wrapped lines below the table, named by its row."""
+    from bench.commands.sglang_poll import COLUMNS
+    from bench.tables import console_table
+
+    chain = ("9x all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359 < "
+             "_all_reduce:386 < _can_terminate_prefetch:2311 < check_prefetch_progress:2405; "
+             "4x all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_sync_hicache_ready_counts:"
+             "3459 < check_hicache_events:3681")
+    rows = [["r0", "timeout", "3", "1", "1", "2", "2", "True", chain]]
+    lines = console_table(list(COLUMNS), rows, long=("call_sites",), keys=2)
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    assert lines[0].split()[:2] == ["request", "policy"] and "call_sites" not in lines[0]
+    below = " ".join(" ".join(lines[2:]).split())
+    assert below.startswith("r0 timeout call_sites: 9x all_reduce@tp_cpu") and \
+        "check_hicache_events:3681" in below
