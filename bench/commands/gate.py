@@ -4,12 +4,11 @@
 CI perf gate: a run's exact collective counts and correctness, and its timings.
 
 The checks are bench.gate.evaluate's. With --ab the timings come from the baseline revision and this
-working tree run interleaved on this machine (into RUN_DIR/ab; what it runs: gate.json's
-`ab`), and a timing check that fails there fails the gate only if a second A/B of fresh
-blocks (RUN_DIR/ab_confirm) fails it too; without it, from this run's ratios against the
-baseline's numbers. A timing check whose interval is wider than its threshold is
-UNRESOLVED and fails unless gate.json's `unresolved_ok` names its metric with a reason
-(docs/testing.md, "The gate"). --update-baseline makes the run (its commit) the new
+working tree as two sides of one run on this machine (into RUN_DIR/ab; what it runs:
+gate.json's `ab`), repeats added while a check is undecided; without it, from this run's
+ratios against the baseline's numbers. A timing check passes when its whole 95% interval
+lies below 1 + threshold, fails when it lies above, and is UNRESOLVED, failing too, while it
+holds it (docs/testing.md, "The gate"). --update-baseline makes the run (its commit) the new
 baseline. Exit 0: all checks hold; 1: a check failed (table on stdout); 2: bad input (one
 line on stderr).
 """
@@ -37,12 +36,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ab", action="store_true",
                         help="run the baseline revision beside this tree for the timings")
     parser.add_argument("--no-confirm", action="store_true",
-                        help="with --ab: judge the first A/B alone, without running a second "
-                             "one to confirm a failing timing check")
+                        help="with --ab and gate.json ab.design blocks: judge the first A/B "
+                             "alone, without a second one to confirm a failing timing check")
     parser.add_argument("--tolerance", type=float, default=None,
-                        help="one threshold for every timing metric: fail when the whole "
-                             "interval lies above 1 + it, UNRESOLVED when it is wider than "
-                             "it (default: gate.json's thresholds, "
+                        help="one threshold for every timing metric: pass when the whole "
+                             "interval lies below 1 + it, fail when above, UNRESOLVED (failing) "
+                             "while it holds it (default: gate.json's thresholds, "
                              f"else {DEFAULT_THRESHOLD})")
     args = parser.parse_args(argv)
     if args.no_confirm and not args.ab:
