@@ -58,7 +58,8 @@ P2P_OPS = ("isend", "irecv", "send", "recv")
 # The hit query's MIN (inline in prefetch_thread_func in 0.5.19, in its
 # _sync_prefetch_hit_query in 0.5.23) and the acks' (under prefetch_sync_thread_func) are
 # issued only when SGLang's controller threads run (sglang_adapter.run_controller).
-ROLES = (("can_terminate_prefetch", DECISION), ("_sync_and_clamp_prefetch_result", COMPLETION),
+ROLES = (("can_terminate_prefetch", DECISION), ("_check_pp_prefetch_progress", DECISION),
+         ("_sync_and_clamp_prefetch_result", COMPLETION),
          ("check_hicache_events", PER_STEP_MIN), ("prefetch_thread_func", HIT_QUERY),
          ("prefetch_sync_thread_func", ACK))
 
@@ -169,9 +170,14 @@ class SGLangCache(HiCache):
 
     def _register(self, rid: str, stamp: float) -> None:
         op = self.ongoing.get(rid)
-        if op is not None:  # the data path issued it: SGLang's cache holds it ongoing too
-            # its start time (0.5.18 times out from it) on the clock of this step's stamp
-            self.rig.clock.now = stamp if self.pinned else time.monotonic()
+        if op is None:
+            return
+        # the data path issued it: SGLang's cache holds it too, its start time (0.5.18
+        # times out from it) on the clock of this step's stamp
+        self.rig.clock.now = stamp if self.pinned else time.monotonic()
+        if op.ticketed:  # 0.5.23's PP-ticket path: SGLang's poll asks for the ticket
+            self.handles[rid] = self.rig.register_ticket(rid, list(op.tokens), op.ready)
+        else:
             self.handles[rid] = self.rig.register(rid, list(op.tokens))
 
     def check_hicache_events(self, stamp: float, busy: bool) -> bool:
@@ -194,7 +200,7 @@ class SGLangCache(HiCache):
 
     def walk_polls(self, rid: str) -> int:
         handle = self.handles.get(rid)
-        return int(handle is not None and handle in self.rig.cache.ongoing_prefetch)
+        return int(handle is not None and self.rig.pending(handle))
 
     @rank_consensus(same_params=True, same_results=True)
     def check_prefetch_progress(self, rid: str) -> bool:
@@ -220,8 +226,12 @@ class SGLangCache(HiCache):
             return ready
         if not ready:
             return False
-        self.handles.pop(rid, None)
-        self._end_at_poll(op)  # as the project's poll ends it (SGLang's end path: module doc)
+        handle = self.handles.pop(rid, None)
+        if op.ticketed:  # SGLang took the ticket; the data path stages what the acks agreed
+            self._take_ticket(op)
+            self.rig.forget(handle)
+        else:  # as the project's poll ends it (SGLang's end path: module doc)
+            self._end_at_poll(op)
         return True
 
     def _mirror(self, op) -> None:
