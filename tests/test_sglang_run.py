@@ -282,6 +282,9 @@ def test_hazards_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, ca
      "per_step_min"),
     ("isend", "mem_cache/unified_radix_cache.py:_pp_sync:404",
      "_all_reduce:387 < _can_terminate_prefetch:2311", "pp_hop"),
+    ("all_reduce", "mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359",  # ticket
+     "_all_reduce:386 < _check_pp_prefetch_progress:2329 < check_prefetch_progress:2397",
+     "decision"),
     ("all_reduce", "mem_cache/hiradix_cache.py:_all_reduce_attn_groups:222",
      "can_terminate_prefetch:1617 < check_prefetch_progress:1643", "decision"),
     ("all_reduce", "mem_cache/hiradix_cache.py:_sync_and_clamp_prefetch_result:1590",
