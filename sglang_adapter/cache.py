@@ -141,10 +141,12 @@ class SGLangCache(HiCache):
                                   call.op, where=where)
 
     def _failure(self, call: Call, error: Exception) -> CollectiveError:
-        """A collective SGLang issued failed: the error names its call site, step, request."""
+        """A collective SGLang issued failed: the error names its line, the harness's call
+        site it plays (which bench.hazards.classify reads, as of the project's), step, request."""
         ranks = self.comm.groups.ranks.get(call.group)
         return CollectiveError(
-            f"SGLang's collective {call.op} at {call.site} < {call.via} on group "
+            f"SGLang's collective {call.op} at {call.site} < {call.via}, call site "
+            f"'{site_of(call)}' on group "
             f"'{call.group}' (ranks {ranks}) failed on rank {self.layout.rank} at step "
             f"{self.stats.counter.step}{f' for request {call.rid}' if call.rid else ''}: "
             f"{str(error).splitlines()[0][:300]}")

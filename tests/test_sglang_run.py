@@ -233,7 +233,8 @@ def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
                       "sglang", "--sglang", "0.5.23")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "FAILED: rank 0 failed: CollectiveError: SGLang's collective all_reduce at " \
-        f"{DECISION_SITE.split(' ', 1)[1]} on group 'tp_cpu'" in done.stdout, done.stdout
+        f"{DECISION_SITE.split(' ', 1)[1]}, call site 'decision' on group 'tp_cpu'" \
+        in done.stdout, done.stdout
 
 
 @pytest.mark.slow  # one 2-rank hazard cell importing SGLang on each rank: about 20 s
