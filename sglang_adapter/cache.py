@@ -22,7 +22,11 @@ issues is registered in SGLang's `ongoing_prefetch` as `prefetch_from_storage` w
 SGLang's poll never takes its "KV landed" exemption from the deadline); one that the data
 path ends in its drains (final ack, a hit below the threshold, no host memory) leaves
 SGLang's `ongoing_prefetch` through SGLang's own `revoke_pending_prefetch` (its end path
-`_handle_prefetch_result` inserts into a tree core this rig does not build). SGLang's clock
+`_handle_prefetch_result` inserts into a tree core this rig does not build). On 0.5.21 on's
+PP-ticket path (buffer_only, PP > 1) a ticketed prefetch is bound to SGLang's ticket instead
+(`bind_prefetch_ticket`, a `PPPrefetchState` made ready by the data path's final ack:
+sglang_adapter.poll `register_ticket`), so SGLang's poll takes `_check_pp_prefetch_progress`;
+once it says ready the data path ends it as its own ticket poll does. SGLang's clock
 (`time` in its modules) reads the step's stamp (pinned: virtual) or this rank's monotonic
 clock. SGLang's controller threads do not run: the hit-query MIN and the ack MINs are the
 project's, counted by its `Comm` as in a `--cache project` run.
