@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from sglang_adapter.cases import PAGE, POLICIES, STEP_S, PollCase  # noqa: F401 (re-exported)
 from sglang_adapter.door import Door
-from sglang_adapter.loader import HIRADIX, UNIFIED, Loaded, load
+from sglang_adapter.loader import HIRADIX, UNIFIED, Loaded, LoadError, load
 from sglang_adapter.source import Source
 
 CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
@@ -213,9 +213,9 @@ class UnifiedRig(PollRig):
         ticket itself (None: with no host slots SGLang's poll never reads it) and the host
         slots (None: the poll takes its no-buffer branch; the data path stages the pages)."""
         state_cls = getattr(self.loaded.modules[CONTROLLER], "PPPrefetchState", None)
-        if state_cls is None:
-            raise RuntimeError(f"sglang {self.loaded.source.label}: no PP-ticket path "
-                               "(PPPrefetchState) for a buffer_only prefetch at PP > 1")
+        if state_cls is None:  # 0.5.20 and before: the run asks what this SGLang lacks
+            raise LoadError(f"sglang {self.loaded.source.label}: cannot drive a buffer_only "
+                            "prefetch at PP > 1: no PP-ticket path (PPPrefetchState)")
         handle = self.handle(rid)
         op = self.loaded.attr(CONTROLLER, "PrefetchOperation")(handle, tokens)
         op.is_pp_broadcast, op.stats_requested_tokens = True, len(tokens)

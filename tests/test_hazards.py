@@ -216,3 +216,15 @@ def test_an_abort_in_sglangs_own_collective_is_named_by_the_site_it_plays():
     for thread in (None, ack):
         row = classify([{**rep(0, error=sglang), "thread_error": thread}, dead])
         assert (row["outcome"], row["site"], row["step"]) == ("abort", "decision", 2), row
+
+
+def test_an_sglang_the_rig_cannot_drive_in_the_cell_is_the_harness():
+    """0.5.20 has no PP-ticket path: a buffer_only cell at PP > 1 is one the harness could
+    not run (exit 3), whatever its peers' collectives did after."""
+    unfit = {**rep(0, error="LoadError: sglang 0.5.20: cannot drive a buffer_only prefetch "
+                            "at PP > 1: no PP-ticket path (PPPrefetchState)"),
+             "error_kind": "LoadError"}
+    row = classify([unfit, rep(1, error="CollectiveError: collective at call site 'decision' "
+                                        "on group 'tp_cpu' (ranks [0, 1]) failed on rank 1 "
+                                        "at step 0: reset")])
+    assert row["outcome"] == "harness" and "no PP-ticket path" in row["detail"], row

@@ -235,6 +235,11 @@ def classify(reports: list[dict | None], unreported: dict[int, str] | None = Non
     it) or was killed at the cell's bound; one gloo aborted is reported from its journals
     (`aborted`: its exit code)."""
     missing = [r for r, rep in enumerate(reports) if rep is None]
+    unfit = [(r, rep["error"]) for r, rep in enumerate(reports)
+             if rep is not None and rep.get("error_kind") == "LoadError"]
+    if unfit:  # the SGLang under test cannot be driven in this cell: not a finding
+        return {"outcome": HARNESS, "site": None, "step": None,
+                "detail": "; ".join(f"rank {r}: {e[:200]}" for r, e in unfit)}
     if missing:
         heard = unreported or {}
         why = [f"rank {r}: {heard.get(r, KILLED)}" for r in missing]
