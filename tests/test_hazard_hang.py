@@ -119,3 +119,26 @@ def test_the_review_says_whether_the_matrix_found_a_hazard_or_its_harness_failed
                       "bound (livelock or deadlock) or differed between two runs): r/h"]
     assert harness == ["the hazard matrix FAILED (exit 3: its harness failed: a cell it "
                        "could not run): r/h"]
+
+
+def test_killed_ranks_are_read_from_their_journals_and_their_silence(tmp_path):
+    """A rank with a report, one that ended or died is not killed; a killed rank's journals
+    are read whole, and its silence is the kill's time minus its newest journal line's."""
+    import json
+    import os
+
+    from bench.hazards.cell import journal_paths
+    from bench.hazards.matrix import killed_ranks
+
+    for r in (1, 2):
+        for kind, path in journal_paths(tmp_path, r).items():
+            item = {"records": "check_prefetch_progress -> False", "record_steps": 7,
+                    "sequence": ["tp_cpu", "decision", "r00", 7]}[kind]
+            path.write_text(json.dumps(item) + "\n")
+            os.utime(path, (1000.0, 1000.0 + r))  # rank 2's newest line 1 s after rank 1's
+    (tmp_path / "rank1.serving").touch()
+    reports = [{"rank": 0}, None, None, None]
+    killed = killed_ranks(tmp_path, reports, {}, {3: (-9, 0.0)}, killed_at=1010.0)
+    assert [(k.rank, k.serving, k.quiet_s) for k in killed] == [(1, True, 9.0), (2, False, 8.0)]
+    assert killed[0].records == ["check_prefetch_progress -> False"]
+    assert killed[0].sequence == [["tp_cpu", "decision", "r00", 7]]
