@@ -22,7 +22,11 @@ issues is registered in SGLang's `ongoing_prefetch` as `prefetch_from_storage` w
 SGLang's poll never takes its "KV landed" exemption from the deadline); one that the data
 path ends in its drains (final ack, a hit below the threshold, no host memory) leaves
 SGLang's `ongoing_prefetch` through SGLang's own `revoke_pending_prefetch` (its end path
-`_handle_prefetch_result` inserts into a tree core this rig does not build). SGLang's clock
+`_handle_prefetch_result` inserts into a tree core this rig does not build). On 0.5.21 on's
+PP-ticket path (buffer_only, PP > 1) a ticketed prefetch is bound to SGLang's ticket instead
+(`bind_prefetch_ticket`, a `PPPrefetchState` made ready by the data path's final ack:
+sglang_adapter.poll `register_ticket`), so SGLang's poll takes `_check_pp_prefetch_progress`;
+once it says ready the data path ends it as its own ticket poll does. SGLang's clock
 (`time` in its modules) reads the step's stamp (pinned: virtual) or this rank's monotonic
 clock. SGLang's controller threads do not run: the hit-query MIN and the ack MINs are the
 project's, counted by its `Comm` as in a `--cache project` run.
@@ -58,7 +62,8 @@ P2P_OPS = ("isend", "irecv", "send", "recv")
 # The hit query's MIN (inline in prefetch_thread_func in 0.5.19, in its
 # _sync_prefetch_hit_query in 0.5.23) and the acks' (under prefetch_sync_thread_func) are
 # issued only when SGLang's controller threads run (sglang_adapter.run_controller).
-ROLES = (("can_terminate_prefetch", DECISION), ("_sync_and_clamp_prefetch_result", COMPLETION),
+ROLES = (("can_terminate_prefetch", DECISION), ("_check_pp_prefetch_progress", DECISION),
+         ("_sync_and_clamp_prefetch_result", COMPLETION),
          ("check_hicache_events", PER_STEP_MIN), ("prefetch_thread_func", HIT_QUERY),
          ("prefetch_sync_thread_func", ACK))
 
@@ -140,10 +145,12 @@ class SGLangCache(HiCache):
                                   call.op, where=where)
 
     def _failure(self, call: Call, error: Exception) -> CollectiveError:
-        """A collective SGLang issued failed: the error names its call site, step, request."""
+        """A collective SGLang issued failed: the error names its line, the harness's call
+        site it plays (which bench.hazards.classify reads, as of the project's), step, request."""
         ranks = self.comm.groups.ranks.get(call.group)
         return CollectiveError(
-            f"SGLang's collective {call.op} at {call.site} < {call.via} on group "
+            f"SGLang's collective {call.op} at {call.site} < {call.via}, call site "
+            f"'{site_of(call)}' on group "
             f"'{call.group}' (ranks {ranks}) failed on rank {self.layout.rank} at step "
             f"{self.stats.counter.step}{f' for request {call.rid}' if call.rid else ''}: "
             f"{str(error).splitlines()[0][:300]}")
@@ -169,9 +176,14 @@ class SGLangCache(HiCache):
 
     def _register(self, rid: str, stamp: float) -> None:
         op = self.ongoing.get(rid)
-        if op is not None:  # the data path issued it: SGLang's cache holds it ongoing too
-            # its start time (0.5.18 times out from it) on the clock of this step's stamp
-            self.rig.clock.now = stamp if self.pinned else time.monotonic()
+        if op is None:
+            return
+        # the data path issued it: SGLang's cache holds it too, its start time (0.5.18
+        # times out from it) on the clock of this step's stamp
+        self.rig.clock.now = stamp if self.pinned else time.monotonic()
+        if op.ticketed:  # 0.5.23's PP-ticket path: SGLang's poll asks for the ticket
+            self.handles[rid] = self.rig.register_ticket(rid, list(op.tokens), op.ready)
+        else:
             self.handles[rid] = self.rig.register(rid, list(op.tokens))
 
     def check_hicache_events(self, stamp: float, busy: bool) -> bool:
@@ -194,7 +206,7 @@ class SGLangCache(HiCache):
 
     def walk_polls(self, rid: str) -> int:
         handle = self.handles.get(rid)
-        return int(handle is not None and handle in self.rig.cache.ongoing_prefetch)
+        return int(handle is not None and self.rig.pending(handle))
 
     @rank_consensus(same_params=True, same_results=True)
     def check_prefetch_progress(self, rid: str) -> bool:
@@ -220,8 +232,12 @@ class SGLangCache(HiCache):
             return ready
         if not ready:
             return False
-        self.handles.pop(rid, None)
-        self._end_at_poll(op)  # as the project's poll ends it (SGLang's end path: module doc)
+        handle = self.handles.pop(rid, None)
+        if op.ticketed:  # SGLang took the ticket; the data path stages what the acks agreed
+            self._take_ticket(op)
+            self.rig.forget(handle)
+        else:  # as the project's poll ends it (SGLang's end path: module doc)
+            self._end_at_poll(op)
         return True
 
     def _mirror(self, op) -> None:

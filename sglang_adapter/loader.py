@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from sglang_adapter.source import Source
 
-SUPPORTED = ("0.5.18", "0.5.19", "0.5.23")
+SUPPORTED = ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 # The small pure-Python packages SGLang's cache path imports whole (pyproject's `sglang`
 # extra; `make sglang-fetch` installs them where missing).
 DEPS = ("msgspec", "dill", "packaging")

@@ -30,6 +30,7 @@ Stand-ins, and why:
 from __future__ import annotations
 
 import json
+import threading
 import time
 import types
 from queue import Queue
@@ -39,7 +40,7 @@ import torch.distributed as dist
 
 from sglang_adapter.cases import PAGE, POLICIES, STEP_S, PollCase  # noqa: F401 (re-exported)
 from sglang_adapter.door import Door
-from sglang_adapter.loader import HIRADIX, UNIFIED, Loaded, load
+from sglang_adapter.loader import HIRADIX, UNIFIED, Loaded, LoadError, load
 from sglang_adapter.source import Source
 
 CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
@@ -108,6 +109,10 @@ class PollRig:
     def set_budget(self, seconds: float) -> None:
         raise NotImplementedError
 
+    def pending(self, handle) -> bool:
+        """Whether SGLang's cache still holds the prefetch (the walk's poll is one)."""
+        return handle in self.cache.ongoing_prefetch
+
     def configure(self, policy: str, page_size: int, base_s: float,
                   per_ki_token_s: float) -> None:
         """A serve's settings (`bench run --cache sglang`): the stop policy, the page size
@@ -161,6 +166,9 @@ class UnifiedRig(PollRig):
         _reset_prefetch_state(cache, self.loaded.modules[UNIFIED])
         ctl = object.__new__(self.loaded.attr(CONTROLLER, "HybridCacheController"))
         ctl.pp_prefetch_decisions, ctl.prefetch_tokens_occupied = {}, 0
+        # The PP-ticket path's state as __init__ makes it; its command thread does not run.
+        ctl.pp_prefetch_states, ctl.pp_prefetch_state_lock = {}, threading.Lock()
+        ctl.pp_prefetch_command_thread = None
         _empty_queues(ctl)
         cache.cache_controller = ctl
 
@@ -195,10 +203,48 @@ class UnifiedRig(PollRig):
             None, tokens, None, op, None, {})
         return handle
 
+    def register_ticket(self, rid: str, tokens: list[int], ready: threading.Event):
+        """A prefetch on the PP-ticket path (buffer_only, PP > 1), held as SGLang holds one:
+        the request bound to its ticket (`bind_prefetch_ticket`, as the scheduler binds it:
+        scheduler.py:3117, 3325) and the ticket's state in the controller, as
+        `submit_prefetch` (stage 0) or the command thread (later stages) registers it.
+        `ready` is set by the data path's ack thread at the ticket's final ack, where
+        SGLang's `prefetch_sync_thread_func` sets the state's ready_event. Stand-ins: the
+        ticket itself (None: with no host slots SGLang's poll never reads it) and the host
+        slots (None: the poll takes its no-buffer branch; the data path stages the pages)."""
+        state_cls = getattr(self.loaded.modules[CONTROLLER], "PPPrefetchState", None)
+        if state_cls is None:  # 0.5.20 and before: the run asks what this SGLang lacks
+            raise LoadError(f"sglang {self.loaded.source.label}: cannot drive a buffer_only "
+                            "prefetch at PP > 1: no PP-ticket path (PPPrefetchState)")
+        handle = self.handle(rid)
+        op = self.loaded.attr(CONTROLLER, "PrefetchOperation")(handle, tokens)
+        op.is_pp_broadcast, op.stats_requested_tokens = True, len(tokens)
+        ctl = self.cache.cache_controller
+        with ctl.pp_prefetch_state_lock:
+            ctl.pp_prefetch_states[rid] = state_cls(ticket=None, operation=op,
+                                                    ready_event=ready)
+        self.cache.bind_prefetch_ticket(rid)
+        return handle
+
+    def _ticket(self, handle):
+        """The PP-ticket state SGLang's controller holds for the handle's request, if any
+        (0.5.19 keys by the request id itself)."""
+        return self.cache.cache_controller.pp_prefetch_states.get(getattr(handle, "rid", handle))
+
+    def pending(self, handle) -> bool:
+        """Whether SGLang still holds the prefetch: ongoing, or a ticket not yet taken."""
+        state = self._ticket(handle)
+        return super().pending(handle) or (state is not None and not state.consumed)
+
     def operation(self, handle):
-        return self.cache.ongoing_prefetch[handle].operation
+        info = self.cache.ongoing_prefetch.get(handle)
+        return info.operation if info is not None else self._ticket(handle).operation
 
     def forget(self, handle) -> None:
+        if self._ticket(handle) is not None:
+            # a ticket retires as at the request's end (claim_kv_row -> release_pp_prefetch)
+            self.cache.cache_controller.release_pp_prefetch(handle.rid)
+            return
         self.cache.revoke_pending_prefetch(handle)
 
 

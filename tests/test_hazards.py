@@ -200,3 +200,31 @@ def test_a_rank_without_a_report_is_named_by_what_the_launcher_heard():
     assert row["outcome"] == "harness" and row["detail"] == (
         "rank(s) [0, 3] wrote no report (rank 0: failed: DistNetworkError: address already "
         "in use; rank 3: still running at the cell's bound (84 s), killed)")
+
+
+def test_an_abort_in_sglangs_own_collective_is_named_by_the_site_it_plays():
+    """early-return under --cache sglang: gloo aborts rank 1; rank 0 failed in SGLang's
+    decision MAX (sglang_adapter.cache names the harness site it plays). Whether rank 0's
+    ack thread failed too is a race; the outcome is an abort at the decision either way."""
+    sglang = ("CollectiveError: SGLang's collective all_reduce at mem_cache/unified_radix_"
+              "cache.py:_all_reduce_attn_groups:359 < _all_reduce:386 < _can_terminate_"
+              "prefetch:2311 < check_prefetch_progress:2405, call site 'decision' on group "
+              "'tp_cpu' (ranks [0, 1]) failed on rank 0 at step 2 for request r02: reset")
+    ack = ("CollectiveError: collective at call site 'ack' on group 'ack' (ranks [0, 1]) "
+           "failed on rank 0 at step 2 for request r01: Connection reset by peer")
+    dead = {**rep(1), "aborted": -6, "gloo": "op.preamble.length <= op.nbytes: 8 vs 4 bytes"}
+    for thread in (None, ack):
+        row = classify([{**rep(0, error=sglang), "thread_error": thread}, dead])
+        assert (row["outcome"], row["site"], row["step"]) == ("abort", "decision", 2), row
+
+
+def test_an_sglang_the_rig_cannot_drive_in_the_cell_is_the_harness():
+    """0.5.20 has no PP-ticket path: a buffer_only cell at PP > 1 is one the harness could
+    not run (exit 3), whatever its peers' collectives did after."""
+    unfit = {**rep(0, error="LoadError: sglang 0.5.20: cannot drive a buffer_only prefetch "
+                            "at PP > 1: no PP-ticket path (PPPrefetchState)"),
+             "error_kind": "LoadError"}
+    row = classify([unfit, rep(1, error="CollectiveError: collective at call site 'decision' "
+                                        "on group 'tp_cpu' (ranks [0, 1]) failed on rank 1 "
+                                        "at step 0: reset")])
+    assert row["outcome"] == "harness" and "no PP-ticket path" in row["detail"], row

@@ -233,7 +233,8 @@ def test_budget_skew_deadlocks_sglangs_decision_and_names_its_line(tmp_path):
                       "sglang", "--sglang", "0.5.23")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "FAILED: rank 0 failed: CollectiveError: SGLang's collective all_reduce at " \
-        f"{DECISION_SITE.split(' ', 1)[1]} on group 'tp_cpu'" in done.stdout, done.stdout
+        f"{DECISION_SITE.split(' ', 1)[1]}, call site 'decision' on group 'tp_cpu'" \
+        in done.stdout, done.stdout
 
 
 @pytest.mark.slow  # one 2-rank hazard cell importing SGLang on each rank: about 20 s
@@ -282,6 +283,9 @@ def test_hazards_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, ca
      "per_step_min"),
     ("isend", "mem_cache/unified_radix_cache.py:_pp_sync:404",
      "_all_reduce:387 < _can_terminate_prefetch:2311", "pp_hop"),
+    ("all_reduce", "mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359",  # ticket
+     "_all_reduce:386 < _check_pp_prefetch_progress:2329 < check_prefetch_progress:2397",
+     "decision"),
     ("all_reduce", "mem_cache/hiradix_cache.py:_all_reduce_attn_groups:222",
      "can_terminate_prefetch:1617 < check_prefetch_progress:1643", "decision"),
     ("all_reduce", "mem_cache/hiradix_cache.py:_sync_and_clamp_prefetch_result:1590",

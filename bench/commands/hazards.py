@@ -4,13 +4,18 @@ Every cell serves a short burst on fresh ranks (TP 2, or TP 2 x PP 2) with a sho
 collective timeout and reports one of: OK (with the protocol's cost), deadlock (the first
 unpaired or failed collective: call site, ranks, step, each rank's last collectives),
 abort (gloo killed a rank on a size mismatch: the collective its peers name, both sizes),
-divergence (the first poll the ranks answered differently), corrupt pages. Writes
+divergence (the first poll the ranks answered differently), corrupt pages; a cell whose
+ranks ran past its bound: livelock (stepping without progress: the step it began, the
+cycle that repeats) or deadlock (a rank waiting outside any collective), harness only where
+the harness could not run it (bench.hazards.hang). Writes
 hazards.csv, hazards.md, hazards.png, env.json and each cell's rank reports. With
 `--cache sglang --sglang base=SPEC,head=SPEC` every cell runs on every side (a row per
 cell per side, the side in the protocol column), and the cells that changed from the first
-side are named first. Exit codes: 0 every cell classified (and, with --twice, alike in both
-runs), 1 a cell ran past its bound, differed between the runs, or (sides) got worse than
-the first side's, 2 bad input.
+side are named first. Exit codes: 0 every cell classified within its bound (and, with
+--twice, alike in both runs); 1 a hazard that fails the run: a cell hung past its bound (a
+livelock or a deadlock outside any collective), differed between the runs, or (sides) got
+worse than the first side's; 2 bad input; 3 the harness failed: a cell it could not run
+(a start-up that failed or ran past its bound, ranks still progressing at the bound).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
+from bench.hazards.classify import HARNESS
 from bench.hazards.matrix import MatrixSpec, run_matrix, run_one, run_sides
 from bench.hazards.report import write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
@@ -146,16 +152,34 @@ def _body(argv: list[str]) -> int:
     env = collect_env("gloo", {"tp": 2, "pp": sorted({s.pp for s in spec.scenarios})})
     write_json_atomic(RunDir(spec.out).file("env"), env)
     write(spec.out, rows, _header(env, specs, sides), sides, spec.consensus)
-    harness = [r for r in rows if r["outcome"] == "harness"]
     lost = worse(rows, spec.consensus) if sides else []
     if sides:
         print("\n".join(summary_lines(rows, spec.consensus)))
-    ok = not harness and alike and not lost
+    code, words = exit_code(rows, alike, len(lost))
     worse_note = f", {len(lost)} worse than {specs[0].label(spec.protocols[0])}" if lost else ""
-    print(f"{PROG}: {'OK' if ok else 'FAILED'} ({len(rows)} cells, {len(harness)} past their "
-          f"bound{'' if alike else ', outcomes differ between the two runs'}{worse_note}) -> "
+    print(f"{PROG}: {words} ({len(rows)} cells, {past_bound(rows)} past their bound"
+          f"{'' if alike else ', outcomes differ between the two runs'}{worse_note}) -> "
           f"{spec.out / 'hazards.md'}")
-    return 0 if ok else 1
+    return code
+
+
+HAZARD, HARNESS_FAILED = 1, 3
+
+
+def past_bound(rows: list[dict]) -> int:
+    """Cells the launcher killed at their bound (a rank's exit code `-`)."""
+    return sum("-" in str(r.get("exit_codes", "")).split() for r in rows)
+
+
+def exit_code(rows: list[dict], alike: bool, worse_cells: int) -> tuple[int, str]:
+    """(exit code, verdict word) of a run: the harness's failure first (the matrix is not
+    whole), then a hazard that fails the run (a hang past a cell's bound, outcomes that
+    differ between two runs, a side worse than the reference), else 0."""
+    if any(r["outcome"] == HARNESS for r in rows):
+        return HARNESS_FAILED, "FAILED (harness)"
+    if past_bound(rows) or not alike or worse_cells:
+        return HAZARD, "FAILED (hazard)"
+    return 0, "OK"
 
 
 def main(argv: list[str]) -> int:

@@ -6,12 +6,13 @@ into one folder, each in a process of its own (this one imports no SGLang: each 
 its sides and its ranks import their own), then writes review.md: whether it passed and
 why not, the run's headline (every side's ratios to the first, with intervals), the counts
 side by side by call site, and the hazard cells whose outcome changed from the first side's
-(docs/before-after.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard cell got
-worse; 1 the run FAILED, a hazard cell's outcome got worse than the first side's (or the
-matrix failed its own checks), a timing of a side FAILED or UNRESOLVED at the gate's
-thresholds under its rule (bench.analysis.side_timings), or under --strict-counts a count
-difference that no --explained call site accounts for; 2 bad input (one line, nothing
-written, before any rank starts).
+(docs/before-after.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard
+cell got worse; 1 the run FAILED, a hazard cell's outcome got worse than the first side's,
+the matrix failed (a hazard: a cell hung past its bound or differed between two runs; or its
+harness failed: a cell it could not run, which the page says apart), a timing of a side
+FAILED or UNRESOLVED at the gate's thresholds under its rule (bench.analysis.side_timings),
+or under --strict-counts a count difference that no --explained call site accounts for; 2
+bad input (one line, nothing written, before any rank starts).
 """
 
 from __future__ import annotations

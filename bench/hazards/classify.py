@@ -1,6 +1,8 @@
 """What one cell of the hazard matrix found, from its ranks' reports (bench.hazards.cell).
 
-In this order: a rank without a report (the harness failed: the cell ran past its bound);
+A cell whose ranks ran past its bound is bench.hazards.hang's (a livelock, a deadlock outside
+any collective, or the harness's failure). Else, in this order: a rank without a report (the
+harness failed: it could not start its serve);
 the earlier of the first unpaired collective (deadlock: two ranks of a group issued the
 same operation at different call sites or for different requests; gloo either fails it or
 pairs it silently) and the first record where the ranks' rank-consensus logs differ
@@ -20,6 +22,7 @@ from hicache.comm.comm import MODEL_ALLREDUCE, PP_HOP, REQUEST_BROADCAST, SCHEDU
 
 OK, DEADLOCK, ABORT, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
     "OK", "deadlock", "abort", "divergence", "corrupt", "failed", "harness")
+LIVELOCK = "livelock"  # ranks stepping without progress past the cell's bound (hazards.hang)
 LOCKSTEP = SCHEDULER_SITES | {MODEL_ALLREDUCE}  # issued by every rank in the same step
 SITE = re.compile(r"call site '(\w+)' on group '(\w+)' \(ranks (\[[\d, ]*\])\) failed on rank "
                   r"(\d+) at step (-?\d+)(?: for request (\S+?):)?")
@@ -232,6 +235,11 @@ def classify(reports: list[dict | None], unreported: dict[int, str] | None = Non
     it) or was killed at the cell's bound; one gloo aborted is reported from its journals
     (`aborted`: its exit code)."""
     missing = [r for r, rep in enumerate(reports) if rep is None]
+    unfit = [(r, rep["error"]) for r, rep in enumerate(reports)
+             if rep is not None and rep.get("error_kind") == "LoadError"]
+    if unfit:  # the SGLang under test cannot be driven in this cell: not a finding
+        return {"outcome": HARNESS, "site": None, "step": None,
+                "detail": "; ".join(f"rank {r}: {e[:200]}" for r, e in unfit)}
     if missing:
         heard = unreported or {}
         why = [f"rank {r}: {heard.get(r, KILLED)}" for r in missing]

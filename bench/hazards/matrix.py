@@ -3,7 +3,8 @@
 Each cell's ranks are forked from one server process that imported torch and the system
 once (a cell starts in well under a second), serve the scenario's burst with a short
 collective timeout, and write their reports into the cell's directory. The launcher kills
-a cell that outlives its bound: that cell is a harness failure, never a silent wait.
+a cell that outlives its bound, never a silent wait; what its ranks' journals held then
+makes it a livelock, a deadlock or the harness's failure (bench.hazards.hang).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bench.hazards.cell import (
     serve_bound_s,
 )
 from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
+from bench.hazards.hang import Killed, classify_hang
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
 from hicache.comm.comm import BOOTSTRAP_RING
@@ -113,13 +115,15 @@ def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict
                                sglang_path(spec.sglang, s)),
                               timeout_s=spec.bound_s(s), method="forkserver",
                               started=lambda: all_serving(cell_dir, s.world), start_s=START_S)
-    wall = time.monotonic() - t0
+    wall, killed_at = time.monotonic() - t0, time.time()
     reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
                for r in range(s.world)]
+    killed = killed_ranks(cell_dir, reports, got, dead, killed_at)
+    found = classify_hang(killed, stall_s(spec.timeout_s), spec.bound_s(s)) if killed else \
+        classify(reports, unreported(got, dead, spec.bound_s(s), s.world))
     row = {"scenario": s.name, "issue": s.issue, "protocol": spec.label(protocol),
            "policy": s.policy,
-           "tp": 2, "pp": s.pp, "seed": spec.seed,
-           **classify(reports, unreported(got, dead, spec.bound_s(s), s.world)),
+           "tp": 2, "pp": s.pp, "seed": spec.seed, **found,
            "exit_codes": exit_codes_text(got, dead, s.world), "wall_s": round(wall, 2),
            "collective_timeout_s": spec.timeout_s, "cell_dir": str(cell_dir)}
     row.update(_costs(reports[0]) if row["outcome"] == OK else {})
@@ -186,6 +190,30 @@ def report_from_journal(cell_dir: Path, rank: int, dead: dict) -> dict | None:
             "stuck_s": None, "records": logs["records"], "record_steps": logs["record_steps"],
             "sequence": logs["sequence"], "group_ranks": {}, "decisions": {},
             "data_errors": 0, "steps": None}
+
+
+def stall_s(collective_timeout_s: float) -> float:
+    """How long a killed rank's journals may have been silent and it still stepping: a rank
+    blocked in a collective fails it within the timeout; twice that, and 2 s for the kill
+    (bench.run.launch joins each rank for up to 0.5 s first) and a loaded machine."""
+    return 2 * collective_timeout_s + 2.0
+
+
+def killed_ranks(cell_dir: Path, reports: list, got: dict, dead: dict,
+                 killed_at: float) -> list[Killed]:
+    """The ranks still running at the cell's bound, killed without a report, each with its
+    journals and how long they had been silent at the kill (bench.hazards.hang)."""
+    out = []
+    for r, rep in enumerate(reports):
+        if rep is not None or r in got or r in dead:
+            continue
+        paths = journal_paths(cell_dir, r)
+        logs = {k: read_journal(p) for k, p in paths.items()}
+        written = [p.stat().st_mtime for p in paths.values() if p.exists()]
+        out.append(Killed(r, (cell_dir / f"rank{r}{SERVING}").exists(),
+                          killed_at - max(written) if written else None, logs["records"],
+                          logs["record_steps"], logs["sequence"]))
+    return out
 
 
 def unreported(got: dict, dead: dict, bound_s: float, world: int) -> dict[int, str]:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.hazards.classify import ABORT, CORRUPT, DEADLOCK, DIVERGENCE, FAILED, HARNESS, OK
+from bench.hazards.classify import (
+    ABORT,
+    CORRUPT,
+    DEADLOCK,
+    DIVERGENCE,
+    FAILED,
+    HARNESS,
+    LIVELOCK,
+    OK,
+)
 from bench.hazards.scenarios import SCENARIOS
 from bench.hazards.sides import change_table, changed_first
 from bench.rundir.files import write_csv_atomic, write_text_atomic
@@ -15,7 +24,7 @@ COLUMNS = ["scenario", "issue", "protocol", "policy", "tp", "pp", "seed", "outco
            "exit_codes", "wall_s", "collective_timeout_s", "detail", "cell_dir"]
 COLOURS = {OK: "#4c9a2a", DEADLOCK: "#c0392b", ABORT: "#7b241c", DIVERGENCE: "#e67e22",
            CORRUPT: "#8e44ad",
-           FAILED: "#7f8c8d", HARNESS: "#000000"}
+           LIVELOCK: "#2e86c1", FAILED: "#7f8c8d", HARNESS: "#000000"}
 
 
 def cell_text(row: dict) -> str:

@@ -32,7 +32,7 @@ class Part:
 
     command: str  # as run, for the page
     folder: str
-    code: int  # its exit code: 0 OK, 1 FAILED
+    code: int  # its exit code: 0 OK, 1 FAILED (hazards: a hazard), 3 (hazards) harness
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,15 @@ def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
     why += [f"hazard cell {c.scenario} is worse on {c.side}: {c.ref['outcome']} -> "
             f"{c.row['outcome']}" for c in lost]
     if hazards.code and not lost:
-        why.append(f"the hazard matrix FAILED (exit {hazards.code}: a cell ran past its "
-                   f"bound or differed between two runs): {hazards.folder}")
+        why.append(f"the hazard matrix FAILED (exit {hazards.code}: "
+                   f"{MATRIX_FAILED.get(hazards.code, 'it ended early')}): {hazards.folder}")
     return why
+
+
+# bench hazards' exit codes other than 0 and 2 (bench.commands.hazards.exit_code)
+MATRIX_FAILED = {1: "a hazard: a cell hung past its bound (livelock or deadlock) or "
+                    "differed between two runs",
+                 3: "its harness failed: a cell it could not run"}
 
 
 def strict_counts(got: RunRows, explained: tuple[str, ...]) -> list[str]:

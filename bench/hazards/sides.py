@@ -14,11 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.hazards.classify import ABORT, CORRUPT, DEADLOCK, DIVERGENCE, FAILED, HARNESS, OK
+from bench.hazards.classify import (
+    ABORT,
+    CORRUPT,
+    DEADLOCK,
+    DIVERGENCE,
+    FAILED,
+    HARNESS,
+    LIVELOCK,
+    OK,
+)
 
 # How grave an outcome is: OK, then ranks that decide apart (or pages that differ), then a
 # rank that hangs, fails or is killed, then a cell the harness could not finish.
-TIER = {OK: 0, DIVERGENCE: 1, CORRUPT: 1, FAILED: 2, DEADLOCK: 2, ABORT: 2, HARNESS: 3}
+TIER = {OK: 0, DIVERGENCE: 1, CORRUPT: 1, FAILED: 2, DEADLOCK: 2, ABORT: 2, LIVELOCK: 2,
+        HARNESS: 3}
 
 
 @dataclass(frozen=True)
