@@ -33,6 +33,7 @@ from bench.compare.comparison import Comparison, Run, compare, load_run
 from bench.run import turns
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import ResultFileError
+from bench.rundir.rundir import RunDir
 
 DRIFT = ("A and B serve each cell of one run back to back, seconds apart, on the same seed, "
          "the side first in a repeat drawn from the seed (balanced), so drift slower than a "
@@ -121,7 +122,7 @@ def serve_stage(plan: ServedPlan, roots: dict[str, Path], index: int, seed: int,
     log(f"ab: stage {index}: {repeats} paired repeats (seed {seed}), {len(stage.turns)} turns "
         f"in {stage.seconds:.0f}s; A {_last(stage.dirs['a'])}; B {_last(stage.dirs['b'])}")
     for s in "ab":
-        if not (stage.dirs[s] / "requests.csv").exists():
+        if not RunDir(stage.dirs[s]).has("requests"):
             raise ResultFileError(f"side {s.upper()} wrote no rows (exit {stage.codes[s]}): "
                                   f"{_last(stage.dirs[s])}")
     return stage

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.ab.sequential import decide
 from bench.rundir.schema import GATED_METRICS
+from bench.stats import decide
 
 NOT_JUDGED = "NOT JUDGED"
 

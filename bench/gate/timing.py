@@ -41,13 +41,12 @@ from dataclasses import replace
 
 import pandas as pd
 
-from bench.ab.sequential import FAIL, PASS, decide
 from bench.compare.comparison import Comparison
 from bench.gate.checks import Check, baseline_match, make_check
 from bench.rundir.files import parse_list_cell
 from bench.rundir.rundir import FILES
 from bench.rundir.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
-from bench.stats import Interval, ratio_interval
+from bench.stats import FAIL, PASS, Interval, decide, ratio_interval
 
 DEFAULT_THRESHOLD = 0.05  # a metric gate.json has no threshold for
 # summary.csv's gated ratio metrics -> bench compare's (and ab's) timing metrics
