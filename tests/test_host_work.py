@@ -14,7 +14,7 @@ import pytest
 
 from bench.gate.hostwork import TOLERANCE, ceilings, host_work_checks, with_ceilings
 from bench.run.hostwork import HostWork
-from bench.run.options import OptionError, _plant
+from bench.run.options import OptionError, RunOptions, _plant, build_plan
 from bench.rundir.rundir import RunDir
 
 
@@ -72,6 +72,17 @@ def test_plant_option_takes_time_or_calls():
     for bad in ("pr36425:0calls", "pr36425:xcalls", "nope:3"):
         with pytest.raises(OptionError, match="--plant takes"):
             _plant(bad)
+
+
+def test_a_count_needs_a_pinned_serial_run():
+    assert build_plan(RunOptions(preset="ci", host_work="calls")).host_work == "calls"
+    assert build_plan(RunOptions(preset="ci", host_work="none")).host_work is None
+    assert build_plan(RunOptions(preset="ci")).host_work is None
+    for kw in ({"preset": "ci", "host_work": "calls", "pairing": "step"},
+               {"preset": "ci", "host_work": "calls", "schedule": "free"},
+               {"preset": "default", "host_work": "opcodes", "schedule": "free"}):
+        with pytest.raises(OptionError, match="--host-work"):
+            build_plan(RunOptions(**kw))
 
 
 # ---- the gate check --------------------------------------------------------------------------

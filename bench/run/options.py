@@ -166,7 +166,7 @@ def build_plan(args: RunOptions) -> RunPlan:
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())),
                    neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing),
-                   host_work=_host_work(args.host_work or preset.get("host_work"), args))
+                   host_work=_host_work(args.host_work, preset.get("host_work"), args))
     try:
         plan = delays.apply(plan, delays.parse(args.collective_delay_ms)
                             or preset.get("delays_ms", ()))
@@ -183,6 +183,9 @@ def build_plan(args: RunOptions) -> RunPlan:
     if args.redo_disturbed and plan.schedule != "pinned":
         raise OptionError("--redo-disturbed needs a pinned schedule (a free one would serve "
                           "another schedule the second time)")
+    if plan.host_work and plan.schedule != "pinned":
+        raise OptionError("--host-work needs --schedule pinned: on a free schedule the "
+                          "decisions, and so the work counted, vary with timing")
     if plan.pairing and plan.redo_disturbed:
         # Duet: a serve run again alone would not be paired in time with its partner's;
         # step: a burst lands on both sides of a step, so a disturbed serve needs no redo.
@@ -216,16 +219,20 @@ def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
 
 
-def _host_work(mode: str | None, args: RunOptions) -> str | None:
-    """--host-work's mode (bench.run.hostwork), checked: a count needs the pinned schedule
-    (the same decisions every run) and the serial design (a serve per cell)."""
-    if mode is None:
+def _host_work(flag: str | None, preset: str | None, args: RunOptions) -> str | None:
+    """--host-work's mode (bench.run.hostwork), else the preset's where it can count: a
+    count needs the pinned schedule (the same decisions every run) and the serial design (a
+    serve per cell); asked for where it cannot, an OptionError."""
+    mode = flag or preset
+    if mode is None or mode == "none":
         return None
     if mode not in ("calls", "opcodes"):
-        raise OptionError(f"--host-work must be calls or opcodes, got {mode!r}")
-    if args.pairing not in (None, "serial"):
-        raise OptionError(f"--host-work counts serial serves only, not --pairing {args.pairing}")
-    return mode
+        raise OptionError(f"--host-work must be calls, opcodes or none, got {mode!r}")
+    why = (f"--pairing {args.pairing}" if args.pairing not in (None, "serial") else
+           "--schedule free" if args.schedule == "free" else None)
+    if why and flag:
+        raise OptionError(f"--host-work counts serial serves on a pinned schedule, not {why}")
+    return None if why else mode
 
 
 def _neighbour(text: str | None) -> str | None:
