@@ -1,5 +1,6 @@
 """Usage: python scripts/host_work.py [--aa 6] [--shares 1,3,5,10] [--modes calls,opcodes]
                                     [--out DIR]
+       python scripts/host_work.py --record RUN [--baseline results/baseline]
 
 Issue 60 item 4: does a count of the scheduler thread's host work hold where timings do not?
 Runs short `bench run --preset ci` serves of pr27010 and pr36425 under wait_complete with
@@ -16,7 +17,11 @@ scheduler thread's CPU microseconds per step (the timed serve, no profiler).
   (bench.gate.hostwork.TOLERANCE), by the CPU time when it exceeds the A/A largest.
 
 Writes runs under --out (default results/host_work_<UTC time>) and host_work.json there;
-prints the tables. About 20 s a calls run and 60 s an opcodes run on 2 loaded cores.
+prints the tables. About 30 s a run on 2 cores loaded by others (load average 5-11).
+
+--record RUN writes the ceilings of a `bench run --preset ci --host-work calls` run (all
+protocols and policies) into the baseline's gate.json `host_work`, leaving the rest of the
+baseline as it is (`bench gate --update-baseline` records them too, with everything else).
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.gate.hostwork import TOLERANCE  # noqa: E402
+from bench.gate.hostwork import TOLERANCE, with_ceilings  # noqa: E402
+from bench.rundir.files import write_json_atomic  # noqa: E402
+from bench.rundir.rundir import RunDir  # noqa: E402
 from hicache.cache.twin import _work  # noqa: E402
 
 BASE = ["--preset", "ci", "--protocols", "pr27010,pr36425", "--policies", "wait_complete"]
@@ -98,13 +105,29 @@ def plant_table(aa: list[dict], plants: list[dict]) -> list[str]:
     return lines
 
 
+def record(run: Path, baseline: Path) -> None:
+    """The run's host-work ceilings into the baseline's gate.json (the rest kept)."""
+    path = RunDir(baseline).file("gate")
+    settings = json.loads(path.read_text())
+    new = with_ceilings(settings, RunDir(run).ranks(), run.resolve().name)
+    if new is settings:
+        sys.exit(f"host_work: {run} counted no host work (bench run --host-work calls)")
+    write_json_atomic(path, new)
+    print(f"{path}: host_work ceilings of {len(new['host_work']['ceilings'])} protocols "
+          f"from {run}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--aa", type=int, default=6)
     ap.add_argument("--shares", default="1,3,5,10")
     ap.add_argument("--modes", default="calls,opcodes")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--record", type=Path, metavar="RUN")
+    ap.add_argument("--baseline", type=Path, default=REPO / "results" / "baseline")
     args = ap.parse_args()
+    if args.record:
+        return record(args.record, args.baseline)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO / "results" / f"host_work_{stamp}"
     out.mkdir(parents=True, exist_ok=True)

@@ -125,6 +125,8 @@ def test_a_run_that_counted_nothing_is_not_judged_and_no_ceiling_checks_nothing(
     (other,) = host_work_checks(SUMMARY, _ranks(80_000, 1_100, "opcodes"), settings)
     assert not other.judged
     assert host_work_checks(SUMMARY, _ranks(80_000, 1_100), {}) == []
+    other = _ranks(80_000, 1_100).assign(host_same_schedule=False)  # counted another one
+    assert [c.judged for c in host_work_checks(SUMMARY, other, settings)] == [False, False]
     assert with_ceilings({"x": 1}, bare, "run") == {"x": 1}  # nothing counted: kept
 
 
@@ -147,19 +149,23 @@ def _run(out, *args: str) -> tuple[pd.Series, pd.DataFrame]:
 
 @pytest.mark.slow
 def test_a_pinned_serve_counts_alike_twice_and_sees_a_work_plant(tmp_path):
-    """Same schedule, same steps and polls exactly; the events agree within 0.2 % (what is
+    """Same schedule, same steps and polls exactly; the events agree within 1 % (what is
     not exact: the poll reads whether the hit-query thread has landed, the forward sleeps
     only when its work did not overrun, a request's first collective is recorded by one
     thread or the other); 500 calls planted in the first poll of every step that polls add
-    502 events a step (the calls, _work and its range) to within that bound."""
+    502 events a step (the calls, _work and its range) and one a poll, to within that
+    bound."""
     a, steps = _run(tmp_path / "a")
     b, _ = _run(tmp_path / "b")
     assert (a.host_steps, a.host_polls) == (b.host_steps, b.host_polls) == \
         (a.sched_steps, a.sched_polls)
+    assert a.host_same_schedule and b.host_same_schedule
     assert a.host_polls > 0
-    slack = 0.002 * a.host_events
+    slack = 0.01 * a.host_events  # 0.24 % seen in this 57-step serve on 2 loaded cores
     assert abs(a.host_events - b.host_events) <= slack
     planted, _ = _run(tmp_path / "p", "--plant", f"pr36425:{PLANT}calls")
-    expected = (PLANT + 2) * int((steps["polled"] > 0).sum())
+    # per step that polls: the calls, _work and its range; per poll: the look-up of whether
+    # this step's plant ran (hicache.cache.twin.TwinPolls._timed)
+    expected = (PLANT + 2) * int((steps["polled"] > 0).sum()) + a.host_polls
     assert abs(planted.host_poll_events - a.host_poll_events - expected) <= slack
     assert abs(planted.host_events - a.host_events - expected) <= slack

@@ -23,8 +23,10 @@ KEY = "host_work"  # gate.json's key
 # metric -> (events column, divisor column) of ranks.csv
 METRICS = {"events_per_step": ("host_events", "host_steps"),
            "poll_events_per_poll": ("host_poll_events", "host_polls")}
-# A/A spread of events per step and per poll under load: at most 0.05 % (13 serves, two
-# protocols, both ranks); 2 % is 40 times that, one extra call in pr36425's 22-event poll.
+# A/A spread ((max - min) / median) of events per step and per poll on 2 cores loaded by
+# others (load average 4-11): at most 0.085 % over 6 serves of pr27010 and pr36425 (calls;
+# opcodes 0.09 %); 2 % is over 20 times that, and one call more in pr36425's 22-event poll
+# (+4.5 %) fails it. Work of 1 % of a step is +230 % per step there.
 TOLERANCE = 0.02
 
 
@@ -36,6 +38,11 @@ def measured(ranks: pd.DataFrame | None) -> tuple[str | None, dict]:
     rows = ranks[ranks["host_work"].notna() & (ranks["host_work"].astype(str) != "")]
     if rows.empty:
         return None, {}
+    if "host_same_schedule" in rows:  # a count of another schedule is no count of this one
+        rows = rows.assign(host_events=rows["host_events"].where(
+            rows["host_same_schedule"].astype(str) != "False"))
+        rows = rows.assign(host_poll_events=rows["host_poll_events"].where(
+            rows["host_events"].notna()))
     out: dict[tuple[str, str], dict[str, float]] = {}
     for (protocol, policy), g in rows.groupby(["protocol", "policy"], sort=True):
         out[(str(protocol), str(policy))] = {m: _largest(g, num, den)
@@ -105,7 +112,8 @@ def _check(row: dict, metric: str, value: float, limit: float | None, tol: float
     name = f"host_work_{metric.split('_per_')[-1]}"
     if limit is None or not math.isfinite(value):
         return make_check(row, name, True, judged=False,
-                          note=f"not judged: no {metric} in the run or the baseline")
+                          note=f"not judged: no {metric} in the run or the baseline (or "
+                               "the counted serve ran another schedule)")
     ok = value <= limit * (1 + tol)
     return make_check(
         row, name, ok, expected=f"<= {limit:.1f} x {1 + tol:g}", observed=f"{value:.1f}",

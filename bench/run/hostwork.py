@@ -133,13 +133,17 @@ def columns(meter: HostWork | None, counted_stats, cpu: SchedCpu, timed_stats) -
     """ranks.csv's host-work columns of one rank and cell (unknown: None)."""
     out = {"sched_steps": len(timed_stats.steps), "sched_polls": polls_of(timed_stats),
            "sched_cpu_s": cpu.seconds, "host_work": None, "host_steps": None,
-           "host_polls": None, "host_events": None, "host_poll_events": None}
+           "host_polls": None, "host_events": None, "host_poll_events": None,
+           "host_same_schedule": None}
     if meter is not None:
+        # the count is of this cell's schedule only if the counted serve decided alike
+        same = [s.schedule_digest for s in counted_stats.steps[-1:]] == \
+            [s.schedule_digest for s in timed_stats.steps[-1:]]
         out.update(host_work=meter.mode, host_steps=len(counted_stats.steps),
                    host_polls=polls_of(counted_stats), host_events=meter.serve,
-                   host_poll_events=meter.poll)
+                   host_poll_events=meter.poll, host_same_schedule=same)
     return out
 
 
 COLUMNS = ["sched_steps", "sched_polls", "sched_cpu_s", "host_work", "host_steps",
-           "host_polls", "host_events", "host_poll_events"]
+           "host_polls", "host_events", "host_poll_events", "host_same_schedule"]
