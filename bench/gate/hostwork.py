@@ -3,9 +3,8 @@ per poll than the committed baseline's, beyond a tolerance (gate.json `host_work
 
 The counts come from `bench run --host-work` (bench.run.hostwork: ranks.csv's host_*
 columns, one row per rank and cell). They are counts of what the scheduler thread ran on a
-pinned schedule, so the machine's load does not move them, but they are not exact: three
-paths read what another thread or the clock did (the forward's sleep, skipped when the
-step's work overran its modelled time; a poll's short-circuit on whether the hit query has
+pinned schedule, so the machine's load does not move them, but they are not exact: two
+paths read what another thread did (a poll's short-circuit on whether the hit query has
 landed; which thread first records a request's collective). Their A/A spread is the
 tolerance's floor (docs/results/2026-12-06_host_work_*.md). As with the per-poll collective
 ceiling, the figure held is each configuration's largest over its ranks and repeats.

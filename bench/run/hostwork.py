@@ -4,7 +4,7 @@ Collective counts are exact; host cost is timed, and on a shared machine the tim
 the load. What the scheduler thread *does* does not: on a pinned schedule (hicache.spec.pinned)
 every run takes the same decisions, so it runs the same Python. `HostWork` counts it in a
 serve of its own (`bench run --host-work`, after each cell's timed serve, which it leaves
-alone), from the scheduler thread only:
+alone; unpadded: it does not sleep out the modelled forward), from the scheduler thread only:
 
 - mode "calls": sys.setprofile's call and c_call events (every Python function and every
   builtin it calls), about 2x the scheduler thread's time;

@@ -244,8 +244,11 @@ def _counted(plan: RunPlan, cfg, layout, groups, device, wl, rank0: bool, steps:
         made.append(hostwork.meter_for(system, plan.host_work))
         return made[-1]
 
-    _, stats = _serve(cfg, layout, groups, device, wl, rank0, plan.seed, steps, None,
-                      make_cache, meter)
+    # No forward padding: the pinned clock advances by the modelled forward all the same,
+    # the serve takes its CPU time only, and the count loses a path that varied with timing
+    # (the sleep, skipped when a step's work overran its modelled time).
+    _, stats = _serve(replace(cfg, pad_forward=False), layout, groups, device, wl, rank0,
+                      plan.seed, steps, None, make_cache, meter)
     return made[-1], stats
 
 
