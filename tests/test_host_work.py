@@ -114,7 +114,7 @@ def test_ceiling_fails_beyond_its_tolerance_and_says_why():
     assert all(c.passed for c in inside)
     over = host_work_checks(SUMMARY, _ranks(80_000, 1_150), settings)  # one call a poll more
     assert [c.passed for c in over] == [True, False]
-    assert "more Python calls poll events per poll" in over[1].meaning
+    assert "4.5% more Python calls per poll" in over[1].meaning
 
 
 def test_a_run_that_counted_nothing_is_not_judged_and_no_ceiling_checks_nothing():
@@ -151,9 +151,9 @@ def _run(out, *args: str) -> tuple[pd.Series, pd.DataFrame]:
 def test_a_pinned_serve_counts_alike_twice_and_sees_a_work_plant(tmp_path):
     """Same schedule, same steps and polls exactly; the events agree within 1 % (what is
     not exact: the poll reads whether the hit-query thread has landed, a request's first
-    collective is recorded by one thread or the other); 500 calls planted in the first poll of every step that polls add
-    502 events a step (the calls, _work and its range) and one a poll, to within that
-    bound."""
+    collective is recorded by one thread or the other); 500 calls planted in the first poll
+    of every step that polls add 502 events a step (the calls, _work and its range) and one
+    a poll, to within that bound."""
     a, steps = _run(tmp_path / "a")
     b, _ = _run(tmp_path / "b")
     assert (a.host_steps, a.host_polls) == (b.host_steps, b.host_polls) == \

@@ -108,7 +108,8 @@ def host_work_checks(summary: pd.DataFrame, ranks: pd.DataFrame | None,
 
 def _check(row: dict, metric: str, value: float, limit: float | None, tol: float,
            mode: str) -> Check:
-    name = f"host_work_{metric.split('_per_')[-1]}"
+    per = metric.split("_per_")[-1]
+    name = f"host_work_{per}"
     if limit is None or not math.isfinite(value):
         return make_check(row, name, True, judged=False,
                           note=f"not judged: no {metric} in the run or the baseline (or "
@@ -116,7 +117,7 @@ def _check(row: dict, metric: str, value: float, limit: float | None, tol: float
     ok = value <= limit * (1 + tol)
     return make_check(
         row, name, ok, expected=f"<= {limit:.1f} x {1 + tol:g}", observed=f"{value:.1f}",
-        meaning="" if ok else f"{row['protocol']}'s scheduler thread runs more Python "
-                              f"{mode} {metric.replace('_', ' ')} than the committed "
-                              f"baseline (+{value / limit - 1:.1%}): host work was added to "
-                              "its step or poll path; if meant, record the baseline again")
+        meaning="" if ok else f"{row['protocol']}'s scheduler thread runs {value / limit - 1:.1%} "
+                              f"more Python {mode} per {per} than the committed baseline: "
+                              "host work was added to its step or poll path; if meant, record "
+                              "the baseline again")
