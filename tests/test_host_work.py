@@ -4,6 +4,7 @@ call moves it by exactly what was planted; on a pinned serve two runs agree with
 A/A bound the gate's tolerance is built on and the work plant (--plant PROTOCOL:Ncalls)
 moves it by its size; the ceiling passes at the baseline and fails above it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -162,9 +163,32 @@ def test_a_pinned_serve_counts_alike_twice_and_sees_a_work_plant(tmp_path):
     assert a.host_polls > 0
     slack = 0.01 * a.host_events  # 0.24 % seen here with the forward padded, since unpadded
     assert abs(a.host_events - b.host_events) <= slack
+    _gate_holds_and_fails_below(tmp_path)
     planted, _ = _run(tmp_path / "p", "--plant", f"pr36425:{PLANT}calls")
     # per step that polls: the calls, _work and its range; per poll: the look-up of whether
     # this step's plant ran (hicache.cache.twin.TwinPolls._timed)
     expected = (PLANT + 2) * int((steps["polled"] > 0).sum()) + a.host_polls
     assert abs(planted.host_poll_events - a.host_poll_events - expected) <= slack
     assert abs(planted.host_events - a.host_events - expected) <= slack
+
+
+def _gate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", "gate", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def _gate_holds_and_fails_below(tmp_path) -> None:
+    """bench gate's wiring: --update-baseline records run a's ceilings, run b passes them,
+    and fails them once they are 3 % lower."""
+    base = tmp_path / "base"
+    assert _gate(str(tmp_path / "a"), "--baseline", str(base), "--update-baseline").returncode == 0
+    gate_json = base / "gate.json"
+    settings = json.loads(gate_json.read_text())
+    assert settings["host_work"]["mode"] == "calls"
+    done = _gate(str(tmp_path / "b"), "--baseline", str(base))
+    assert done.returncode == 0 and "host_work_poll" in done.stdout, done.stdout[-2000:]
+    for limits in settings["host_work"]["ceilings"]["pr36425"].values():
+        limits.update({k: v * 0.97 for k, v in limits.items()})
+    gate_json.write_text(json.dumps(settings))
+    done = _gate(str(tmp_path / "b"), "--baseline", str(base))
+    assert done.returncode != 0 and "host_work_step" in done.stdout, done.stdout[-2000:]
