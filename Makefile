@@ -63,8 +63,8 @@ bench: setup  ## the main job: protocols x policies x repeats, results/latest; S
 delay-sweep: setup  ## make bench's workload at 0-3 ms added per control-plane collective: ratio against c, with the model (sweep.md)
 	$(PY) -m bench run --preset delay-sweep $(ARGS)
 
-gate: dev  ## quick CI preset, its micro-benchmarks, then the perf gate: counts vs the model, timings vs the baseline revision run beside this tree
-	$(PY) -m bench run --preset ci $(ARGS)
+gate: dev  ## quick CI preset (its host work counted too), its micro-benchmarks, then the perf gate: counts vs the model and the host-work ceiling, timings vs the baseline revision run beside this tree
+	$(PY) -m bench run --preset ci --host-work calls $(ARGS)
 	$(PY) -m bench microbench results/latest
 	$(PY) -m bench gate results/latest --baseline results/baseline --ab
 

@@ -92,7 +92,8 @@ def test_the_plant_spins_once_a_step_before_its_sides_first_poll(monkeypatch, pl
     monkeypatch.setattr(twin, "_spin", lambda seconds: events.append(("spin", seconds)))
     cfg = SimpleNamespace(twin_protocol="pr27010", policy="wait_complete", race_guard=True,
                           storage=SimpleNamespace(seed=0), planted_protocol=planted,
-                          planted_step_ms=PLANT_MS, planted_disagreement_from_step=-1)
+                          planted_step_ms=PLANT_MS, planted_step_calls=0,
+                          planted_disagreement_from_step=-1)
     polls = twin.TwinPolls(cfg, _Recorded("pr36425", events),
                            SimpleNamespace(layout=None, groups=None, delay_s=0.0))
     polls.twin = _Recorded("pr27010", events)

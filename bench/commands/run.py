@@ -173,9 +173,14 @@ def parser() -> CliParser:
       "later than rank 0 (ranks that see a miss differently)")
     a("--kill-rank", type=int, help="fault injection: this rank exits at --kill-step")
     a("--kill-step", type=int, help="the process-wide step at which --kill-rank exits")
+    a("--host-work", choices=("calls", "opcodes", "none"), help="after each cell's timed "
+      "serve, serve its workload once more untimed and count the scheduler thread's Python "
+      "work per step and per poll (calls: function calls; opcodes: bytecodes): ranks.csv "
+      "host_* columns, gated by bench gate (gate.json host_work); the ci preset's: calls")
     a("--plant", metavar="PROTOCOL:MS", help="fault injection: every step of PROTOCOL's "
       "cells whose walk polls a pending prefetch spins MS ms more (a known host cost: "
-      "what a paired design must recover, docs/usage.md, Pairing)")
+      "what a paired design must recover, docs/usage.md, Pairing); PROTOCOL:Ncalls makes N "
+      "extra Python calls instead (host work of a fixed size: bench.run.hostwork counts it)")
     a = _group(p, 'output')
     a("--out", type=Path,
       help="results directory, new or empty (default results/<UTC>_<preset>_<sha>)")

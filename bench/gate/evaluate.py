@@ -46,6 +46,7 @@ from bench.gate.baseline import (
     update_baseline,
 )
 from bench.gate.checks import EPS, Check, baseline_value, make_check, state
+from bench.gate.hostwork import host_work_checks, with_ceilings
 from bench.gate.timing import (
     AB_METRICS,
     DEFAULT_THRESHOLD,
@@ -381,14 +382,16 @@ def evaluate(args: GateOptions) -> tuple[list[Check], str]:
     checks = run_checks(run.requests, summary, run.ranks, run.env.get("plan"))
     if args.update_baseline:
         if all(c.passed for c in checks):
-            line = update_baseline(args.run_dir, args.baseline, summary,
-                                   read_settings(args.baseline), run.env)
+            settings = with_ceilings(read_settings(args.baseline), run.ranks,
+                                     args.run_dir.resolve().name)
+            line = update_baseline(args.run_dir, args.baseline, summary, settings, run.env)
             return checks, line
         return checks, "baseline NOT updated"
     check_comparable(run.env, args.baseline)
     baseline, settings = load_baseline(args.baseline)
     timing, how = timing_checks(args, summary, baseline, settings)
-    checks += per_poll_checks(summary, baseline) + timing
+    checks += per_poll_checks(summary, baseline) + host_work_checks(summary, run.ranks,
+                                                                     settings) + timing
     # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
     note = gate_note(args.run_dir)
     return checks, f"{how}; baseline {args.baseline}" + (f"\n{note}" if note else "")

@@ -89,6 +89,7 @@ class RunOptions:
     redo_disturbed: int | None = None
     allow_auto_truncate: bool = False
     neighbour: str | None = None
+    host_work: str | None = None
     pairing: str | None = None
     plant: str | None = None
     cache: str = "project"
@@ -164,7 +165,8 @@ def build_plan(args: RunOptions) -> RunPlan:
                    model=args.model or "llama3-8b", gpu=args.gpu or "h100", step_ms=args.step_ms,
                    workload=_workload(args, preset), trace=trace, storage=storage,
                    system=tuple(sorted(system.items())),
-                   neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing))
+                   neighbour=_neighbour(args.neighbour), pairing=_pairing(args.pairing),
+                   host_work=_host_work(args.host_work, preset.get("host_work"), args))
     try:
         plan = delays.apply(plan, delays.parse(args.collective_delay_ms)
                             or preset.get("delays_ms", ()))
@@ -181,6 +183,9 @@ def build_plan(args: RunOptions) -> RunPlan:
     if args.redo_disturbed and plan.schedule != "pinned":
         raise OptionError("--redo-disturbed needs a pinned schedule (a free one would serve "
                           "another schedule the second time)")
+    if plan.host_work and plan.schedule != "pinned":
+        raise OptionError("--host-work needs --schedule pinned: on a free schedule the "
+                          "decisions, and so the work counted, vary with timing")
     if plan.pairing and plan.redo_disturbed:
         # Duet: a serve run again alone would not be paired in time with its partner's;
         # step: a burst lands on both sides of a step, so a disturbed serve needs no redo.
@@ -214,6 +219,22 @@ def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
 
 
+def _host_work(flag: str | None, preset: str | None, args: RunOptions) -> str | None:
+    """--host-work's mode (bench.run.hostwork), else the preset's where it can count: a
+    count needs the pinned schedule (the same decisions every run) and the serial design (a
+    serve per cell); asked for where it cannot, an OptionError."""
+    mode = flag or preset
+    if mode is None or mode == "none":
+        return None
+    if mode not in ("calls", "opcodes"):
+        raise OptionError(f"--host-work must be calls, opcodes or none, got {mode!r}")
+    why = (f"--pairing {args.pairing}" if args.pairing not in (None, "serial") else
+           "--schedule free" if args.schedule == "free" else None)
+    if why and flag:
+        raise OptionError(f"--host-work counts serial serves on a pinned schedule, not {why}")
+    return None if why else mode
+
+
 def _neighbour(text: str | None) -> str | None:
     """The neighbour's canonical spec text, or None for none (OptionError when bad)."""
     try:
@@ -233,18 +254,20 @@ def _pairing(text: str | None) -> str | None:
     return text
 
 
-def _plant(text: str) -> tuple[str, float]:
-    """--plant PROTOCOL:MS as (protocol, ms)."""
-    proto, _, ms = text.partition(":")
+def _plant(text: str) -> tuple[str, str, float]:
+    """--plant PROTOCOL:MS as (protocol, "planted_step_ms", ms), or PROTOCOL:Ncalls (host
+    work, not time: hicache.cache.twin._work) as (protocol, "planted_step_calls", N)."""
+    proto, _, size = text.partition(":")
     proto = ALIASES.get(proto.strip(), proto.strip())
+    calls = size.strip().endswith("calls")
     try:
-        value = float(ms)
+        value = int(size.strip()[:-5]) if calls else float(size)
     except ValueError:
-        value = -1.0
+        value = -1
     if proto not in PROTOCOLS or not value > 0:
-        raise OptionError(f"--plant takes PROTOCOL:MS (a protocol of {', '.join(PROTOCOLS)} "
-                          f"and ms > 0), got {text!r}")
-    return proto, value
+        raise OptionError(f"--plant takes PROTOCOL:MS or PROTOCOL:Ncalls (a protocol of "
+                          f"{', '.join(PROTOCOLS)} and MS or N > 0), got {text!r}")
+    return proto, "planted_step_calls" if calls else "planted_step_ms", value
 
 
 def _repeat_seeds(flag: str | None, preset: dict) -> str | None:
@@ -340,7 +363,7 @@ def _system(args, preset: dict) -> dict:
     if args.consensus:
         s["consensus_check"] = True
     if args.plant is not None:
-        s["planted_protocol"], s["planted_step_ms"] = _plant(args.plant)
+        s["planted_protocol"], key, s[key] = _plant(args.plant)
     if args.timeline:
         s["timeline"] = True
     s["schedule"] = args.schedule or preset.get("schedule", "free")

@@ -95,6 +95,9 @@ class RunPlan:
     # added costs per control-plane collective (ms), interleaved; () = one cost, the
     # system's collective_delay_ms. Each cost's rows go to a run directory of its own.
     delays_ms: tuple[float, ...] = ()
+    # calls | opcodes: after each cell's timed serve, one more serve of its workload whose
+    # scheduler thread's Python work is counted (bench.run.hostwork); None: none
+    host_work: str | None = None
     out_dir: str = ""
 
     @property
@@ -412,7 +415,7 @@ def _flat(d: object, prefix: str = "") -> dict[str, object]:
 
 def plan_differences(a: dict | None, b: dict | None, sep: str) -> list[str]:
     """'field a-value SEP b-value' for every setting two recorded plans (env.json's `plan`)
-    differ in, the output directory aside."""
+    differ in, the settings in UNPLANNED aside."""
     fa, fb = _flat(a or {}), _flat(b or {})
     # A setting recorded as None or empty (off: no sweep, no sides) and one not recorded at
     # all (a plan written before the setting existed) are the same plan.
@@ -420,4 +423,9 @@ def plan_differences(a: dict | None, b: dict | None, sep: str) -> list[str]:
               for f in (fa, fb))
     return [f"{k} {fa.get(k, '(unset)')} {sep} {fb.get(k, '(unset)')}"
             for k in sorted(set(fa) | set(fb))
-            if k != "out_dir" and fa.get(k, "(unset)") != fb.get(k, "(unset)")]
+            if k not in UNPLANNED and fa.get(k, "(unset)") != fb.get(k, "(unset)")]
+
+
+# Settings that do not change what a run's timed serves are: where it writes, and whether
+# an untimed serve counts host work after each cell (bench.run.hostwork)
+UNPLANNED = ("out_dir", "host_work")

@@ -211,7 +211,7 @@ class ResultSink:
                 "crosscheck_ok": ok, "host_slots_unaccounted": leaked,
                 **{k: p.get("write_path", {}).get(k) for k in WRITE_PATH_COLUMNS},
                 "cpu_s": p["cpu_s"],
-                "wall_s": p["wall_s"], "threads": p.get("threads")}
+                "wall_s": p["wall_s"], "threads": p.get("threads"), **p.get("host_work", {})}
 
     def _problem(self, cell: Cell, kind: str, what: str) -> None:
         self.problems.append({"protocol": cell.protocol, "policy": cell.policy,

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench.run import calibrate, duet, fit, machine, turns, workload
+from bench.run import calibrate, duet, fit, hostwork, machine, turns, workload
 from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
 from bench.run.sides import Side
@@ -158,11 +158,12 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     make_main = _checked(make_cache, plan, cell, "main", rank0)
     threads = _settled(plan)
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
+    sched = hostwork.SchedCpu()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane,
-                           make_main)
+                           make_main, lambda _: sched)
     cpu_s, wall_s, machine1 = time.process_time() - cpu0, time.monotonic() - wall0, \
         machine.read()
-    return {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
+    payload = {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
             "timeline": _timeline(stats, layout, groups),
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
@@ -175,6 +176,10 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             "threads": threads,
             # The machine's CPU account around the serve (rank 0's is read: _disturbed).
             "cpu_times": (machine0, machine1)}
+    # after the crosscheck above: the counted serve's collectives move torch's numbers on
+    counted = _counted(plan, cfg, layout, groups, device, main, rank0, steps, make_main)
+    payload["host_work"] = hostwork.columns(*counted, sched, stats)
+    return payload
 
 
 def _freeze_imports() -> None:
@@ -230,15 +235,38 @@ def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:
             "groups": members}
 
 
+def _counted(plan: RunPlan, cfg, layout, groups, device, wl, rank0: bool, steps: list[int],
+             make_cache: CacheFactory) -> tuple:
+    """--host-work: the cell's workload served once more, untimed, its scheduler thread's
+    Python work counted (bench.run.hostwork); (meter, stats), or (None, None) without it."""
+    if not plan.host_work:
+        return None, None
+    made: list[hostwork.HostWork] = []
+
+    def meter(system) -> hostwork.HostWork:
+        made.append(hostwork.meter_for(system, plan.host_work))
+        return made[-1]
+
+    # No forward padding: the pinned clock advances by the modelled forward all the same,
+    # the serve takes its CPU time only, and the count loses a path that varied with timing
+    # (the sleep, skipped when a step's work overran its modelled time).
+    _, stats = _serve(replace(cfg, pad_forward=False), layout, groups, device, wl, rank0,
+                      plan.seed, steps, None, make_cache, meter)
+    return made[-1], stats
+
+
 def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int],
-           lane: Lane | None = None, make_cache: CacheFactory = HiCache):
+           lane: Lane | None = None, make_cache: CacheFactory = HiCache, meter=None):
+    """One serve; `meter(system)`: a context the scheduler thread serves inside (its CPU
+    time, or its Python work counted: bench.run.hostwork)."""
     system = System(cfg, layout, groups, device, seed, make_cache)
     system.populate(wl.histories)
     _barrier(layout, device)  # all ranks start the timed region together
     if lane is not None:
         lane.start()  # ... and every lane of a duet too
     cpu0, wall0 = time.process_time(), time.monotonic()
-    stats = system.run(wl.requests if rank0 else [], steps[0])
+    with meter(system) if meter else contextlib.nullcontext():
+        stats = system.run(wl.requests if rank0 else [], steps[0])
     if lane is not None:  # as busy as this serve was, until every lane is done
         lane.finish((time.process_time() - cpu0) / max(time.monotonic() - wall0, 1e-9))
     steps[0] += system.steps_run

@@ -19,7 +19,9 @@ torch's sequence numbers. Only protocols that decide in the poll from the same f
 itself is the design's A/A.
 
 Fault injection (HiCacheConfig.planted_step_ms): the first poll of `planted_protocol` in
-every step spins that long more, timed with its side: a known cost to recover.
+every step spins that long more, timed with its side: a known cost to recover. With
+planted_step_calls it makes that many extra Python calls instead: known host work, the same
+count on every machine (a spin's count of calls varies with the CPU's speed and load).
 """
 
 from __future__ import annotations
@@ -79,13 +81,26 @@ class TwinPolls:
     def _timed(self, side: int, protocol: Protocol, facts: Facts, comm: Comm,
                rid: str) -> bool:
         t0 = time.perf_counter()
-        if protocol.name == self.cfg.planted_protocol and self.cfg.planted_step_ms and \
-                self._planted.get(side) != self.step:
+        if protocol.name == self.cfg.planted_protocol and self._planted.get(side) != self.step \
+                and (self.cfg.planted_step_ms or self.cfg.planted_step_calls):
             self._planted[side] = self.step
-            _spin(self.cfg.planted_step_ms / 1e3)
+            if self.cfg.planted_step_ms:
+                _spin(self.cfg.planted_step_ms / 1e3)
+            _work(self.cfg.planted_step_calls)
         answer = protocol.poll(facts, comm, rid)
         self.seconds[side] += time.perf_counter() - t0
         return answer
+
+
+def _work(calls: int) -> None:
+    """Host work of a known size: `calls` calls of a small Python function (a count, not a
+    time: the same on every machine, however loaded)."""
+    for i in range(calls):
+        _one(i)
+
+
+def _one(i: int) -> int:
+    return i + 1
 
 
 def _spin(seconds: float) -> None:

@@ -121,6 +121,10 @@ class HiCacheConfig:
     # recover (tests/test_pairing.py). 0: none.
     planted_step_ms: float = 0.0
     planted_protocol: str = ""
+    # Fault injection of host *work*, not time: the same polls make this many extra Python
+    # calls (hicache.cache.twin._work), the same count on any machine, so a host-work count
+    # (bench.run.hostwork) sees it exactly where a spin's count would vary with the CPU. 0: none.
+    planted_step_calls: int = 0
     # The step-paired design (hicache.cache.twin): every poll also asks this protocol, back to back
     # on the same facts, each side timed; their answers must agree. "" = no twin.
     twin_protocol: str = ""
@@ -186,6 +190,8 @@ class HiCacheConfig:
                              f"{self.twin_protocol}")
         if self.planted_step_ms < 0:
             raise ValueError(f"planted_step_ms must be >= 0, got {self.planted_step_ms}")
+        if self.planted_step_calls < 0:
+            raise ValueError(f"planted_step_calls must be >= 0, got {self.planted_step_calls}")
         if self.kv_bytes not in ("auto", "real", "synthetic"):
             raise ValueError(f"kv_bytes must be auto, real or synthetic, got {self.kv_bytes!r}")
         if self.write_policy not in WRITE_POLICIES:
