@@ -75,7 +75,7 @@ def parser() -> CliParser:
       "elsewhere)")
     a("--schedule", choices=SCHEDULES, help="pinned: arrivals, IO completions and timeouts "
       "on a virtual clock advanced by the modelled forward, one schedule per seed, so a "
-      "difference is the protocol's host cost (the default, queue and ci presets); free: "
+      "difference is the protocol's host cost (the cost, queue and ci presets); free: "
       "on the wall clock, the end-to-end effect with its feedback through the schedule "
       "(every other preset; docs/design.md, Pinned schedules)")
     a("--pairing", choices=("serial", *PAIRINGS), help="how the protocols of a repeat "
