@@ -121,7 +121,7 @@ def read_settings(baseline_dir: Path) -> dict:
 # more while a check is undecided, up to `budget_repeats` and `budget_s` (bench.ab.sequential).
 DEFAULT_AB = {"design": "served", "preset": "default", "schedule": "pinned",
               "protocols": "pr27010,pr36425", "policies": "wait_complete", "repeats": 12,
-              "budget_repeats": 60, "budget_s": 300}
+              "budget_repeats": 80, "budget_s": 420}
 
 
 def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
