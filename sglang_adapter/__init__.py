@@ -6,11 +6,20 @@ listed below (tests/test_layout.py holds them to it). A name is imported from it
 first use, so choosing a target (`choose_for_run`, `choose_sides`, the option checks) costs no
 torch import; the rank-side names (`Door`, `make_rig`, `poll_rank`, ...) bring torch in.
 
-Inside: `source` resolves `--sglang SPEC`; `loader` imports SGLang's decision path from it,
-unchanged; `door` counts every collective SGLang issues where it calls torch.distributed, by
-its calling frame; `poll` drives SGLang's own poll on real gloo ranks; `controller` its
-cache controller's threads; `serving` the cache a `bench run --cache sglang` rank serves
-with; `consensus` SGLang's own rank-consensus checker; `sides` several SGLangs in one run.
+Inside, by concern (tests/test_layout.py holds the floors: every import points down):
+- the door, its top-level modules: `source` resolves `--sglang SPEC`; `loader` imports
+  SGLang's decision path from it, unchanged; `target` what a run serves with; `sides`
+  several SGLangs in one run; `door` counts every collective SGLang issues where it calls
+  torch.distributed, by its calling frame; `serving` the cache a `bench run --cache sglang`
+  rank serves with (above every room: it chooses between the two paths);
+- `judge/`: `consensus`, SGLang's own rank-consensus checker;
+- `decisions/`: `cases` (one poll case, no torch), `poll` (SGLang's own poll on real gloo
+  ranks), `cache` (its decisions behind the harness's seam, on the project's data path);
+- `controller/`: `rig` (its cache controller's threads on real gloo ranks), `stand_ins`
+  (their memory-less host pool and tree core), `storage` (the backend SGLang reads
+  through), `pinned` (a pinned schedule for its drains), `cache` (the controller path as a
+  run's data path), `project_stand_ins` (its host pool and tree core over the harness's),
+  `writes` (its write path).
 """
 
 from __future__ import annotations
@@ -39,18 +48,18 @@ _DOOR = {
     "resolve": ("source", "resolve"),
     "LoadError": ("loader", "LoadError"),
     "load": ("loader", "load"),
-    "POLICIES": ("cases", "POLICIES"),
-    "STEP_S": ("cases", "STEP_S"),
-    "PollCase": ("cases", "PollCase"),
-    "ships_checker": ("consensus", "ships_checker"),
-    "consensus_verdict": ("consensus", "verdict"),
-    "consensus_collectives": ("consensus", "collectives"),
+    "POLICIES": ("decisions.cases", "POLICIES"),
+    "STEP_S": ("decisions.cases", "STEP_S"),
+    "PollCase": ("decisions.cases", "PollCase"),
+    "ships_checker": ("judge.consensus", "ships_checker"),
+    "consensus_verdict": ("judge.consensus", "verdict"),
+    "consensus_collectives": ("judge.consensus", "collectives"),
     # on a rank (torch)
     "Door": ("door", "Door"),
-    "make_rig": ("poll", "make_rig"),
-    "poll_rank": ("poll", "poll_rank"),
-    "ControllerCase": ("controller", "ControllerCase"),
-    "controller_rank": ("controller", "controller_rank"),
+    "make_rig": ("decisions.poll", "make_rig"),
+    "poll_rank": ("decisions.poll", "poll_rank"),
+    "ControllerCase": ("controller.rig", "ControllerCase"),
+    "controller_rank": ("controller.rig", "controller_rank"),
     "cache_factory": ("serving", "factory"),
 }
 

@@ -68,7 +68,7 @@ class Door:
         self.sequence: list | None = None
         self.step: int | None = None
         # Optional: told of every counted call once it returned, with its seconds and start
-        # (sglang_adapter.cache records it on the harness's counter); and `failure(call,
+        # (sglang_adapter.decisions.cache records it on the harness's counter); and `failure(call,
         # error)`, the exception to raise instead when a counted call fails (one that names
         # SGLang's call site).
         self.listener = None

@@ -1,17 +1,18 @@
 """How a rank gets SGLang's cache: `factory(target)`, the CacheFactory (hicache.serve.seam)
 a `--cache sglang` serve builds its cache with. Apart from the two caches it chooses
-between (sglang_adapter.cache's decisions path, sglang_adapter.run_controller's controller
-path, a subclass of it), so that neither imports the other's chooser: no import circle."""
+between (sglang_adapter.decisions.cache's decisions path, sglang_adapter.controller.cache's
+controller path, a subclass of it), so that neither imports the other's chooser: no import
+circle."""
 
 from __future__ import annotations
 
 import functools
 
-from sglang_adapter import consensus
-from sglang_adapter.cache import SGLangCache
+from sglang_adapter.controller.cache import ControllerCache
+from sglang_adapter.decisions.cache import SGLangCache
 from sglang_adapter.door import Door
+from sglang_adapter.judge import consensus
 from sglang_adapter.loader import load, native_hash
-from sglang_adapter.run_controller import ControllerCache
 from sglang_adapter.source import DEFAULT_CACHE
 from sglang_adapter.target import Target
 
@@ -32,7 +33,7 @@ def _loaded(target: Target):
 def factory(target: Target):
     """The CacheFactory (hicache.serve.seam) of a `--cache sglang` run; loads SGLang in this
     process on its first call. With `target.controller` SGLang's controller path is the
-    data path too (sglang_adapter.run_controller)."""
+    data path too (sglang_adapter.controller.cache)."""
     loaded, door = _loaded(target)
     cls = ControllerCache if target.controller else SGLangCache
     return functools.partial(cls, target=target, door=door, loaded=loaded)

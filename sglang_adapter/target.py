@@ -1,6 +1,6 @@
 """What `bench run --cache sglang --sglang SPEC` serves with, resolved once before any rank
 starts: where SGLang is read from, the cache class its release builds, and the project
-protocol that models that release (the harness's data path runs it: sglang_adapter.cache).
+protocol that models that release (the harness's data path runs it: sglang_adapter.decisions.cache).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ class Target:
     family: str  # unified | hiradix (sglang_adapter.loader.FAMILIES)
     protocol: str  # the project protocol of the release: the data path's
     # --sglang-path controller: SGLang's controller path is the data path too
-    # (sglang_adapter.run_controller); else the project's (sglang_adapter.cache)
+    # (sglang_adapter.controller.cache); else the project's (sglang_adapter.decisions.cache)
     controller: bool = False
     native_error: str | None = None  # why SGLang's page-hash extension does not build here
     # SGLang's own rank-consensus checker on, its journals and log in this folder
-    # (sglang_adapter.consensus); None: off, as a server runs by default
+    # (sglang_adapter.judge.consensus); None: off, as a server runs by default
     consensus_dir: str | None = None
     side: str | None = None  # its label among several SGLangs in one run (sglang_adapter.sides)
 
@@ -105,8 +105,8 @@ def choose(cache: str, spec: str | None, protocols_given: bool,
 
 
 # What of SGLang `--cache sglang` runs (docs/sglang.md): its controller path as the data
-# path too (sglang_adapter.run_controller), or its decisions on the project's data path
-# (sglang_adapter.cache); auto: the controller where the run fits it.
+# path too (sglang_adapter.controller.cache), or its decisions on the project's data path
+# (sglang_adapter.decisions.cache); auto: the controller where the run fits it.
 SGLANG_PATHS = ("auto", "controller", "decisions")
 
 
@@ -123,7 +123,7 @@ def run_unfit(pp: int, system: dict) -> str | None:
     """controller_unfit's reasons that are the run's, whatever the SGLang: known before
     SGLang is imported or its page-hash extension built. Any PP size serves (docs/sglang.md,
     "Its layouts"), and the write path under write_through and write_back
-    (sglang_adapter.run_writes); buffer_only does not: the rig builds no
+    (sglang_adapter.controller.writes); buffer_only does not: the rig builds no
     BufferModePipeline, and at PP > 1 it is SGLang's PP-ticket path, whose tickets stage
     0's scheduler relays to the later stages with each request (scheduler.py:3117, 3325)."""
     return ("serves no side-car pool (--extra-pool)" if system.get("extra_pool")

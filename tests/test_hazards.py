@@ -204,7 +204,7 @@ def test_a_rank_without_a_report_is_named_by_what_the_launcher_heard():
 
 def test_an_abort_in_sglangs_own_collective_is_named_by_the_site_it_plays():
     """early-return under --cache sglang: gloo aborts rank 1; rank 0 failed in SGLang's
-    decision MAX (sglang_adapter.cache names the harness site it plays). Whether rank 0's
+    decision MAX (sglang_adapter.decisions.cache names the harness site it plays). Whether rank 0's
     ack thread failed too is a race; the outcome is an abort at the decision either way."""
     sglang = ("CollectiveError: SGLang's collective all_reduce at mem_cache/unified_radix_"
               "cache.py:_all_reduce_attn_groups:359 < _all_reduce:386 < _can_terminate_"

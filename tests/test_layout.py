@@ -2,7 +2,8 @@
 online half) and bench/analysis/ (the offline half) never import each other; bench/commands/
 import engines, never one another (common and trace_flags are the commands' own shared
 parts); argparse Namespaces stay in commands/; nothing outside bench/rundir/ names a run
-directory's files; and the rooms' imports form no circle."""
+directory's files; the rooms' imports form no circle; hicache/ and sglang_adapter/ stand in
+rooms whose imports only point down, and bench/ enters the adapter by its one door."""
 
 from __future__ import annotations
 
@@ -244,7 +245,7 @@ def test_bench_reaches_sglang_through_one_door():
 
 
 @pytest.mark.parametrize("planted", [
-    "from sglang_adapter.poll import make_rig\n",
+    "from sglang_adapter.decisions.poll import make_rig\n",
     "import sglang_adapter.door\n",
     "from sglang_adapter import Rig\n",
     "from sglang_adapter import make_rig\nrig = make_rig()\nrig._admit()\n"])
@@ -316,3 +317,99 @@ def test_no_module_imports_itself_through_others():
     modules = {**MODULES, **_modules("sglang_adapter")}
     graph = {m: {d for d in _imports(p) if d in modules and d != m} for m, p in modules.items()}
     assert _cycle(graph) is None, f"an import circle: {_cycle(graph)}"
+
+
+# ---- sglang_adapter/ by concern: the door and the judge, then the decisions, the controller ----
+
+# The door's top-level modules (sources, loading, choosing, the collective count) are the
+# ground floor; `serving` (it chooses between the two paths) and the package's __init__ (its
+# public names, imported on first use) stand above every room, as bench's entry does.
+ADAPTER_FLOORS = {"door": 0, "judge": 0, "decisions": 1, "controller": 2}
+ADAPTER_ABOVE = {"sglang_adapter", "sglang_adapter.serving"}
+# What choosing a target reads (the door's no-torch names): none of it imports torch.
+ADAPTER_TORCH_FREE = {"sglang_adapter.source", "sglang_adapter.loader", "sglang_adapter.target",
+                      "sglang_adapter.sides", "sglang_adapter.decisions",
+                      "sglang_adapter.decisions.cases", "sglang_adapter.judge",
+                      "sglang_adapter.judge.consensus", "sglang_adapter.controller"}
+
+
+def _adapter_room(module: str) -> str:
+    """A subpackage is its own room; the package's top-level modules are the door."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ADAPTER_FLOORS else "door"
+
+
+def test_the_adapter_is_rooms_with_a_docstring_each():
+    root = REPO / "sglang_adapter"
+    rooms = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(ADAPTER_FLOORS) - {"door"}, rooms
+    top = sorted(p.name for p in root.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 8, f"sglang_adapter/ holds {len(top)} top-level modules: {top}"
+    for room in rooms:
+        doc = ast.get_docstring(ast.parse((root / room / "__init__.py").read_text()))
+        assert doc and "\n" not in doc.strip(), f"sglang_adapter/{room}/: a one-line docstring"
+
+
+def _adapter_downward_violations(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, deps in edges.items():
+        if m in ADAPTER_ABOVE:
+            continue
+        for d in deps:
+            if d in ADAPTER_ABOVE:
+                bad.append(f"{m} imports {d}: it stands above every room")
+                continue
+            rm, rd = _adapter_room(m), _adapter_room(d)
+            if rm != rd and ADAPTER_FLOORS[rd] >= ADAPTER_FLOORS[rm]:
+                bad.append(f"{m} ({rm}) imports {d} ({rd}): not a floor below")
+    return bad
+
+
+def test_the_adapters_imports_only_point_down():
+    adapter = _modules("sglang_adapter")
+    edges = {m: {d for d in _imports(p) if d in adapter and d != m} for m, p in adapter.items()}
+    assert sum(map(len, edges.values())) > 20, "too few adapter imports found: vacuous"
+    bad = _adapter_downward_violations(edges)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("planted", [
+    {"sglang_adapter.decisions.poll": {"sglang_adapter.controller.rig"}},
+    {"sglang_adapter.judge.consensus": {"sglang_adapter.decisions.cache"}},
+    {"sglang_adapter.loader": {"sglang_adapter.judge.consensus"}},
+    {"sglang_adapter.controller.cache": {"sglang_adapter.serving"}}])
+def test_the_adapter_floor_check_catches_a_planted_upward_import(planted):
+    assert _adapter_downward_violations(planted)
+
+
+def _top_imports(path: Path) -> set[str]:
+    """What importing `path` imports at once: its module-level imports (not those inside a
+    function, which run when it is called)."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_choosing_a_target_imports_no_torch():
+    """The door's no-torch names (choose_for_run, choose_sides, the poll cases, the judge's
+    verdict) and the rooms' own __init__ files they pass through import no torch on import."""
+    adapter = _modules("sglang_adapter")
+    assert ADAPTER_TORCH_FREE <= set(adapter), sorted(ADAPTER_TORCH_FREE - set(adapter))
+    bad = _torch_violations({m: _top_imports(adapter[m]) for m in ADAPTER_TORCH_FREE}, adapter)
+    assert not bad, "\n".join(bad)
+
+
+def _torch_violations(imports: dict[str, set[str]], adapter) -> list[str]:
+    return [f"{m} imports {d}" for m in sorted(imports) for d in sorted(imports[m])
+            if d.split(".")[0] in ("torch", "numpy")
+            or d in adapter and d not in ADAPTER_TORCH_FREE]
+
+
+@pytest.mark.parametrize("planted", ["torch.distributed", "sglang_adapter.decisions.poll"])
+def test_the_torch_check_catches_a_planted_import(planted):
+    adapter = _modules("sglang_adapter")
+    assert _torch_violations({"sglang_adapter.target": {planted}}, adapter)

@@ -1,5 +1,5 @@
 """SGLang's own rank-consensus checker as the hazard matrix's second judge
-(sglang_adapter.consensus; `bench hazards --cache sglang --sglang-consensus`).
+(sglang_adapter.judge.consensus; `bench hazards --cache sglang --sglang-consensus`).
 
 Fast: the verdict read from the ranks' journals and logs (fired, silent, absent, and why a
 silent checker missed records only some ranks made); the checker's wiring on a stand-in of
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_adapter import consensus
+from sglang_adapter.judge import consensus
 from tests.sglang_wheels import sglang_wheel
 
 REPO = Path(__file__).resolve().parent.parent

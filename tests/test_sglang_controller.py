@@ -1,4 +1,4 @@
-"""SGLang's own controller path on real gloo ranks (sglang_adapter.controller,
+"""SGLang's own controller path on real gloo ranks (sglang_adapter.controller.rig,
 docs/sglang.md "SGLang's own controller path"): `prefetch_from_storage`, the controller's
 hit-query, IO and ack-sync threads with their collectives on the groups SGLang makes, the
 drains in `check_hicache_events`, the poll, the end of a prefetch, over the harness's
@@ -20,7 +20,7 @@ import pytest
 
 from bench.run import sglang_controller as check
 from bench.run.launch import launch
-from sglang_adapter.controller import controller_rank
+from sglang_adapter.controller.rig import controller_rank
 from sglang_adapter.source import resolve, unpack
 from tests.sglang_wheels import sglang_wheel
 

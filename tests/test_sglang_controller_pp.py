@@ -6,7 +6,7 @@ relayed down the stages by `_pp_sync`, the later stages draining exactly stage 0
 
 Tiers: which runs the path accepts (no process group); `bench run --cache sglang` at TP1 x
 PP2 on the controller path, every request held against the project's model of 0.5.23 (in
-make test, about 15 s); the controller rig (sglang_adapter.controller) at TP1 x PP2 and TP2
+make test, about 15 s); the controller rig (sglang_adapter.controller.rig) at TP1 x PP2 and TP2
 x PP2, every rank's collectives per request by call site against the model of its stage
 (make sglang-check). The wheel comes from the release cache (absent: skipped, never
 passed)."""
@@ -27,7 +27,7 @@ from bench.run import sglang_controller as check
 from bench.run.launch import launch
 from hicache.spec.cost_model import expected_per_request
 from sglang_adapter import Target, controller_unfit, run_unfit
-from sglang_adapter.controller import controller_rank
+from sglang_adapter.controller.rig import controller_rank
 from sglang_adapter.target import pick_path
 from tests.sglang_wheels import sglang_wheel
 from tests.test_sglang_controller import ACK, DECISION, HIT, STEP, _wheel

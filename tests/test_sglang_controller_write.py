@@ -1,5 +1,5 @@
 """SGLang 0.5.23's write path on the controller path (`bench run --cache sglang
---write-policy write_through`, sglang_adapter.run_writes, docs/sglang.md "The write path on
+--write-policy write_through`, sglang_adapter.controller.writes, docs/sglang.md "The write path on
 the controller path"): SGLang's write-through acks, `writing_check`, `write_backup_storage`,
 its backup thread and `_drain_backup` take the harness's host copies to storage, and what
 they wrote is what the harness computed. Counts and correctness, never latencies.
@@ -26,8 +26,8 @@ from hicache.cache.controller import KV
 from hicache.memory.pools import PagePool, expected_rows
 from hicache.memory.storage import StorageSpec, make_storage
 from hicache.spec.cost_model import expected_per_request, per_step
-from sglang_adapter.run_writes import ControllerWrites
-from sglang_adapter.stand_ins import Tier
+from sglang_adapter.controller.stand_ins import Tier
+from sglang_adapter.controller.writes import ControllerWrites
 from tests.sglang_wheels import sglang_wheel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def test_the_storage_check_finds_a_wrong_page_and_an_absent_one(kind, tmp_path):
 
 
 def test_the_host_pool_serves_the_page_sglangs_backup_thread_reads():
-    from sglang_adapter.run_stand_ins import ProjectHostPool
+    from sglang_adapter.controller.project_stand_ins import ProjectHostPool
 
     pool = PagePool("host", 4, PAGE_ELEMS)
     rows = expected_rows(["d", "e"], 0, KV, PAGE_ELEMS)

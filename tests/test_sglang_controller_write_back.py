@@ -1,5 +1,5 @@
 """SGLang 0.5.23's write_back on the controller path (`bench run --cache sglang
---write-policy write_back`, sglang_adapter.run_writes, docs/sglang.md "The write path on the
+--write-policy write_back`, sglang_adapter.controller.writes, docs/sglang.md "The write path on the
 controller path"): a device leaf with no host copy is copied as the harness's device
 eviction takes it, then SGLang's own `_track_write_through_node` (no lock),
 `writing_check(write_back=True)`, `write_backup_storage`, its backup thread and
@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sglang_adapter.run_writes import ControllerWrites
+from sglang_adapter.controller.writes import ControllerWrites
 from sglang_adapter.target import Target, pick_path, run_unfit
 from tests.sglang_wheels import sglang_wheel
 from tests.test_sglang_controller_write import costs_no_write_collective

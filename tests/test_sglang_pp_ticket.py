@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = """
 import json, sys, threading
 from sglang_adapter.loader import load
-from sglang_adapter.poll import make_rig
+from sglang_adapter.decisions.poll import make_rig
 from sglang_adapter.source import resolve
 rig = make_rig(load(resolve(sys.argv[1])), 0, 1, 1, None, None)
 rig.configure("wait_complete", 64, 30.0, 0.0)

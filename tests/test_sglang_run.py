@@ -1,4 +1,4 @@
-"""`bench run --cache sglang` (sglang_adapter.cache, docs/sglang.md): SGLang 0.5.23's own
+"""`bench run --cache sglang` (sglang_adapter.decisions.cache, docs/sglang.md): SGLang 0.5.23's own
 check_hicache_events and check_prefetch_progress behind the harness's seam, served the
 harness's workload, against `--cache project` with the protocol that models the release,
 one seed, pinned: per request the same polls and decision, completion, hit-query and ack
@@ -293,7 +293,7 @@ def test_hazards_bad_cache_input_is_one_line_and_exit_2(argv, says, tmp_path, ca
     ("barrier", "mem_cache/x.py:f:1", "", "sglang:mem_cache/x.py:f:1"),
 ])
 def test_each_sglang_collective_plays_its_harness_site(op, site, via, expected):
-    from sglang_adapter.cache import site_of
+    from sglang_adapter.decisions.cache import site_of
     from sglang_adapter.door import Call
 
     assert site_of(Call(site, "tp_cpu", op, "r0", via)) == expected
@@ -321,7 +321,7 @@ def test_compare_per_request_names_both_sides_call_sites():
 
 
 # --sglang-path controller (auto where it fits): SGLang's own controller path as the data
-# path (sglang_adapter.run_controller): its hit query and acks on the groups it makes,
+# path (sglang_adapter.controller.cache): its hit query and acks on the groups it makes,
 # named at its lines (0.5.23's).
 HIT_SITE = ("all_reduce@sglang_hit managers/cache_controller.py:_all_reduce:447 < "
             "_sync_prefetch_hit_query:1502 < prefetch_thread_func:1356")

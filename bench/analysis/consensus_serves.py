@@ -1,5 +1,5 @@
 """What SGLang's own rank-consensus checker said of each serve of a `--sglang-consensus`
-run (sglang_adapter.consensus): the journals every rank wrote under the run's `consensus/`
+run (sglang_adapter.judge.consensus): the journals every rank wrote under the run's `consensus/`
 folder (a folder per side and serve, bench.run.worker), read back into consensus.csv, one
 row per serve: `silent`, `fired: <function>` (where, and what each rank said, in the detail)
 or `absent` (a release that ships no checker), and the collectives the checker issued on its

@@ -45,7 +45,7 @@ class MatrixSpec:
     seed: int = 0
     timeout_s: float = 2.0  # each system collective's timeout
     out: Path = Path("results/hazards")
-    # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache); the
+    # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.decisions.cache); the
     # cells run its release's model protocol as the data path's, named `Target.name`
     sglang: Target | None = None
     # --sglang-consensus: every cell served a second time with SGLang's own checker on;

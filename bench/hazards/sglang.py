@@ -3,7 +3,7 @@ the engine of `bench sglang-poll --hazard`.
 
 Two TP ranks load SGLang from the SPEC and step alike: each step SGLang's own
 check_hicache_events, then a walk that polls the pending prefetches with SGLang's own
-check_prefetch_progress (sglang_adapter.poll's rig). The skew is planted in the walk, the
+check_prefetch_progress (sglang_adapter.decisions.poll's rig). The skew is planted in the walk, the
 one place SGLang leaves rank-local:
 - walk-skew (#30760): two prefetches pending; in the first step TP rank 1's walk stops
   after the first (its budget ran out), rank 0's polls both;

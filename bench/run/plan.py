@@ -79,7 +79,7 @@ class RunPlan:
     # "duet" (all at the same time, each on ranks of its own: bench.run.duet) or "step"
     # (every poll also asks the first protocol, back to back in the same step: hicache.cache.twin)
     pairing: str | None = None
-    # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.cache), its
+    # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.decisions.cache), its
     # protocol column `Target.name`; None: the project's cache (--cache project)
     sglang: Target | None = None
     # Several SGLangs in one run (--sglang a=SPEC,b=SPEC: sglang_adapter.sides): one per

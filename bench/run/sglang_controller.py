@@ -1,5 +1,5 @@
 """`bench sglang-poll --sglang SPEC --controller`'s engine: SGLang's own controller path
-(sglang_adapter.controller) on two local gloo ranks (TP2), six requests, each request's
+(sglang_adapter.controller.rig) on two local gloo ranks (TP2), six requests, each request's
 collectives SGLang issued beside what the project's model of the release says. OK when
 every request matches on every rank, both ranks ended every prefetch alike, what was
 loaded is what storage holds and the door's counts equal torch's sequence numbers.

@@ -2,7 +2,7 @@
 release (docs/sglang.md): the engine of `bench sglang-poll`.
 
 Every rank loads SGLang from the SPEC (sglang_adapter.loader) and polls one pending prefetch
-per policy with SGLang's own `check_prefetch_progress` (sglang_adapter.poll); the door
+per policy with SGLang's own `check_prefetch_progress` (sglang_adapter.decisions.poll); the door
 counts each collective at SGLang's call site. Per request: rank 0's decision collectives
 per poll that reached the decision, beside `hicache.spec.cost_model.decision_per_poll` of the
 protocol the project models the release with, and its per-step collectives

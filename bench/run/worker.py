@@ -133,7 +133,7 @@ def _agree(flag: bool, layout: Layout) -> bool:
 
 def cache_factory(plan: RunPlan) -> CacheFactory:
     """The system under test (hicache.serve.seam): the project's HiCache, or with --cache sglang
-    SGLang's decisions behind the seam (sglang_adapter.cache, which imports SGLang in this
+    SGLang's decisions behind the seam (sglang_adapter.decisions.cache, which imports SGLang in this
     process once)."""
     if plan.sglang is None:
         return HiCache
@@ -196,7 +196,7 @@ def _settled(plan: RunPlan) -> int | None:
     """Before a serve, outside every timed region: with SGLang's code behind the seam, the
     serves before it collected (its objects form cycles, threads and their bound methods,
     that can hold a process group SGLang's teardown destroyed, and its gloo threads with
-    it: sglang_adapter.controller.ControllerRig.stop); then this process's threads, as the
+    it: sglang_adapter.controller.rig.ControllerRig.stop); then this process's threads, as the
     serve finds them (ranks.csv `threads`). The project's own serves leave no such garbage,
     and a collection before each of them moved their steps (`bench ab` of the collection
     everywhere against 781af9a, preset ci: step 4-10 % slower under wait_complete and

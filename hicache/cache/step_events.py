@@ -42,8 +42,8 @@ class StepEvents:
     def _pad_step(self) -> None:
         """HiCacheConfig.step_pad_min: the MIN over the TP group that SGLang's own
         check_hicache_events issues before the harness's agreement under --cache sglang
-        (sglang_adapter.cache, run_controller), here with nothing to agree on, so that the
-        model beside SGLang's sides pays the same collectives a step as they do."""
+        (sglang_adapter.decisions.cache, controller.cache), here with nothing to agree on, so
+        that the model beside SGLang's sides pays the same collectives a step as they do."""
         self.comm.all_reduce(torch.zeros(1, dtype=torch.int64), dist.ReduceOp.MIN, "tp_cpu",
                              PER_STEP_MIN)
 

@@ -1,5 +1,5 @@
 """SGLang's host pool and tree core over the harness's own (`bench run --cache sglang
---sglang-path controller`, sglang_adapter.run_controller): what SGLang's controller path loads
+--sglang-path controller`, sglang_adapter.controller.cache): what SGLang's controller path loads
 lands where the harness's load-back, data checks and host-slot accounting read it.
 
 - `ProjectHostPool`: SGLang's host KV pool as the harness's host `PagePool` (SGLang counts
@@ -10,7 +10,7 @@ lands where the harness's load-back, data checks and host-slot accounting read i
   `insert_host` inserts the prefix plus what was fetched, as the project's own
   finalisation does (`hicache.cache.poll._finalize`); the pages already in the tree are
   reported as SGLang's `prefix_len`, whose host slots SGLang's own end path frees. The
-  write path's backups are by int node id (sglang_adapter.run_writes); under write_back
+  write path's backups are by int node id (sglang_adapter.controller.writes); under write_back
   SGLang's packed MIN reads `write_back_duplicate_reclaim_digest`, which SGLang's tree
   core rolls over the device-resident host duplicates its host eviction reclaims first:
   0 on every rank, as the harness's host eviction takes host-only leaves and reclaims no
@@ -26,7 +26,7 @@ import torch
 
 from hicache.memory.pools import PagePool
 from hicache.memory.radix_tree import RadixTree
-from sglang_adapter.stand_ins import TreeCore
+from sglang_adapter.controller.stand_ins import TreeCore
 
 
 class ProjectHostPool:
@@ -75,7 +75,7 @@ class ProjectTreeCore(TreeCore):
         self.tree = tree
         self.anchors: dict[str, tuple[list[int], list[str]]] = {}
         self.fetched: dict[str, int] = {}  # rid -> tokens SGLang inserted for it
-        self.writes = None  # the write path's copies (sglang_adapter.run_writes), if on
+        self.writes = None  # the write path's copies (sglang_adapter.controller.writes), if on
 
     # ---- the write path: backups by int node id (a prefetch's anchor is its rid) -----------
 

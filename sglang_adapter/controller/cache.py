@@ -3,18 +3,18 @@
 
 `ControllerCache` keeps `SGLangCache`'s decisions (SGLang's `check_hicache_events` every
 step, its `check_prefetch_progress` for every poll the walk makes) and replaces the
-project's data path under them by SGLang's (the controller rig, sglang_adapter.controller):
+project's data path under them by SGLang's (the controller rig, sglang_adapter.controller.rig):
 
 - **issue**: SGLang's own `prefetch_from_storage`, anchored at the host prefix the
   harness's tree matched (named by its last page's hash);
 - **hit query, IO, acks**: the HybridCacheController's own threads, started by its own
   `_start_storage_threads`, with their MINs on the gloo groups SGLang makes itself
   (`_create_sync_groups`), reading the harness's storage tier through SGLang's own
-  backend factory (sglang_adapter.sgl_storage);
+  backend factory (sglang_adapter.controller.storage);
 - **drains and end**: SGLang's `check_hicache_events` drains those threads' queues;
   `_handle_prefetch_result` inserts what was fetched.
 
-The hand-off to the harness (sglang_adapter.run_stand_ins): SGLang's host pool is the
+The hand-off to the harness (sglang_adapter.controller.project_stand_ins): SGLang's host pool is the
 harness's host KV pool (`ProjectHostPool`: its token indices onto the pool's page slots,
 what the IO thread reads written into them), its tree core inserts into the harness's
 radix tree (`ProjectTreeCore`), so the harness's load-back, data checks and host-slot
@@ -23,7 +23,7 @@ operations and what its tree core was given. The project's own controller thread
 run; the harness's per-step agreement still runs beside SGLang's (its `busy` flag ends the
 serve on every rank alike), with nothing of the project's to drain.
 
-Schedule: pinned (sglang_adapter.pinned_controller gates what SGLang's drains see on the
+Schedule: pinned (sglang_adapter.controller.pinned gates what SGLang's drains see on the
 virtual clock) or free (SGLang's threads on real time, no gate).
 
 Layout: any TP x PP. SGLang's cache and controller get the harness's `tp_cpu` and `pp_cpu`
@@ -34,7 +34,7 @@ per-step counts and timeout verdict on stage 0 and relays them down the stages
 Write path: the harness's device tier copies pages to the host (under write_through a
 prefill's as they are cached, under write_back a device leaf's as it is evicted) and
 SGLang's own write path takes them from there (its write-through tracking, `writing_check`,
-`write_backup_storage`, its backup thread and `_drain_backup`: sglang_adapter.run_writes).
+`write_backup_storage`, its backup thread and `_drain_backup`: sglang_adapter.controller.writes).
 A side-car pool and buffer_only host memory (at PP > 1 SGLang's PP-ticket path) are refused
 in one line before any rank starts (sglang_adapter.target.run_unfit).
 """
@@ -44,11 +44,11 @@ from __future__ import annotations
 import time
 
 from hicache.agreement.consensus import rank_consensus
-from sglang_adapter.cache import SGLangCache
-from sglang_adapter.controller import BASE, ControllerRig, _module
-from sglang_adapter.pinned_controller import ControllerPin, WatchedHits
-from sglang_adapter.run_stand_ins import ProjectHostPool, ProjectTreeCore
-from sglang_adapter.run_writes import ControllerWrites
+from sglang_adapter.controller.pinned import ControllerPin, WatchedHits
+from sglang_adapter.controller.project_stand_ins import ProjectHostPool, ProjectTreeCore
+from sglang_adapter.controller.rig import BASE, ControllerRig, _module
+from sglang_adapter.controller.writes import ControllerWrites
+from sglang_adapter.decisions.cache import SGLangCache
 
 ACKS = "sglang.srt.managers.cache_controller"  # HiCacheAck, what start_writing posts
 

@@ -1,7 +1,7 @@
 """SGLang's own decisions behind the harness's seam (hicache.serve.seam.CacheUnderTest):
 `bench run --cache sglang --sglang SPEC --sglang-path decisions`, and where SGLang's
 controller path cannot serve the run (docs/sglang.md, "bench run --cache sglang"); where it
-can, `sglang_adapter.run_controller.ControllerCache` (a subclass) runs it as the data path.
+can, `sglang_adapter.controller.cache.ControllerCache` (a subclass) runs it as the data path.
 
 `SGLangCache` is the project's `HiCache` for the data path (prefix tree, host and device
 pools, the storage tier's hit query, IO and acks on the project's controller threads,
@@ -15,20 +15,20 @@ load-back) with SGLang's code making the decisions, on the same scheduler thread
   SGLang says the prefetch may end, the data path ends it as SGLang's end path would
   (revoked without host slots, else inserted with the acks' agreed tokens).
 
-Stand-ins, each made here or in sglang_adapter.poll: SGLang's cache and controller objects
-are built without `__init__` (the rig of sglang_adapter.poll); each prefetch the data path
+Stand-ins, each made here or in sglang_adapter.decisions.poll: SGLang's cache and controller objects
+are built without `__init__` (the rig of sglang_adapter.decisions.poll); each prefetch the data path
 issues is registered in SGLang's `ongoing_prefetch` as `prefetch_from_storage` would
 (a `PrefetchOperation` of the same tokens, no host slots: `host_indices` stays None, so
-SGLang's poll never takes its "KV landed" exemption from the deadline); one that the data
-path ends in its drains (final ack, a hit below the threshold, no host memory) leaves
-SGLang's `ongoing_prefetch` through SGLang's own `revoke_pending_prefetch` (its end path
+SGLang's poll never takes its "KV landed" exemption from the deadline); one that the data path ends
+in its drains (final ack, a hit below the threshold, no host memory) leaves SGLang's
+`ongoing_prefetch` through SGLang's own `revoke_pending_prefetch` (its end path
 `_handle_prefetch_result` inserts into a tree core this rig does not build). On 0.5.21 on's
 PP-ticket path (buffer_only, PP > 1) a ticketed prefetch is bound to SGLang's ticket instead
 (`bind_prefetch_ticket`, a `PPPrefetchState` made ready by the data path's final ack:
-sglang_adapter.poll `register_ticket`), so SGLang's poll takes `_check_pp_prefetch_progress`;
-once it says ready the data path ends it as its own ticket poll does. SGLang's clock
-(`time` in its modules) reads the step's stamp (pinned: virtual) or this rank's monotonic
-clock. SGLang's controller threads do not run: the hit-query MIN and the ack MINs are the
+sglang_adapter.decisions.poll `register_ticket`), so SGLang's poll takes
+`_check_pp_prefetch_progress`; once it says ready the data path ends it as its own ticket poll does.
+SGLang's clock (`time` in its modules) reads the step's stamp (pinned: virtual) or this rank's
+monotonic clock. SGLang's controller threads do not run: the hit-query MIN and the ack MINs are the
 project's, counted by its `Comm` as in a `--cache project` run.
 
 Every collective SGLang issues is counted at the door (sglang_adapter.door) and recorded
@@ -51,17 +51,17 @@ from hicache.comm.comm import (
     PP_HOP,
     CollectiveError,
 )
-from sglang_adapter import consensus
+from sglang_adapter.decisions.poll import make_rig
 from sglang_adapter.door import Call, Door
+from sglang_adapter.judge import consensus
 from sglang_adapter.loader import LoadError
-from sglang_adapter.poll import make_rig
 from sglang_adapter.target import Target
 
 P2P_OPS = ("isend", "irecv", "send", "recv")
 # SGLang's functions (anywhere in a call's frames) -> the harness's site for it.
 # The hit query's MIN (inline in prefetch_thread_func in 0.5.19, in its
 # _sync_prefetch_hit_query in 0.5.23) and the acks' (under prefetch_sync_thread_func) are
-# issued only when SGLang's controller threads run (sglang_adapter.run_controller).
+# issued only when SGLang's controller threads run (sglang_adapter.controller.cache).
 ROLES = (("can_terminate_prefetch", DECISION), ("_check_pp_prefetch_progress", DECISION),
          ("_sync_and_clamp_prefetch_result", COMPLETION),
          ("check_hicache_events", PER_STEP_MIN), ("prefetch_thread_func", HIT_QUERY),
@@ -130,7 +130,7 @@ class SGLangCache(HiCache):
                                   self.checker_calls)
 
     def _make_rig(self, loaded, tp_group, pp_group, storage):
-        """SGLang's cache and controller objects (the poll rig: sglang_adapter.poll)."""
+        """SGLang's cache and controller objects (the poll rig: sglang_adapter.decisions.poll)."""
         layout = self.layout
         return make_rig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group)
 

@@ -110,7 +110,7 @@ class TreeCore:
     is_eagle = False
     is_write_back = False  # the cache sets it from its controller's policy (its property)
     # The rolling digest of the host duplicates write_back's host eviction reclaimed (its
-    # victims' order), in every packed MIN: none here (sglang_adapter.run_stand_ins).
+    # victims' order), in every packed MIN: none here (sglang_adapter.controller.project_stand_ins).
     write_back_duplicate_reclaim_digest = 0
 
     def __init__(self, page_size: int, lock_result, dec_result):
@@ -154,7 +154,7 @@ class Tier:
     names: dict[str, str] = field(default_factory=dict)  # SGLang's name -> the tier's
     slow: set[str] = field(default_factory=set)  # tier names whose reads stall
     lock: threading.Lock = field(default_factory=threading.Lock)
-    gate: object = None  # pinned: sglang_adapter.pinned_controller.ControllerPin
+    gate: object = None  # pinned: sglang_adapter.controller.pinned.ControllerPin
     # The scheduler step of the latest prefetch issued from each SGLang name (its span's
     # first page): the step its hit query is judged at for pages that land late
     # (HiCacheConfig.land_step); a name never issued: None (whatever has landed).

@@ -2,15 +2,15 @@
 `HiCacheStorage` that serves the harness's storage tier (`hicache.memory.storage.Storage`).
 
 SGLang builds it itself, through `StorageBackendFactory.create_backend("dynamic", config,
-host_pool)` with `extra_config = {"backend_name", "module_path": "sglang_adapter.sgl_storage",
-"class_name": "HarnessStorage"}` (the path any out-of-tree backend takes), so this module is
-imported only in a process where SGLang is loaded (sglang_adapter.loader) and subclasses the
-class SGLang checks against.
+host_pool)` with `extra_config = {"backend_name", "module_path":
+"sglang_adapter.controller.storage", "class_name": "HarnessStorage"}` (the path any out-of-tree
+backend takes), so this module is imported only in a process where SGLang is loaded
+(sglang_adapter.loader) and subclasses the class SGLang checks against.
 
 Page names: SGLang names a page by its own chain (`get_storage_hash_str`, seeded by the
 request's namespace), the tier by the project's (`hicache.memory.hashing.page_hashes`). The rig
 records, before SGLang issues a prefetch, SGLang's name of each page against the tier's
-(`sglang_adapter.stand_ins.Tier.learn`); a name it never learnt is asked of the tier as
+(`sglang_adapter.controller.stand_ins.Tier.learn`); a name it never learnt is asked of the tier as
 itself, which holds no such page (a miss, as for a page never stored). For a request with
 no namespace and no prior page the two chains are the same SHA-256 chain over uint32 tokens
 (0.5.23's `hash_binding.cpp` and `hicache/memory/hashing.py` agree byte for byte), so the table
@@ -24,8 +24,8 @@ import sys
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
-from sglang_adapter.pinned_controller import plan_of
-from sglang_adapter.stand_ins import TIER
+from sglang_adapter.controller.pinned import plan_of
+from sglang_adapter.controller.stand_ins import TIER
 
 
 def _plan(depth: int = 8):
@@ -51,7 +51,7 @@ class HarnessStorage(HiCacheStorage):
         self.tier = TIER["tier"]
 
     def batch_exists(self, keys, extra_info=None) -> int:
-        if self.tier.gate is not None:  # its modelled time (sglang_adapter.pinned_controller)
+        if self.tier.gate is not None:  # its modelled time (sglang_adapter.controller.pinned)
             self.tier.gate.exists_calls += 1
         keys = list(keys)  # judged at its prefetch's issue step (pages that land late)
         return self.tier.storage.batch_exists(self.tier.translate(keys),

@@ -13,7 +13,7 @@ the project's own machinery (`hicache.spec.pinned.Pin`: `HitTimeline`, `VirtualI
 - **reads**: when SGLang's hit drain hands an operation to its IO thread
   (`prefetch_buffer.put`), its batch reads are drawn (`Storage.plan_read`, in drain order)
   and replayed on the virtual clock (`VirtualIO`); the backend's `batch_get` reads with
-  that batch's plan (sglang_adapter.sgl_storage);
+  that batch's plan (sglang_adapter.controller.storage);
 - **the IO thread's termination check** before each batch (`_page_transfer`'s
   `operation.is_terminated()`) answers whether a poll at a step no later than the batch's
   virtual start ended the prefetch, once the replay has reached it (the IO thread waits);

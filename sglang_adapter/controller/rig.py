@@ -10,7 +10,7 @@ controller's `prefetch_thread_func`, `_storage_hit_query`, `_sync_prefetch_hit_q
 `prefetch_io_aux_func`, `_page_transfer`, `_generic_page_get`, `prefetch_sync_thread_func`,
 `_reduce_prefetch_ack`, `_create_sync_groups` (SGLang's `create_custom_parallel_group`:
 its own gloo groups) and `_start_storage_threads`; the backend is built by SGLang's
-`StorageBackendFactory` ("dynamic") from `sglang_adapter.sgl_storage.HarnessStorage`, a
+`StorageBackendFactory` ("dynamic") from `sglang_adapter.controller.storage.HarnessStorage`, a
 subclass of the wheel's `HiCacheStorage`.
 
 Stand-ins, and why (docs/sglang.md, "SGLang's own controller path"):
@@ -19,8 +19,8 @@ Stand-ins, and why (docs/sglang.md, "SGLang's own controller path"):
   launched server's `get_parallel()` / `get_flags()`): the attributes they set are set here
   as they set them, the storage config from this rank's layout; every step after that is
   SGLang's own (`attach`, below);
-- the host pool group and the tree core (sglang_adapter.stand_ins): memory-less;
-- the cache object as the poll rig builds it (sglang_adapter.poll.UnifiedRig), plus what
+- the host pool group and the tree core (sglang_adapter.controller.stand_ins): memory-less;
+- the cache object as the poll rig builds it (sglang_adapter.decisions.poll.UnifiedRig), plus what
   `prefetch_from_storage` and the drains read (`__init__` / `_reset_full` / `init_hicache`).
 The clock: SGLang's threads run on real time; the rig's virtual clock drives only the
 timeout budget (as in the poll rig). How many polls a prefetch takes is therefore the
@@ -45,11 +45,18 @@ from hicache.memory.hashing import page_hashes
 from hicache.memory.pools import expected_rows
 from hicache.memory.storage import StorageSpec, make_storage
 from hicache.spec.cost_model import Expected, expected_per_request
+from sglang_adapter.controller.stand_ins import (
+    TIER,
+    HostPool,
+    HostPoolGroup,
+    Tier,
+    TreeCore,
+    digest,
+)
+from sglang_adapter.decisions.poll import CONTROLLER, STEP_S, UnifiedRig, grid_groups
 from sglang_adapter.door import Door
 from sglang_adapter.loader import UNIFIED, Loaded, LoadError, load, native_hash
-from sglang_adapter.poll import CONTROLLER, STEP_S, UnifiedRig, grid_groups
 from sglang_adapter.source import DEFAULT_CACHE, Source
-from sglang_adapter.stand_ins import TIER, HostPool, HostPoolGroup, Tier, TreeCore, digest
 from sglang_adapter.target import modelled_protocol
 
 BASE = "sglang.srt.mem_cache.base_prefix_cache"
@@ -59,7 +66,7 @@ UTILS = "sglang.srt.mem_cache.utils"
 STEP_WAIT_S = 0.01  # real time between two steps: SGLang's threads run meanwhile
 PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
 POOL = "kv"
-P2P_OPS = ("isend", "irecv", "send", "recv")  # _pp_sync's relay (sglang_adapter.cache's)
+P2P_OPS = ("isend", "irecv", "send", "recv")  # _pp_sync's relay (sglang_adapter.decisions.cache's)
 
 
 class ControllerRig(UnifiedRig):
@@ -70,7 +77,7 @@ class ControllerRig(UnifiedRig):
                  host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0):
         """`host` / `tree`: the host pool and tree core SGLang's path writes into (default
         the memory-less stand-ins; `bench run --cache sglang --sglang-path controller` passes
-        ones over the harness's own pool and tree: sglang_adapter.run_controller)."""
+        ones over the harness's own pool and tree: sglang_adapter.controller.cache)."""
         self.page_size, self.host_tokens = page_size, host_tokens
         self.threshold = threshold or page_size
         self.tier = Tier(storage, POOL, page_elems, stall_s=stall_s)
@@ -107,7 +114,7 @@ class ControllerRig(UnifiedRig):
         ctl.prefetch_hits_sync_groups, ctl.prefetch_completion_sync_groups = [], []
         ctl.mem_pool_host = HostPoolGroup(self.host, kv)
         ctl.storage_host_pool, ctl.page_size = self.host, self.page_size
-        # the write policy: the run's, once the write path is adopted (sglang_adapter.run_writes)
+        # the write policy: the run's, once the write path is adopted (controller.writes)
         ctl.write_policy, ctl.io_backend, ctl.enable_storage = "write_through", "", False
         ctl.storage_backend = ctl.storage_backend_type = None
         ctl.enable_storage_metrics, ctl.host_write_staged_tokens_fn = False, None
@@ -156,7 +163,7 @@ class ControllerRig(UnifiedRig):
             attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
             is_page_first_layout=False, model_name="hicache-bench",
             extra_config={"backend_name": "harness", "class_name": "HarnessStorage",
-                          "module_path": "sglang_adapter.sgl_storage"})
+                          "module_path": "sglang_adapter.controller.storage"})
         names = {f.name for f in dataclasses.fields(config)}
         return config(**{k: v for k, v in values.items() if k in names})
 
@@ -179,7 +186,7 @@ class ControllerRig(UnifiedRig):
         """SGLang's own `prefetch_from_storage` for `tokens` after `anchor` (the host node
         the prompt's prefix matched; None: the root), whose last page is named `prior`;
         first the pages' names in both chains, so the backend can translate
-        (sglang_adapter.sgl_storage). `storage_hit_end`: a retry's known hit end (0.5.23's
+        (sglang_adapter.controller.storage). `storage_hit_end`: a retry's known hit end (0.5.23's
         `_retry_storage_prefetch` passes it on); `step`: the scheduler step it is issued at
         (its hit query sees the pages landed by then)."""
         urc = self.loaded.modules[UNIFIED]

@@ -1,6 +1,6 @@
 """SGLang's write path (0.5.23's as below; 0.5.19's tracks a node alone: docs/sglang.md) on
 the controller path (`bench run --cache sglang --write-policy write_through|write_back`,
-sglang_adapter.run_controller): the harness's device tier copies pages to the host, as the
+sglang_adapter.controller.cache): the harness's device tier copies pages to the host, as the
 project's does (hicache.cache.tiers), and hands each copy to SGLang's own write path from
 there on.
 
@@ -15,7 +15,7 @@ write_through: a prefill's new pages are copied as they are cached.
   `write_storage` onto the backup queue);
 - SGLang's backup thread (`backup_thread_func` -> `_page_backup` -> `_generic_page_set`)
   reads the host pages (`ProjectHostPool.get_data_page`) and writes them through the
-  backend into the harness's storage tier (sglang_adapter.sgl_storage `batch_set`), then
+  backend into the harness's storage tier (sglang_adapter.controller.storage `batch_set`), then
   acks on `ack_backup_queue`; the packed MIN counts those acks and `_drain_backup` takes
   them, releasing the host lock (`dec_host_lock_ref`).
 
@@ -34,8 +34,9 @@ takes it (`Tiers._evict_device` -> `RadixTree.evict_device`), where SGLang's `_e
   is finished on every rank when the leaf goes);
 - from there on as write_through: the backup thread, its ack in the packed MIN,
   `_drain_backup`. The packed MIN also carries the tree core's
-  `write_back_duplicate_reclaim_digest` (sglang_adapter.run_stand_ins.ProjectTreeCore:
-  0, as the harness's host eviction reclaims no device-resident duplicates).
+  `write_back_duplicate_reclaim_digest`
+  (sglang_adapter.controller.project_stand_ins.ProjectTreeCore: 0, as the harness's host
+  eviction reclaims no device-resident duplicates).
 
 Stand-in, and why: the copy itself. SGLang's `write` / `start_writing` submit it to its L2
 transfer engine (CUDA streams and events over a device KV pool), not built here; the
@@ -81,9 +82,9 @@ class ControllerWrites(Tiers):
 
     @classmethod
     def adopt(cls, tiers: Tiers, cache, tier, ack_class, stats) -> ControllerWrites:
-        """`tiers` (the cache's own, already built) with the write path handed to SGLang's
-        `cache` (a UnifiedRadixCache whose tree core is sglang_adapter.run_stand_ins'),
-        writing through `tier` (sglang_adapter.stand_ins.Tier)."""
+        """`tiers` (the cache's own, already built) with the write path handed to SGLang's `cache`
+        (a UnifiedRadixCache whose tree core is sglang_adapter.controller.project_stand_ins'),
+        writing through `tier` (sglang_adapter.controller.stand_ins.Tier)."""
         tiers.__class__ = cls
         tiers.sgl, tiers.tier, tiers.ack_class, tiers.stats = cache, tier, ack_class, stats
         tiers.writer = None  # the request whose prefill is being cached
@@ -144,7 +145,7 @@ class ControllerWrites(Tiers):
             start_event=done, finish_event=done, node_ids=[node_id],
             num_tokens=len(op.slots) * self.page))
 
-    # ---- what SGLang's tree core is asked (sglang_adapter.run_stand_ins.ProjectTreeCore) -----
+    # ---- what SGLang's tree core is asked (controller.project_stand_ins.ProjectTreeCore) ----
 
     def node(self, node_id: int):
         return self.backups[node_id][0]

@@ -38,7 +38,7 @@ from queue import Queue
 import torch
 import torch.distributed as dist
 
-from sglang_adapter.cases import PAGE, POLICIES, STEP_S, PollCase  # noqa: F401 (re-exported)
+from sglang_adapter.decisions.cases import PAGE, POLICIES, STEP_S, PollCase  # noqa: F401 (re-exported)
 from sglang_adapter.door import Door
 from sglang_adapter.loader import HIRADIX, UNIFIED, Loaded, LoadError, load
 from sglang_adapter.source import Source

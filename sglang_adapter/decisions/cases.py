@@ -1,4 +1,4 @@
-"""What one poll case of SGLang's own poll is (sglang_adapter.poll runs it): imports no
+"""What one poll case of SGLang's own poll is (sglang_adapter.decisions.poll runs it): imports no
 torch, so a verb checks its options before it loads anything."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The decisions path: SGLang's own poll, and its decisions behind the harness's seam."""
