@@ -17,7 +17,7 @@ LONG = "sglang-tree:/home/someone/src/sglang-with-a-long-branch-name/python@unif
 
 
 def _widest(lines: list[str]) -> str:
-    return max(lines, key=len)
+    return max(lines, key=len, default="")
 
 
 def test_a_wide_table_stacks_its_columns_led_by_the_names():
@@ -129,3 +129,62 @@ def test_a_table_with_call_site_chains_names_them_below_it():
     below = " ".join(" ".join(lines[2:]).split())
     assert below.startswith("r0 timeout call_sites: 9x all_reduce@tp_cpu") and \
         "check_hicache_events:3681" in below
+
+
+# ---- bench gate: its table, notes, resolution lines, context and last line ------------------
+from tests.test_ab import blocks, fake_gate  # noqa: E402,F401 (blocks: a fixture)
+from tests.test_gate import (  # noqa: E402,F401 (clean: the gate's fixture)
+    REPEATS,
+    clean,
+    doctored,
+    gate,
+    triple_ttft,
+)
+
+
+def _fits(out: str) -> list[str]:
+    lines = out.splitlines()
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    return lines
+
+
+def _add_decision_and_slow(frame):
+    frame.loc[frame.polls > 0, "decision_collectives"] += 1
+    return triple_ttft(range(REPEATS))(frame)
+
+
+@pytest.mark.parametrize("case, code", [("pass", 0), ("fail", 1), ("unresolved", 1),
+                                        ("not judged", 0)])
+def test_the_gates_output_fits(clean, tmp_path, capsys, case, code):  # noqa: F811
+    """A passing gate, one failing count and timing checks, one UNRESOLVED, one with too few
+    repeats: every line fits, the last line keeps its form."""
+    run, baseline = clean
+    if case == "fail":
+        run = doctored(clean, tmp_path, _add_decision_and_slow)
+    elif case == "unresolved":
+        run = doctored(clean, tmp_path, triple_ttft([1]))
+    elif case == "not judged":
+        baseline = tmp_path / "baseline"
+        few = doctored(clean, tmp_path / "few", lambda f: f[f.repeat < 1])
+        assert gate(few, baseline, "--update-baseline") == 0
+        run = doctored(clean, tmp_path / "slow", triple_ttft(range(REPEATS)))
+    capsys.readouterr()
+    assert gate(run, baseline, "--tolerance", "0.05") == code
+    lines = _fits(capsys.readouterr().out)
+    assert lines[-1].startswith("OK: " if code == 0 else "FAILED: ")
+
+
+@pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
+def test_the_gates_ab_output_fits(blocks, tmp_path, monkeypatch, capsys, slower, code):  # noqa: F811
+    """gate --ab (blocks, faked): the A/B's log lines, the confirmation and timings lines."""
+    import shutil
+
+    from bench.commands.gate import main as main_gate
+
+    fake_gate(monkeypatch, lambda seed: slower, [])
+    run = tmp_path / "a-run-directory-with-a-long-name-as-ci-makes-them" / "run"
+    shutil.copytree(blocks[0], run)
+    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == code
+    captured = capsys.readouterr()
+    _fits(captured.out)
+    _fits(captured.err)

@@ -62,6 +62,7 @@ from bench.rundir.files import (
 )
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import GROUP_KEYS, STEP_COLUMNS
+from bench.tables import WIDTH, fit, fixed_width, wrapped
 
 
 def _close(a: float, b: float) -> bool:
@@ -264,52 +265,61 @@ def per_metric(checks: list[Check]) -> dict[str, str]:
 
 def last_line(checks: list[Check]) -> str:
     """The gate's last line: OK or FAILED, then PASS / FAIL / UNRESOLVED / NOT JUDGED per
-    timing metric (its worst configuration) and how the exact checks did."""
+    timing metric (its worst configuration) and how the exact checks did. Where that is
+    wider than a terminal (bench.tables.WIDTH: several metrics UNRESOLVED or not judged),
+    the counts and the reasons go on a line of their own above it, and the last line is OK
+    or FAILED with each metric's state alone."""
     failed = [c for c in checks if not c.passed]
+    verdict = "OK" if not failed else "FAILED"
     head = "OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks"
     timing = per_metric(checks)
     exact = [c for c in checks
              if c.check.removesuffix("_ab").removesuffix("_ratio_vs_baseline") not in timing]
     bad = sum(not c.passed for c in exact)
-    counts = (f"{len(exact)} count and correctness checks pass" if not bad
-              else f"{bad} of {len(exact)} count and correctness checks FAIL")
+    counts = (f"{len(exact)} exact checks pass" if not bad
+              else f"{bad} of {len(exact)} exact checks FAIL")
     if not timing:
         return f"{head}: {counts}"
     idle = [c for c in checks if not c.judged]
     why = f" ({_why(idle)})" if idle else ""
     states = ", ".join(f"{m} {s}{why if s == 'NOT JUDGED' else ''}" for m, s in timing.items())
-    return f"{head}: {states}; {counts}"
+    line = f"{head}: {states}; {counts}"
+    if len(line) <= WIDTH:
+        return line
+    above = f"{head}; {counts}" + (f"; not judged: {_why(idle)}" if idle else "")
+    return "\n".join([*wrapped([above]),
+                      f"{verdict}: " + ", ".join(f"{m} {s}" for m, s in timing.items())])
 
 
-def _flagged(c: Check) -> str:
-    """A failing or not judged or unresolved check's last cell in the failing table."""
-    if not c.judged:
-        return f"NOT JUDGED ({_why([c])})"
-    if c.unresolved:
-        return f"UNRESOLVED: {c.meaning}"
-    return c.meaning
+def _details(c: Check) -> list[str]:
+    """A failing (not judged, unresolved) check's expected, observed and meaning, each on
+    its own indented line below the check's own, wrapped at a terminal's width."""
+    meaning = f"not judged: {_why([c])}" if not c.judged else c.meaning
+    return wrapped([f"  {name}: {text}" for name, text in (
+        ("expected", c.expected), ("observed", c.observed), ("meaning", meaning)) if text])
 
 
 def format_checks(checks: list[Check]) -> str:
-    """Failing (not judged, unresolved) checks as a table; when none fail, a result per
-    check; then each timing check's resolvable difference beside its threshold."""
+    """Failing (not judged, unresolved) checks, each a line (check, protocol, policy,
+    layout, state) with its expected, observed and meaning indented below; when none fail, a
+    result per check; then the notes and each timing check's resolvable difference beside
+    its threshold. No line wider than a terminal (bench.tables.WIDTH)."""
     failing = [c for c in checks if not c.passed]
     if failing:
-        header = ["check", "protocol", "policy", "layout", "expected", "observed", "meaning"]
-        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed, _flagged(c)]
-                for c in checks if not c.passed or not c.judged or c.unresolved]
+        shown = [c for c in checks if not c.passed or not c.judged or c.unresolved]
+        table = fixed_width(["check", "protocol", "policy", "layout", "state"],
+                            [[c.check, c.protocol, c.policy, c.layout, state(c)] for c in shown])
+        lines = wrapped(table[:1])
+        for row, c in zip(table[1:], shown, strict=True):
+            lines += wrapped([row]) + _details(c)
     else:
-        header = ["check", "rows", "result"]
         names = list(dict.fromkeys(c.check for c in checks))
-        rows = [[n, str(sum(c.check == n for c in checks)),
-                 _result([c for c in checks if c.check == n])] for n in names]
-    table = [header] + rows
-    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
-    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]])
-             for r in table]
-    notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}): {c.observed}: {c.note}"
-             for c in checks if c.note]
-    return "\n".join(lines + notes + resolution_lines(checks))
+        lines = wrapped(fixed_width(["check", "rows", "result"], [
+            [n, str(sum(c.check == n for c in checks)),
+             _result([c for c in checks if c.check == n])] for n in names]))
+    notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}): {c.observed}:\n"
+             f"  {c.note}" for c in checks if c.note]
+    return fit(*lines, *notes, *resolution_lines(checks))
 
 
 def thresholds(settings: dict, override: float | None) -> dict[str, float]:
@@ -339,17 +349,17 @@ def timing_checks(args: GateOptions, summary: pd.DataFrame, baseline: pd.DataFra
     shown = ", ".join(f"{m} {limits[m]:g}" for m in AB_METRICS if m != "ttft")
     if not args.ab:
         return baseline_checks(summary, baseline, limits), (
-            f"timings against the baseline's numbers, paired by repeat (thresholds {shown}); "
-            "drift between the two runs is not in the intervals: --ab runs the baseline "
+            f"timings against the baseline's numbers, paired by repeat;\n  thresholds {shown};\n"
+            "  drift between the two runs is not in the intervals: --ab runs the baseline "
             "revision beside this tree instead")
     if settings.get("ab", {}).get("design", "blocks") == "served":
         comp, out = run_gate_served(settings, args.run_dir / "ab",
                                     lambda c: ab_states(c, limits))
         return ab_checks(comp, limits), (
-            f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
-            f"{comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
-            f"{max((int(r.get('repeats') or 0) for r in comp.rows), default=0)} paired repeats "
-            f"(thresholds {shown}; {out / 'ab.md'})")
+            f"timings: {comp.final_line()} for this tree (B) against the baseline revision\n"
+            f"  {comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
+            f"{max((int(r.get('repeats') or 0) for r in comp.rows), default=0)} paired repeats;"
+            f"\n  thresholds {shown};\n  {out / 'ab.md'}")
     return _blocks_checks(args, settings, limits, shown)
 
 
@@ -358,9 +368,9 @@ def _blocks_checks(args: GateOptions, settings: dict, limits: dict[str, float],
     """ab.design "blocks": whole runs per side, a failure confirmed by a second A/B."""
     comp, out = run_gate_ab(settings, args.run_dir / "ab")
     checks = ab_checks(comp, limits)
-    line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
-            f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
-            f"(thresholds {shown}; {out / 'ab.md'})")
+    line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision\n"
+            f"  {comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine;\n"
+            f"  thresholds {shown};\n  {out / 'ab.md'}")
     # only a failure is confirmed; an UNRESOLVED check fails as it stands
     failed = sum(not c.passed and not c.unresolved for c in checks)
     if not failed or not args.confirm:
@@ -370,9 +380,8 @@ def _blocks_checks(args: GateOptions, settings: dict, limits: dict[str, float],
     checks = confirmed(checks, ab_checks(again, limits, again=True))
     held = sum(not c.passed and not c.unresolved for c in checks)
     return checks, (f"{line}\nconfirmation: {held} of {failed} failing timing checks failed "
-                    f"again (interval above 1, point beyond the threshold) in a second A/B "
-                    f"of fresh blocks ({again.final_line()}; "
-                    f"{out2 / 'ab.md'})")
+                    f"again (interval above 1, point beyond the threshold)\n  in a second A/B "
+                    f"of fresh blocks ({again.final_line()}; {out2 / 'ab.md'})")
 
 
 def evaluate(args: GateOptions) -> tuple[list[Check], str]:
@@ -394,4 +403,4 @@ def evaluate(args: GateOptions) -> tuple[list[Check], str]:
                                                                      settings) + timing
     # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
     note = gate_note(args.run_dir)
-    return checks, f"{how}; baseline {args.baseline}" + (f"\n{note}" if note else "")
+    return checks, f"{how}\n  baseline {args.baseline}" + (f"\n{note}" if note else "")
