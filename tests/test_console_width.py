@@ -188,3 +188,64 @@ def test_the_gates_ab_output_fits(blocks, tmp_path, monkeypatch, capsys, slower,
     captured = capsys.readouterr()
     _fits(captured.out)
     _fits(captured.err)
+
+
+def _timing(metric: str, protocol: str, s: str):
+    from bench.gate.checks import Check
+
+    layout = "tp2 pp2 sim 8/s extra_pool"
+    return Check(f"{metric}_ratio_vs_baseline", protocol, "wait_complete", layout,
+                 passed=s == "NOT JUDGED", judged=s != "NOT JUDGED", unresolved=s == "UNRESOLVED",
+                 resolves=None if s == "NOT JUDGED" else 1.234, threshold=0.05,
+                 expected="x the baseline's: passes below 1.05, fails above it",
+                 observed="1.442 [0.298, 6.972], 3 paired repeats",
+                 meaning=f"{protocol}'s bystanders' TTFT p50: its 95% interval holds 1.05, so a "
+                         "change of 5.0% could not be told from none: not passed (more paired "
+                         "repeats narrow it)",
+                 note="not judged: too few repeats for an interval (2 paired, needs 3)"
+                 if s == "NOT JUDGED" else "UNRESOLVED: its interval holds 1.05 (resolves 123.4%)")
+
+
+@pytest.mark.parametrize("s", ["UNRESOLVED", "NOT JUDGED"])
+def test_every_metric_undecided_keeps_a_last_line_of_states_that_fits(s):
+    """Four gated metrics UNRESOLVED (or not judged) over a long protocol's checks: the
+    table, notes and resolution lines fit; the last line is still OK/FAILED with every
+    metric's state (scripts/gate_power.py reads them), its counts on the line above."""
+    import sys
+
+    from bench.gate.checks import Check
+    from bench.gate.evaluate import format_checks, last_line
+    from tests.test_served import REPO
+
+    metrics = ["step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50"]
+    checks = [_timing(m, "step-clock", s) for m in metrics]
+    checks += [Check("decision_exact", "step-clock", "timeout", "tp2 pp2 sim 8/s", True)] * 100
+    lines = _fits(format_checks(checks) + "\n" + last_line(checks))
+    assert any(x.startswith("resolution: bystander_ttft_p50_ratio_vs_baseline step-clock/")
+               for x in lines) or s == "NOT JUDGED"
+    last = lines[-1]
+    assert last.startswith("FAILED: " if s == "UNRESOLVED" else "OK: ")
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_power
+
+    assert gate_power.states(last) == dict.fromkeys(metrics, s)
+    assert "100 exact checks pass" in lines[-2]
+
+
+def test_abs_progress_lines_fit(tmp_path, capsys):
+    """bench ab's (and the gate's A/B's) lines while it runs: a block's run ends with a long
+    line of its own (the run's verdict), wrapped below the block's."""
+    from bench.ab.blocks import AbPlan, Outcome, run_blocks
+    from bench.tables import progress
+    from tests.test_ab import TREE, fake_runner
+
+    verdict = ("FAILED: ranks disagreed in 3 of 120 requests (pr36425/timeout tp2 pp2 sim "
+               "rate=8; see failures.csv); data errors in 2 requests (step-clock/best_effort "
+               "tp2 pp2 sim rate=8; see failures.csv)")
+
+    def runner(plan, k, side, root):
+        o = fake_runner()(plan, k, side, root)
+        return Outcome(o.path, 1, verdict, 12.5, "2026-12-06T14:00:00Z", "2026-12-06T14:00:12Z")
+    run_blocks(AbPlan(TREE, TREE, "ci", 2, out=tmp_path), runner, log=progress)
+    err = _fits(capsys.readouterr().err)
+    assert err[0].startswith("ab: [ 1/4] block 0 ") and err[1].startswith("  FAILED: ranks")

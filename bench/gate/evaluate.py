@@ -317,8 +317,8 @@ def format_checks(checks: list[Check]) -> str:
         lines = wrapped(fixed_width(["check", "rows", "result"], [
             [n, str(sum(c.check == n for c in checks)),
              _result([c for c in checks if c.check == n])] for n in names]))
-    notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}): {c.observed}:\n"
-             f"  {c.note}" for c in checks if c.note]
+    notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}):\n  {c.note}"
+             + (f"\n  observed: {c.observed}" if c.observed else "") for c in checks if c.note]
     return fit(*lines, *notes, *resolution_lines(checks))
 
 
