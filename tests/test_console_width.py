@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from bench.tables import WIDTH, fitted_table, wrapped
+from bench.tables import WIDTH, fit, fitted_table, wrapped
 from tests.test_summarize import requests_frame, steps_frame
 
 LONG = "sglang-tree:/home/someone/src/sglang-with-a-long-branch-name/python@unified"
@@ -249,3 +249,35 @@ def test_abs_progress_lines_fit(tmp_path, capsys):
     run_blocks(AbPlan(TREE, TREE, "ci", 2, out=tmp_path), runner, log=progress)
     err = _fits(capsys.readouterr().err)
     assert err[0].startswith("ab: [ 1/4] block 0 ") and err[1].startswith("  FAILED: ranks")
+
+
+def test_noises_table_and_last_lines_fit(tmp_path, capsys):
+    """bench noise: its table of every metric (and the bootstrap's), the files, the coverage
+    line over every metric, the schedules' FAILED lines."""
+    from bench.ab.noise import METRICS
+    from bench.ab.noise_report import print_figures
+
+    figures = {"coverage": 0.875, "trials": 120, "half_width_median": 0.0412,
+               "half_width_max": 0.1234, "run_to_run_max": 0.2345, "repeats": 12, "configs": 9}
+    per_metric = dict.fromkeys(METRICS, figures)
+    written = [tmp_path / "a-long-results-folder-name" / n for n in ("noise.json", "noise.md")]
+    print_figures(per_metric, per_metric, written, ["pinned runs of seed 0 ran different "
+                                                    "schedules: " + "x" * 150])
+    out = _fits(capsys.readouterr().out)
+    assert any(x.startswith("noise: coverage step_mean 87.5%") for x in out)
+
+
+def test_hazards_cell_and_sides_lines_fit():
+    """bench hazards: a cell's line (a failed cell's detail) and the sides' summary, with
+    long side names."""
+    from bench.hazards.matrix import _line
+    from bench.hazards.sides import summary_lines
+    from tests.test_hazard_sides import _row
+
+    base, head = "base=sglang-0.5.23@unified", "b=" + LONG
+    rows = [_row("walk-skew", base, "deadlock"), _row("walk-skew", head, "abort"),
+            _row("sidecar-race", base, "OK"), _row("sidecar-race", head, "OK")]
+    rows[1]["detail"] = "rank 1 aborted: " + "gloo timeout on all_reduce after 2.0 s " * 6
+    lines = [x for r in rows for x in _line(r).splitlines()]
+    lines += fit(*summary_lines(rows)).splitlines()
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
