@@ -214,7 +214,7 @@ def test_every_metric_undecided_keeps_a_last_line_of_states_that_fits(s):
     import sys
 
     from bench.gate.checks import Check
-    from bench.gate.evaluate import format_checks, last_line
+    from bench.gate.console import format_checks, last_line
     from tests.test_served import REPO
 
     metrics = ["step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50"]

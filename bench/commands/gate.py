@@ -52,7 +52,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.gate.evaluate import GateOptions, evaluate, format_checks, last_line
+    from bench.gate.console import format_checks, last_line
+    from bench.gate.evaluate import GateOptions, evaluate
     from bench.tables import fit
 
     args = _parse(argv)
