@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 
@@ -113,6 +114,11 @@ def wrapped(lines: list[str], width: int = WIDTH) -> list[str]:
 def fit(*lines: str) -> str:
     """`lines` as one text for a terminal: each wrapped at WIDTH (wrapped)."""
     return "\n".join(wrapped([part for line in lines for part in line.split("\n")]))
+
+
+def progress(line: str) -> None:
+    """A verb's progress line on stderr, flushed, fitted to a terminal (fit)."""
+    print(fit(line), file=sys.stderr, flush=True)
 
 
 def console_table(headers: list[str], rows: list[list[str]], long: tuple[str, ...] = (),

@@ -161,11 +161,13 @@ def fake_gate(monkeypatch, slower_in, calls):
 
 def failing_rows(out: str) -> list[str]:
     """The rows of the failing-checks table (between its "check" header and the notes,
-    resolution lines or "timings:" line after it)."""
+    resolution lines or "timings:" line after it), each failing check's own line (its
+    expected, observed and meaning indented below it are not rows)."""
     lines = out.splitlines()
     table = lines[lines.index(next(x for x in lines if x.startswith("check "))) + 1:]
-    return table[:next(i for i, x in enumerate(table)
-                       if x.startswith(("note: ", "resolution: ", "timings:")))]
+    return [x for x in table[:next(i for i, x in enumerate(table)
+                                   if x.startswith(("note: ", "resolution: ", "timings:")))]
+            if not x.startswith(" ")]
 
 
 def failing_checks(out: str) -> set[str]:
@@ -210,7 +212,9 @@ def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(blocks, tmp_pat
     assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == 0
     out = capsys.readouterr().out
     assert calls == [0, 6] and out.splitlines()[-1].startswith("OK: step_mean PASS"), out
-    notes = [x for x in out.splitlines() if "not confirmed by the second" in x]
+    lines = out.splitlines()  # each note's check on its line, what it notes indented below
+    notes = [x for x, below in zip(lines, lines[1:], strict=False)
+             if x.startswith("note: ") and "not confirmed by the second" in below]
     assert {x.split()[1] for x in notes} == {"step_mean_ab", "itl_p50_ab"}, out
     assert f"confirmation: 0 of {len(notes)} failing timing checks failed again" in out
     calls.clear()
@@ -240,7 +244,7 @@ def test_gate_ab_calls_a_step_interval_wider_than_its_threshold_unresolved(
     out = capsys.readouterr().out
     assert calls == [0] and "confirmation" not in out, out
     step = [x for x in failing_rows(out) if x.startswith("step_mean_ab")]
-    assert step and all("UNRESOLVED: " in x for x in step), out
+    assert step and all(x.endswith("UNRESOLVED") for x in step), out
     assert any(x.startswith("resolution: step_mean_ab ") and x.endswith(": UNRESOLVED")
                for x in out.splitlines()), out
     last = out.splitlines()[-1]

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from bench.tables import WIDTH, fitted_table, wrapped
+from bench.tables import WIDTH, fit, fitted_table, wrapped
 from tests.test_summarize import requests_frame, steps_frame
 
 LONG = "sglang-tree:/home/someone/src/sglang-with-a-long-branch-name/python@unified"
 
 
 def _widest(lines: list[str]) -> str:
-    return max(lines, key=len)
+    return max(lines, key=len, default="")
 
 
 def test_a_wide_table_stacks_its_columns_led_by_the_names():
@@ -129,3 +129,155 @@ def test_a_table_with_call_site_chains_names_them_below_it():
     below = " ".join(" ".join(lines[2:]).split())
     assert below.startswith("r0 timeout call_sites: 9x all_reduce@tp_cpu") and \
         "check_hicache_events:3681" in below
+
+
+# ---- bench gate: its table, notes, resolution lines, context and last line ------------------
+from tests.test_ab import blocks, fake_gate  # noqa: E402,F401 (blocks: a fixture)
+from tests.test_gate import (  # noqa: E402,F401 (clean: the gate's fixture)
+    REPEATS,
+    clean,
+    doctored,
+    gate,
+    triple_ttft,
+)
+
+
+def _fits(out: str) -> list[str]:
+    lines = out.splitlines()
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    return lines
+
+
+def _add_decision_and_slow(frame):
+    frame.loc[frame.polls > 0, "decision_collectives"] += 1
+    return triple_ttft(range(REPEATS))(frame)
+
+
+@pytest.mark.parametrize("case, code", [("pass", 0), ("fail", 1), ("unresolved", 1),
+                                        ("not judged", 0)])
+def test_the_gates_output_fits(clean, tmp_path, capsys, case, code):  # noqa: F811
+    """A passing gate, one failing count and timing checks, one UNRESOLVED, one with too few
+    repeats: every line fits, the last line keeps its form."""
+    run, baseline = clean
+    if case == "fail":
+        run = doctored(clean, tmp_path, _add_decision_and_slow)
+    elif case == "unresolved":
+        run = doctored(clean, tmp_path, triple_ttft([1]))
+    elif case == "not judged":
+        baseline = tmp_path / "baseline"
+        few = doctored(clean, tmp_path / "few", lambda f: f[f.repeat < 1])
+        assert gate(few, baseline, "--update-baseline") == 0
+        run = doctored(clean, tmp_path / "slow", triple_ttft(range(REPEATS)))
+    capsys.readouterr()
+    assert gate(run, baseline, "--tolerance", "0.05") == code
+    lines = _fits(capsys.readouterr().out)
+    assert lines[-1].startswith("OK: " if code == 0 else "FAILED: ")
+
+
+@pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
+def test_the_gates_ab_output_fits(blocks, tmp_path, monkeypatch, capsys, slower, code):  # noqa: F811
+    """gate --ab (blocks, faked): the A/B's log lines, the confirmation and timings lines."""
+    import shutil
+
+    from bench.commands.gate import main as main_gate
+
+    fake_gate(monkeypatch, lambda seed: slower, [])
+    run = tmp_path / "a-run-directory-with-a-long-name-as-ci-makes-them" / "run"
+    shutil.copytree(blocks[0], run)
+    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == code
+    captured = capsys.readouterr()
+    _fits(captured.out)
+    _fits(captured.err)
+
+
+def _timing(metric: str, protocol: str, s: str):
+    from bench.gate.checks import Check
+
+    layout = "tp2 pp2 sim 8/s extra_pool"
+    return Check(f"{metric}_ratio_vs_baseline", protocol, "wait_complete", layout,
+                 passed=s == "NOT JUDGED", judged=s != "NOT JUDGED", unresolved=s == "UNRESOLVED",
+                 resolves=None if s == "NOT JUDGED" else 1.234, threshold=0.05,
+                 expected="x the baseline's: passes below 1.05, fails above it",
+                 observed="1.442 [0.298, 6.972], 3 paired repeats",
+                 meaning=f"{protocol}'s bystanders' TTFT p50: its 95% interval holds 1.05, so a "
+                         "change of 5.0% could not be told from none: not passed (more paired "
+                         "repeats narrow it)",
+                 note="not judged: too few repeats for an interval (2 paired, needs 3)"
+                 if s == "NOT JUDGED" else "UNRESOLVED: its interval holds 1.05 (resolves 123.4%)")
+
+
+@pytest.mark.parametrize("s", ["UNRESOLVED", "NOT JUDGED"])
+def test_every_metric_undecided_keeps_a_last_line_of_states_that_fits(s):
+    """Four gated metrics UNRESOLVED (or not judged) over a long protocol's checks: the
+    table, notes and resolution lines fit; the last line is still OK/FAILED with every
+    metric's state (scripts/gate_power.py reads them), its counts on the line above."""
+    import sys
+
+    from bench.gate.checks import Check
+    from bench.gate.console import format_checks, last_line
+    from tests.test_served import REPO
+
+    metrics = ["step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50"]
+    checks = [_timing(m, "step-clock", s) for m in metrics]
+    checks += [Check("decision_exact", "step-clock", "timeout", "tp2 pp2 sim 8/s", True)] * 100
+    lines = _fits(format_checks(checks) + "\n" + last_line(checks))
+    assert any(x.startswith("resolution: bystander_ttft_p50_ratio_vs_baseline step-clock/")
+               for x in lines) or s == "NOT JUDGED"
+    last = lines[-1]
+    assert last.startswith("FAILED: " if s == "UNRESOLVED" else "OK: ")
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_power
+
+    assert gate_power.states(last) == dict.fromkeys(metrics, s)
+    assert "100 exact checks pass" in lines[-2]
+
+
+def test_abs_progress_lines_fit(tmp_path, capsys):
+    """bench ab's (and the gate's A/B's) lines while it runs: a block's run ends with a long
+    line of its own (the run's verdict), wrapped below the block's."""
+    from bench.ab.blocks import AbPlan, Outcome, run_blocks
+    from bench.tables import progress
+    from tests.test_ab import TREE, fake_runner
+
+    verdict = ("FAILED: ranks disagreed in 3 of 120 requests (pr36425/timeout tp2 pp2 sim "
+               "rate=8; see failures.csv); data errors in 2 requests (step-clock/best_effort "
+               "tp2 pp2 sim rate=8; see failures.csv)")
+
+    def runner(plan, k, side, root):
+        o = fake_runner()(plan, k, side, root)
+        return Outcome(o.path, 1, verdict, 12.5, "2026-12-06T14:00:00Z", "2026-12-06T14:00:12Z")
+    run_blocks(AbPlan(TREE, TREE, "ci", 2, out=tmp_path), runner, log=progress)
+    err = _fits(capsys.readouterr().err)
+    assert err[0].startswith("ab: [ 1/4] block 0 ") and err[1].startswith("  FAILED: ranks")
+
+
+def test_noises_table_and_last_lines_fit(tmp_path, capsys):
+    """bench noise: its table of every metric (and the bootstrap's), the files, the coverage
+    line over every metric, the schedules' FAILED lines."""
+    from bench.ab.noise import METRICS
+    from bench.ab.noise_report import print_figures
+
+    figures = {"coverage": 0.875, "trials": 120, "half_width_median": 0.0412,
+               "half_width_max": 0.1234, "run_to_run_max": 0.2345, "repeats": 12, "configs": 9}
+    per_metric = dict.fromkeys(METRICS, figures)
+    written = [tmp_path / "a-long-results-folder-name" / n for n in ("noise.json", "noise.md")]
+    print_figures(per_metric, per_metric, written, ["pinned runs of seed 0 ran different "
+                                                    "schedules: " + "x" * 150])
+    out = _fits(capsys.readouterr().out)
+    assert any(x.startswith("noise: coverage step_mean 87.5%") for x in out)
+
+
+def test_hazards_cell_and_sides_lines_fit():
+    """bench hazards: a cell's line (a failed cell's detail) and the sides' summary, with
+    long side names."""
+    from bench.hazards.matrix import _line
+    from bench.hazards.sides import summary_lines
+    from tests.test_hazard_sides import _row
+
+    base, head = "base=sglang-0.5.23@unified", "b=" + LONG
+    rows = [_row("walk-skew", base, "deadlock"), _row("walk-skew", head, "abort"),
+            _row("sidecar-race", base, "OK"), _row("sidecar-race", head, "OK")]
+    rows[1]["detail"] = "rank 1 aborted: " + "gloo timeout on all_reduce after 2.0 s " * 6
+    lines = [x for r in rows for x in _line(r).splitlines()]
+    lines += fit(*summary_lines(rows)).splitlines()
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)

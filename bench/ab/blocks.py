@@ -183,8 +183,8 @@ def run_blocks(plan: AbPlan, runner: Runner = run_one,
             outcome = checked(rev, runner(plan, k, side, roots[side]))
             getattr(runs, side).append(outcome)
             log(f"ab: [{i + 1:2d}/{2 * plan.blocks}] block {k} {side.upper()} "
-                f"{rev.label}: {outcome.last_line} ({outcome.seconds:.0f}s, "
-                f"{outcome.start_utc} .. {outcome.end_utc})")
+                f"{rev.label} ({outcome.seconds:.0f}s, {outcome.start_utc} .. "
+                f"{outcome.end_utc}):\n  {outcome.last_line}")
             if outcome.lingered:
                 log(f"ab: warning: {outcome.lingered} process(es) of that run outlived it")
     return runs

@@ -9,7 +9,7 @@ from pathlib import Path
 from bench.ab import noise
 from bench.rundir.files import read_json_object, write_json_atomic, write_text_atomic
 from bench.rundir.rundir import RunDir, utc_time
-from bench.tables import markdown_table
+from bench.tables import fit, fitted_table, markdown_table
 
 HEADERS = ["metric", "coverage", "pairs", "half-width median", "half-width max",
            "run-to-run max", "repeats", "configs", ""]
@@ -34,9 +34,8 @@ def rows(per_metric: dict[str, dict]) -> list[list[str]]:
 
 
 def _fixed(table: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in table)
+    """A table for a terminal: stacked in groups led by the metric when too wide."""
+    return "\n".join(fitted_table(table[0], table[1:], keys=1))
 
 
 def final_line(per_metric: dict[str, dict]) -> str:
@@ -58,10 +57,8 @@ def print_figures(per_metric: dict, boot: dict | None, written: list[Path],
     if boot is not None:
         print("\ntwo-stage bootstrap (cross-check):")
         print(_fixed([HEADERS, *rows(boot)]))
-    print(f"wrote {', '.join(str(p) for p in written)}")
-    print(final_line(per_metric))
-    for line in schedule[:3]:
-        print(f"FAILED: {line}")
+    print(fit(f"wrote {', '.join(str(p) for p in written)}", final_line(per_metric),
+              *(f"FAILED: {line}" for line in schedule[:3])))
     return 1 if low_metrics(per_metric) or schedule else 0
 
 

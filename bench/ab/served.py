@@ -120,7 +120,7 @@ def serve_stage(plan: ServedPlan, roots: dict[str, Path], index: int, seed: int,
         conductor.close()
     stage.seconds = time.monotonic() - t0
     log(f"ab: stage {index}: {repeats} paired repeats (seed {seed}), {len(stage.turns)} turns "
-        f"in {stage.seconds:.0f}s; A {_last(stage.dirs['a'])}; B {_last(stage.dirs['b'])}")
+        f"in {stage.seconds:.0f}s;\n  A {_last(stage.dirs['a'])};\n  B {_last(stage.dirs['b'])}")
     for s in "ab":
         if not RunDir(stage.dirs[s]).has("requests"):
             raise ResultFileError(f"side {s.upper()} wrote no rows (exit {stage.codes[s]}): "

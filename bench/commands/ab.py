@@ -33,7 +33,6 @@ tree, a revision that refuses the flags, or bad arguments (one line on stderr).
 from __future__ import annotations
 
 import contextlib
-import sys
 from pathlib import Path
 
 from bench.ab.blocks import DEFAULT_BLOCKS, DEFAULT_PRESET
@@ -48,6 +47,7 @@ from bench.compare.metrics import metric_list
 from bench.neighbour import Neighbour, SpecError
 from bench.neighbour import parse as parse_neighbour
 from bench.rundir.files import write_json_atomic
+from bench.tables import progress
 
 PROG = "bench ab"
 
@@ -108,9 +108,8 @@ def _main(argv: list[str]) -> int:
             try:
                 comp, written = _served(plan)
             except NotASide as e:
-                print(f"ab: {e}: it cannot be a side of one run; whole runs per side "
-                      "(--design blocks) instead, whose resolution the table shows",
-                      file=sys.stderr, flush=True)
+                progress(f"ab: {e}: it cannot be a side of one run; whole runs per side "
+                         "(--design blocks) instead, whose resolution the table shows")
         if comp is None:
             comp, written = _blocks(plan)
     if planted is not None:
@@ -126,10 +125,10 @@ def _served(plan):
     sp = served.ServedPlan(plan.a, plan.b, plan.preset, plan.blocks * plan.per_block,
                            plan.seed, plan.threshold, plan.run_args, plan.metrics, plan.out)
     first = "".join(s.upper() for s in served.first_sides(sp.seed, sp.repeats))
-    print(f"ab: A = {plan.a.label}, B = {plan.b.label}: sides of one run, {sp.repeats} "
-          f"paired repeats of preset {plan.preset} {' '.join(plan.run_args)}, first side per "
-          f"repeat {first} (from seed {plan.seed}); results in {plan.out}", file=sys.stderr)
-    stages, comp = served.run(sp, log=lambda line: print(line, file=sys.stderr, flush=True))
+    progress(f"ab: A = {plan.a.label}, B = {plan.b.label}: sides of one run, {sp.repeats} "
+             f"paired repeats of preset {plan.preset} {' '.join(plan.run_args)}, first side "
+             f"per repeat {first} (from seed {plan.seed}); results in {plan.out}")
+    stages, comp = served.run(sp, log=progress)
     path = plan.out / "ab.json"
     write_json_atomic(path, served.record(sp, stages))
     return comp, [path]
@@ -140,10 +139,10 @@ def _blocks(plan):
     from bench.ab.blocks import comparison, run_blocks, write_plan
 
     order = " ".join(f"{s.upper()}{'B' if s == 'a' else 'A'}" for s in plan.first_sides())
-    print(f"ab: A = {plan.a.label}, B = {plan.b.label}: {plan.blocks} blocks of preset "
-          f"{plan.preset} {' '.join(plan.run_args)}, in the order {order} (from seed "
-          f"{plan.seed}); results in {plan.out}", file=sys.stderr)
-    runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
+    progress(f"ab: A = {plan.a.label}, B = {plan.b.label}: {plan.blocks} blocks of preset "
+             f"{plan.preset} {' '.join(plan.run_args)}, in the order {order} (from seed "
+             f"{plan.seed}); results in {plan.out}")
+    runs = run_blocks(plan, log=progress)
     comp = comparison(plan, runs)
     return comp, [write_plan(plan, runs)]
 

@@ -20,10 +20,10 @@ input (unknown revisions, GOOD not an ancestor of BAD, an unknown metric).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_size_options, run_verb, size_of
+from bench.tables import fit, progress
 
 PROG = "bench bisect"
 
@@ -77,17 +77,17 @@ def _main(argv: list[str]) -> int:
     if not commits:
         raise UsageError(f"no commits after {base.a.label} up to {bad.label}")
     out = args.out or RunDir.new("bisect", base.a.short, bad.short).path
-    print(f"bisect: {len(commits)} commits after {base.a.label} up to {bad.label}; "
-          f"{args.metric}{' of ' + args.config if args.config else ''}, ab with "
-          f"{args.repeats} blocks of preset {args.preset} at each step; results in {out}")
+    print(fit(f"bisect: {len(commits)} commits after {base.a.label} up to {bad.label}; "
+              f"{args.metric}{' of ' + args.config if args.config else ''}, ab with "
+              f"{args.repeats} blocks of preset {args.preset} at each step; results in {out}"))
     judge = ab_judge(base, args.metric, args.config, out,
-                     log=lambda line: print(line, file=sys.stderr, flush=True))
+                     log=progress)
     n = [0]
 
     def show(step) -> None:
         n[0] += 1
-        print(f"bisect: step {n[0]}: {step.commit[:10]} {subject(step.commit, REPO_DIR)}: "
-              f"{step.verdict} ({step.detail})", flush=True)
+        print(fit(f"bisect: step {n[0]}: {step.commit[:10]} {subject(step.commit, REPO_DIR)}: "
+                  f"{step.verdict} ({step.detail})"), flush=True)
     first, _ = search(commits, judge, verify=not args.no_verify, log=show)
     if first is None:
         print(f"bisect: {bad.label} is not worse than {base.a.label} on {args.metric}: "

@@ -52,7 +52,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _main(argv: list[str]) -> int:
-    from bench.gate.evaluate import GateOptions, evaluate, format_checks, last_line
+    from bench.gate.console import format_checks, last_line
+    from bench.gate.evaluate import GateOptions, evaluate
+    from bench.tables import fit
 
     args = _parse(argv)
     checks, context = evaluate(GateOptions(
@@ -60,7 +62,7 @@ def _main(argv: list[str]) -> int:
         tolerance=args.tolerance, update_baseline=args.update_baseline))
     failed = [c for c in checks if not c.passed]
     print(format_checks(checks))
-    print(context)
+    print(fit(context))  # no line wider than a terminal (bench.tables.WIDTH)
     print(last_line(checks))
     return 1 if failed else 0
 

@@ -32,6 +32,7 @@ from bench.hazards.sides import summary_lines, worse
 from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
+from bench.tables import fit
 from hicache.spec.cost_model import PROTOCOLS
 
 PROG = "bench hazards"
@@ -121,9 +122,9 @@ def _second_run(specs: list[MatrixSpec], rows: list[dict]) -> bool:
             again.get("sglang_consensus") == row.get("sglang_consensus")
         alike &= row["same_twice"]
         if not row["same_twice"]:
-            print(f"{row['scenario']} x {row['protocol']}: {row['outcome']} then "
-                  f"{again['outcome']} ({again['detail'][:120]}); SGLang's checker "
-                  f"{row.get('sglang_consensus')} then {again.get('sglang_consensus')}")
+            print(fit(f"{row['scenario']} x {row['protocol']}: {row['outcome']} then "
+                      f"{again['outcome']} ({again['detail'][:120]}); SGLang's checker "
+                      f"{row.get('sglang_consensus')} then {again.get('sglang_consensus')}"))
     return alike
 
 
@@ -145,8 +146,8 @@ def _body(argv: list[str]) -> int:
     spec.out.mkdir(parents=True, exist_ok=True)
     cells = sum(runs(s, p, one.sglang is not None) for s in spec.scenarios for one in specs
                 for p in one.protocols)
-    print(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed {spec.seed}"
-          f"{f', {len(specs)} sides' if sides else ''} -> {spec.out}")
+    print(fit(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed "
+              f"{spec.seed}{f', {len(specs)} sides' if sides else ''} -> {spec.out}"))
     rows = run_sides(specs) if sides else run_matrix(spec)
     alike = _second_run(specs, rows) if args.twice else True
     env = collect_env("gloo", {"tp": 2, "pp": sorted({s.pp for s in spec.scenarios})})
@@ -154,12 +155,12 @@ def _body(argv: list[str]) -> int:
     write(spec.out, rows, _header(env, specs, sides), sides, spec.consensus)
     lost = worse(rows, spec.consensus) if sides else []
     if sides:
-        print("\n".join(summary_lines(rows, spec.consensus)))
+        print(fit(*summary_lines(rows, spec.consensus)))
     code, words = exit_code(rows, alike, len(lost))
     worse_note = f", {len(lost)} worse than {specs[0].label(spec.protocols[0])}" if lost else ""
-    print(f"{PROG}: {words} ({len(rows)} cells, {past_bound(rows)} past their bound"
-          f"{'' if alike else ', outcomes differ between the two runs'}{worse_note}) -> "
-          f"{spec.out / 'hazards.md'}")
+    print(fit(f"wrote {spec.out / 'hazards.md'}"))
+    print(fit(f"{PROG}: {words} ({len(rows)} cells, {past_bound(rows)} past their bound"
+              f"{'' if alike else ', outcomes differ between the two runs'}{worse_note})"))
     return code
 
 

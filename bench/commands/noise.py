@@ -25,6 +25,7 @@ from pathlib import Path
 
 from bench.commands.common import CliParser, RunFailed, UsageError, run_verb
 from bench.rundir.rundir import RunDir
+from bench.tables import progress
 
 PROG = "bench noise"
 
@@ -67,7 +68,7 @@ def make_runs(args: argparse.Namespace, out: Path) -> tuple[list[Path], dict[str
                str(run), *extra]
         done = subprocess.run(cmd, cwd=REPO_DIR, capture_output=True, text=True)
         last = (done.stdout.strip().splitlines() or [""])[-1]
-        print(f"noise: run {i + 1}/{args.runs}: {last}", file=sys.stderr, flush=True)
+        progress(f"noise: run {i + 1}/{args.runs}: {last}")
         if done.returncode != 0 or not RunDir(run).has("summary"):
             raise RunFailed(f"run {i} failed (exit {done.returncode}): {last or done.stderr}")
         dirs.append(run)

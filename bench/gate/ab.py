@@ -12,7 +12,6 @@ second A/B of as many fresh blocks (bench.gate.timing.confirmed)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from bench.ab import RUN_SIZES, served, size_args
@@ -24,6 +23,7 @@ from bench.compare.comparison import Comparison
 from bench.compare.report import write_outputs
 from bench.gate.baseline import DEFAULT_AB
 from bench.rundir.files import ResultFileError, write_json_atomic
+from bench.tables import progress
 
 DEFAULT_BLOCKS = 2  # gate.json's `ab` without `blocks`
 
@@ -82,13 +82,13 @@ def run_gate_served(settings: dict, out: Path, states) -> tuple[Comparison, Path
     plan = served_plan(settings, out)
     out.mkdir(parents=True, exist_ok=True)
     b = budget(settings)
-    print(f"gate: timings: {plan.a.label} (A, the baseline revision) and this tree (B) as "
-          f"sides of one run, preset {plan.preset} {' '.join(plan.run_args)}: "
-          f"{plan.repeats} paired repeats, more while a check is undecided (up to "
-          f"{b.repeats} repeats, {b.seconds:.0f}s)", file=sys.stderr, flush=True)
+    progress(f"gate: timings: {plan.a.label} (A, the baseline revision) and this tree (B) as "
+             f"sides of one run, preset {plan.preset} {' '.join(plan.run_args)}: "
+             f"{plan.repeats} paired repeats, more while a check is undecided (up to "
+             f"{b.repeats} repeats, {b.seconds:.0f}s)")
     try:
         stages, comp = served.run(plan, b, states,
-                                  log=lambda line: print(line, file=sys.stderr, flush=True))
+                                  log=progress)
     except served.NotASide as e:
         raise ResultFileError(f"the baseline revision cannot be served as a side: {e}; "
                               f"{REBASE}") from None
@@ -106,11 +106,11 @@ def run_gate_ab(settings: dict, out: Path, seed: int = 0) -> tuple[Comparison, P
     """Run the A/B into `out` (ab.md, ab.csv, ab_ratios.png, ab.json, runs/)."""
     plan = gate_plan(settings, out, seed)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"gate: timings: {plan.a.label} (A, the baseline revision) and this tree (B), "
-          f"{plan.blocks} blocks x {plan.per_block} repeats of preset {plan.preset} "
-          f"(seeds {plan.seed}..{plan.seed + plan.blocks - 1}) "
-          f"{' '.join(plan.run_args)}", file=sys.stderr, flush=True)
-    runs = run_blocks(plan, log=lambda line: print(line, file=sys.stderr, flush=True))
+    progress(f"gate: timings: {plan.a.label} (A, the baseline revision) and this tree (B), "
+             f"{plan.blocks} blocks x {plan.per_block} repeats of preset {plan.preset} "
+             f"(seeds {plan.seed}..{plan.seed + plan.blocks - 1}) "
+             f"{' '.join(plan.run_args)}")
+    runs = run_blocks(plan, log=progress)
     comp = comparison(plan, runs)
     write_outputs(comp, out)
     write_plan(plan, runs)

@@ -37,9 +37,13 @@ class Check:
 
 
 def layout(row: dict) -> str:
-    """The row's configuration beyond protocol and policy, short."""
+    """The row's configuration beyond protocol and policy, short: `tp2 pp1 sim 8/s`."""
     extra = " extra_pool" if row["extra_pool"] in (True, "True") else ""
-    return f"tp{row['tp']} pp{row['pp']} {row['storage']} rate={row['rate_rps']}{extra}"
+    try:
+        rate = f"{float(row['rate_rps']):g}/s"
+    except (TypeError, ValueError):  # "-": a check of the whole run
+        rate = str(row["rate_rps"])
+    return f"tp{row['tp']} pp{row['pp']} {row['storage']} {rate}{extra}"
 
 
 def make_check(row: dict, name: str, passed: bool, **kw) -> Check:

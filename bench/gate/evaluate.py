@@ -45,7 +45,7 @@ from bench.gate.baseline import (
     read_settings,
     update_baseline,
 )
-from bench.gate.checks import EPS, Check, baseline_value, make_check, state
+from bench.gate.checks import EPS, Check, baseline_value, make_check
 from bench.gate.hostwork import host_work_checks, with_ceilings
 from bench.gate.timing import (
     AB_METRICS,
@@ -54,7 +54,6 @@ from bench.gate.timing import (
     ab_states,
     baseline_checks,
     confirmed,
-    resolution_lines,
 )
 from bench.microbench import gate_note
 from bench.rundir.files import (
@@ -228,90 +227,6 @@ def load_run(run_dir: Path) -> GatedRun:
     return GatedRun(requests, summary, run.ranks(), run.env(optional=True) or {})
 
 
-def _why(checks: list[Check]) -> str:
-    """The reasons checks were not judged, each once."""
-    return "; ".join(dict.fromkeys(c.note.removeprefix("not judged: ") for c in checks))
-
-
-def _result(checks: list[Check]) -> str:
-    """PASS, UNRESOLVED, NOT JUDGED (why), or several with their counts, for one check's
-    rows (none of them failing)."""
-    idle = [c for c in checks if not c.judged]
-    if len(idle) == len(checks):
-        return f"NOT JUDGED ({_why(idle)})"
-    if not idle:
-        return "PASS"
-    return f"PASS {len(checks) - len(idle)}, NOT JUDGED {len(idle)} ({_why(idle)})"
-
-
-WORST = ("FAIL", "UNRESOLVED", "NOT JUDGED", "PASS")
-
-
-def per_metric(checks: list[Check]) -> dict[str, str]:
-    """Each timing metric's state over its configurations, the worst first (WORST)."""
-    out: dict[str, str] = {}
-    for c in checks:
-        if c.resolves is None and c.judged:
-            continue  # not a timing check
-        metric = c.check.removesuffix("_ab").removesuffix("_ratio_vs_baseline")
-        s = state(c)
-        if metric not in out or WORST.index(s) < WORST.index(out[metric]):
-            out[metric] = s
-    order = list(AB_METRICS)
-    return dict(sorted(out.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order
-                       else len(order)))
-
-
-def last_line(checks: list[Check]) -> str:
-    """The gate's last line: OK or FAILED, then PASS / FAIL / UNRESOLVED / NOT JUDGED per
-    timing metric (its worst configuration) and how the exact checks did."""
-    failed = [c for c in checks if not c.passed]
-    head = "OK" if not failed else f"FAILED: {len(failed)} of {len(checks)} checks"
-    timing = per_metric(checks)
-    exact = [c for c in checks
-             if c.check.removesuffix("_ab").removesuffix("_ratio_vs_baseline") not in timing]
-    bad = sum(not c.passed for c in exact)
-    counts = (f"{len(exact)} count and correctness checks pass" if not bad
-              else f"{bad} of {len(exact)} count and correctness checks FAIL")
-    if not timing:
-        return f"{head}: {counts}"
-    idle = [c for c in checks if not c.judged]
-    why = f" ({_why(idle)})" if idle else ""
-    states = ", ".join(f"{m} {s}{why if s == 'NOT JUDGED' else ''}" for m, s in timing.items())
-    return f"{head}: {states}; {counts}"
-
-
-def _flagged(c: Check) -> str:
-    """A failing or not judged or unresolved check's last cell in the failing table."""
-    if not c.judged:
-        return f"NOT JUDGED ({_why([c])})"
-    if c.unresolved:
-        return f"UNRESOLVED: {c.meaning}"
-    return c.meaning
-
-
-def format_checks(checks: list[Check]) -> str:
-    """Failing (not judged, unresolved) checks as a table; when none fail, a result per
-    check; then each timing check's resolvable difference beside its threshold."""
-    failing = [c for c in checks if not c.passed]
-    if failing:
-        header = ["check", "protocol", "policy", "layout", "expected", "observed", "meaning"]
-        rows = [[c.check, c.protocol, c.policy, c.layout, c.expected, c.observed, _flagged(c)]
-                for c in checks if not c.passed or not c.judged or c.unresolved]
-    else:
-        header = ["check", "rows", "result"]
-        names = list(dict.fromkeys(c.check for c in checks))
-        rows = [[n, str(sum(c.check == n for c in checks)),
-                 _result([c for c in checks if c.check == n])] for n in names]
-    table = [header] + rows
-    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
-    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]])
-             for r in table]
-    notes = [f"note: {c.check} {c.protocol}/{c.policy} ({c.layout}): {c.observed}: {c.note}"
-             for c in checks if c.note]
-    return "\n".join(lines + notes + resolution_lines(checks))
-
-
 def thresholds(settings: dict, override: float | None) -> dict[str, float]:
     """Each gated metric's threshold: --tolerance for all, else gate.json's `thresholds`
     (bench noise --update-gate), else DEFAULT_THRESHOLD."""
@@ -339,17 +254,17 @@ def timing_checks(args: GateOptions, summary: pd.DataFrame, baseline: pd.DataFra
     shown = ", ".join(f"{m} {limits[m]:g}" for m in AB_METRICS if m != "ttft")
     if not args.ab:
         return baseline_checks(summary, baseline, limits), (
-            f"timings against the baseline's numbers, paired by repeat (thresholds {shown}); "
-            "drift between the two runs is not in the intervals: --ab runs the baseline "
+            f"timings against the baseline's numbers, paired by repeat;\n  thresholds {shown};\n"
+            "  drift between the two runs is not in the intervals: --ab runs the baseline "
             "revision beside this tree instead")
     if settings.get("ab", {}).get("design", "blocks") == "served":
         comp, out = run_gate_served(settings, args.run_dir / "ab",
                                     lambda c: ab_states(c, limits))
         return ab_checks(comp, limits), (
-            f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
-            f"{comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
-            f"{max((int(r.get('repeats') or 0) for r in comp.rows), default=0)} paired repeats "
-            f"(thresholds {shown}; {out / 'ab.md'})")
+            f"timings: {comp.final_line()} for this tree (B) against the baseline revision\n"
+            f"  {comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
+            f"{max((int(r.get('repeats') or 0) for r in comp.rows), default=0)} paired repeats;"
+            f"\n  thresholds {shown};\n  {out / 'ab.md'}")
     return _blocks_checks(args, settings, limits, shown)
 
 
@@ -358,9 +273,9 @@ def _blocks_checks(args: GateOptions, settings: dict, limits: dict[str, float],
     """ab.design "blocks": whole runs per side, a failure confirmed by a second A/B."""
     comp, out = run_gate_ab(settings, args.run_dir / "ab")
     checks = ab_checks(comp, limits)
-    line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision "
-            f"{comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine "
-            f"(thresholds {shown}; {out / 'ab.md'})")
+    line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision\n"
+            f"  {comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine;\n"
+            f"  thresholds {shown};\n  {out / 'ab.md'}")
     # only a failure is confirmed; an UNRESOLVED check fails as it stands
     failed = sum(not c.passed and not c.unresolved for c in checks)
     if not failed or not args.confirm:
@@ -370,9 +285,8 @@ def _blocks_checks(args: GateOptions, settings: dict, limits: dict[str, float],
     checks = confirmed(checks, ab_checks(again, limits, again=True))
     held = sum(not c.passed and not c.unresolved for c in checks)
     return checks, (f"{line}\nconfirmation: {held} of {failed} failing timing checks failed "
-                    f"again (interval above 1, point beyond the threshold) in a second A/B "
-                    f"of fresh blocks ({again.final_line()}; "
-                    f"{out2 / 'ab.md'})")
+                    f"again (interval above 1, point beyond the threshold)\n  in a second A/B "
+                    f"of fresh blocks ({again.final_line()}; {out2 / 'ab.md'})")
 
 
 def evaluate(args: GateOptions) -> tuple[list[Check], str]:
@@ -394,4 +308,4 @@ def evaluate(args: GateOptions) -> tuple[list[Check], str]:
                                                                      settings) + timing
     # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
     note = gate_note(args.run_dir)
-    return checks, f"{how}; baseline {args.baseline}" + (f"\n{note}" if note else "")
+    return checks, f"{how}\n  baseline {args.baseline}" + (f"\n{note}" if note else "")

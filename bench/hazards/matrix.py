@@ -28,6 +28,7 @@ from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
 from bench.hazards.hang import Killed, classify_hang
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
+from bench.tables import fit
 from hicache.comm.comm import BOOTSTRAP_RING
 from sglang_adapter import Target, consensus_verdict, controller_unfit, ships_checker
 
@@ -264,4 +265,4 @@ def _named_s(reports: list[dict | None]) -> float | None:
 def _line(row: dict) -> str:
     cost = (f"  {row['decision_per_poll']}/poll {row['collectives_per_step']}/step"
             if row["outcome"] == OK else f"  {row['detail'][:110]}")
-    return f"{row['scenario']:<13} {row['protocol']:<14} {row['outcome']:<10}{cost}"
+    return fit(f"{row['scenario']:<13} {row['protocol']:<14} {row['outcome']:<10}{cost}")
