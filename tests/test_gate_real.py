@@ -78,12 +78,13 @@ def test_gate_ab_serves_both_revisions_and_fails_the_slow_poll_on_step_time(hist
     out = ok(bench(repo, "gate", str(run), "--baseline", str(baseline), "--ab"), 1).stdout
     lines = out.splitlines()
     step = [x for x in lines if x.startswith("step_mean_ab") and "pr36425" in x]
-    below = " ".join(lines[lines.index(step[0]) + 1:][:3])  # its expected, observed, meaning
+    # its expected, observed and meaning, wrapped at 120 columns below it
+    below = " ".join(x.strip() for x in lines[lines.index(step[0]) + 1:][:5])
     assert step and step[0].endswith("FAIL") and "got slower" in below, out
     assert "step_mean FAIL" in lines[-1] and lines[-1].startswith("FAILED: "), out
     assert not any(line.startswith(("decision_exact", "background_exact",
                                     "per_poll_vs_baseline")) for line in lines)
-    assert "sides of one run on this machine" in out
+    assert "sides of one run on this machine" in " ".join(x.strip() for x in lines)
     record = json.loads((run / "ab" / "ab.json").read_text())
     assert record["design"] == "served" and record["a"]["commit"] == commits["base"]
     for stage in record["stages"]:
