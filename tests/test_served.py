@@ -329,3 +329,14 @@ def side_pid() -> int:
     import os
 
     return os.getpid()
+
+
+def test_a_stages_run_directories_are_absolute_whatever_the_out(tmp_path, monkeypatch):
+    """Each side's `bench run` starts in its own tree: a relative --out (make gate's
+    results/latest/ab) must not land there."""
+    from bench.ab.served import stage_dirs
+
+    monkeypatch.chdir(tmp_path)
+    dirs = stage_dirs(Path("results/latest/ab"), 1)
+    assert dirs == {s: tmp_path / "results/latest/ab/stages/01" / s for s in "ab"}
+    assert all(d.is_absolute() for d in dirs.values())

@@ -102,8 +102,7 @@ def serve_stage(plan: ServedPlan, roots: dict[str, Path], index: int, seed: int,
                 repeats: int, log: Callable[[str], None]) -> Stage:
     """Both sides' runs of one stage, their turns conducted; ConductError for a side that
     failed or broke the interface (both sides are stopped then)."""
-    base = plan.out / "stages" / f"{index:02d}"
-    stage = Stage(index, seed, repeats, {s: base / s for s in "ab"})
+    stage = Stage(index, seed, repeats, stage_dirs(plan.out, index))
     stage.first = first_sides(seed, repeats)
     conductor = Conductor([SideProc(s, roots[s], stage.dirs[s]) for s in "ab"])
     t0 = time.monotonic()
@@ -126,6 +125,13 @@ def serve_stage(plan: ServedPlan, roots: dict[str, Path], index: int, seed: int,
             raise ResultFileError(f"side {s.upper()} wrote no rows (exit {stage.codes[s]}): "
                                   f"{_last(stage.dirs[s])}")
     return stage
+
+
+def stage_dirs(out: Path, index: int) -> dict[str, Path]:
+    """Each side's run directory of stage `index`, absolute: a side's `bench run` starts in
+    its own tree, so a relative --out would land there, not here."""
+    base = Path(out).resolve() / "stages" / f"{index:02d}"
+    return {s: base / s for s in "ab"}
 
 
 def _last(out: Path) -> str:
