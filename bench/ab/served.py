@@ -212,10 +212,12 @@ States = Callable[[Comparison], list[tuple[str, float, float, float, float]]]
 
 
 def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = None,
-        log: Callable[[str], None] = print) -> tuple[list[Stage], Comparison]:
+        log: Callable[[str], None] = print, header: str | None = None
+        ) -> tuple[list[Stage], Comparison]:
     """The served A/B: a first stage of plan.repeats, then (with a budget and the gated
     checks' `states`) more stages while bench.ab.sequential says so; each stage's seed the
-    next. RevisionError-like ResultFileError (one line) for a revision that cannot be a side."""
+    next. `header` is logged once both revisions are known to be sides; a revision that
+    cannot be one is NotASide (one line)."""
     with checked_out(plan.a, REPO_DIR, plan.out) as root_a, \
             checked_out(plan.b, REPO_DIR, plan.out) as root_b:
         roots = {"a": root_a, "b": root_b}
@@ -223,6 +225,8 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
             why = refusal(rev, roots[side])
             if why:
                 raise NotASide(why)
+        if header:  # once both trees are known to be sides
+            log(header)
         stages: list[Stage] = []
         t0, repeats = time.monotonic(), plan.repeats
         while repeats > 0:
@@ -231,10 +235,10 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
             comp = comparison(plan, stages)
             if budget is None or states is None:
                 break
-            n = sum(s.repeats for s in stages)
-            repeats = sequential.more(states(comp), n, time.monotonic() - t0, budget)
+            n, now = sum(s.repeats for s in stages), states(comp)
+            repeats = sequential.more(now, n, time.monotonic() - t0, budget)
             if repeats:
-                log(f"ab: {sum(s[0] == sequential.UNRESOLVED for s in states(comp))} gated "
+                log(f"ab: {sum(s[0] == sequential.UNRESOLVED for s in now)} gated "
                     f"check(s) undecided after {n} paired repeats: {repeats} more")
     return stages, comp
 

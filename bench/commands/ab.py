@@ -125,10 +125,10 @@ def _served(plan):
     sp = served.ServedPlan(plan.a, plan.b, plan.preset, plan.blocks * plan.per_block,
                            plan.seed, plan.threshold, plan.run_args, plan.metrics, plan.out)
     first = "".join(s.upper() for s in served.first_sides(sp.seed, sp.repeats))
-    progress(f"ab: A = {plan.a.label}, B = {plan.b.label}: sides of one run, {sp.repeats} "
-             f"paired repeats of preset {plan.preset} {' '.join(plan.run_args)}, first side "
-             f"per repeat {first} (from seed {plan.seed}); results in {plan.out}")
-    stages, comp = served.run(sp, log=progress)
+    header = (f"ab: A = {plan.a.label}, B = {plan.b.label}: sides of one run, {sp.repeats} "
+              f"paired repeats of preset {plan.preset} {' '.join(plan.run_args)}, first side "
+              f"per repeat {first} (from seed {plan.seed}); results in {plan.out}")
+    stages, comp = served.run(sp, log=progress, header=header)
     path = plan.out / "ab.json"
     write_json_atomic(path, served.record(sp, stages))
     return comp, [path]
