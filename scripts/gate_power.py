@@ -1,5 +1,6 @@
 """Usage: python scripts/gate_power.py [--plants 0.01,0.03,0.05,0.10] [--gates 5] [--aa 10]
-                                     [--aa-neighbour 10] [--neighbour SPEC] [--out DIR]
+                                     [--aa-neighbour 10] [--neighbour SPEC]
+                                     [--out DIR | --resume DIR] [--lock FILE]
 
 Measures the gate's power and its false alarms on this machine, the way `make gate` judges
 timings: a scratch clone of HEAD (the base), one commit per planted share on top of it whose
@@ -14,8 +15,17 @@ gates: the timing checks do not read it.
 
 Prints one line per gate (each timing metric's state, the paired repeats, the seconds) and a
 table, and writes gate_power.json and gate_power.md into --out (default
-results/gate_power_<UTC time>). Needs a committed HEAD; a gate takes 2 to 6 minutes on 2
+results/gate_power_<UTC time>). Needs a committed HEAD; a gate takes 2 to 8 minutes on 2
 cores. Measure the quiet rows on a quiet machine.
+
+The gates run interleaved, one of each kind a round (an A/A, each plant, an A/A beside the
+neighbour), so a study cut short keeps its kinds balanced and the machine's quieter and
+busier hours spread over all of them. `--resume DIR` goes on with an earlier study (its
+clone, base, plants and baseline kept) until each kind has the counts asked for: a study
+can grow over several sittings at one base. `--lock FILE` (default /tmp/hicache-cpu.lock)
+is taken exclusively around each gate; other work on the machine that takes it shared
+(`flock -s FILE CMD`) waits for the gate in flight and holds the next one back, so no gate
+shares the cores with it. Each gate records the seconds it waited and the load before it.
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import fcntl
+import itertools
 import json
 import os
 import shutil
@@ -129,9 +141,11 @@ def gate_once(repo: Path, rev: str, run: Path, baseline: Path, out: Path, label:
               neighbour) -> dict:
     """`bench gate --ab` at `rev` on a fresh copy of its ci run."""
     sh(["git", "checkout", "-q", rev], repo)
-    copy = out / "gates" / f"{len(list((out / 'gates').glob('*'))):02d}_{label.split()[0]}"
+    kind = label.replace("A/A ", "aa_").replace("plant ", "plant_").replace("%", "pc")
+    copy = out / "gates" / f"{len(list((out / 'gates').glob('*'))):02d}_{kind}"
     shutil.copytree(run, copy)
     t0 = time.monotonic()
+    load_before = os.getloadavg()[0]
     with Neighbour(neighbour) if neighbour else contextlib.nullcontext():
         done = bench(repo, "gate", str(copy), "--baseline", str(baseline), "--ab")
     last = (done.stdout.strip().splitlines() or [""])[-1]
@@ -140,8 +154,9 @@ def gate_once(repo: Path, rev: str, run: Path, baseline: Path, out: Path, label:
     return {"label": label, "rev": rev, "exit": done.returncode, "states": states(last),
             "repeats": sum(s["repeats"] for s in stages), "stages": len(stages),
             "intervals": intervals(copy / "ab" / "ab.csv"), "last_line": last,
-            "seconds": round(time.monotonic() - t0, 1), "load_1m": os.getloadavg()[0],
-            "dir": str(copy)}
+            "seconds": round(time.monotonic() - t0, 1), "load_1m_before": load_before,
+            "load_1m": os.getloadavg()[0], "dir": str(copy),
+            "utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def table(results: list[dict]) -> list[str]:
@@ -161,13 +176,16 @@ def table(results: list[dict]) -> list[str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[3])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[4])
     p.add_argument("--plants", default="0.01,0.03,0.05,0.10")
     p.add_argument("--gates", type=int, default=5)
     p.add_argument("--aa", type=int, default=10)
     p.add_argument("--aa-neighbour", type=int, default=10)
     p.add_argument("--neighbour", default=DEFAULT)
-    p.add_argument("--out", type=Path)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path)
+    where.add_argument("--resume", type=Path)
+    p.add_argument("--lock", type=Path, default=Path("/tmp/hicache-cpu.lock"))
     args = p.parse_args(argv)
     try:
         args.plants = [float(x) for x in args.plants.split(",") if x.strip()
@@ -180,34 +198,90 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.out is not None and args.out.exists() and (
             not args.out.is_dir() or any(args.out.iterdir())):
         sys.exit(f"gate_power: --out {args.out} is not an empty folder: pick a new one")
+    if args.resume is not None and not (args.resume / "gate_power.json").is_file():
+        sys.exit(f"gate_power: --resume {args.resume} holds no gate_power.json: "
+                 "not a study to go on with")
     return args
+
+
+def plant_label(share: float) -> str:
+    return f"plant {share:.0%}"
+
+
+def interleaved(kinds: list[tuple[str, int]], done: dict[str, int]) -> list[str]:
+    """The labels still to run, one of each kind a round, in the order `kinds` lists them,
+    until each kind has its count (`done` already run)."""
+    left = {k: max(0, n - done.get(k, 0)) for k, n in kinds}
+    rounds = []
+    for r in range(max(left.values(), default=0)):
+        rounds.extend(k for k, _ in kinds if left[k] > r)
+    return rounds
+
+
+@contextlib.contextmanager
+def holding(lock: Path):
+    """The machine's CPU lock, exclusively, for one gate."""
+    lock.touch(exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def setup(args: argparse.Namespace) -> tuple[Path, Path, str, list[dict], dict[float, str]]:
+    """The study's folder, clone, baseline, base revision, results so far and plants: a new
+    one (--out), or the one --resume names, plants it lacks added."""
+    if args.resume is not None:
+        out = args.resume.resolve()
+        old = json.loads((out / "gate_power.json").read_text())
+        head, results = old["head"], old["results"]
+        repo, baseline = out / "repo", out / "baseline"
+    else:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        out = (args.out or REPO / "results" / f"gate_power_{stamp}").resolve()
+        repo, results = out / "repo", []
+        (out / "gates").mkdir(parents=True, exist_ok=True)
+        head = sh(["git", "rev-parse", "HEAD"], REPO).stdout.strip()
+        sh(["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], out)
+        sh(GIT + ["checkout", "-q", "-B", "base", head], repo)
+    have = set(sh(["git", "branch", "--format=%(refname:short)"], repo).stdout.split())
+    planted = {s: (sh(["git", "rev-parse", f"plant_{s:g}"], repo).stdout.strip()
+                   if f"plant_{s:g}" in have else plant_commit(repo, s)) for s in args.plants}
+    sh(["git", "checkout", "-q", "base"], repo)
+    if args.resume is None:
+        baseline = record_baseline(repo, out)
+    return out, baseline, head, results, planted
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = (args.out or REPO / "results" / f"gate_power_{stamp}").resolve()
+    out, baseline, head, results, planted = setup(args)
     repo = out / "repo"
-    (out / "gates").mkdir(parents=True, exist_ok=True)
-    head = sh(["git", "rev-parse", "HEAD"], REPO).stdout.strip()
-    sh(["git", "clone", "-q", "--no-checkout", str(REPO), str(repo)], out)
-    sh(GIT + ["checkout", "-q", "-B", "base", head], repo)
-    planted = {s: plant_commit(repo, s) for s in args.plants}
-    sh(["git", "checkout", "-q", "base"], repo)
-    baseline = record_baseline(repo, out)
     base = sh(["git", "rev-parse", "base"], repo).stdout.strip()
-    plan = ([("A/A quiet", base, None)] * args.aa
-            + [("A/A neighbour", base, args.neighbour)] * args.aa_neighbour
-            + [(f"plant {s:.0%}", sha, None) for s, sha in planted.items()
-               for _ in range(args.gates)])
-    results = []
-    for label, rev, neighbour in plan:
-        r = gate_once(repo, rev, ci_run(repo, rev, out), baseline, out, label, neighbour)
+    what = {"A/A quiet": (base, None), "A/A neighbour": (base, args.neighbour)}
+    what |= {plant_label(s): (sha, None) for s, sha in planted.items()}
+    kinds = ([("A/A quiet", args.aa)] + [(plant_label(s), args.gates) for s in args.plants]
+             + [("A/A neighbour", args.aa_neighbour)])
+    done = {k: len(list(g)) for k, g in itertools.groupby(
+        sorted(r["label"] for r in results))}
+    todo = interleaved(kinds, done)
+    print(f"gate_power: {out}: {len(results)} gates so far, {len(todo)} to run", flush=True)
+    for label in todo:
+        rev, neighbour = what[label]
+        run = ci_run(repo, rev, out)
+        t_wait = time.monotonic()
+        with holding(args.lock):
+            waited = time.monotonic() - t_wait
+            r = gate_once(repo, rev, run, baseline, out, label, neighbour)
+        r["lock_wait_s"] = round(waited, 1)
         results.append(r)
         write_json_atomic(out / "gate_power.json", {"head": head, "results": results,
                                                     "cpu_count": os.cpu_count()})
         print(f"gate_power: {label}: exit {r['exit']}, {r['repeats']} paired repeats in "
-              f"{r['seconds']:.0f}s (load {r['load_1m']:.2f}): {r['last_line']}", flush=True)
+              f"{r['seconds']:.0f}s (load {r['load_1m_before']:.2f} before, waited "
+              f"{waited:.0f}s): {r['last_line']}", flush=True)
     lines = table(results)
     write_text_atomic(out / "gate_power.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -278,6 +278,29 @@ def test_the_power_scripts_plant_spins_a_share_of_each_step():
                                          "prefetch_ttft_p50": "UNRESOLVED"}
 
 
+
+def test_the_power_scripts_gates_interleave_and_a_resume_goes_on_to_the_counts(tmp_path):
+    """One gate of each kind a round, in the order asked, until each kind has its count, the
+    gates already run counted; --resume of a folder that is no study is refused in one line,
+    the folder untouched."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_power
+
+    kinds = [("A/A quiet", 3), ("plant 5%", 2), ("plant 10%", 1), ("A/A neighbour", 0)]
+    assert gate_power.interleaved(kinds, {}) == [
+        "A/A quiet", "plant 5%", "plant 10%", "A/A quiet", "plant 5%", "A/A quiet"]
+    assert gate_power.interleaved(kinds, {"A/A quiet": 2, "plant 5%": 5}) == [
+        "A/A quiet", "plant 10%"]
+    assert gate_power.interleaved(kinds, {"A/A quiet": 3, "plant 5%": 2,
+                                          "plant 10%": 1}) == []
+    (tmp_path / "x").write_text("kept")
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gate_power.py"),
+                           "--resume", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0 and done.stderr.strip().count("\n") == 0, done.stderr
+    assert "not a study to go on with" in done.stderr
+    assert [f.name for f in tmp_path.iterdir()] == ["x"]
+
 # ---- the interface, pinned ---------------------------------------------------------------
 
 # The flags a side's plan may use (bench/run/turns.py): every revision that speaks
