@@ -1,6 +1,6 @@
 """`bench run`'s flags, in --help's sections by what they set: the parser the verb
 (bench.commands.run) parses its command line with, and docs/options.md is built from. A
-part of the verb, not a verb: every value is checked after parsing (bench.run.options)."""
+part of the verb, not a verb: every value is checked after parsing (bench.run.resolve)."""
 
 from __future__ import annotations
 
