@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.rundir.rundir import RunDir
+from bench.tables import wrapped
 
 DECODE_BATCHES = (1, 32)
 PREFILL_TOKENS = (512, 2048)
@@ -158,7 +159,8 @@ def _size(nbytes) -> str:
     return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
 
 
-def _device_lines(dc: dict) -> list[str]:
+def device_lines(dc: dict) -> list[str]:
+    """`measure`'s figures for people (devcheck.json holds them all), indented two spaces."""
     peak, lb, fw = dc.get("h2d_peak_gbps"), dc.get("load_back", {}), dc.get("forward", {})
     model = dc.get("model", "?")
     h2d = (f"{_fmt(peak, ' GB/s')} pinned ({(dc.get('h2d_bytes') or 0) >> 20} MiB); pageable "
@@ -169,8 +171,9 @@ def _device_lines(dc: dict) -> list[str]:
         f"  load-back {lb.get('pages')} x {_size(lb.get('page_bytes'))} pages: "
         f"consecutive {_fmt(lb.get('consecutive_gbps'), ' GB/s', 2)}"
         f"{_pct(lb.get('consecutive_gbps'), peak)}, scattered "
-        f"{_fmt(lb.get('scattered_gbps'), ' GB/s', 2)}{_pct(lb.get('scattered_gbps'), peak)}; bad "
-        f"pages {lb.get('consecutive_bad_pages', 'n/a')}/{lb.get('scattered_bad_pages', 'n/a')}",
+        f"{_fmt(lb.get('scattered_gbps'), ' GB/s', 2)}{_pct(lb.get('scattered_gbps'), peak)}",
+        f"    bad pages {lb.get('consecutive_bad_pages', 'n/a')}/"
+        f"{lb.get('scattered_bad_pages', 'n/a')} (consecutive/scattered, by checksum)",
         f"  {model} TP1 forward:   decode b1 {_fmt(fw.get('decode_b1_ms'), ' ms', 2)}, b32 "
         f"{_fmt(fw.get('decode_b32_ms'), ' ms', 2)}; prefill 512 tok "
         f"{_fmt(fw.get('prefill_512_ms'), ' ms', 2)}, 2048 tok "
@@ -178,7 +181,7 @@ def _device_lines(dc: dict) -> list[str]:
     ]
 
 
-def _run_line(work: Path, step: str, peak) -> str:
+def _run_lines(work: Path, step: str, peak) -> list[str]:
     f = _run_facts(work / step)
     env_path = RunDir(work / step).file("env")
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
@@ -186,11 +189,12 @@ def _run_line(work: Path, step: str, peak) -> str:
     head = (f"  {STEPS[step]} [{env.get('model', '?')}, {device}/"
             f"{env.get('data_backend', '?')}]: {_status(work, step)}")
     if not f:
-        return head
-    return (f"{head}; decode forward p50 {_fmt(f['decode_forward_ms'], ' ms', 2)}; "
-            f"prefill p50 {_fmt(f['prefill_ms'], ' ms', 2)}; load-back p50 "
-            f"{_fmt(f['load_back_gbps'], ' GB/s', 2)}{_pct(f['load_back_gbps'], peak)} per "
-            f"load-back of {_size(f['load_back_bytes'])} (median)")
+        return [head]
+    return [head, f"    decode forward p50 {_fmt(f['decode_forward_ms'], ' ms', 2)}; prefill p50 "
+                  f"{_fmt(f['prefill_ms'], ' ms', 2)}",
+            f"    load-back p50 {_fmt(f['load_back_gbps'], ' GB/s', 2)}"
+            f"{_pct(f['load_back_gbps'], peak)} per load-back of "
+            f"{_size(f['load_back_bytes'])} (median)"]
 
 
 NO_CUDA = "needs CUDA"  # the skip reason of every CUDA test gpu_check.sh runs
@@ -226,8 +230,8 @@ def summary_lines(work: Path) -> tuple[list[str], bool]:
     lines.append(f"  {STEPS['tests']}: {tests} ({_last_line(work / 'tests.log').strip('= ')})")
     lines.append(f"  {STEPS['devcheck']}: {_status(work, 'devcheck')}")
     if dc:
-        lines += _device_lines(dc)
-    lines += [_run_line(work, s, dc.get("h2d_peak_gbps")) for s in ("tp1", "tp2")]
+        lines += device_lines(dc)
+    lines += [x for s in ("tp1", "tp2") for x in _run_lines(work, s, dc.get("h2d_peak_gbps"))]
     # A CPU dry run skips the CUDA tests by design; a GPU run that skipped them failed.
     dry = dc.get("device") == "cpu"
     ok = all(_status(work, s) == "OK" for s in STEPS if s != "tests") and (
@@ -235,4 +239,4 @@ def summary_lines(work: Path) -> tuple[list[str], bool]:
     bad = dc.get("load_back", {})
     ok = ok and bad.get("consecutive_bad_pages") == 0 and bad.get("scattered_bad_pages") == 0
     lines.append(f"RESULT: {'OK' if ok else 'FAILED'}")
-    return lines, ok
+    return wrapped(lines), ok  # a long path, reason or log line wraps at a terminal's width

@@ -17,7 +17,7 @@ import os
 import torch
 
 from bench.run import launch as launcher
-from hicache.cache.controller import KV, SIDECAR
+from hicache.cache.operations import KV, SIDECAR
 from hicache.comm.comm import Layout
 from hicache.memory.hashing import page_hashes
 from hicache.memory.storage import StorageSpec

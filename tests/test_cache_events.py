@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from hicache.cache.controller import KV, SIDECAR
+from hicache.cache.operations import KV, SIDECAR
 from hicache.comm.comm import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 import hicache.comm.comm
 from hicache.agreement.protocols import make_protocol
-from hicache.cache.controller import KV, Ack, CacheController, PrefetchOp
+from hicache.cache.controller import CacheController
+from hicache.cache.operations import KV, Ack, PrefetchOp
 from hicache.comm.comm import (
     DECISION,
     HARNESS_STOP,

@@ -2,8 +2,9 @@
 stack their columns in groups led by the row's names, prose wraps, a run of several
 SGLangs names its call sites short (every chain in full in call_sites.txt). Built from
 small fixed rows: the run's table and lead, the sides' lead with long names and long
-chains, compare's table; the real runs' output is held where they run (the slow sides
-run in tests/test_sglang_sides.py)."""
+chains, compare's table, the gate's, bench review's closing lines and bench devcheck's
+output; the real runs' output is held where they run (the slow sides run in
+tests/test_sglang_sides.py)."""
 
 from __future__ import annotations
 
@@ -281,3 +282,75 @@ def test_hazards_cell_and_sides_lines_fit():
     lines = [x for r in rows for x in _line(r).splitlines()]
     lines += fit(*summary_lines(rows)).splitlines()
     assert len(_widest(lines)) <= WIDTH, _widest(lines)
+
+
+# ---- bench review's closing lines and bench devcheck's output ------------------------------
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_reviews_closing_lines_fit_and_the_last_keeps_its_form(failing):
+    """bench review's timing verdicts (long side names) and its last line, OK or FAILED with
+    every reason (a hazard cell, a count site, a timing), naming the page under a long folder."""
+    from bench.analysis.side_timings import Verdict
+    from bench.hazards.review import closing_lines
+
+    side = "head=" + LONG
+    timings = [Verdict(side, "wait_complete", "prefetch_ttft_p50", "UNRESOLVED", 1.0423,
+                       0.9876, 1.1012, 0.05)] * 2
+    why = [f"timing {side} wait_complete prefetch_ttft_p50: UNRESOLVED",
+           f"count difference not explained: {side} all_reduce@tp_cpu mem_cache/"
+           "unified_radix_cache.py:_can_terminate_prefetch (+1.0 a poll)",
+           f"hazard cell walk-skew is worse on {side}: OK -> deadlock"] if failing else []
+    path = ("/home/someone/ci/results/review_of-a-pull-request-with-a-long-branch-name_"
+            "2026-12-06T16:00:00Z/review.md")
+    lines = closing_lines("bench review", why, timings, path)
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    assert lines[-1] == ("bench review: FAILED: 3 reasons above" if failing
+                         else "bench review: OK") + " (the page above)"
+    assert any(x.strip() == path for x in lines[-3:-1])  # whole, on a line of its own
+    assert sum(x.startswith("bench review: why: ") for x in lines) == len(why)
+    assert closing_lines("bench review", why, [], "r/review.md")[-1] == \
+        ("bench review: FAILED: 3 reasons above" if failing else "bench review: OK") + \
+        " -> r/review.md"
+    short = closing_lines("bench review", ["the run FAILED (exit 1): r/run"], [], "r/review.md")
+    assert short == ["bench review: FAILED: the run FAILED (exit 1): r/run -> r/review.md"]
+
+
+def test_devchecks_summary_fits(tmp_path, monkeypatch):
+    """gpu_check.sh's summary (bench devcheck summary) with both runs' figures, every step
+    failed by its time limit and a long last line of the tests' log."""
+    import json
+
+    from bench import devcheck
+    from tests.test_gpu_check import DEVCHECK, _work
+
+    work = _work(tmp_path, dict.fromkeys(("setup", "tests", "devcheck", "tp1", "tp2"), 124))
+    (work / "tests.log").write_text("= 12 passed, 30 skipped, 2 warnings, 1 error " * 4 + "=\n")
+    bad = {**DEVCHECK, "load_back": {**DEVCHECK["load_back"], "consecutive_gbps": 1234.56,
+                                     "scattered_bad_pages": 20, "consecutive_bad_pages": 20}}
+    (work / "devcheck.json").write_text(json.dumps(bad))
+    facts = {"decode_forward_ms": 1234.56, "prefill_ms": 12345.67, "load_back_gbps": 1234.5,
+             "load_back_bytes": 300 << 20}
+    monkeypatch.setattr(devcheck, "_run_facts", lambda run: facts)
+    lines, ok = devcheck.summary_lines(work)
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)
+    assert not ok and lines[-1] == "RESULT: FAILED" and "    bad pages 20/20" in "\n".join(lines)
+
+
+def test_devchecks_measure_prints_its_figures_in_lines_that_fit(tmp_path, monkeypatch, capsys):
+    """bench devcheck measure: its figures for people (the JSON goes to --out), on a CPU
+    whose missing peak has a long reason."""
+    import json
+
+    from bench import devcheck
+    from bench.commands.devcheck import main
+    from tests.test_gpu_check import DEVCHECK
+
+    result = {**DEVCHECK, "device": "cpu", "gpu": None, "h2d_peak_gbps": None,
+              "h2d_reason": "no CUDA device: torch.cuda.is_available() is False " * 3}
+    monkeypatch.setattr(devcheck, "measure", lambda device, model: result)
+    out = tmp_path / "a-long-work-folder-name-as-gpu-check-makes-them" / "devcheck.json"
+    out.parent.mkdir()
+    assert main(["measure", "--device", "cpu", "--out", str(out)]) == 0
+    lines = _fits(capsys.readouterr().out)
+    assert lines[0].startswith("bench devcheck: measured on cpu") and \
+        json.loads(out.read_text()) == result

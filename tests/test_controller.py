@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from hicache.cache.controller import KV, SIDECAR, CacheController, PrefetchOp
+from hicache.cache.controller import CacheController
+from hicache.cache.operations import KV, SIDECAR, PrefetchOp
 from hicache.memory.pools import PagePool, verify_pages
 from tests.doubles import RecordingComm, RecordingStorage, hashes_of, tokens
 

@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 import hicache.comm.comm
 from bench.analysis import sweep
-from bench.run.options import RunOptions, build_plan
+from bench.run.options import RunOptions
+from bench.run.resolve import build_plan
 from hicache.comm.comm import (
     CALIBRATION,
     DECISION,

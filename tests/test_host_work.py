@@ -15,7 +15,8 @@ import pytest
 
 from bench.gate.hostwork import TOLERANCE, ceilings, host_work_checks, with_ceilings
 from bench.run.hostwork import HostWork
-from bench.run.options import OptionError, RunOptions, _plant, build_plan
+from bench.run.options import OptionError, RunOptions
+from bench.run.resolve import _plant, build_plan
 from bench.rundir.rundir import RunDir
 
 

@@ -1,9 +1,10 @@
 """The house holds (docs/design.md section 1): hicache/ never imports bench/; bench/run/ (the
 online half) and bench/analysis/ (the offline half) never import each other; bench/commands/
-import engines, never one another (common and trace_flags are the commands' own shared
-parts); argparse Namespaces stay in commands/; nothing outside bench/rundir/ names a run
-directory's files; the rooms' imports form no circle; hicache/ and sglang_adapter/ stand in
-rooms whose imports only point down, and bench/ enters the adapter by its one door."""
+import engines, never one another (common, trace_flags, run_flags and cost_sweep are the
+commands' own shared parts); argparse Namespaces stay in commands/; nothing outside
+bench/rundir/ names a run directory's files; the rooms' imports form no circle; hicache/ and
+sglang_adapter/ stand in rooms whose imports only point down, and bench/ enters the adapter
+by its one door."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_COMMAND_PARTS = {"bench.commands.common", "bench.commands.trace_flags",
+                        "bench.commands.run_flags",
                         "bench.commands.cost_sweep"}  # parts of a verb, not verbs
 RUN_FILES = re.compile(r"""(?<!["'])["'](requests|steps|ranks|summary|failures|divergence)"""
                        r"""\.csv["']|(?<!["'])["'](env|calibration|progress|verdict)\.json["']""")

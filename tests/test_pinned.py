@@ -17,7 +17,7 @@ import time
 import pytest
 
 from bench.analysis.schedule import DECIDE_ALIKE, digest_failures
-from hicache.cache.controller import PrefetchOp
+from hicache.cache.operations import PrefetchOp
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import POLICIES, PROTOCOLS

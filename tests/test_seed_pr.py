@@ -212,12 +212,12 @@ def test_sides_of_one_model_are_refused_before_any_rank_starts(tmp_path, capsys)
 @pytest.mark.slow  # imports 0.5.18 and 0.5.19 in this process to learn their classes
 @pytest.mark.timeout(120)
 def test_the_preset_serves_sglang_with_its_sides_or_those_given():
-    from bench.run import options
+    from bench.run import options, resolve
     from tests.sglang_wheels import sglang_wheel
 
     sglang_wheel("0.5.18"), sglang_wheel("0.5.19")
     for given, names in [(None, (BEFORE, AFTER)),
                          ("0.5.18,0.5.19", ("sglang-0.5.18@hiradix", "sglang-0.5.19@unified"))]:
-        plan = options.build_plan(options.RunOptions(preset="seed-pr", sglang=given,
+        plan = resolve.build_plan(options.RunOptions(preset="seed-pr", sglang=given,
                                                      device="cpu"))
         assert plan.protocols == (*names, "pre27010", "pr36425") and plan.schedule == "free"

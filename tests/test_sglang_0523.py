@@ -17,7 +17,7 @@ import time
 import pytest
 
 from hicache.agreement.protocols import Facts, make_protocol
-from hicache.cache.controller import PrefetchOp
+from hicache.cache.operations import PrefetchOp
 from hicache.comm.comm import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig

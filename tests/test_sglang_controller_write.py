@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hicache.cache.controller import KV
+from hicache.cache.operations import KV
 from hicache.memory.pools import PagePool, expected_rows
 from hicache.memory.storage import StorageSpec, make_storage
 from hicache.spec.cost_model import expected_per_request, per_step

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from hicache.cache.controller import KV, CacheController
+from hicache.cache.controller import CacheController
+from hicache.cache.operations import KV
 from hicache.cache.tiers import Tiers
 from hicache.memory.pools import PagePool, verify_pages
 from hicache.memory.radix_tree import RadixTree

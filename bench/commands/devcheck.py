@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from bench.commands.common import CliParser, run_verb
+from bench.tables import fit
 
 PROG = "bench devcheck"
 
@@ -26,12 +27,14 @@ def _main(argv: list[str]) -> int:
     s = sub.add_parser("summary")
     s.add_argument("work_dir", type=Path, help="scripts/gpu_check.sh's work folder")
     args = p.parse_args(argv)
-    from bench.devcheck import measure, summary_lines  # torch only once the arguments are good
+    from bench.devcheck import device_lines, measure, summary_lines  # torch: once args hold
 
     if args.cmd == "measure":
         result = measure(args.device, args.model)
         args.out.write_text(json.dumps(result, indent=2))
-        print(json.dumps(result))
+        where = result.get("gpu") or result["device"]
+        print(fit(f"{PROG}: measured on {where}, every figure in {args.out}",
+                  *device_lines(result)))
         return 0
     lines, ok = summary_lines(args.work_dir)
     print("\n".join(lines))

@@ -23,7 +23,14 @@ import sys
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.hazards.review import Part, RunRows, page, strict_counts, verdict
+from bench.hazards.review import (
+    Part,
+    RunRows,
+    closing_lines,
+    page,
+    strict_counts,
+    verdict,
+)
 from bench.hazards.scenarios import SCENARIOS, check_choice
 from bench.rundir.env import short_sha
 from bench.rundir.files import write_text_atomic
@@ -112,11 +119,8 @@ def _body(argv: list[str]) -> int:
     lines = page(sides, run, hazards, got, rows, args.sglang_consensus, counts, explained,
                  timings)
     write_text_atomic(RunDir(out).file("review"), "\n".join(lines) + "\n")
-    for t in timings:
-        print(f"{PROG}: timing {t.text()}")
     why = verdict(run, hazards, rows, args.sglang_consensus, counts, timings)
-    print(f"{PROG}: {'FAILED: ' + '; '.join(why) if why else 'OK'} -> "
-          f"{RunDir(out).file('review')}")
+    print("\n".join(closing_lines(PROG, why, timings, str(RunDir(out).file("review")))))
     return 1 if why else 0
 
 

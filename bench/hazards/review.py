@@ -18,6 +18,7 @@ from bench.analysis import side_timings
 from bench.analysis.side_timings import Verdict, failing
 from bench.analysis.sides import count_changes, counts_text, headline_lines
 from bench.hazards.sides import change_table, changes, worse
+from bench.tables import WIDTH, wrapped
 
 TIMING_RULE = ("Each side against the first, per policy, as `make gate` judges a revision: "
                "PASS when the whole 95% interval of the ratio lies below 1 + threshold, "
@@ -60,6 +61,24 @@ def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
         why.append(f"the hazard matrix FAILED (exit {hazards.code}: "
                    f"{MATRIX_FAILED.get(hazards.code, 'it ended early')}): {hazards.folder}")
     return why
+
+
+def closing_lines(prog: str, why: list[str], timings: list[Verdict], page_path: str
+                  ) -> list[str]:
+    """What `bench review` prints once the page is written, no line wider than a terminal
+    (bench.tables.WIDTH): each side's timing verdict, then a last line OK or FAILED with its
+    reasons, naming the page. Where that is too wide, the reasons stand above it, one a
+    line (the last line counts them), and then the page's path too."""
+    lines = [f"{prog}: timing {t.text()}" for t in timings]
+    said = "FAILED: " + "; ".join(why) if why else "OK"
+    if why and len(f"{prog}: {said} -> {page_path}") > WIDTH:
+        lines += [f"{prog}: why: {w}" for w in why]
+        said = f"FAILED: {len(why)} reason{'s' * (len(why) > 1)} above"
+    last = f"{prog}: {said} -> {page_path}"
+    if len(last) > WIDTH:
+        lines.append(f"{prog}: the page: {page_path}")
+        last = f"{prog}: {said} (the page above)"
+    return wrapped([*lines, last])
 
 
 # bench hazards' exit codes other than 0 and 2 (bench.commands.hazards.exit_code)

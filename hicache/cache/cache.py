@@ -17,7 +17,8 @@ import torch
 
 from hicache.agreement.pp_ticket import TICKET_IDLE_S, TicketRelay
 from hicache.agreement.protocols import make_protocol
-from hicache.cache.controller import KV, SIDECAR, CacheController, PrefetchOp
+from hicache.cache.controller import CacheController
+from hicache.cache.operations import KV, SIDECAR, PrefetchOp
 from hicache.cache.poll import PrefetchPoll
 from hicache.cache.prefill_pages import PrefillPages
 from hicache.cache.retries import PrefetchRetries

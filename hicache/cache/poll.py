@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from hicache.agreement.consensus import rank_consensus
 from hicache.agreement.protocols import Facts
-from hicache.cache.controller import PrefetchOp
+from hicache.cache.operations import PrefetchOp
 from hicache.comm.comm import COMPLETION
 
 

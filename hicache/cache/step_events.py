@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hicache.cache.controller import PrefetchOp
+from hicache.cache.operations import PrefetchOp
 from hicache.comm.comm import PER_STEP_MIN
 
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hicache.cache.controller import KV, BackupOp, CacheController
+from hicache.cache.controller import CacheController
+from hicache.cache.operations import KV, BackupOp
 from hicache.memory.events import HOST_COPY
 from hicache.memory.hashing import page_hashes
 from hicache.memory.pools import PagePool, expected_rows

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from hicache.agreement.consensus import ConsensusChecker
 from hicache.cache.cache import HiCache
-from hicache.cache.controller import KV, SIDECAR
+from hicache.cache.operations import KV, SIDECAR
 from hicache.comm.comm import Comm, Groups, Layout
 from hicache.comm.records import Stats
 from hicache.memory.events import EventLog

@@ -39,7 +39,7 @@ SCHEDULES = ("free", "pinned")
 class _Job:
     """One op in the virtual IO queue: its read plans and where its replay stands."""
 
-    op: object  # hicache.cache.controller.PrefetchOp
+    op: object  # hicache.cache.operations.PrefetchOp
     issued: float  # virtual time it was handed to the IO thread
     plans: list
     batch: int = 0

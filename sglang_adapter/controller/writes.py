@@ -61,7 +61,7 @@ from collections import Counter
 
 import torch
 
-from hicache.cache.controller import KV, BackupOp
+from hicache.cache.operations import KV, BackupOp
 from hicache.cache.tiers import Tiers
 from hicache.memory.pools import expected_rows
 

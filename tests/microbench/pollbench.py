@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from bench.run.launch import reserve_port
 from hicache.cache.cache import HiCache
-from hicache.cache.controller import PrefetchOp
+from hicache.cache.operations import PrefetchOp
 from hicache.comm.comm import COMPLETION, DECISION, Groups, Layout
 from hicache.comm.records import RequestStats
 from hicache.memory.hashing import page_hashes
