@@ -6,8 +6,10 @@ and `BufferModePipeline` parking the bounce, with stage 0's decision relayed as 
 scheduler relays it (sglang_adapter.controller.tickets).
 
 Tiers: which runs the path accepts now (no process group); `bench run --cache sglang` at
-TP2 x PP2 with buffer_only, every request's collectives on rank 0 held against the model of
-0.5.23 priced on what SGLang did (four ranks: slow). The wheel comes from the release cache
+TP2 x PP2 with buffer_only on the pinned schedule (the ticket's query, reads and readiness
+gated on the virtual clock: sglang_adapter.controller.pinned.TicketPin), every request's
+collectives on rank 0 held against the model of 0.5.23 priced on what SGLang did (four
+ranks: slow). The wheel comes from the release cache
 (absent: skipped, never passed)."""
 
 from __future__ import annotations
