@@ -266,10 +266,11 @@ def test_the_pp_stages_cell_takes_the_controller_path_where_it_fits():
     from bench.hazards.matrix import sglang_path
     from bench.hazards.scenarios import SCENARIOS
 
-    assert sglang_path(UNIFIED, SCENARIOS["pp-stages"]).controller
-    # buffer_only (SGLang's PP-ticket path) and a side-car pool keep SGLang's decisions
-    for name in ("pp-busy", "span-skew"):
-        assert not sglang_path(UNIFIED, SCENARIOS[name]).controller, name
+    # pp-busy: buffer_only at PP 2, SGLang's own PP-ticket path (its command thread)
+    for name in ("pp-stages", "pp-busy"):
+        assert sglang_path(UNIFIED, SCENARIOS[name]).controller, name
+    # a side-car pool keeps SGLang's decisions
+    assert not sglang_path(UNIFIED, SCENARIOS["span-skew"]).controller
     hiradix = Target("/nowhere", "0.5.18", "0.5.18", "hiradix", "pre27010")
     assert not sglang_path(hiradix, SCENARIOS["pp-stages"]).controller
 
