@@ -112,6 +112,10 @@ class ControllerRig(UnifiedRig):
         # first, and it hands every node that is no session's back to the tree core.
         cache.session = base.StreamingSession(cache)
         if self.buffer_only is not None:
+            why = tickets.missing()  # a tree before 0.5.21 (a release is refused earlier)
+            if why is not None:
+                raise LoadError(f"sglang {self.loaded.source.label}: buffer_only on the "
+                                f"controller path needs SGLang's PP-ticket path: {why}")
             tickets.buffer_mode(cache, *self.buffer_only)
         cache.cache_controller = self._controller(cache)
 

@@ -59,12 +59,13 @@ CONTROLLER = "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def served(loaded) -> str | None:
-    """Why this SGLang has no PP-ticket path to serve (None: it has one)."""
+def missing() -> str | None:
+    """What this SGLang lacks of the PP-ticket path (None: it has it all)."""
     import importlib
     try:
         ctl = importlib.import_module(CONTROLLER)
-        importlib.import_module(PIPELINE)
+        for name in (PIPELINE, BELIEFS, FULL):
+            importlib.import_module(name)
     except ImportError as e:
         return f"no buffer-mode pipeline ({e})"
     return None if hasattr(ctl, "PPPrefetchState") else "no PP-ticket path (PPPrefetchState)"
@@ -211,4 +212,4 @@ class Tickets:
         self.rig.cache.cache_controller.release_pp_prefetch(rid)
 
 
-__all__ = ["Tickets", "buffer_mode", "command_group", "relay", "served"]
+__all__ = ["Tickets", "buffer_mode", "command_group", "missing", "relay"]
