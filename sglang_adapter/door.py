@@ -166,10 +166,10 @@ class Door:
         one of no request (the step's, a group's setup, a ticket a later stage receives)."""
         while frame is not None and depth and frame.f_code.co_filename.startswith(self.marker):
             local = frame.f_locals
-            data = local.get("data")
-            if isinstance(data, list):  # broadcast_pyobj's payload: a PP ticket, or none
-                # (a later stage's, before it arrives; an idle one): its request, if any
-                return getattr(getattr(data[0], "handle", None), "rid", None) if data else None
+            if frame.f_code.co_name == "broadcast_pyobj":  # its payload: a PP ticket, or
+                # none (a later stage's, before it arrives; an idle one): its request, if any
+                data = local.get("data") or [None]
+                return getattr(getattr(data[0], "handle", None), "rid", None)
             for name, attr in (("ack", "rid"), ("operation", "request_id")):
                 rid = getattr(local.get(name), attr, None)
                 if isinstance(rid, str):
