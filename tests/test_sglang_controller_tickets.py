@@ -54,6 +54,20 @@ def test_buffer_only_at_pp1_and_releases_without_tickets_stay_refused():
     assert controller_unfit(UNIFIED, 2, {**BUFFER, "extra_pool": True}) is not None
 
 
+def test_a_pinned_schedule_pins_the_ticket_path_on_sglangs_controller_path_only():
+    """The project's data path does not pin its PP-ticket path; SGLang's controller path
+    does (its plan sets pin_tickets: bench.run.plan)."""
+    from hicache.spec.config import HiCacheConfig
+    from hicache.spec.step_time import StepTimeModel
+
+    step = StepTimeModel(prefill_base_ms=3.0, prefill_ms_per_token=0.001, decode_base_ms=3.0)
+    base = dict(protocol="sglang-0.5.23", tp=2, pp=2, host_memory="buffer_only",
+                schedule="pinned", step_time=step)
+    with pytest.raises(ValueError, match="does not pin 0.5.23's PP-ticket path"):
+        HiCacheConfig(**base)
+    assert HiCacheConfig(**base, pin_tickets=True).schedule == "pinned"
+
+
 # ---- bench run at TP2 x PP2, buffer_only, on SGLang's PP-ticket path ------------------------
 
 RUN = ["--preset", "ci", "--requests", "6", "--bystanders", "2", "--output-tokens", "4",
