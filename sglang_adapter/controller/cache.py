@@ -35,8 +35,10 @@ Write path: the harness's device tier copies pages to the host (under write_thro
 prefill's as they are cached, under write_back a device leaf's as it is evicted) and
 SGLang's own write path takes them from there (its write-through tracking, `writing_check`,
 `write_backup_storage`, its backup thread and `_drain_backup`: sglang_adapter.controller.writes).
-A side-car pool and buffer_only host memory (at PP > 1 SGLang's PP-ticket path) are refused
-in one line before any rank starts (sglang_adapter.target.run_unfit).
+buffer_only host memory at PP > 1: SGLang's PP-ticket path, its command thread, ticket
+group and BufferModePipeline (sglang_adapter.controller.tickets; pinned: its gates in
+sglang_adapter.controller.pinned.TicketPin). A side-car pool and buffer_only at PP 1 are
+refused in one line before any rank starts (sglang_adapter.target.run_unfit).
 """
 
 from __future__ import annotations
