@@ -162,9 +162,14 @@ class Door:
     def _request_of(self, frame, depth: int = 6) -> str | None:
         """The request an SGLang background thread's collective is for, read from SGLang's
         own frames: its hit query and ack reduce hold the `operation` (`request_id`) or the
-        `ack` (`rid`) they reduce. None for one of no request (the step's, a group's setup)."""
+        `ack` (`rid`) they reduce, the PP-ticket broadcast (on stage 0) its ticket. None for
+        one of no request (the step's, a group's setup, a ticket a later stage receives)."""
         while frame is not None and depth and frame.f_code.co_filename.startswith(self.marker):
             local = frame.f_locals
+            if frame.f_code.co_name == "broadcast_pyobj":  # its payload: a PP ticket, or
+                # none (a later stage's, before it arrives; an idle one): its request, if any
+                data = local.get("data") or [None]
+                return getattr(getattr(data[0], "handle", None), "rid", None)
             for name, attr in (("ack", "rid"), ("operation", "request_id")):
                 rid = getattr(local.get(name), attr, None)
                 if isinstance(rid, str):

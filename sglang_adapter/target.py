@@ -116,24 +116,34 @@ def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
     return ("needs a release with UnifiedRadixCache (0.5.19 on)" if target.family != "unified"
             else f"needs SGLang's page-hash extension, which does not build here "
             f"{target.native_error}"
-            if target.native_error else run_unfit(pp, system))
+            if target.native_error else
+            "serves buffer_only at --pp > 1 on SGLang's PP-ticket path: a release with it "
+            "(0.5.21 on)" if _ticketed(pp, system) and target.version in NO_TICKETS
+            else run_unfit(pp, system))
+
+
+# Releases with UnifiedRadixCache but no PP-ticket path (PPPrefetchState: 0.5.21 on).
+NO_TICKETS = ("0.5.19", "0.5.20")
+
+
+def _ticketed(pp: int, system: dict) -> bool:
+    return pp > 1 and system.get("host_memory", "cache") == "buffer_only"
 
 
 def run_unfit(pp: int, system: dict) -> str | None:
     """controller_unfit's reasons that are the run's, whatever the SGLang: known before
     SGLang is imported or its page-hash extension built. Any PP size serves (docs/sglang.md,
     "Its layouts"), and the write path under write_through and write_back
-    (sglang_adapter.controller.writes); buffer_only does not: the rig builds no
-    BufferModePipeline, and at PP > 1 it is SGLang's PP-ticket path, whose tickets stage
-    0's scheduler relays to the later stages with each request (scheduler.py:3117, 3325)."""
+    (sglang_adapter.controller.writes); buffer_only at PP > 1 serves on SGLang's PP-ticket
+    path (sglang_adapter.controller.tickets), at PP 1 it does not: its hits then go
+    through BufferModePipeline's hit drain, staging and anchor pins, not driven here."""
     return ("serves no side-car pool (--extra-pool)" if system.get("extra_pool")
-            else f"serves host memory as a cache tier only ({_BUFFER_ONLY[pp > 1]})" if
-            system.get("host_memory", "cache") != "cache" else None)
+            else f"serves buffer_only host memory at --pp > 1 only ({_BUFFER_ONLY})" if
+            system.get("host_memory", "cache") != "cache" and pp == 1 else None)
 
 
-_BUFFER_ONLY = ("buffer_only needs SGLang's BufferModePipeline, not built here",
-                "buffer_only at --pp > 1 is SGLang's PP-ticket path: its scheduler's ticket "
-                "relay and BufferModePipeline are not built here")
+_BUFFER_ONLY = ("at --pp 1 buffer_only hits go through SGLang's BufferModePipeline hit "
+                "drain, not driven here")
 
 
 def pick_path(target: Target | None, path: str | None, pp: int, system: dict

@@ -142,3 +142,35 @@ def test_killed_ranks_are_read_from_their_journals_and_their_silence(tmp_path):
     assert [(k.rank, k.serving, k.quiet_s) for k in killed] == [(1, True, 9.0), (2, False, 8.0)]
     assert killed[0].records == ["check_prefetch_progress -> False"]
     assert killed[0].sequence == [["tp_cpu", "decision", "r00", 7]]
+
+
+def test_sglang_poll_hazard_cells_past_their_bound_are_classified_as_the_matrix_does(
+        tmp_path, monkeypatch):
+    """`bench sglang-poll --hazard`: two ranks still stepping at the bound, each repeating
+    one cycle of poll records, are a livelock (bench.hazards.hang), not `harness`; its
+    exit code is the hazard's, 1, as `bench hazards` gives it."""
+    from pathlib import Path
+
+    import bench.hazards.sglang as engine
+    from bench.hazards.cell import Journal, journal_paths, mark_serving
+    from bench.hazards.sglang_case import HazardCase
+
+    def launched(world, fn, args, **kwargs):  # both ranks serve, stepping, until killed
+        cell_dir = args[2]
+        for r in range(world):
+            mark_serving(cell_dir, r)
+            logs = {k: Journal(p) for k, p in journal_paths(Path(cell_dir), r).items()}
+            records, steps = _records(200)
+            for item, step in zip(records, steps, strict=True):
+                logs["records"].append(item)
+                logs["record_steps"].append(step)
+                logs["sequence"].append(["tp", "decision", "r00", step])
+        return {}, {}
+
+    monkeypatch.setattr(engine, "launch_to_end", launched)
+    case = HazardCase("walk-skew", "timeout", 2, 4.0)
+    row = engine.run_hazard(engine.Source("/nowhere", "0.5.23", "0.5.23"), case, tmp_path,
+                            bound_s=BOUND_S)
+    assert (row["outcome"], row["site"], row["step"]) == \
+        ("livelock", "check_prefetch_progress", 2), row
+    assert past_bound([row]) == 1 and exit_code([row], True, 0) == (1, "FAILED (hazard)")

@@ -34,7 +34,7 @@ from tests.test_sglang_controller import ACK, DECISION, HIT, STEP, _wheel
 
 REPO = Path(__file__).resolve().parent.parent
 UNIFIED = Target("/nowhere", "0.5.23", "0.5.23", "unified", "sglang-0.5.23")
-BUFFER_ONLY = "serves host memory as a cache tier only"
+BUFFER_ONLY = "serves buffer_only host memory at --pp > 1 only"
 
 # ---- which runs the path accepts (no process group) ----------------------------------------
 
@@ -55,7 +55,6 @@ def test_the_controller_path_serves_the_write_path(pp, policy):
 
 
 @pytest.mark.parametrize("pp, system, says", [
-    (2, {"host_memory": "buffer_only"}, BUFFER_ONLY),
     (1, {"host_memory": "buffer_only"}, BUFFER_ONLY),
     (2, {"extra_pool": True}, "serves no side-car pool"),
     (1, {"write_policy": "write_back", "host_memory": "buffer_only"}, BUFFER_ONLY),
@@ -68,18 +67,19 @@ def test_what_it_cannot_serve_stays_refused_in_one_line(pp, system, says):
         pick_path(UNIFIED, "controller", pp, system)
 
 
-def test_buffer_only_at_pp2_is_refused_before_sglang_is_read(tmp_path, capsys):
-    """SGLang's PP-ticket path (buffer_only at PP > 1) is refused with its reason, one line,
-    exit 2, before SPEC is resolved (no such SGLang here) and before any rank starts."""
+def test_buffer_only_at_pp1_is_refused_before_sglang_is_read(tmp_path, capsys):
+    """buffer_only at PP 1 (BufferModePipeline's hit drain; at PP > 1 SGLang's PP-ticket
+    path serves: tests/test_sglang_controller_tickets.py) is refused with its reason, one
+    line, exit 2, before SPEC is resolved (no such SGLang here) and before any rank starts."""
     from bench.commands.run import main
 
     argv = ["--cache", "sglang", "--sglang", str(tmp_path / "no-sglang-here"),
-            "--sglang-path", "controller", "--tp", "1", "--pp", "2", "--host-memory",
+            "--sglang-path", "controller", "--tp", "2", "--pp", "1", "--host-memory",
             "buffer_only", "--out", str(tmp_path / "out")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and f"--sglang-path controller {BUFFER_ONLY}" in err
-    assert "PP-ticket" in err, err
+    assert "BufferModePipeline" in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -266,10 +266,11 @@ def test_the_pp_stages_cell_takes_the_controller_path_where_it_fits():
     from bench.hazards.matrix import sglang_path
     from bench.hazards.scenarios import SCENARIOS
 
-    assert sglang_path(UNIFIED, SCENARIOS["pp-stages"]).controller
-    # buffer_only (SGLang's PP-ticket path) and a side-car pool keep SGLang's decisions
-    for name in ("pp-busy", "span-skew"):
-        assert not sglang_path(UNIFIED, SCENARIOS[name]).controller, name
+    # pp-busy: buffer_only at PP 2, SGLang's own PP-ticket path (its command thread)
+    for name in ("pp-stages", "pp-busy"):
+        assert sglang_path(UNIFIED, SCENARIOS[name]).controller, name
+    # a side-car pool keeps SGLang's decisions
+    assert not sglang_path(UNIFIED, SCENARIOS["span-skew"]).controller
     hiradix = Target("/nowhere", "0.5.18", "0.5.18", "hiradix", "pre27010")
     assert not sglang_path(hiradix, SCENARIOS["pp-stages"]).controller
 

@@ -66,9 +66,10 @@ def test_a_ticketed_prefetch_ends_on_sglangs_ticket_path_once_ready():
 @pytest.mark.sglang_matrix
 @pytest.mark.timeout(500)
 def test_the_pp_busy_cell_ends_on_sglangs_ticket_path(tmp_path):
-    """buffer_only at TP2 x PP2 on SGLang's decisions: every request's poll ends by the
-    ticket, each at the price the model says (stage 0: one decision MAX a poll, relayed
-    to stage 1 by a PP hop; stage 1: none)."""
+    """buffer_only at TP2 x PP2 on SGLang's own PP-ticket path (the controller path: its
+    command thread broadcasts each ticket on its own group): every request's poll ends by
+    the ticket, each at the price the model says (stage 0: one decision MAX a poll,
+    relayed to stage 1 by a PP hop; stage 1: none)."""
     sglang_wheel("0.5.23")
     done = subprocess.run([sys.executable, "-m", "bench", "hazards", "--cache", "sglang",
                            "--sglang", "0.5.23", "--scenarios", "pp-busy", "--out",
@@ -82,3 +83,5 @@ def test_the_pp_busy_cell_ends_on_sglangs_ticket_path(tmp_path):
     assert all(r["decisions"] == ranks[0]["decisions"] for r in ranks)
     assert len(ranks[0]["decisions"]) == 8
     assert [r["decision_collectives"] for r in ranks] == [ranks[0]["polls"]] * 2 + [0, 0]
+    for r in ranks:  # SGLang's ticket broadcasts, counted as torch counts them
+        assert r["crosscheck"]["sglang_ticket"][0] == r["crosscheck"]["sglang_ticket"][1] > 0

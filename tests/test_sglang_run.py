@@ -398,9 +398,9 @@ def test_the_controller_path_is_refused_where_it_cannot_serve(tmp_path, capsys):
 
 @pytest.mark.parametrize("flags, says", [
     (["--extra-pool"], "serves no side-car pool"),
-    (["--host-memory", "buffer_only"], "serves host memory as a cache tier only"),
+    (["--host-memory", "buffer_only"], "serves buffer_only host memory at --pp > 1 only"),
     (["--write-policy", "write_back", "--host-memory", "buffer_only"],
-     "serves host memory as a cache tier only")])
+     "serves buffer_only host memory at --pp > 1 only")])
 def test_a_run_the_controller_path_cannot_serve_is_refused_before_sglang_is_read(
         flags, says, tmp_path, capsys):
     """The run's own reasons need no SGLang: refused before SPEC is resolved (a SPEC that

@@ -129,7 +129,7 @@ def _out(args) -> Path:
 
 def _hazard_main(args) -> int:
     cases = _cases(args)  # checked before SPEC is resolved: no download for bad options
-    from bench.hazards.classify import HARNESS  # torch: only once the options held
+    from bench.commands.hazards import exit_code  # torch: only once the options held
     from bench.hazards.sglang import run_hazard
     from sglang_adapter import load, resolve
 
@@ -149,9 +149,11 @@ def _hazard_main(args) -> int:
     cols = [*HAZARD_COLUMNS, *(("same_twice",) if args.twice else ())]
     print("\n".join(console_table(list(cols), [[str(r[c]) for c in cols] for r in rows],
                                    long=("gloo", "site"), keys=3)))
-    ok = alike and not any(r["outcome"] == HARNESS for r in rows)
-    print(f"{'OK' if ok else 'FAILED'} ({len(rows)} cells -> {out})")
-    return 0 if ok else 1
+    # as `bench hazards`: 3 the harness could not run a cell, 1 a hazard that fails the
+    # run (a hang past its bound, classified; outcomes that differ under --twice), else 0
+    code, word = exit_code(rows, alike, 0)
+    print(f"{word} ({len(rows)} cells -> {out})")
+    return code
 
 
 def _cell(value) -> str:

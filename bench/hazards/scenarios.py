@@ -90,11 +90,13 @@ def _sidecar_race() -> Scenario:
 
 
 def _pp_busy() -> Scenario:
+    # Under --cache sglang: SGLang's own PP-ticket path (its command, IO and ack threads,
+    # the ticket group, BufferModePipeline: sglang_adapter.controller.tickets).
     return Scenario("pp-busy", "0.5.23", "buffer_only at PP 2: the busy flag agreed per stage "
                     "only, stages with different storage progress (jitter 0.5)",
                     pp=2, policy="wait_complete", system={"host_memory": "buffer_only"},
                     storage={**SLOW_READS, "jitter": 0.5},
-                    protocols=("sglang-0.5.23",))
+                    protocols=("sglang-0.5.23",), sglang_controller=True)
 
 
 def _span_skew() -> Scenario:

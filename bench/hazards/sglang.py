@@ -35,13 +35,16 @@ from bench.hazards.cell import (
     write_rank_json,
 )
 from bench.hazards.classify import classify
+from bench.hazards.hang import classify_hang
 from bench.hazards.matrix import (
     START_S,
     all_serving,
     exit_codes_text,
     fresh_cell,
+    killed_ranks,
     read_rank_json,
     report_from_journal,
+    stall_s,
     unreported,
 )
 from bench.hazards.sglang_case import HAZARDS, TP, HazardCase
@@ -156,11 +159,16 @@ def run_hazard(source: Source, case: HazardCase, out: Path, bound_s: float | Non
     got, dead = launch_to_end(TP, hazard_rank, (source, case, str(cell_dir)),
                               timeout_s=bound_s, started=lambda: all_serving(cell_dir, TP),
                               start_s=START_S)
+    killed_at = time.time()
     reports = [read_rank_json(cell_dir / f"rank{r}.json") or report_from_journal(cell_dir, r, dead)
                for r in range(TP)]
+    # A rank still running at the bound: a hang, classified as the matrix's cells are
+    # (bench.hazards.hang: deadlock, livelock, or harness only where it could not run).
+    killed = killed_ranks(cell_dir, reports, got, dead, killed_at)
+    found = classify_hang(killed, stall_s(case.timeout_s), bound_s) if killed else \
+        classify(reports, unreported(got, dead, bound_s, TP))
     row = {"scenario": case.scenario, "issue": HAZARDS[case.scenario],
-           "sglang": source.label, "policy": case.policy,
-           **classify(reports, unreported(got, dead, bound_s, TP)),
+           "sglang": source.label, "policy": case.policy, **found,
            "gloo": _gloo(reports), "exit_codes": exit_codes_text(got, dead, TP),
            # per rank, SGLang's collectives issued while a poll was in hand
            "poll_collectives": [None if r is None else sum(1 for c in r["sequence"] if c[2])

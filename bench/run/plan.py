@@ -163,10 +163,12 @@ class RunPlan:
         system = dict(self.system)
         if cell.delay_ms is not None:
             system["collective_delay_ms"] = cell.delay_ms
+        # SGLang's controller path pins its own PP-ticket threads (docs/sglang.md)
+        pin_tickets = target is not None and target.controller
         cfg = HiCacheConfig(protocol=protocol, policy=cell.policy, tp=self.tp,
                             pp=self.pp, model=self.model, step_time=self.step_time(),
                             pad_forward=self.device == "cpu", twin_protocol=self.twin(cell),
-                            **system)
+                            pin_tickets=pin_tickets, **system)
         # Storage reads take the time of the model's KV bytes on one TP rank.
         page_bytes = get_shape(self.model).kv_bytes_per_page(cfg.page_size, self.tp)
         return replace(cfg, storage=replace(self.storage, seed=self.repeat_seed(cell),

@@ -200,6 +200,12 @@ class CollectiveCounter:
                     self.sched_seconds_by_rid[rid] += seconds
 
 
+    def add_raw(self, group: str, raw_ops: int) -> None:
+        """Torch ops of a collective already recorded (the second broadcast of an object
+        whose first was counted: SGLang's broadcast_pyobj as the door sees it)."""
+        with self._lock:
+            self.raw_by_group[group] += raw_ops
+
     def add_wait(self, site: str, seconds: float, start: float) -> None:
         """The scheduler thread's wait for a collective it issued earlier without waiting
         (PR #39903's pipelined per-step MIN): its time, charged to the step that waits;

@@ -141,6 +141,10 @@ class HiCacheConfig:
     # advanced by the modelled forward (hicache.spec.pinned), the same schedule on every run.
     schedule: str = "free"
     idle_step_ms: float = 1.0  # pinned: virtual time of a step without a forward
+    # Who serves 0.5.23's PP-ticket path pinned: SGLang's controller path gates its ticket
+    # threads on the virtual clock (sglang_adapter.controller.pinned.TicketPin); the
+    # project's data path does not pin it (set by the run's plan, not a user option).
+    pin_tickets: bool = False
 
     def _check_pinned(self) -> None:
         """The combinations a pinned schedule cannot pin (yet): one line each."""
@@ -159,7 +163,7 @@ class HiCacheConfig:
         if self.extra_pool:
             raise ValueError("a pinned schedule does not pin side-car pool reads: "
                              "--extra-pool needs --schedule free")
-        if ticket_path(self.protocol, self.pp, self.host_memory):
+        if ticket_path(self.protocol, self.pp, self.host_memory) and not self.pin_tickets:
             raise ValueError("a pinned schedule does not pin 0.5.23's PP-ticket path "
                              "(buffer_only, PP > 1): use --schedule free")
         if not self.idle_step_ms > 0:

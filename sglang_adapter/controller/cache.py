@@ -35,8 +35,10 @@ Write path: the harness's device tier copies pages to the host (under write_thro
 prefill's as they are cached, under write_back a device leaf's as it is evicted) and
 SGLang's own write path takes them from there (its write-through tracking, `writing_check`,
 `write_backup_storage`, its backup thread and `_drain_backup`: sglang_adapter.controller.writes).
-A side-car pool and buffer_only host memory (at PP > 1 SGLang's PP-ticket path) are refused
-in one line before any rank starts (sglang_adapter.target.run_unfit).
+buffer_only host memory at PP > 1: SGLang's PP-ticket path, its command thread, ticket
+group and BufferModePipeline (sglang_adapter.controller.tickets; pinned: its gates in
+sglang_adapter.controller.pinned.TicketPin). A side-car pool and buffer_only at PP 1 are
+refused in one line before any rank starts (sglang_adapter.target.run_unfit).
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ from __future__ import annotations
 import time
 
 from hicache.agreement.consensus import rank_consensus
-from sglang_adapter.controller.pinned import ControllerPin, WatchedHits
+from hicache.comm.comm import TICKET
+from sglang_adapter.controller.pinned import ControllerPin, TicketPin, WatchedHits
 from sglang_adapter.controller.project_stand_ins import ProjectHostPool, ProjectTreeCore
-from sglang_adapter.controller.rig import BASE, ControllerRig, _module
+from sglang_adapter.controller.rig import BASE, TICKET_GROUP, ControllerRig, _module
+from sglang_adapter.controller.tickets import Tickets, payload
 from sglang_adapter.controller.writes import ControllerWrites
-from sglang_adapter.decisions.cache import SGLangCache
+from sglang_adapter.decisions.cache import SGLangCache, site_of
 
 ACKS = "sglang.srt.managers.cache_controller"  # HiCacheAck, what start_writing posts
 
@@ -66,6 +70,10 @@ class _Queued:
 class ControllerCache(SGLangCache):
     """One rank's cache with SGLang's controller path as its data path (module doc)."""
 
+    def __init__(self, *args, door, **kwargs):
+        self._door = door  # the rig names SGLang's groups on it as it makes them
+        super().__init__(*args, door=door, **kwargs)
+
     def _make_rig(self, loaded, tp_group, pp_group, storage):
         cfg, page = self.cfg, self.page
         self.ops: dict[str, object] = {}  # rid -> SGLang's PrefetchOperation, once issued
@@ -75,10 +83,13 @@ class ControllerCache(SGLangCache):
                                _module(BASE).DecLockRefResult, self.tree)
         self.sgl_tree = tree
         layout = self.layout
+        buffer = ((self.dev_kv.num_pages * page, self.max_input_tokens)
+                  if cfg.host_memory == "buffer_only" else None)
         rig = ControllerRig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group,
                             storage=storage, host_tokens=host.size, page_size=page,
                             host=host, tree=tree, page_elems=cfg.kv_page_elems,
-                            threshold=cfg.prefetch_threshold)
+                            threshold=cfg.prefetch_threshold, buffer_only=buffer,
+                            door=self._door)
         self._groups = rig.sync_groups()  # on the door in start(): it is not set yet here
         self.gate = None
         if cfg.schedule == "pinned":  # what SGLang's drains see: on the virtual clock
@@ -93,6 +104,14 @@ class ControllerCache(SGLangCache):
         if not isinstance(hits, WatchedHits):
             hits.__class__ = WatchedHits  # SGLang's prefetch thread already waits on it
         hits.on_hit = self._hit_drained
+        # buffer_only at PP > 1: SGLang's PP-ticket path (sglang_adapter.controller.tickets)
+        self.tickets = (Tickets(rig, page) if
+                        rig.cache.cache_controller.pp_prefetch_command_group is not None
+                        else None)
+        self.ticket_pin = None
+        if self.tickets is not None and self.gate is not None:  # its queries and reads
+            self.ticket_pin = TicketPin(self.gate, self.tickets.stage)
+            self.tickets.on_hand = self.ticket_pin.handed
         return rig
 
     def _hit_drained(self, operation) -> None:
@@ -102,6 +121,15 @@ class ControllerCache(SGLangCache):
         if rid in self.ops and self.ops[rid] is operation:
             self.hit_drained.add(rid)
             self.stats.requests[rid].hit_tokens = len(operation.hash_value) * self.page
+
+    def _record(self, call, seconds: float, start: float) -> None:
+        """As SGLangCache's, but a PP ticket's broadcast (`broadcast_pyobj`: its length,
+        then its bytes) is one collective of two torch ops, as the harness's
+        `broadcast_object` counts the project's."""
+        if site_of(call) == TICKET and payload(call, self.door.marker):
+            self.stats.counter.add_raw(call.group, 1)
+            return
+        super()._record(call, seconds, start)
 
     @property
     def own_groups(self) -> dict:
@@ -113,7 +141,8 @@ class ControllerCache(SGLangCache):
 
     def start(self) -> None:
         for name, group in self._groups.items():  # the door exists by now
-            self.door.register(name, group)
+            if name != TICKET_GROUP:  # named as it was made: its thread was waiting already
+                self.door.register(name, group)
         self._start_checker()  # SGLang's scheduler configures it here too
 
     def stop(self, grace_s: float) -> None:
@@ -131,7 +160,9 @@ class ControllerCache(SGLangCache):
         ctl = self.rig.cache.cache_controller
         queued = (bool(self.gate.pin.hits.submitted) if self.gate is not None else
                   any(not getattr(ctl, q).empty() for q in SGLANG_QUEUES))
-        return bool(self.rig.cache.ongoing_prefetch) or queued or \
+        tickets = self.tickets is not None and self.tickets.pending() or \
+            self.ticket_pin is not None and self.ticket_pin.pending()
+        return bool(self.rig.cache.ongoing_prefetch) or queued or tickets or \
             self.host_slots_unaccounted() > 0 or self.writes_pending()
 
     def prefetching(self, rid: str) -> bool:
@@ -154,6 +185,9 @@ class ControllerCache(SGLangCache):
         st = self.stats.requests[rid]
         self._tick()
         self.sgl_tree.anchor(rid, tokens[: m.pages * self.page], m.hashes)
+        if self.tickets is not None:
+            self._ticket(rid, key, m.last_hash, stamp)
+            return
         self.door.rid = rid
         try:
             handle = self.rig.issue(rid, key, anchor=rid, prior=m.last_hash,
@@ -169,6 +203,38 @@ class ControllerCache(SGLangCache):
             self.ops[rid] = info.operation
             self.handles[rid] = handle
             self.hit_drained.discard(rid)  # this operation's hit is not drained yet
+
+    def _ticket(self, rid: str, key: list[int], prior: str | None, stamp: float) -> None:
+        """An arrival on the PP-ticket path: SGLang's schedulers' handling of it
+        (sglang_adapter.controller.tickets.Tickets.admit)."""
+        def issue():
+            self.door.rid = rid
+            try:
+                self.rig.issue(rid, key, anchor=rid, prior=prior, step=self.stats.counter.step)
+            finally:
+                self.door.rid = None
+            return self.rig.decision
+
+        if self.tickets.admit(rid, issue):
+            st = self.stats.requests[rid]
+            st.op_issued, st.prefetch_ops = True, st.prefetch_ops + 1
+            if self.ticket_pin is not None:
+                ctl = self.rig.cache.cache_controller
+                self.ticket_pin.admitted(rid, stamp, ctl.pp_prefetch_states.get(rid)
+                                         if self.tickets.stage == 0 else None)
+
+    def _ticket_taken(self, rid: str) -> None:
+        """SGLang's poll took the ticket: its parked bounce becomes the request's staged
+        pages for the harness's load-back (names as the harness's tier knows them); the
+        stats as the project's ticket poll records them (every ticket went to IO)."""
+        slots, tokens, hit, names = self.tickets.taken(rid)
+        if slots:
+            self.staged[rid] = (slots, self.rig.tier.translate(names))
+        st = self.stats.requests[rid]
+        st.io_issued, st.hit_tokens = True, hit * self.page
+        st.terminated_by, st.prefetched_tokens = "poll", tokens
+        st.ready, st.ready_vt = time.monotonic(), self.step_stamp
+        self.stats.decisions[rid] = ("poll", tokens, st.hit_tokens)
 
     def retry_prefetches(self, waiting: list[str], stamp: float) -> None:
         """SGLang's scheduler step `_process_storage_prefetch_retries`, as its scheduler
@@ -205,7 +271,16 @@ class ControllerCache(SGLangCache):
         retries = getattr(self.rig.cache, "storage_prefetch_retries", None)
         if retries is not None:
             retries.cancel(rid)
+        if self.tickets is not None:  # the bounce SGLang parked: the harness loads it
+            self.tickets.consumed(rid)
         return super().load_back(rid)
+
+    def release(self, rid: str) -> None:
+        """The request finished: on the PP-ticket path its ticket retires
+        (`claim_kv_row`), on every rank."""
+        if self.tickets is not None:
+            self.tickets.release(rid)
+        super().release(rid)
 
     # ---- per step -------------------------------------------------------------------------
 
@@ -216,6 +291,8 @@ class ControllerCache(SGLangCache):
         if self.gate is not None:  # before SGLang's step reads its queues
             for shadow in self.gate.advance(stamp):
                 self.stats.requests[shadow.rid].io_done_vt = shadow.io_end_v
+            if self.ticket_pin is not None:
+                self.ticket_pin.advance(stamp)
         self.rig.step()  # SGLang's check_hicache_events: its drains of its threads' queues
         if self.gate is not None:  # the gates' waits leave the measured clock (hicache.spec.pinned)
             waited = self.gate.pin.take_waited()
@@ -248,15 +325,17 @@ class ControllerCache(SGLangCache):
     # ---- the walk's poll ------------------------------------------------------------------
 
     def walk_polls(self, rid: str) -> int:
-        return int(rid in self.handles)
+        return int(rid in self.handles or self.tickets is not None and rid in self.tickets.held)
 
     @rank_consensus(same_params=True, same_results=True)
     def check_prefetch_progress(self, rid: str) -> bool:
         """SGLang's own check_prefetch_progress; when it lets an ongoing prefetch go, its
         own end path (`_handle_prefetch_result`) has inserted what was fetched."""
         handle = self.handles.get(rid)
-        if handle is not None:
+        ticket = None if self.tickets is None else self.tickets.held.get(rid)
+        if handle is not None or ticket is not None:
             self.stats.requests[rid].polls += 1
+        handle = handle or ticket
         self._tick()
         self.door.rid = rid
         t0 = time.perf_counter()
@@ -266,7 +345,9 @@ class ControllerCache(SGLangCache):
         finally:
             self.door.rid = None
             self._poll_s += time.perf_counter() - t0
-        if ready and handle is not None:
+        if ready and ticket is not None:
+            self._ticket_taken(rid)
+        elif ready and handle is not None:
             if self.gate is not None:  # its reads stop at this step (the replay's answer)
                 self.ops[rid].pin_shadow.terminated_v = self.step_stamp
             self._ended(rid, "poll")

@@ -23,6 +23,14 @@ the project's own machinery (`hicache.spec.pinned.Pin`: `HitTimeline`, `VirtualI
 - **acks**: `ack_prefetch_queue.qsize()` is the count of acks (one per batch, then the
   final one) whose virtual time has passed, waiting for SGLang's ack thread.
 
+On the PP-ticket path (buffer_only at PP > 1, sglang_adapter.controller.tickets) the
+ticket's query and reads run on SGLang's command and IO threads and never pass the drains
+(`TicketPin`): a ticket's modelled query end follows its admission and the previous
+query's, as a hit's does; its reads are drawn when the command thread hands it to the IO
+thread and replayed on a virtual queue of their own (their acks never reach the
+scheduler's ack drain); stage 0's `is_pp_prefetch_ready` reads the ticket ready once the
+replay ended it, waiting for SGLang's real final ack (the ticket's `ready_event`).
+
 The gates are installed by changing the class of SGLang's own queue objects (the threads
 already block on them) and an instance attribute `is_terminated` on each operation.
 """
@@ -52,6 +60,7 @@ class Shadow:
     io_end_v: float | None = None
     plans: list = field(default_factory=list)
     stopped: dict = field(default_factory=dict)  # batch -> whether the replay skipped it
+    calls: int | None = None  # a ticket's: batch_exists calls of its query, once handed
 
 
 class _ReplayIO(VirtualIO):
@@ -217,6 +226,92 @@ class ControllerPin:
                 raise RuntimeError(f"{shadow.rid}: batch {batch} never replayed (pinned)")
             return shadow.stopped[batch]
         return real(operation)
+
+
+class _GatedReady(threading.Event):
+    """A ticket's `ready_event` on stage 0 (SGLang's own Event object, its class changed):
+    set by SGLang's ack thread as ever; read ready only once the replay ended the ticket's
+    reads on the virtual clock (TicketPin.advance waited for the real set then)."""
+
+    shadow: Shadow
+    notify = None
+
+    def is_set(self) -> bool:
+        return self.shadow.io_end_v is not None and super().is_set()
+
+    def set(self) -> None:
+        super().set()
+        self.notify()  # the scheduler may be waiting for it (TicketPin.advance)
+
+
+class TicketPin:
+    """The PP-ticket path's part of the pinned schedule (module docstring); the scheduler
+    thread calls `admitted` and `advance`, SGLang's command thread `handed`."""
+
+    def __init__(self, gate: ControllerPin, stage: int):
+        self.gate, self.stage = gate, stage
+        self.io = _ReplayIO(gate.pin.io.page_size, True)  # its own queue: no scheduler acks
+        self.shadows: dict[str, Shadow] = {}
+        self.queued: list[Shadow] = []  # admitted, not yet in the replay (admission order)
+        self.events: dict[str, object] = {}  # rid -> stage 0's ticket ready_event
+
+    def _shadow(self, rid: str) -> Shadow:
+        # made by whichever comes first: the admission or the command thread's hand-off
+        return self.shadows.setdefault(rid, Shadow(rid, None))
+
+    def admitted(self, rid: str, stamp: float, state=None) -> None:
+        """A ticket bound on this rank; `state`: stage 0's PPPrefetchState (its readiness
+        is what the poll reads)."""
+        shadow = self._shadow(rid)
+        shadow.start_stamp = stamp
+        self.queued.append(shadow)
+        if state is not None:
+            event = state.ready_event  # its attributes first: the ack thread may set it
+            event.shadow, event.notify = shadow, self.gate.notify
+            event.__class__ = _GatedReady
+            self.events[rid] = event
+            state.operation.pin_shadow = shadow
+
+    def handed(self, operation) -> None:
+        """SGLang's command thread hands the ticket to its IO thread: the batch_exists calls
+        its query made and its batch reads, drawn now, in ticket order."""
+        gate, shadow = self.gate, self._shadow(operation.request_id)
+        operation.pin_shadow = shadow
+        names = gate.tier.translate(list(operation.hash_value))
+        storage, elems = gate.tier.storage, gate.elems
+        shadow.hash_value = list(operation.hash_value)
+        shadow.plans = [storage.plan_read(names[i: i + BATCH_PAGES], gate.tier.pool, elems)
+                        for i in range(0, len(names), BATCH_PAGES)]
+        calls, gate._calls_seen = gate.exists_calls - gate._calls_seen, gate.exists_calls
+        shadow.calls = calls  # last: the scheduler reads the rest once it is set
+        gate.notify()
+
+    def advance(self, now: float) -> None:
+        """Before SGLang's step: every ticket whose query ended before `now` joins the
+        replay (waiting for the command thread when it is behind), then the replay runs to
+        `now`; on stage 0 a ticket it ended is waited for until SGLang's ack thread set it."""
+        gate = self.gate
+        while self.queued and self.queued[0].start_stamp < now:
+            shadow = self.queued[0]
+            if shadow.hit_due is None:  # ControllerPin.hit_done's rule, on this thread
+                gate.pin.wait(lambda s=shadow: s.calls is not None,
+                              f"ticket query of {shadow.rid}")
+                start = max(shadow.start_stamp, gate._hit_cursor)
+                gate._hit_cursor = shadow.hit_due = start + shadow.calls * gate.exists_s
+            if shadow.hit_due >= now:
+                break
+            self.io.submit(self.queued.pop(0), shadow.hit_due, shadow.plans)
+        for ev in self.io.advance(now):
+            if ev.kind != "end":
+                continue
+            ev.op.io_stopped, ev.op.io_end_v = True, ev.due
+            event = self.events.pop(ev.op.rid, None)
+            if event is not None:
+                gate.pin.wait(lambda e=event: threading.Event.is_set(e),
+                              f"final ack of {ev.op.rid}'s ticket")
+
+    def pending(self) -> bool:
+        return bool(self.queued or self.io.jobs or self.events)
 
 
 def plan_of(operation, batch_start: int):

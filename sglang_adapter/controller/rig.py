@@ -45,6 +45,7 @@ from hicache.memory.hashing import page_hashes
 from hicache.memory.pools import expected_rows
 from hicache.memory.storage import StorageSpec, make_storage
 from hicache.spec.cost_model import Expected, expected_per_request
+from sglang_adapter.controller import tickets
 from sglang_adapter.controller.stand_ins import (
     TIER,
     HostPool,
@@ -66,6 +67,7 @@ UTILS = "sglang.srt.mem_cache.utils"
 STEP_WAIT_S = 0.01  # real time between two steps: SGLang's threads run meanwhile
 PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
 POOL = "kv"
+TICKET_GROUP = "sglang_ticket"  # the PP-ticket path's command group, as the door names it
 P2P_OPS = ("isend", "irecv", "send", "recv")  # _pp_sync's relay (sglang_adapter.decisions.cache's)
 
 
@@ -74,11 +76,18 @@ class ControllerRig(UnifiedRig):
 
     def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group, *,
                  storage, host_tokens: int, page_size: int, stall_s: float = 0.0,
-                 host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0):
+                 host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0,
+                 buffer_only: tuple[int, int] | None = None, door: Door | None = None):
         """`host` / `tree`: the host pool and tree core SGLang's path writes into (default
         the memory-less stand-ins; `bench run --cache sglang --sglang-path controller` passes
-        ones over the harness's own pool and tree: sglang_adapter.controller.cache)."""
+        ones over the harness's own pool and tree: sglang_adapter.controller.cache).
+        `buffer_only`: host memory is staging only, (device pool tokens, max context
+        length) for SGLang's BufferModePipeline; at PP > 1 its PP-ticket path
+        (sglang_adapter.controller.tickets). `door`: names the ticket group before its
+        command thread's first receive is issued (a later stage's thread waits in one)."""
         self.page_size, self.host_tokens = page_size, host_tokens
+        self.buffer_only, self.door = buffer_only, door
+        self.decision = None  # what SGLang's last prefetch_from_storage returned
         self.threshold = threshold or page_size
         self.tier = Tier(storage, POOL, page_elems, stall_s=stall_s)
         self.host = host or HostPool(host_tokens, page_size, page_elems)
@@ -102,6 +111,12 @@ class ControllerRig(UnifiedRig):
         # As __init__ embeds it: 0.5.19's lock calls (the write path's inc_lock_ref) ask it
         # first, and it hands every node that is no session's back to the tree core.
         cache.session = base.StreamingSession(cache)
+        if self.buffer_only is not None:
+            why = tickets.missing()  # a tree before 0.5.21 (a release is refused earlier)
+            if why is not None:
+                raise LoadError(f"sglang {self.loaded.source.label}: buffer_only on the "
+                                f"controller path needs SGLang's PP-ticket path: {why}")
+            tickets.buffer_mode(cache, *self.buffer_only)
         cache.cache_controller = self._controller(cache)
 
     def _controller(self, cache):
@@ -126,6 +141,12 @@ class ControllerRig(UnifiedRig):
         ctl.pp_prefetch_command_group = ctl.pp_prefetch_command_thread = None
         ctl.pp_prefetch_command_queue, ctl.pp_prefetch_state_lock = Queue(), threading.Lock()
         ctl.pp_prefetch_states, ctl.pp_prefetch_decisions = {}, {}
+        if self.buffer_only is not None:  # as init_hicache and attach_storage_backend set it
+            ctl.host_memory_mode = "buffer_only"
+            ctl.host_write_staged_tokens_fn = lambda: cache.buffer_pipeline.write_staged_tokens_
+            tickets.command_group(ctl)
+            if self.door is not None:
+                self.door.register(TICKET_GROUP, ctl.pp_prefetch_command_group)
         self._attach(ctl)
         return ctl
 
@@ -178,6 +199,8 @@ class ControllerRig(UnifiedRig):
                              ("ack", ctl.prefetch_completion_sync_groups)):
             for i, g in enumerate(groups):
                 out[f"sglang_{role}{base.get(_ranks(g), i)}"] = g
+        if ctl.pp_prefetch_command_group is not None:  # the PP-ticket path's broadcasts
+            out[TICKET_GROUP] = ctl.pp_prefetch_command_group
         return out
 
     def issue(self, rid: str, tokens: list[int], slow: bool = False, *, anchor=None,
@@ -198,10 +221,11 @@ class ControllerRig(UnifiedRig):
         self.tier.learn(names, page_hashes(tokens, self.page_size, prior)[: len(names)], slow,
                         step)
         if storage_hit_end is None:  # a release before the retries has no such parameter
-            self.cache.prefetch_from_storage(handle, anchor, tokens, last_hash=prior)
+            self.decision = self.cache.prefetch_from_storage(handle, anchor, tokens,
+                                                             last_hash=prior)
         else:
-            self.cache.prefetch_from_storage(handle, anchor, tokens, last_hash=prior,
-                                             storage_hit_end=storage_hit_end)
+            self.decision = self.cache.prefetch_from_storage(
+                handle, anchor, tokens, last_hash=prior, storage_hit_end=storage_hit_end)
         return handle
 
     def loaded_pages(self) -> tuple[int, int]:

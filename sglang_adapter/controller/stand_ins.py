@@ -99,6 +99,23 @@ class HostPoolGroup:
     def layout_lease(self):
         return contextlib.nullcontext()
 
+    # By pool, as the group's own (pool_host/group.py): the PP-ticket path names the KV pool.
+    def alloc(self, need_size: int, *, pool=None, reclaim=None, start_owner=None):
+        indices = self.pool.alloc(need_size)
+        if indices is None and reclaim is not None:
+            reclaim(need_size)
+            indices = self.pool.alloc(need_size)
+        return indices
+
+    def free(self, indices: torch.Tensor, *, pool=None) -> int:
+        return self.pool.free(indices)
+
+    def available_size(self, pool=None) -> int:
+        return self.pool.available_size()
+
+    def get_pool(self, name):
+        return self.pool
+
     def __getattr__(self, name):  # size, page_size, alloc, free, available_size, clear, ...
         return getattr(self.__dict__["pool"], name)
 
@@ -121,6 +138,14 @@ class TreeCore:
 
     def prefetch_anchor_info(self, node_id):
         return None, None  # the root: no namespace of its own
+
+    def root_node_handle(self, extra_key=None):
+        return "root"
+
+    def match_full_device_prefix(self, key):
+        """(matched, node, tokens to pin) of the device-resident prefix: none at buffer_only
+        here (no device tree), so BufferModePipeline's anchor pin finds nothing to pin."""
+        return 0, "root", 0
 
     def inc_host_lock_ref(self, node_id):
         """SGLang's receipt of a host lock on the anchor (0.5.23 records the node in it)."""

@@ -49,6 +49,7 @@ from hicache.comm.comm import (
     HIT_QUERY,
     PER_STEP_MIN,
     PP_HOP,
+    TICKET,
     CollectiveError,
 )
 from sglang_adapter.decisions.poll import make_rig
@@ -62,10 +63,13 @@ P2P_OPS = ("isend", "irecv", "send", "recv")
 # The hit query's MIN (inline in prefetch_thread_func in 0.5.19, in its
 # _sync_prefetch_hit_query in 0.5.23) and the acks' (under prefetch_sync_thread_func) are
 # issued only when SGLang's controller threads run (sglang_adapter.controller.cache).
+# On the PP-ticket path the command thread issues the hit query (its
+# _sync_prefetch_hit_query) and, before it, the ticket's broadcast.
 ROLES = (("can_terminate_prefetch", DECISION), ("_check_pp_prefetch_progress", DECISION),
          ("_sync_and_clamp_prefetch_result", COMPLETION),
          ("check_hicache_events", PER_STEP_MIN), ("prefetch_thread_func", HIT_QUERY),
-         ("prefetch_sync_thread_func", ACK))
+         ("_sync_prefetch_hit_query", HIT_QUERY), ("prefetch_sync_thread_func", ACK),
+         ("pp_prefetch_command_thread_func", TICKET))
 
 
 def site_of(call: Call) -> str:
