@@ -177,13 +177,14 @@ def test_the_seed_pr_run_prints_both_headlines_and_a_fidelity_line_per_metric(tm
                           timeout=280, env={**__import__("os").environ, "BENCH_NO_PLOTS": "1"})
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
-    assert f"SGLang sides, ratios to {BEFORE}" in out
-    assert "every side on SGLang's decisions path" in out
-    assert "The model beside, ratios to pre27010" in out
+    flat = " ".join(out.split())  # the console wraps at 120 columns
+    assert f"SGLang sides, ratios to {BEFORE}" in flat
+    assert "every side on SGLang's decisions path" in flat
+    assert "The model beside, ratios to pre27010" in flat
     for policy in ("wait_complete", "timeout"):
         for label in ("TTFT p50 prefetch", "TTFT p50 bystander", "ITL p50", "step"):
-            assert f"fidelity: {policy} {label} model " in out, out[-3000:]
-    assert "model ratios inside SGLang's intervals" in out
+            assert f"fidelity: {policy} {label} model " in flat, out[-3000:]
+    assert "model ratios inside SGLang's intervals" in flat
     assert out.strip().splitlines()[-1].startswith("OK")
     fidelity = pd.read_csv(tmp_path / "run" / "fidelity.csv")
     assert len(fidelity) == 8 and fidelity["judged"].all()
