@@ -26,6 +26,7 @@ can grow over several sittings at one base. `--lock FILE` (default /tmp/hicache-
 is taken exclusively around each gate; other work on the machine that takes it shared
 (`flock -s FILE CMD`) waits for the gate in flight and holds the next one back, so no gate
 shares the cores with it. Each gate records the seconds it waited and the load before it.
+`--resume DIR --aa 0 --gates 0 --aa-neighbour 0` runs nothing and writes the tables again.
 """
 
 from __future__ import annotations
@@ -175,6 +176,22 @@ def table(results: list[dict]) -> list[str]:
     return rows
 
 
+def gate_rows(results: list[dict]) -> list[str]:
+    """One row a gate, in the order run: its kind, exit, paired repeats, seconds, the load
+    before it, and each protocol's step-time B/A with its 95 % interval."""
+    protocols = sorted({k.split()[0] for r in results for k in r["intervals"]})
+    rows = ["| # | gate | exit | pairs | s | load before | "
+            + " | ".join(f"{p} step B/A [95% CI]" for p in protocols) + " |",
+            "|---|---|---|---|---|---|" + "---|" * len(protocols)]
+    for i, r in enumerate(results):
+        steps = [r["intervals"].get(f"{p} step_mean_ms", "-").rsplit(", n=", 1)[0]
+                 for p in protocols]
+        rows.append(f"| {i} | {r['label']} | {r['exit']} | {r['repeats']} | {r['seconds']:.0f} "
+                    f"| {r.get('load_1m_before', r['load_1m']):.2f} | " + " | ".join(steps)
+                    + " |")
+    return rows
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[4])
     p.add_argument("--plants", default="0.01,0.03,0.05,0.10")
@@ -282,7 +299,7 @@ def main(argv: list[str]) -> int:
         print(f"gate_power: {label}: exit {r['exit']}, {r['repeats']} paired repeats in "
               f"{r['seconds']:.0f}s (load {r['load_1m_before']:.2f} before, waited "
               f"{waited:.0f}s): {r['last_line']}", flush=True)
-    lines = table(results)
+    lines = table(results) + ["", *gate_rows(results)]
     write_text_atomic(out / "gate_power.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -300,6 +300,11 @@ def test_the_power_scripts_gates_interleave_and_a_resume_goes_on_to_the_counts(t
     assert done.returncode != 0 and done.stderr.strip().count("\n") == 0, done.stderr
     assert "not a study to go on with" in done.stderr
     assert [f.name for f in tmp_path.iterdir()] == ["x"]
+    gate = {"label": "plant 5%", "exit": 1, "repeats": 12, "seconds": 121.4, "load_1m": 2.0,
+            "intervals": {"pr27010 step_mean_ms": "1.054 [1.026, 1.083], n=12",
+                          "pr27010 itl_p50_ms": "1.1 [1.0, 1.2], n=12"}}
+    assert gate_power.gate_rows([gate])[-1] == (
+        "| 0 | plant 5% | 1 | 12 | 121 | 2.00 | 1.054 [1.026, 1.083] |")
 
 # ---- the interface, pinned ---------------------------------------------------------------
 
