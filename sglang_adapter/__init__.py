@@ -58,8 +58,8 @@ _DOOR = {
     "Door": ("door", "Door"),
     "make_rig": ("decisions.poll", "make_rig"),
     "poll_rank": ("decisions.poll", "poll_rank"),
-    "ControllerCase": ("controller.rig", "ControllerCase"),
-    "controller_rank": ("controller.rig", "controller_rank"),
+    "ControllerCase": ("controller.rank", "ControllerCase"),
+    "controller_rank": ("controller.rank", "controller_rank"),
     "cache_factory": ("serving", "factory"),
 }
 

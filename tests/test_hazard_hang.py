@@ -1,14 +1,14 @@
 """A cell past its bound is an outcome (bench.hazards.hang): the decision table on fake
 journals, the repeating tail it reads progress from, and the exit codes that tell a hazard
-from the harness's failure (bench.commands.hazards.exit_code). No timing: every input is
+from the harness's failure (bench.hazards.report.exit_code). No timing: every input is
 made here."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.commands.hazards import exit_code, past_bound
 from bench.hazards.hang import MIN_REPEATS, Killed, classify_hang, repeating_tail
+from bench.hazards.report import exit_code, past_bound
 from bench.hazards.review import Part, verdict
 
 STALL_S, BOUND_S = 6.0, 44.0

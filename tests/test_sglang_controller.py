@@ -20,7 +20,7 @@ import pytest
 
 from bench.run import sglang_controller as check
 from bench.run.launch import launch
-from sglang_adapter.controller.rig import controller_rank
+from sglang_adapter.controller.rank import controller_rank
 from sglang_adapter.source import resolve, unpack
 from tests.sglang_wheels import sglang_wheel
 

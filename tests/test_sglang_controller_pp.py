@@ -27,7 +27,7 @@ from bench.run import sglang_controller as check
 from bench.run.launch import launch
 from hicache.spec.cost_model import expected_per_request
 from sglang_adapter import Target, controller_unfit, run_unfit
-from sglang_adapter.controller.rig import controller_rank
+from sglang_adapter.controller.rank import controller_rank
 from sglang_adapter.target import pick_path
 from tests.sglang_wheels import sglang_wheel
 from tests.test_sglang_controller import ACK, DECISION, HIT, STEP, _wheel

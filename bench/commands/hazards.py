@@ -24,9 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
-from bench.hazards.classify import HARNESS
 from bench.hazards.matrix import MatrixSpec, run_matrix, run_one, run_sides
-from bench.hazards.report import write
+from bench.hazards.report import exit_code, past_bound, write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
 from bench.hazards.sides import summary_lines, worse
 from bench.rundir.env import collect_env, short_sha
@@ -162,25 +161,6 @@ def _body(argv: list[str]) -> int:
     print(fit(f"{PROG}: {words} ({len(rows)} cells, {past_bound(rows)} past their bound"
               f"{'' if alike else ', outcomes differ between the two runs'}{worse_note})"))
     return code
-
-
-HAZARD, HARNESS_FAILED = 1, 3
-
-
-def past_bound(rows: list[dict]) -> int:
-    """Cells the launcher killed at their bound (a rank's exit code `-`)."""
-    return sum("-" in str(r.get("exit_codes", "")).split() for r in rows)
-
-
-def exit_code(rows: list[dict], alike: bool, worse_cells: int) -> tuple[int, str]:
-    """(exit code, verdict word) of a run: the harness's failure first (the matrix is not
-    whole), then a hazard that fails the run (a hang past a cell's bound, outcomes that
-    differ between two runs, a side worse than the reference), else 0."""
-    if any(r["outcome"] == HARNESS for r in rows):
-        return HARNESS_FAILED, "FAILED (harness)"
-    if past_bound(rows) or not alike or worse_cells:
-        return HAZARD, "FAILED (hazard)"
-    return 0, "OK"
 
 
 def main(argv: list[str]) -> int:

@@ -129,7 +129,7 @@ def _out(args) -> Path:
 
 def _hazard_main(args) -> int:
     cases = _cases(args)  # checked before SPEC is resolved: no download for bad options
-    from bench.commands.hazards import exit_code  # torch: only once the options held
+    from bench.hazards.report import exit_code  # torch: only once the options held
     from bench.hazards.sglang import run_hazard
     from sglang_adapter import load, resolve
 

@@ -108,3 +108,22 @@ def _figure(path: Path, rows: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+HAZARD, HARNESS_FAILED = 1, 3  # exit codes besides 0 (OK) and 2 (bad input)
+
+
+def past_bound(rows: list[dict]) -> int:
+    """Cells the launcher killed at their bound (a rank's exit code `-`)."""
+    return sum("-" in str(r.get("exit_codes", "")).split() for r in rows)
+
+
+def exit_code(rows: list[dict], alike: bool, worse_cells: int) -> tuple[int, str]:
+    """(exit code, verdict word) of a run: the harness's failure first (the matrix is not
+    whole), then a hazard that fails the run (a hang past a cell's bound, outcomes that
+    differ between two runs, a side worse than the reference), else 0."""
+    if any(r["outcome"] == HARNESS for r in rows):
+        return HARNESS_FAILED, "FAILED (harness)"
+    if past_bound(rows) or not alike or worse_cells:
+        return HAZARD, "FAILED (hazard)"
+    return 0, "OK"

@@ -81,7 +81,7 @@ def closing_lines(prog: str, why: list[str], timings: list[Verdict], page_path: 
     return wrapped([*lines, last])
 
 
-# bench hazards' exit codes other than 0 and 2 (bench.commands.hazards.exit_code)
+# bench hazards' exit codes other than 0 and 2 (bench.hazards.report.exit_code)
 MATRIX_FAILED = {1: "a hazard: a cell hung past its bound (livelock or deadlock) or "
                     "differed between two runs",
                  3: "its harness failed: a cell it could not run"}
