@@ -45,7 +45,8 @@ def _forward_ms(model, new_tokens: int, decode_reqs: int, reps: int = 5) -> floa
 
 
 def forward_times(model_name: str, device) -> dict:
-    from hicache.comm.comm import CollectiveCounter, Comm, Groups, Layout
+    from hicache.comm.comm import CollectiveCounter, Comm
+    from hicache.comm.groups import Groups, Layout
     from hicache.model.gpu_model import GpuModel
     from hicache.spec.shapes import get_shape
 

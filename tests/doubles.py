@@ -13,7 +13,7 @@ import torch
 import torch.distributed
 
 from hicache.cache.cache import HiCache
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.comm.records import RequestStats, Stats
 from hicache.memory.hashing import page_hashes
 from hicache.memory.storage import SimStorage, StorageSpec
@@ -220,3 +220,13 @@ class ThreadWorld:
         except threading.BrokenBarrierError:
             raise RuntimeError(f"Timed out waiting {self.timeout_s}s for {kind}") from None
         return got
+
+
+def patch_dist(monkeypatch, world) -> None:
+    """`world` (a ThreadWorld, or None where nothing may touch torch.distributed) in place of
+    torch.distributed for the groups (hicache.comm.groups) and the wrapper (hicache.comm.comm)."""
+    import hicache.comm.comm
+    import hicache.comm.groups
+
+    monkeypatch.setattr(hicache.comm.groups, "dist", world)
+    monkeypatch.setattr(hicache.comm.comm, "dist", world)

@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from bench.run.launch import LaunchError
 from hicache.agreement.consensus import ConsensusChecker
-from hicache.comm.comm import CollectiveCounter, CollectiveError, Comm, Layout
+from hicache.comm.comm import CollectiveCounter, CollectiveError, Comm
+from hicache.comm.groups import Layout
 from hicache.serve.system import setup_distributed
 from tests.helpers import build_scenario, launch, scenario
 

@@ -18,7 +18,7 @@ import torch
 
 from bench.run import launch as launcher
 from hicache.cache.operations import KV, SIDECAR
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.memory.hashing import page_hashes
 from hicache.memory.storage import StorageSpec
 from hicache.serve.scheduler import Request

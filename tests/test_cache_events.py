@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from hicache.cache.operations import KV, SIDECAR
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
-from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
+from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, patch_dist, tokens
 
 PAGE = 64
 PROMPT = tokens(9, PAGE)  # 8 pages in storage + one new
@@ -199,7 +199,7 @@ def test_other_protocols_time_out_on_this_ranks_clock():
 def test_scheduler_hands_the_cache_rank_zeros_stamp():
     """The stamp the cache decides on is the broadcast one (msg["now"]), at enqueue and at
     every step, not the receiving rank's clock at that moment."""
-    from hicache.comm.comm import Groups
+    from hicache.comm.groups import Groups
     from hicache.serve.system import System
 
     cfg = HiCacheConfig(protocol="step-clock", **{**CLOCKS, "tp": 1})
@@ -297,13 +297,13 @@ SIDE_CASES = {  # rank 1's (KV pages, side-car pages, side-car read over, read b
 
 @pytest.mark.parametrize("case", list(SIDE_CASES))
 def test_pre27010_completion_min_over_two_ranks(monkeypatch, case):
-    import hicache.comm.comm
-    from hicache.comm.comm import CollectiveCounter, Comm, Groups
+    from hicache.comm.comm import CollectiveCounter, Comm
+    from hicache.comm.groups import Groups
     from tests.doubles import ThreadWorld
 
     (kv, side, done, begun), usable = SIDE_CASES[case]
     world = ThreadWorld(2)  # a peer that never joins fails after 10 s, not a hang
-    monkeypatch.setattr(hicache.comm.comm, "dist", world)
+    patch_dist(monkeypatch, world)
     cfg = HiCacheConfig(protocol="pre27010", policy="timeout", tp=2, extra_pool=True,
                         race_guard=False, timeout_base_s=0.0, timeout_per_ki_token_s=0.0)
 

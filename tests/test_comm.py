@@ -1,5 +1,6 @@
-"""The real `hicache.comm.comm.Comm` and `Groups` at TP x PP layouts up to TP2 x PP3, one thread
-per rank over `tests.doubles.ThreadWorld` (torch.distributed's calls, in one process).
+"""The real `hicache.comm.comm.Comm` and `hicache.comm.groups.Groups` at TP x PP layouts up to
+TP2 x PP3, one thread per rank over `tests.doubles.ThreadWorld` (torch.distributed's calls, in
+one process).
 
 What runs where (docs/design.md section 3): `reduce_tp_then_pp` is SGLang's `_all_reduce`
 (PP stage 0 reduces over its TP group, later stages take stage 0's result point to point,
@@ -19,31 +20,29 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import hicache.comm.comm
+import hicache.comm.groups
 from hicache.agreement.protocols import make_protocol
 from hicache.cache.controller import CacheController
 from hicache.cache.operations import KV, Ack, PrefetchOp
 from hicache.comm.comm import (
     DECISION,
     HARNESS_STOP,
-    HIT_GROUPS,
     HIT_QUERY,
     REQUEST_BROADCAST,
     CollectiveCounter,
     CollectiveError,
     Comm,
-    Groups,
-    Layout,
 )
+from hicache.comm.groups import HIT_GROUPS, Groups, Layout
 from hicache.memory.pools import PagePool
 from hicache.memory.storage import SimStorage, StorageSpec
-from tests.doubles import ThreadWorld, hashes_of, tokens
+from tests.doubles import ThreadWorld, hashes_of, patch_dist, tokens
 from tests.test_protocols import CASES, TWO_RANKS
 
 
 def _comms(monkeypatch, tp: int, pp: int, timeout_s: float = 10.0):
     world = ThreadWorld(tp * pp, timeout_s)
-    monkeypatch.setattr(hicache.comm.comm, "dist", world)
+    patch_dist(monkeypatch, world)
 
     def run(fn):
         """fn(comm) on every rank; returns [(comm, result)] by rank, exceptions raised."""
@@ -72,7 +71,7 @@ def test_groups_partition_the_grid(monkeypatch):
     PP3 is TP rank 1 of stage 2)."""
     ranks = {}
     for rank in range(6):
-        monkeypatch.setattr(hicache.comm.comm, "dist", ThreadWorld(6))
+        patch_dist(monkeypatch, ThreadWorld(6))
         ranks[rank] = Groups(Layout(rank, 2, 3), "gloo", 1.0).ranks
     assert ranks[5]["tp_cpu"] == ranks[5]["data"] == ranks[5]["ack"] == [4, 5]
     assert ranks[5]["pp_cpu"] == ranks[5]["prefetch_pp"] == ranks[5]["ack_pp"] == [1, 3, 5]
@@ -83,9 +82,9 @@ def test_groups_partition_the_grid(monkeypatch):
 @pytest.mark.parametrize("data_backend", ["gloo", "nccl"])
 def test_every_group_is_gloo_but_the_data_plane_with_the_run_timeout(monkeypatch,
                                                                      data_backend):
-    monkeypatch.setattr(hicache.comm.comm, "dist", ThreadWorld(4))
+    patch_dist(monkeypatch, ThreadWorld(4))
     groups = Groups(Layout(3, 2, 2), data_backend, 7.5)
-    assert set(groups.pg) == set(hicache.comm.comm.GROUP_NAMES)
+    assert set(groups.pg) == set(hicache.comm.groups.GROUP_NAMES)
     for name, pg in groups.pg.items():
         want = data_backend if name == "data" else "gloo"
         assert (pg.backend, groups.backend(name)) == (want, want), name
@@ -93,18 +92,18 @@ def test_every_group_is_gloo_but_the_data_plane_with_the_run_timeout(monkeypatch
 
 
 def test_one_rank_has_no_groups(monkeypatch):
-    monkeypatch.setattr(hicache.comm.comm, "dist", None)  # world size 1 never touches dist
+    patch_dist(monkeypatch, None)  # world size 1 never touches dist
     groups = Groups(Layout(0, 1, 1), "gloo", 1.0)
     assert set(groups.pg.values()) == {None} and groups.sequence_numbers() == {}
     assert groups.size("tp_cpu") == 1
 
 
 def test_sequence_numbers_leave_out_a_data_plane_that_is_not_gloo(monkeypatch):
-    monkeypatch.setattr(hicache.comm.comm, "dist", ThreadWorld(2))
+    patch_dist(monkeypatch, ThreadWorld(2))
     assert "data" not in Groups(Layout(0, 2, 1), "nccl", 1.0).sequence_numbers()
-    monkeypatch.setattr(hicache.comm.comm, "dist", ThreadWorld(2))
+    patch_dist(monkeypatch, ThreadWorld(2))
     seq = Groups(Layout(0, 2, 1), "gloo", 1.0).sequence_numbers()
-    assert seq == dict.fromkeys(hicache.comm.comm.GROUP_NAMES, 0)
+    assert seq == dict.fromkeys(hicache.comm.groups.GROUP_NAMES, 0)
 
 
 def test_counter_accumulates_every_view():

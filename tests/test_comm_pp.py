@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hicache.comm.comm import DECISION, HIT_GROUPS, HIT_QUERY, CollectiveCounter, Comm, Layout
+from hicache.comm.comm import DECISION, HIT_QUERY, CollectiveCounter, Comm
+from hicache.comm.groups import HIT_GROUPS, Layout
 from hicache.serve.system import setup_distributed
 from tests.helpers import launch
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from hicache.comm.comm import Groups, Layout
+from hicache.comm.groups import Groups, Layout
 from hicache.memory.storage import StorageSpec
 from hicache.serve.scheduler import Request
 from hicache.serve.system import System

@@ -20,7 +20,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import hicache.comm.comm
 from bench.analysis import sweep
 from bench.run.options import RunOptions
 from bench.run.resolve import build_plan
@@ -32,13 +31,12 @@ from hicache.comm.comm import (
     PER_STEP_MIN,
     CollectiveCounter,
     Comm,
-    Groups,
-    Layout,
 )
+from hicache.comm.groups import Groups, Layout
 from hicache.spec.config import HiCacheConfig
 from sglang_adapter.door import Door
 from sglang_adapter.source import DEFAULT_CACHE
-from tests.doubles import ThreadWorld
+from tests.doubles import ThreadWorld, patch_dist
 from tests.helpers import run_scenario
 
 DELAY_MS = 30.0
@@ -93,7 +91,7 @@ def test_comm_delays_control_plane_sites_only(monkeypatch):
     added cost, on every rank, inside the span the counter records; the model's data-plane
     all-reduce and the harness's end-of-serve agreement do not."""
     world = ThreadWorld(2)
-    monkeypatch.setattr(hicache.comm.comm, "dist", world)
+    patch_dist(monkeypatch, world)
 
     def on_rank(rank):
         layout = Layout(rank, 2, 1)
@@ -123,7 +121,7 @@ def test_a_pipelined_min_pays_the_delay_from_its_issue(monkeypatch):
     """PR #39903's per-step MIN: issued at one step's end, waited on at the next; a forward
     that outlasts the added cost hides it, as it would hide a slow link's latency."""
     fake = SimpleNamespace(all_reduce=lambda *a, **k: _Work(), ReduceOp=dist.ReduceOp)
-    monkeypatch.setattr(hicache.comm.comm, "dist", fake)
+    patch_dist(monkeypatch, fake)
     groups = SimpleNamespace(size=lambda g: 2, pg={"tp_cpu": None}, backend=lambda g: "gloo")
     comm = Comm(Layout(0, 2, 1), groups, CollectiveCounter(), DELAY_MS)
     t0 = time.monotonic()

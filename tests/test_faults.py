@@ -20,7 +20,8 @@ import torch
 
 from hicache.agreement.consensus import compare_decisions
 from hicache.cache.cache import HiCache
-from hicache.comm.comm import CollectiveCounter, CollectiveError, Comm, Groups, Layout
+from hicache.comm.comm import CollectiveCounter, CollectiveError, Comm
+from hicache.comm.groups import Groups, Layout
 from hicache.comm.records import Stats
 from hicache.memory.storage import StorageSpec, make_storage
 from hicache.spec.config import HiCacheConfig

@@ -14,7 +14,8 @@ from math import inf
 import pytest
 import torch
 
-from hicache.comm.comm import MODEL_ALLREDUCE, CollectiveCounter, Comm, Groups, Layout
+from hicache.comm.comm import MODEL_ALLREDUCE, CollectiveCounter, Comm
+from hicache.comm.groups import Groups, Layout
 from hicache.model.gpu_model import GpuModel
 from hicache.model.toy_model import Model
 from hicache.serve.system import make_model, setup_distributed

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.memory.storage import StorageSpec
 from hicache.serve.scheduler import Request
 from hicache.serve.system import System, setup_distributed

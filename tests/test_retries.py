@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from hicache.cache.retries import PrefetchRetries
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import background_cost, expected_per_request

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from bench.run.trace import Histories, classes, read_trace, requests
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.memory.storage import StorageSpec
 from hicache.serve.system import System, setup_distributed
 from hicache.spec.config import HiCacheConfig

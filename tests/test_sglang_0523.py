@@ -18,7 +18,7 @@ import pytest
 
 from hicache.agreement.protocols import Facts, make_protocol
 from hicache.cache.operations import PrefetchOp
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import POLICIES, decision_per_poll, expected_per_request

@@ -14,7 +14,7 @@ from hicache.agreement.step_agreement import (
     Reduction,
     StepAgreement,
 )
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.cost_model import PROTOCOLS, per_step
 from tests.doubles import RelayComm, admit, hashes_of, one_rank_cache, tokens

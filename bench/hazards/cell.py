@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from bench.hazards.scenarios import Scenario
 from hicache.cache.cache import HiCache
-from hicache.comm.comm import Layout
+from hicache.comm.groups import Layout
 from hicache.serve.system import System, setup_distributed
 from hicache.spec.config import HiCacheConfig
 from hicache.spec.request import Request

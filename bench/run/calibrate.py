@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from bench.stats import binomial_half_cdf, percentile
-from hicache.comm.comm import CALIBRATION, CollectiveCounter, Comm, Groups, Layout
+from hicache.comm.comm import CALIBRATION, CollectiveCounter, Comm
+from hicache.comm.groups import Groups, Layout
 
 METHOD = ("back-to-back MAX all-reduces of 2 int32 on the TP CPU gloo group, timed around "
           "each call on every rank (rank 0's samples reported), after a warm-up; mean CI: "

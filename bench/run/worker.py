@@ -24,7 +24,7 @@ from bench.run.plan import Cell, RunPlan
 from bench.run.sides import Side
 from bench.run.sink import ResultSink
 from hicache.cache.cache import HiCache
-from hicache.comm.comm import Groups, Layout
+from hicache.comm.groups import Groups, Layout
 from hicache.memory.loadback import h2d_peak
 from hicache.serve.seam import CacheFactory
 from hicache.serve.system import System, pick_device, setup_distributed

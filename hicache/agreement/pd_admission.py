@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hicache.comm.comm import BOOTSTRAP_RING, PP_PROXY, PROXY_TAG, Comm, Layout
+from hicache.comm.comm import BOOTSTRAP_RING, PP_PROXY, PROXY_TAG, Comm
+from hicache.comm.groups import Layout
 
 Sets = tuple[list[str], list[str]]  # (good, bad) rids, in the order the ring carries them
 

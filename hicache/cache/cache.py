@@ -25,7 +25,8 @@ from hicache.cache.retries import PrefetchRetries
 from hicache.cache.step_events import StepEvents
 from hicache.cache.tiers import Tiers
 from hicache.cache.twin import TwinPolls
-from hicache.comm.comm import Comm, Layout
+from hicache.comm.comm import Comm
+from hicache.comm.groups import Layout
 from hicache.comm.records import Stats
 from hicache.memory.hashing import page_hashes
 from hicache.memory.kv_layout import kv_layout

@@ -51,7 +51,8 @@ import torch.distributed as dist
 from hicache.agreement.hit_query import agree_hit
 from hicache.agreement.pp_ticket import STOP, TicketRelay
 from hicache.cache.operations import KV, Ack, BackupOp, PrefetchOp
-from hicache.comm.comm import ACK, ACK_GROUPS, HIT_GROUPS, Comm
+from hicache.comm.comm import ACK, Comm
+from hicache.comm.groups import ACK_GROUPS, HIT_GROUPS
 from hicache.memory.events import EXISTS, READ, WRITE, EventLog
 from hicache.memory.hashing import page_hashes
 from hicache.memory.pools import PagePool

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from hicache.agreement.consensus import ConsensusChecker
 from hicache.agreement.pd_admission import BootstrapQueue
 from hicache.agreement.protocols import REGISTRY
-from hicache.comm.comm import REQUEST_BROADCAST, Comm, Layout
+from hicache.comm.comm import REQUEST_BROADCAST, Comm
+from hicache.comm.groups import Layout
 from hicache.comm.records import RequestStats, Stats, StepStats
 from hicache.memory.events import FORWARD, LOAD_BACK, POLL, STEP
 from hicache.model.toy_model import Model

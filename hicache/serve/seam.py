@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     import torch
 
     from hicache.agreement.consensus import ConsensusChecker
-    from hicache.comm.comm import CollectiveCounter, Comm, Layout
+    from hicache.comm.comm import CollectiveCounter, Comm
+    from hicache.comm.groups import Layout
     from hicache.comm.records import Stats
     from hicache.memory.storage import Storage
     from hicache.spec.config import HiCacheConfig

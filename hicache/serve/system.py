@@ -15,7 +15,8 @@ import torch.distributed as dist
 from hicache.agreement.consensus import ConsensusChecker
 from hicache.cache.cache import HiCache
 from hicache.cache.operations import KV, SIDECAR
-from hicache.comm.comm import Comm, Groups, Layout
+from hicache.comm.comm import Comm
+from hicache.comm.groups import Groups, Layout
 from hicache.comm.records import Stats
 from hicache.memory.events import EventLog
 from hicache.memory.hashing import page_hashes

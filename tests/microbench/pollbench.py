@@ -23,7 +23,8 @@ import torch.distributed as dist
 from bench.run.launch import reserve_port
 from hicache.cache.cache import HiCache
 from hicache.cache.operations import PrefetchOp
-from hicache.comm.comm import COMPLETION, DECISION, Groups, Layout
+from hicache.comm.comm import COMPLETION, DECISION
+from hicache.comm.groups import Groups, Layout
 from hicache.comm.records import RequestStats
 from hicache.memory.hashing import page_hashes
 from hicache.serve.system import System, setup_distributed
