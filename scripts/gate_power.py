@@ -176,19 +176,29 @@ def table(results: list[dict]) -> list[str]:
     return rows
 
 
+def cpu_lost(gate_dir: str) -> str:
+    """How quiet the machine was for a gate: the share of each serve's CPU time lost to steal
+    and to other processes (ranks.csv `cpu_lost`, every rank of every serve of both sides),
+    its median and 90th percentile; "-" where the gate left no serves."""
+    files = sorted(Path(gate_dir).glob("ab/stages/*/*/ranks.csv")) if gate_dir else []
+    if not files:
+        return "-"
+    lost = pd.concat([pd.read_csv(f, usecols=["cpu_lost"]) for f in files])["cpu_lost"]
+    return f"{lost.median():.1%} / {lost.quantile(0.9):.1%}"
+
+
 def gate_rows(results: list[dict]) -> list[str]:
-    """One row a gate, in the order run: its kind, exit, paired repeats, seconds, the load
-    before it, and each protocol's step-time B/A with its 95 % interval."""
+    """One row a gate, in the order run: its kind, exit, paired repeats, seconds, the CPU
+    its serves lost to other work, and each protocol's step-time B/A with its 95 % interval."""
     protocols = sorted({k.split()[0] for r in results for k in r["intervals"]})
-    rows = ["| # | gate | exit | pairs | s | load before | "
+    rows = ["| # | gate | exit | pairs | s | cpu lost p50 / p90 | "
             + " | ".join(f"{p} step B/A [95% CI]" for p in protocols) + " |",
             "|---|---|---|---|---|---|" + "---|" * len(protocols)]
     for i, r in enumerate(results):
         steps = [r["intervals"].get(f"{p} step_mean_ms", "-").rsplit(", n=", 1)[0]
                  for p in protocols]
         rows.append(f"| {i} | {r['label']} | {r['exit']} | {r['repeats']} | {r['seconds']:.0f} "
-                    f"| {r.get('load_1m_before', r['load_1m']):.2f} | " + " | ".join(steps)
-                    + " |")
+                    f"| {cpu_lost(r.get('dir', ''))} | " + " | ".join(steps) + " |")
     return rows
 
 

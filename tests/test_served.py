@@ -304,7 +304,13 @@ def test_the_power_scripts_gates_interleave_and_a_resume_goes_on_to_the_counts(t
             "intervals": {"pr27010 step_mean_ms": "1.054 [1.026, 1.083], n=12",
                           "pr27010 itl_p50_ms": "1.1 [1.0, 1.2], n=12"}}
     assert gate_power.gate_rows([gate])[-1] == (
-        "| 0 | plant 5% | 1 | 12 | 121 | 2.00 | 1.054 [1.026, 1.083] |")
+        "| 0 | plant 5% | 1 | 12 | 121 | - | 1.054 [1.026, 1.083] |")
+    stage = tmp_path / "g" / "ab" / "stages" / "00"
+    for side, lost in (("a", [0.01, 0.02]), ("b", [0.03, 0.5])):
+        (stage / side).mkdir(parents=True)
+        (stage / side / "ranks.csv").write_text("rank,cpu_lost\n" + "".join(
+            f"{i},{x}\n" for i, x in enumerate(lost)))
+    assert gate_power.cpu_lost(str(tmp_path / "g")) == "2.5% / 35.9%"
 
 # ---- the interface, pinned ---------------------------------------------------------------
 
