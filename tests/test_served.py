@@ -52,9 +52,20 @@ def test_the_rule_sizes_the_next_stage_by_the_most_undecided_check():
     # point 1.0, half-width 4.5 % over 12 pairs against 3 %: needs 12 * (ln 1.045 / ln 1.03)^2
     add = more([state(1.0, 0.045), state(1.0, 0.01)], 12, 60.0, BUDGET)
     want = sequential.needed(1.0, 1 / 1.045, 1.045, 0.03, 12)
-    assert 26.5 < want < 26.7 and add == math.ceil(want * 1.2) - 12
+    assert 26.5 < want < 26.7 and add == min(math.ceil(want * 1.2) - 12, 12)
+    # fewer than double: the stage the check needs
+    assert more([state(1.0, 0.031)], 24, 60.0, BUDGET) == math.ceil(
+        sequential.needed(1.0, 1 / 1.031, 1.031, 0.03, 24) * 1.2) - 24 < 24
     # a point at the threshold can never be decided: the smallest stage, within the budget
     assert more([state(1.03, 0.02)], 12, 60.0, BUDGET) == BUDGET.least_more
+
+
+def test_a_stage_at_most_doubles_the_pairs():
+    """A check far from decided at 12 pairs gets 12 more, not the budget: its point read off
+    12 pairs is too rough to spend the budget on."""
+    for n in (4, 12, 24):
+        assert more([state(1.02, 0.03)], n, 5.0 * n, Budget(200, 10_000.0)) == n
+    assert more([state(1.02, 0.03)], 2, 10.0, Budget(200, 10_000.0)) == BUDGET.least_more
 
 
 def test_the_rule_stays_within_its_budget():

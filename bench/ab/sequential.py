@@ -8,9 +8,14 @@ over the paired repeats) is decided against its threshold t:
 After each stage the run stops when no check is UNRESOLVED, when a check FAILs (the gate's
 verdict is then known), or when the budget (repeats or seconds) is spent; otherwise it adds
 a stage sized to what the most undecided check needs, from how its half-width shrinks
-(1/sqrt(n)) and how far its point lies from 1 + t. The rule looks at where intervals lie
-against the threshold and stops on either side, as Pinpoint's "collect more data" does; an
-UNRESOLVED check left at the budget is no PASS (the gate fails it).
+(1/sqrt(n)) and how far its point lies from 1 + t, but never more than the pairs so far (a
+stage at most doubles them: a point read off a few pairs lies far from the truth, so a check
+that looked near its threshold at 12 pairs is looked at again at 24 before the budget goes
+on it; on the quiet A/As of docs/results/2026-12-06_gate_power_7863880.md this decided at
+12-36 pairs what the unbounded stage decided at 38-42, and on no gate another state). The
+rule looks at where intervals lie against the threshold and stops on either side, as
+Pinpoint's "collect more data" does; an UNRESOLVED check left at the budget is no PASS (the
+gate fails it).
 """
 
 from __future__ import annotations
@@ -55,4 +60,5 @@ def more(states: list[tuple[str, float, float | None, float | None, float]], n: 
     want = max(math.inf if lo is None else needed(p, lo, hi, t, n)
                for s, p, lo, hi, t in states if s == UNRESOLVED)
     add = budget.least_more if math.isinf(want) else math.ceil(want * 1.2) - n
+    add = min(add, max(n, budget.least_more))  # at most double the pairs
     return max(1, min(room, max(add, budget.least_more)))
