@@ -56,9 +56,8 @@ def test_the_controller_path_serves_the_write_path(pp, policy):
 
 @pytest.mark.parametrize("pp, system, says", [
     (1, {"host_memory": "buffer_only"}, BUFFER_ONLY),
-    (2, {"extra_pool": True}, "serves no side-car pool"),
-    (1, {"write_policy": "write_back", "host_memory": "buffer_only"}, BUFFER_ONLY),
-    (1, {"write_policy": "write_back", "extra_pool": True}, "serves no side-car pool")])
+    (2, {"extra_pool": True, "host_memory": "buffer_only"}, "serves a side-car pool"),
+    (1, {"write_policy": "write_back", "host_memory": "buffer_only"}, BUFFER_ONLY)])
 def test_what_it_cannot_serve_stays_refused_in_one_line(pp, system, says):
     why = run_unfit(pp, system)
     assert why is not None and says in why and "\n" not in why

@@ -37,7 +37,10 @@ SGLang's own write path takes them from there (its write-through tracking, `writ
 `write_backup_storage`, its backup thread and `_drain_backup`: sglang_adapter.controller.writes).
 buffer_only host memory at PP > 1: SGLang's PP-ticket path, its command thread, ticket
 group and BufferModePipeline (sglang_adapter.controller.tickets; pinned: its gates in
-sglang_adapter.controller.pinned.TicketPin). A side-car pool and buffer_only at PP 1 are
+sglang_adapter.controller.pinned.TicketPin). A side-car pool (free schedule; a pinned one
+does not pin side-car reads): SGLang's own sidecar spec and host-pool-group entry over the
+harness's side-car pool, read by SGLang's IO thread through the backend's v2 per-pool calls
+(sglang_adapter.controller.rig.ControllerRig.register_sidecar). buffer_only at PP 1 is
 refused in one line before any rank starts (sglang_adapter.target.run_unfit).
 """
 
@@ -85,11 +88,15 @@ class ControllerCache(SGLangCache):
         layout = self.layout
         buffer = ((self.dev_kv.num_pages * page, self.max_input_tokens)
                   if cfg.host_memory == "buffer_only" else None)
+        # a side-car pool: SGLang's host pool entry over the harness's side-car pool, whose
+        # pages share the KV page's slot (hicache.cache.cache), so its load-back copies them
+        sidecar = (None if self.host_side is None else
+                   (ProjectHostPool(self.host_side, page), cfg.sidecar_hit_policy))
         rig = ControllerRig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group,
                             storage=storage, host_tokens=host.size, page_size=page,
                             host=host, tree=tree, page_elems=cfg.kv_page_elems,
                             threshold=cfg.prefetch_threshold, buffer_only=buffer,
-                            door=self._door)
+                            door=self._door, sidecar=sidecar)
         self._groups = rig.sync_groups()  # on the door in start(): it is not set yet here
         self.gate = None
         if cfg.schedule == "pinned":  # what SGLang's drains see: on the virtual clock
