@@ -265,11 +265,12 @@ def test_the_pp_stages_cell_takes_the_controller_path_where_it_fits():
     from bench.hazards.matrix import sglang_path
     from bench.hazards.scenarios import SCENARIOS
 
-    # pp-busy: buffer_only at PP 2, SGLang's own PP-ticket path (its command thread)
-    for name in ("pp-stages", "pp-busy"):
+    # pp-busy: buffer_only at PP 2, SGLang's own PP-ticket path (its command thread);
+    # span-skew: a side-car pool, SGLang's own sidecar spec and hit-query mask
+    for name in ("pp-stages", "pp-busy", "span-skew"):
         assert sglang_path(UNIFIED, SCENARIOS[name]).controller, name
-    # a side-car pool keeps SGLang's decisions
-    assert not sglang_path(UNIFIED, SCENARIOS["span-skew"]).controller
+    # sidecar-race plants its hazard in the project's data path: SGLang's decisions
+    assert not sglang_path(UNIFIED, SCENARIOS["sidecar-race"]).controller
     hiradix = Target("/nowhere", "0.5.18", "0.5.18", "hiradix", "pre27010")
     assert not sglang_path(hiradix, SCENARIOS["pp-stages"]).controller
 

@@ -116,3 +116,26 @@ def test_a_sidecar_pool_at_tp2_self_checks_hold(sidecar_run):
     assert requests["ranks_agree"].all() and requests["data_ok"].all()
     assert (requests.loc[requests["io_issued"], "prefetched_tokens"] > 0).all()
     assert json.loads((sidecar_run / "verdict.json").read_text())["ok"]
+
+
+# ---- bench hazards --cache sglang: span-skew on the controller path -----------------------
+
+@pytest.mark.dist
+@pytest.mark.slow  # one 4-rank cell, twice, importing SGLang on each rank
+@pytest.mark.timeout(420)
+def test_span_skew_aborts_in_sglangs_own_hit_query_on_the_controller_path(tmp_path):
+    """PR #39267's report on SGLang's own controller path at TP2 x PP2: each stage's
+    `_sync_prefetch_hit_query` sizes its TRAILING_PAGES mask by its own request span, so the
+    MIN over SGLang's copy of the PP group pairs tensors of two sizes; gloo aborts stage 0's
+    ranks, and stage 1's name SGLang's hit query on that group. The same twice; exit 0."""
+    sglang_wheel("0.5.23")
+    _wheel("0.5.23")
+    done = subprocess.run([sys.executable, "-m", "bench", "hazards", "--cache", "sglang",
+                           "--sglang", "0.5.23", "--scenarios", "span-skew", "--twice",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row = pd.read_csv(tmp_path / "hazards.csv").iloc[0]
+    assert (row["outcome"], row["site"]) == ("abort", "hit_query"), row["detail"]
+    assert "hit_query on sglang_hit_pp" in row["detail"] and " vs " in row["detail"]
+    assert bool(row["same_twice"])

@@ -46,7 +46,10 @@ refused in one line before any rank starts (sglang_adapter.target.run_unfit).
 
 from __future__ import annotations
 
+import threading
 import time
+
+import torch.distributed as dist
 
 from hicache.agreement.consensus import rank_consensus
 from hicache.comm.comm import TICKET
@@ -137,6 +140,21 @@ class ControllerCache(SGLangCache):
             self.stats.counter.add_raw(call.group, 1)
             return
         super()._record(call, seconds, start)
+
+    def _failure(self, call, error: Exception):
+        """As SGLangCache's, naming the ranks of SGLang's own groups too. One in a thread of
+        SGLang's (its hit query, acks) is also kept where the hazard cell reads a rank's
+        background-thread failure (`controller.error`, bench.hazards.cell): the thread dies
+        of it as SGLang's does, the serve is not told (`error()` stays None)."""
+        failure = super()._failure(call, error)
+        group = self._groups.get(call.group)
+        if group is not None:
+            ranks = list(dist.get_process_group_ranks(group))
+            failure = type(failure)(str(failure).replace("(ranks None)", f"(ranks {ranks})", 1))
+        if threading.current_thread() is not threading.main_thread() and \
+                self.controller.error is None:
+            self.controller.error = failure
+        return failure
 
     @property
     def own_groups(self) -> dict:
