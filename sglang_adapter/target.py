@@ -119,11 +119,17 @@ def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
             if target.native_error else
             "serves buffer_only at --pp > 1 on SGLang's PP-ticket path: a release with it "
             "(0.5.21 on)" if _ticketed(pp, system) and target.version in NO_TICKETS
+            else "serves a side-car pool (--extra-pool) on 0.5.23's per-pool storage "
+            "interface, checked there only (0.5.23 on)"
+            if system.get("extra_pool") and target.version in NO_SIDECAR
             else run_unfit(pp, system))
 
 
 # Releases with UnifiedRadixCache but no PP-ticket path (PPPrefetchState: 0.5.21 on).
 NO_TICKETS = ("0.5.19", "0.5.20")
+# Releases whose side-car path the controller path was not checked against (0.5.23's
+# sidecar specs, v2 per-pool storage calls and side-car ack are what it drives).
+NO_SIDECAR = ("0.5.19", "0.5.20", "0.5.21", "0.5.22")
 
 
 def _ticketed(pp: int, system: dict) -> bool:
@@ -136,10 +142,15 @@ def run_unfit(pp: int, system: dict) -> str | None:
     "Its layouts"), and the write path under write_through and write_back
     (sglang_adapter.controller.writes); buffer_only at PP > 1 serves on SGLang's PP-ticket
     path (sglang_adapter.controller.tickets), at PP 1 it does not: its hits then go
-    through BufferModePipeline's hit drain, staging and anchor pins, not driven here."""
-    return ("serves no side-car pool (--extra-pool)" if system.get("extra_pool")
-            else f"serves buffer_only host memory at --pp > 1 only ({_BUFFER_ONLY})" if
-            system.get("host_memory", "cache") != "cache" and pp == 1 else None)
+    through BufferModePipeline's hit drain, staging and anchor pins, not driven here. A
+    side-car pool serves (SGLang's own sidecar spec: sglang_adapter.controller.rig) with host
+    memory a cache tier; a PP ticket's side-car transfers are not driven here."""
+    buffer_only = system.get("host_memory", "cache") != "cache"
+    return (f"serves buffer_only host memory at --pp > 1 only ({_BUFFER_ONLY})" if
+            buffer_only and pp == 1 else
+            "serves a side-car pool (--extra-pool) with --host-memory cache only (a PP "
+            "ticket's side-car transfers are not driven here)"
+            if buffer_only and system.get("extra_pool") else None)
 
 
 _BUFFER_ONLY = ("at --pp 1 buffer_only hits go through SGLang's BufferModePipeline hit "

@@ -56,9 +56,8 @@ def test_the_controller_path_serves_the_write_path(pp, policy):
 
 @pytest.mark.parametrize("pp, system, says", [
     (1, {"host_memory": "buffer_only"}, BUFFER_ONLY),
-    (2, {"extra_pool": True}, "serves no side-car pool"),
-    (1, {"write_policy": "write_back", "host_memory": "buffer_only"}, BUFFER_ONLY),
-    (1, {"write_policy": "write_back", "extra_pool": True}, "serves no side-car pool")])
+    (2, {"extra_pool": True, "host_memory": "buffer_only"}, "serves a side-car pool"),
+    (1, {"write_policy": "write_back", "host_memory": "buffer_only"}, BUFFER_ONLY)])
 def test_what_it_cannot_serve_stays_refused_in_one_line(pp, system, says):
     why = run_unfit(pp, system)
     assert why is not None and says in why and "\n" not in why
@@ -266,11 +265,12 @@ def test_the_pp_stages_cell_takes_the_controller_path_where_it_fits():
     from bench.hazards.matrix import sglang_path
     from bench.hazards.scenarios import SCENARIOS
 
-    # pp-busy: buffer_only at PP 2, SGLang's own PP-ticket path (its command thread)
-    for name in ("pp-stages", "pp-busy"):
+    # pp-busy: buffer_only at PP 2, SGLang's own PP-ticket path (its command thread);
+    # span-skew: a side-car pool, SGLang's own sidecar spec and hit-query mask
+    for name in ("pp-stages", "pp-busy", "span-skew"):
         assert sglang_path(UNIFIED, SCENARIOS[name]).controller, name
-    # a side-car pool keeps SGLang's decisions
-    assert not sglang_path(UNIFIED, SCENARIOS["span-skew"]).controller
+    # sidecar-race plants its hazard in the project's data path: SGLang's decisions
+    assert not sglang_path(UNIFIED, SCENARIOS["sidecar-race"]).controller
     hiradix = Target("/nowhere", "0.5.18", "0.5.18", "hiradix", "pre27010")
     assert not sglang_path(hiradix, SCENARIOS["pp-stages"]).controller
 

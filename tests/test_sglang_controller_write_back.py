@@ -120,8 +120,8 @@ def test_write_through_still_locks_and_leaves_the_ack_to_the_per_step_min():
 
 def test_the_controller_path_serves_write_back_but_not_buffer_only():
     """write_back is served, auto takes the controller path for it (no longer the decisions
-    path); buffer_only and a side-car pool stay refused with it (tests/
-    test_sglang_controller_pp.py has the refusals' table)."""
+    path); buffer_only stays refused with it (tests/test_sglang_controller_pp.py has the
+    refusals' table)."""
     system = {"write_policy": "write_back"}
     assert run_unfit(1, system) is None
     assert pick_path(UNIFIED, None, 1, system).controller

@@ -78,7 +78,8 @@ def parser(prog: str, doc: str) -> CliParser:
       "its hit-query, IO and ack threads on the groups it makes, its drains and end path, "
       "over the harness's storage, host pool and tree; 0.5.19 on, any --tp x --pp, host "
       "memory a cache tier or buffer_only at --pp > 1 (SGLang's PP-ticket path, 0.5.21 "
-      "on), no side-car pool, any --write-policy), decisions (SGLang's "
+      "on), a side-car pool (--extra-pool, SGLang's sidecar spec, 0.5.23 on), any "
+      "--write-policy), decisions (SGLang's "
       "check_hicache_events and check_prefetch_progress on the project's data path), or "
       "auto (the default: controller where the run fits it, else decisions; docs/sglang.md)")
     a("--sglang-consensus", action="store_true", help="with --cache sglang: SGLang's own "

@@ -113,7 +113,8 @@ def _span_skew() -> Scenario:
                     pp=2, policy="wait_complete", prefix_tokens=1024, requests=4, gap_ms=150.0,
                     system={"extra_pool": True, "sidecar_hit_policy": "trailing_pages",
                             "hazard": "span_skew"},
-                    storage=SLOW_READS, protocols=("sglang-0.5.23", "pr39267"))
+                    storage=SLOW_READS, protocols=("sglang-0.5.23", "pr39267"),
+                    sglang_controller=True)  # the mask is SGLang's own hit query's
 
 
 # The retry scenarios (0.5.23's StoragePrefetchRetries, docs/hazards.md "Retries (0.5.23)"):

@@ -37,13 +37,19 @@ SGLang's own write path takes them from there (its write-through tracking, `writ
 `write_backup_storage`, its backup thread and `_drain_backup`: sglang_adapter.controller.writes).
 buffer_only host memory at PP > 1: SGLang's PP-ticket path, its command thread, ticket
 group and BufferModePipeline (sglang_adapter.controller.tickets; pinned: its gates in
-sglang_adapter.controller.pinned.TicketPin). A side-car pool and buffer_only at PP 1 are
+sglang_adapter.controller.pinned.TicketPin). A side-car pool (free schedule; a pinned one
+does not pin side-car reads): SGLang's own sidecar spec and host-pool-group entry over the
+harness's side-car pool, read by SGLang's IO thread through the backend's v2 per-pool calls
+(sglang_adapter.controller.rig.ControllerRig.register_sidecar). buffer_only at PP 1 is
 refused in one line before any rank starts (sglang_adapter.target.run_unfit).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+
+import torch.distributed as dist
 
 from hicache.agreement.consensus import rank_consensus
 from hicache.comm.comm import TICKET
@@ -85,11 +91,15 @@ class ControllerCache(SGLangCache):
         layout = self.layout
         buffer = ((self.dev_kv.num_pages * page, self.max_input_tokens)
                   if cfg.host_memory == "buffer_only" else None)
+        # a side-car pool: SGLang's host pool entry over the harness's side-car pool, whose
+        # pages share the KV page's slot (hicache.cache.cache), so its load-back copies them
+        sidecar = (None if self.host_side is None else
+                   (ProjectHostPool(self.host_side, page), cfg.sidecar_hit_policy))
         rig = ControllerRig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group,
                             storage=storage, host_tokens=host.size, page_size=page,
                             host=host, tree=tree, page_elems=cfg.kv_page_elems,
                             threshold=cfg.prefetch_threshold, buffer_only=buffer,
-                            door=self._door)
+                            door=self._door, sidecar=sidecar)
         self._groups = rig.sync_groups()  # on the door in start(): it is not set yet here
         self.gate = None
         if cfg.schedule == "pinned":  # what SGLang's drains see: on the virtual clock
@@ -130,6 +140,21 @@ class ControllerCache(SGLangCache):
             self.stats.counter.add_raw(call.group, 1)
             return
         super()._record(call, seconds, start)
+
+    def _failure(self, call, error: Exception):
+        """As SGLangCache's, naming the ranks of SGLang's own groups too. One in a thread of
+        SGLang's (its hit query, acks) is also kept where the hazard cell reads a rank's
+        background-thread failure (`controller.error`, bench.hazards.cell): the thread dies
+        of it as SGLang's does, the serve is not told (`error()` stays None)."""
+        failure = super()._failure(call, error)
+        group = self._groups.get(call.group)
+        if group is not None:
+            ranks = list(dist.get_process_group_ranks(group))
+            failure = type(failure)(str(failure).replace("(ranks None)", f"(ranks {ranks})", 1))
+        if threading.current_thread() is not threading.main_thread() and \
+                self.controller.error is None:
+            self.controller.error = failure
+        return failure
 
     @property
     def own_groups(self) -> dict:

@@ -33,6 +33,7 @@ prices each stage; that module drives the rig's own checks, a request at a time)
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import threading
 from collections import defaultdict
 from queue import Queue
@@ -58,6 +59,7 @@ BASE = "sglang.srt.mem_cache.base_prefix_cache"
 STORAGE = "sglang.srt.mem_cache.hicache_storage"
 FACTORY = "sglang.srt.mem_cache.storage.backend_factory"
 UTILS = "sglang.srt.mem_cache.utils"
+GROUP = "sglang.srt.mem_cache.pool_host.group"  # PoolEntry
 STEP_WAIT_S = 0.01  # real time between two steps: SGLang's threads run meanwhile
 PAGE_ELEMS = 16  # values per stored page (content is synthetic; only its digest is kept)
 POOL = "kv"
@@ -70,14 +72,18 @@ class ControllerRig(UnifiedRig):
     def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group, *,
                  storage, host_tokens: int, page_size: int, stall_s: float = 0.0,
                  host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0,
-                 buffer_only: tuple[int, int] | None = None, door: Door | None = None):
+                 buffer_only: tuple[int, int] | None = None, door: Door | None = None,
+                 sidecar: tuple[object, str] | None = None):
         """`host` / `tree`: the host pool and tree core SGLang's path writes into (default
         the memory-less stand-ins; `bench run --cache sglang --sglang-path controller` passes
         ones over the harness's own pool and tree: sglang_adapter.controller.cache).
         `buffer_only`: host memory is staging only, (device pool tokens, max context
         length) for SGLang's BufferModePipeline; at PP > 1 its PP-ticket path
         (sglang_adapter.controller.tickets). `door`: names the ticket group before its
-        command thread's first receive is issued (a later stage's thread waits in one)."""
+        command thread's first receive is issued (a later stage's thread waits in one).
+        `sidecar`: a side-car pool, (its host pool, its hit policy: all_pages or
+        trailing_pages), registered as SGLang registers one (`register_sidecar`)."""
+        self.sidecar = sidecar
         self.page_size, self.host_tokens = page_size, host_tokens
         self.buffer_only, self.door = buffer_only, door
         self.decision = None  # what SGLang's last prefetch_from_storage returned
@@ -111,6 +117,30 @@ class ControllerRig(UnifiedRig):
                                 f"controller path needs SGLang's PP-ticket path: {why}")
             tickets.buffer_mode(cache, *self.buffer_only)
         cache.cache_controller = self._controller(cache)
+        if self.sidecar is not None:
+            self.register_sidecar(cache, *self.sidecar)
+
+    def register_sidecar(self, cache, host, policy: str) -> None:
+        """A side-car pool as SGLang registers one once the controller is attached
+        (`register_sidecar_pool`): its spec (the indexer's: a KV-derived pool, reusing the
+        KV pool's host slots and page names, read with each KV batch; the run's hit
+        policy), and a host-pool-group entry over `host`. The entry's steps are
+        `register_host_pool_entry`'s, taken here: its first is a type check against
+        SGLang's HostPoolGroup, which the stand-in group is not; then the group adds the
+        entry, the controller makes the pool's release queue (which SGLang's per-step
+        count MIN then carries) and the backend registers the pool
+        (`register_mem_host_pool_v2`)."""
+        hs = _module(STORAGE)
+        name = hs.PoolName.INDEXER
+        entry = importlib.import_module(GROUP).PoolEntry(
+            name=name, host_pool=host, device_pool=None, layer_mapper=lambda layer: layer)
+        ctl = cache.cache_controller
+        ctl.mem_pool_host.add_entry(entry)
+        ctl.extra_host_mem_release_queues.setdefault(name, Queue())
+        ctl.storage_backend.register_mem_host_pool_v2(host, name)
+        cache.register_sidecar_pool(hs.SidecarPoolSpec(
+            pool_name=name, indices_from_pool=hs.PoolName.KV,
+            hit_policy=hs.PoolHitPolicy(policy)))
 
     def _controller(self, cache):
         """The controller as `__init__` leaves it, then attached as

@@ -86,9 +86,11 @@ class HostPool:
 
 
 class HostPoolGroup:
-    """SGLang's HostPoolGroup over one KV pool (no side-car pools): what the controller and
-    the cache's drains read (`anchor_entry.host_pool`, `entries`, `entry_map`,
-    `layout_lease`, the pool's allocation)."""
+    """SGLang's HostPoolGroup over one KV pool: what the controller and the cache's drains
+    read (`anchor_entry.host_pool`, `entries`, `entry_map`, `layout_lease`, the pool's
+    allocation). A side-car pool joins it as SGLang's own `register_host_pool_entry` adds
+    one (`add_entry`); a KV-derived side-car shares the KV pool's slots, so SGLang never
+    allocates or frees it by its own name (it skips pools with `indices_from_pool`)."""
 
     def __init__(self, pool: HostPool, kv_name):
         self.anchor_entry = types.SimpleNamespace(host_pool=pool, name=kv_name,
@@ -114,7 +116,15 @@ class HostPoolGroup:
         return self.pool.available_size()
 
     def get_pool(self, name):
-        return self.pool
+        return self.pool if name is None or name == self.anchor_entry.name else \
+            self.entry_map[name].host_pool
+
+    def add_entry(self, entry) -> None:
+        """pool_host/group.py's: a side pool, never a second anchor."""
+        if entry.name in self.entry_map or entry.is_primary_index_anchor:
+            raise ValueError(f"host pool {entry.name} cannot be added")
+        self.entries.append(entry)
+        self.entry_map[entry.name] = entry
 
     def __getattr__(self, name):  # size, page_size, alloc, free, available_size, clear, ...
         return getattr(self.__dict__["pool"], name)

@@ -15,6 +15,14 @@ itself, which holds no such page (a miss, as for a page never stored). For a req
 no namespace and no prior page the two chains are the same SHA-256 chain over uint32 tokens
 (0.5.23's `hash_binding.cpp` and `hicache/memory/hashing.py` agree byte for byte), so the table
 maps each name to itself; it matters for namespaced requests and mid-prompt priors.
+
+A side-car pool (`--extra-pool`, docs/sglang.md "A side-car pool"): SGLang's v2 per-pool
+calls. `batch_exists_v2` from its prefetch thread's hit query (a request with a side-car
+transfer), `batch_get_v2` from its IO thread, per batch, for a KV-derived side-car
+(`_page_transfer_kv_batch`: same slots and keys as the batch's KV pages). The tier's
+existence is by page name whatever the pool, and the harness stores a side-car page with
+every KV page (hicache.serve.system), so each pool's verdict is the KV hit and every page up
+to it is restorable (no `restorable_prefix_pages`: SGLang's contiguous contract).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolTransferResult
 
 from sglang_adapter.controller.pinned import plan_of
 from sglang_adapter.controller.stand_ins import TIER
@@ -72,6 +80,32 @@ class HarnessStorage(HiCacheStorage):
 
     def get(self, key, target_location=None, target_sizes=None):
         return self.batch_get([key])[0]
+
+    # ---- the v2 per-pool interface: a side-car pool (module docstring) ---------------------
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        """The KV hit, and for each side-car transfer its own verdict: the same pages (the
+        tier holds a side-car page wherever it holds the KV page)."""
+        kv = self.batch_exists(keys, extra_info)
+        return PoolTransferResult(kv_hit_pages=kv, extra_pool_hit_pages={
+            t.name: kv for t in pool_transfers or ()})
+
+    def batch_get_v2(self, transfers, extra_info=None) -> dict:
+        """Each transfer's pages from the tier's pool of its name into the host pool
+        registered under it (`register_mem_host_pool_v2`), at its host indices; per pool,
+        per page: read (True) up to the first the tier could not return."""
+        tier, out = self.tier, {}
+        for t in transfers:
+            host = self.registered_pools[t.name]
+            names = tier.translate(list(t.keys))
+            tier.stall(names)
+            rows = torch.empty(len(names), host.page_elems, dtype=host.pool.data.dtype)
+            got = tier.storage.batch_get(names, host.pool.name, rows).pages
+            starts = t.host_indices.tolist()[:: host.page_size]
+            for i in range(got):
+                host.set_from_flat_data_page(starts[i], rows[i])
+            out[t.name] = [i < got for i in range(len(names))]
+        return out
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
         rows = torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values])
