@@ -280,6 +280,7 @@ def native_hash(source: Source, cache_dir: str) -> None:
     sglang_adapter.source) holds a source the compiler cannot read: it is copied out to
     `cache_dir` first and the loader pointed at the copy for that one call. LoadError (one
     line) when it cannot be built."""
+    import hashlib
     import os
     import shutil
     import zipfile
@@ -297,6 +298,16 @@ def native_hash(source: Source, cache_dir: str) -> None:
                 shutil.copyfileobj(src, out)
             os.replace(target + ".part", target)
         module.__file__ = os.path.join(folder, "native_hash.py")
+    # One build folder per source: torch names the build by the extension's name alone, so
+    # two sources (a wheel and a planted tree, two checkouts) would rebuild one folder in
+    # turn, and SGLang's loader clears a build it takes for stale while another process
+    # loads it. Scoped to this call: nothing else this process builds moves.
+    before = os.environ.get("TORCH_EXTENSIONS_DIR")
+    from torch.utils.cpp_extension import get_default_build_root
+
+    key = hashlib.sha1(os.path.dirname(os.path.abspath(module.__file__)).encode()).hexdigest()
+    os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(before or get_default_build_root(),
+                                                      f"hicache-{key[:12]}")
     try:
         module._load_native_hash_module()
     except Exception as e:
@@ -305,3 +316,7 @@ def native_hash(source: Source, cache_dir: str) -> None:
                         f"({type(cause).__name__}: {str(cause).splitlines()[0][:160]})") from e
     finally:
         module.__file__ = origin
+        if before is None:
+            os.environ.pop("TORCH_EXTENSIONS_DIR", None)
+        else:
+            os.environ["TORCH_EXTENSIONS_DIR"] = before
