@@ -37,6 +37,7 @@ import datetime as dt
 import fcntl
 import itertools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -49,6 +50,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.ab import sequential  # noqa: E402
 from bench.neighbour import DEFAULT, Neighbour, SpecError  # noqa: E402
 from bench.neighbour import parse as parse_neighbour  # noqa: E402
 from bench.rundir.files import write_json_atomic, write_text_atomic  # noqa: E402
@@ -58,6 +60,7 @@ STEP_TOP = "        self.stats.counter.step = step\n        stamp = msg[\"now\"]
 STEP_END = "        rec.t_end = self._clock()\n"
 GIT = ["git", "-c", "user.name=gate-power", "-c", "user.email=gate-power@localhost"]
 GATED = ("step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50")
+BUDGETS = (24, 36, 42, 48, 60)  # paired repeats a gate may stop at (budget_rows)
 
 
 def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -202,6 +205,59 @@ def gate_rows(results: list[dict]) -> list[str]:
     return rows
 
 
+def checks(results: list[dict]) -> dict[str, list[tuple[float, float, float, int]]]:
+    """`protocol metric` -> (point, low, high, n) of each gate in `results`."""
+    out: dict[str, list] = {}
+    for r in results:
+        for key, text in r["intervals"].items():
+            point, rest = text.split(" [", 1)
+            low, rest = rest.split(", ", 1)
+            high, n = rest.split("], n=", 1)
+            out.setdefault(key, []).append((float(point), float(low), float(high), int(n)))
+    return out
+
+
+def budget_rows(results: list[dict], thresholds: dict[str, float],
+                budgets: tuple[int, ...] = BUDGETS) -> list[str]:
+    """What budget the quiet A/As ask for. Per gated check: its pairs' spread (the median
+    over the A/As of the sd behind each interval), its lean (the mean of the A/As' log
+    points, with its 95 % interval over the gates), and the chance that a quiet A/A stopped
+    at n pairs is left UNRESOLVED on it (bench.ab.sequential.left_unresolved), with no lean
+    and with the lean measured; the last row, on any check (the checks taken as
+    independent). [] without quiet A/As."""
+    from scipy import stats
+
+    aa = checks([r for r in results if r["label"] == "A/A quiet"])
+    if not aa:
+        return []
+    rows = ["| check | threshold | pair sd (median) | B/A lean [95% CI] over the A/As | "
+            + " | ".join(f"n={n}: none / lean" for n in budgets) + " |",
+            "|---|---|---|---|" + "---|" * len(budgets)]
+    stay = {n: [1.0, 1.0] for n in budgets}  # per budget, P(every check resolves)
+    for key, seen in sorted(aa.items()):
+        threshold = thresholds[key.split()[1].removesuffix("_ms")]
+        sd = float(pd.Series([sequential.spread(lo, hi, n) for _, lo, hi, n in seen]).median())
+        logs = [math.log(p) for p, *_ in seen]
+        lean = math.exp(sum(logs) / len(logs)) - 1
+        ci = (stats.ttest_1samp(logs, 0).confidence_interval() if len(logs) > 1
+              else None)
+        cells = []
+        for n in budgets:
+            p0 = sequential.left_unresolved(sd, threshold, n)
+            p1 = sequential.left_unresolved(sd, threshold, n, lean)
+            stay[n][0] *= 1 - p0
+            stay[n][1] *= 1 - p1
+            cells.append(f"{p0:.2%} / {p1:.2%}")
+        lean_text = f"{lean:+.2%}" + (f" [{math.exp(ci.low) - 1:+.2%}, "
+                                      f"{math.exp(ci.high) - 1:+.2%}]" if ci else "")
+        rows.append(f"| {key} | {threshold:.0%} | {sd:.1%} | {lean_text} | "
+                    + " | ".join(cells) + " |")
+    rows.append(f"| any check ({len(aa)}) | | | | "
+                + " | ".join(f"{1 - stay[n][0]:.2%} / {1 - stay[n][1]:.2%}"
+                             for n in budgets) + " |")
+    return rows
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[4])
     p.add_argument("--plants", default="0.01,0.03,0.05,0.10")
@@ -309,7 +365,8 @@ def main(argv: list[str]) -> int:
         print(f"gate_power: {label}: exit {r['exit']}, {r['repeats']} paired repeats in "
               f"{r['seconds']:.0f}s (load {r['load_1m_before']:.2f} before, waited "
               f"{waited:.0f}s): {r['last_line']}", flush=True)
-    lines = table(results) + ["", *gate_rows(results)]
+    thresholds = json.loads((baseline / "gate.json").read_text())["thresholds"]
+    lines = table(results) + ["", *gate_rows(results), "", *budget_rows(results, thresholds)]
     write_text_atomic(out / "gate_power.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

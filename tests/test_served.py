@@ -323,6 +323,61 @@ def test_the_power_scripts_gates_interleave_and_a_resume_goes_on_to_the_counts(t
             f"{i},{x}\n" for i, x in enumerate(lost)))
     assert gate_power.cpu_lost(str(tmp_path / "g")) == "2.5% / 35.9%"
 
+def test_the_spread_behind_an_interval_is_read_back_exactly():
+    """sequential.spread inverts the served A/B's t interval over paired log ratios."""
+    pytest.importorskip("scipy")
+    from scipy import stats
+
+    for sd, n in ((0.043, 12), (0.02, 39)):
+        half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+        assert sequential.spread(math.exp(-half), math.exp(half), n) == pytest.approx(sd)
+
+
+def test_the_chance_left_unresolved_matches_simulated_gates():
+    """left_unresolved against 4,000 simulated stops at n pairs (a fixed seed: the same
+    draws every run), with no lean and with a lean towards the threshold; more pairs leave
+    less undecided, and a check far from its threshold is never left."""
+    pytest.importorskip("scipy")
+    import numpy as np
+    from scipy import stats
+
+    rng = np.random.default_rng(60)
+    edge = math.log(1.03)
+    for n, lean in ((24, 0.0), (24, 0.01), (42, 0.01)):
+        x = rng.normal(math.log(1 + lean), 0.043, size=(4000, n))
+        half = stats.t.ppf(0.975, n - 1) * x.std(axis=1, ddof=1) / math.sqrt(n)
+        simulated = float(np.mean(np.abs(x.mean(axis=1) - edge) < half))
+        model = sequential.left_unresolved(0.043, 0.03, n, lean)
+        assert model == pytest.approx(simulated, abs=0.015), (n, lean)
+    assert (sequential.left_unresolved(0.043, 0.03, 48)
+            < sequential.left_unresolved(0.043, 0.03, 24))
+    assert sequential.left_unresolved(0.01, 0.10, 24) < 1e-12
+
+
+def test_the_power_scripts_budget_rows_size_the_budget_from_the_quiet_aas():
+    """budget_rows reads only the quiet A/As' intervals; a row per check with its spread and
+    lean, and a last row (any check) at least each check's chance; [] with no quiet A/A."""
+    pytest.importorskip("scipy")
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_power
+
+    def gate(label, step, ttft):
+        return {"label": label, "intervals": {"p step_mean_ms": step,
+                                              "p prefetch_ttft_p50_ms": ttft}}
+    results = [gate("A/A quiet", "1.010 [0.996, 1.024], n=24", "1.00 [0.97, 1.03], n=24"),
+               gate("A/A quiet", "0.998 [0.985, 1.011], n=36", "1.01 [0.98, 1.04], n=36"),
+               gate("plant 5%", "1.050 [1.020, 1.080], n=12", "1.05 [1.0, 1.1], n=12")]
+    rows = gate_power.budget_rows(results, {"step_mean": 0.03, "prefetch_ttft_p50": 0.05},
+                                  budgets=(24, 48))
+    assert len(rows) == 2 + 2 + 1
+    step = rows[3].split(" | ")
+    assert step[0] == "| p step_mean_ms" and step[1] == "3%" and step[3].startswith("+0.40% [")
+    cells = [[float(c.strip(" |%")) for c in row.split(" | ")[-2:][0].split(" / ")]
+             for row in rows[2:]]
+    assert cells[-1][0] >= max(c[0] for c in cells[:-1])
+    assert gate_power.budget_rows(results[2:], {}) == []
+
+
 # ---- the interface, pinned ---------------------------------------------------------------
 
 # The flags a side's plan may use (bench/run/turns.py): every revision that speaks

@@ -62,3 +62,35 @@ def more(states: list[tuple[str, float, float | None, float | None, float]], n: 
     add = budget.least_more if math.isinf(want) else math.ceil(want * 1.2) - n
     add = min(add, max(n, budget.least_more))  # at most double the pairs
     return max(1, min(room, max(add, budget.least_more)))
+
+
+# ---- sizing the budget from an A/A's spread ---------------------------------------------
+
+def spread(low: float, high: float, n: int, level: float = 0.95) -> float:
+    """The sd of one pair's log ratio behind a t interval [low, high] over n pairs (the
+    served A/B's intervals are t intervals over the paired log ratios, bench.stats)."""
+    stats = _stats()
+    return (math.log(high) - math.log(low)) / 2 / stats.t.ppf((1 + level) / 2, n - 1) \
+        * math.sqrt(n)
+
+
+def left_unresolved(sd: float, threshold: float, n: int, lean: float = 0.0,
+                    level: float = 0.95) -> float:
+    """The chance that a check whose pairs' log ratios spread with `sd` about log(1 + lean)
+    still holds 1 + threshold in its interval after n pairs, so that a run stopped there
+    ends it UNRESOLVED. The run looked earlier too and stopped where it had decided, so this
+    is an upper bound on a run of n pairs at most ending UNRESOLVED on this check."""
+    stats = _stats()
+    se = sd / math.sqrt(n)
+    half = stats.t.ppf((1 + level) / 2, n - 1) * se
+    edge, mu = math.log(1 + threshold), math.log(1 + lean)
+    return float(stats.norm.cdf((edge + half - mu) / se) - stats.norm.cdf((edge - half - mu) / se))
+
+
+def _stats():
+    from bench.stats import NO_SCIPY, _scipy_stats
+
+    stats = _scipy_stats()
+    if stats is None:
+        raise RuntimeError(f"sizing a budget needs scipy.stats: {NO_SCIPY}")
+    return stats
