@@ -224,14 +224,19 @@ def budget_rows(results: list[dict], thresholds: dict[str, float],
     points, with its 95 % interval over the gates), and the chance that a quiet A/A stopped
     at n pairs is left UNRESOLVED on it (bench.ab.sequential.left_unresolved), with no lean
     and with the lean measured; the last row, on any check (the checks taken as
-    independent). [] without quiet A/As."""
+    independent). Each n is headed with its A/B seconds at the quiet A/As' median seconds
+    per pair. [] without quiet A/As."""
     from scipy import stats
 
     aa = checks([r for r in results if r["label"] == "A/A quiet"])
     if not aa:
         return []
+    quiet = [r for r in results if r["label"] == "A/A quiet" and r.get("repeats")]
+    per_pair = (float(pd.Series([r["seconds"] / r["repeats"] for r in quiet]).median())
+                if quiet and all("seconds" in r for r in quiet) else None)
     rows = ["| check | threshold | pair sd (median) | B/A lean [95% CI] over the A/As | "
-            + " | ".join(f"n={n}: none / lean" for n in budgets) + " |",
+            + " | ".join(f"n={n}" + (f" (~{n * per_pair:.0f} s)" if per_pair else "")
+                         + ": none / lean" for n in budgets) + " |",
             "|---|---|---|---|" + "---|" * len(budgets)]
     stay = {n: [1.0, 1.0] for n in budgets}  # per budget, P(every check resolves)
     for key, seen in sorted(aa.items()):
