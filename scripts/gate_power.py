@@ -1,6 +1,7 @@
 """Usage: python scripts/gate_power.py [--plants 0.01,0.03,0.05,0.10] [--gates 5] [--aa 10]
                                      [--aa-neighbour 10] [--neighbour SPEC]
                                      [--out DIR | --resume DIR] [--lock FILE]
+       python scripts/gate_power.py --tables DIR [DIR ...]
 
 Measures the gate's power and its false alarms on this machine, the way `make gate` judges
 timings: a scratch clone of HEAD (the base), one commit per planted share on top of it whose
@@ -27,6 +28,8 @@ is taken exclusively around each gate; other work on the machine that takes it s
 (`flock -s FILE CMD`) waits for the gate in flight and holds the next one back, so no gate
 shares the cores with it. Each gate records the seconds it waited and the load before it.
 `--resume DIR --aa 0 --gates 0 --aa-neighbour 0` runs nothing and writes the tables again.
+`--tables DIR [DIR ...]` runs nothing and prints the tables over several studies' gates
+together (their thresholds must agree), writing nothing.
 """
 
 from __future__ import annotations
@@ -273,6 +276,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path)
     where.add_argument("--resume", type=Path)
+    where.add_argument("--tables", type=Path, nargs="+")
     p.add_argument("--lock", type=Path, default=Path("/tmp/hicache-cpu.lock"))
     args = p.parse_args(argv)
     try:
@@ -289,6 +293,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.resume is not None and not (args.resume / "gate_power.json").is_file():
         sys.exit(f"gate_power: --resume {args.resume} holds no gate_power.json: "
                  "not a study to go on with")
+    for d in args.tables or []:
+        if not ((d / "gate_power.json").is_file() and (d / "baseline" / "gate.json").is_file()):
+            sys.exit(f"gate_power: --tables {d} holds no gate_power.json and baseline: "
+                     "not a study")
     return args
 
 
@@ -343,8 +351,29 @@ def setup(args: argparse.Namespace) -> tuple[Path, Path, str, list[dict], dict[f
     return out, baseline, head, results, planted
 
 
+def lines(results: list[dict], thresholds: dict[str, float]) -> list[str]:
+    return table(results) + ["", *gate_rows(results), "", *budget_rows(results, thresholds)]
+
+
+def tables(dirs: list[Path]) -> int:
+    """--tables: several studies' gates in one set of tables; exit 2 where their thresholds
+    differ (their gates did not judge alike)."""
+    results, seen = [], {}
+    for d in dirs:
+        results += json.loads((d / "gate_power.json").read_text())["results"]
+        seen[d] = json.loads((d / "baseline" / "gate.json").read_text())["thresholds"]
+    if len({json.dumps(t, sort_keys=True) for t in seen.values()}) > 1:
+        print("gate_power: --tables: the studies' thresholds differ: "
+              + "; ".join(f"{d}: {t}" for d, t in seen.items()), file=sys.stderr)
+        return 2
+    print("\n".join(lines(results, next(iter(seen.values())))))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.tables:
+        return tables(args.tables)
     out, baseline, head, results, planted = setup(args)
     repo = out / "repo"
     base = sh(["git", "rev-parse", "base"], repo).stdout.strip()
@@ -370,10 +399,10 @@ def main(argv: list[str]) -> int:
         print(f"gate_power: {label}: exit {r['exit']}, {r['repeats']} paired repeats in "
               f"{r['seconds']:.0f}s (load {r['load_1m_before']:.2f} before, waited "
               f"{waited:.0f}s): {r['last_line']}", flush=True)
-    thresholds = json.loads((baseline / "gate.json").read_text())["thresholds"]
-    lines = table(results) + ["", *gate_rows(results), "", *budget_rows(results, thresholds)]
-    write_text_atomic(out / "gate_power.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = "\n".join(lines(results, json.loads((baseline / "gate.json").read_text())[
+        "thresholds"]))
+    write_text_atomic(out / "gate_power.md", text + "\n")
+    print(text)
     return 0
 
 

@@ -378,6 +378,30 @@ def test_the_power_scripts_budget_rows_size_the_budget_from_the_quiet_aas():
     assert gate_power.budget_rows(results[2:], {}) == []
 
 
+def test_the_power_scripts_tables_join_studies_and_refuse_differing_thresholds(tmp_path):
+    """--tables prints one set of tables over several studies' gates and writes nothing;
+    studies whose thresholds differ are refused in one line (exit 2)."""
+    gate = {"label": "A/A quiet", "exit": 0, "repeats": 24, "seconds": 250.0, "states": {},
+            "intervals": {"p step_mean_ms": "1.004 [0.990, 1.018], n=24"}}
+    for name, step in (("one", 0.03), ("two", 0.03), ("odd", 0.05)):
+        (tmp_path / name / "baseline").mkdir(parents=True)
+        (tmp_path / name / "gate_power.json").write_text(json.dumps({"results": [gate]}))
+        (tmp_path / name / "baseline" / "gate.json").write_text(
+            json.dumps({"thresholds": {"step_mean": step}}))
+    script = [sys.executable, str(REPO / "scripts" / "gate_power.py"), "--tables"]
+    done = subprocess.run(script + [str(tmp_path / "one"), str(tmp_path / "two")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "| A/A quiet | 2 | 0 | 0 | 2 | 24 | 250 |" in done.stdout
+    assert "| p step_mean_ms | 3% |" in done.stdout
+    done = subprocess.run(script + [str(tmp_path / "one"), str(tmp_path / "odd")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "thresholds differ" in done.stderr
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["baseline",
+                                                                    "gate_power.json"]
+
+
 # ---- the interface, pinned ---------------------------------------------------------------
 
 # The flags a side's plan may use (bench/run/turns.py): every revision that speaks
