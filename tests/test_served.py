@@ -142,6 +142,8 @@ def fake_rank(address: str, rank: int, cells, served: list):
         for cell in cells:
             with side.serve(cell):
                 served.append((side.name, rank, cell.index))
+        side.end(FakePlan(cells))
+        served.append((side.name, rank, "end"))
     except turns.SideAborted as e:
         served.append((side.name, rank, str(e)))
 
@@ -189,8 +191,15 @@ def test_the_conductor_serves_both_sides_in_turns(fake_modules):
             if position != "setup":  # both ranks of that side served that cell, alone
                 assert {x for x in served[-2:]} == {(side, 0, position), (side, 1, position)}
         for t in threads:
+            t.join(0.2)
+        # every turn served, and no rank has ended: a side's end (its reports) waits for the
+        # run's end line, so it never runs beside the other side's last serve
+        assert len(served) == 16 and all(t.is_alive() for t in threads)
+        c.end()
+        for t in threads:
             t.join(5)
-        assert len(served) == 16
+        assert sorted(x for x in served if x[2] == "end") == [
+            (s, r, "end") for s in "ab" for r in range(2)]
     finally:
         c.close()
 
@@ -221,9 +230,9 @@ def test_a_side_speaking_another_interface_is_refused(fake_modules):
     c = conductor_for(fake_modules)
     try:
         conn = socket.create_connection(("127.0.0.1", int(c.address.rsplit(":", 1)[1])))
-        conn.sendall((json.dumps({"interface": turns.INTERFACE + 1, "side": "a", "rank": 0,
+        conn.sendall((json.dumps({"interface": turns.INTERFACE - 1, "side": "a", "rank": 0,
                                   "world": 2, "modules": {}, "cells": []}) + "\n").encode())
-        with pytest.raises(ConductError, match="speaks side interface 2, this run 1"):
+        with pytest.raises(ConductError, match="speaks side interface 1, this run 2"):
             c.connect()
         conn.close()
     finally:
@@ -256,6 +265,31 @@ def test_a_stopped_side_raises_side_aborted_on_its_ranks(fake_modules):
                                     for x in served)
 
 
+def test_an_in_process_side_ends_only_after_every_sides_last_cell():
+    """bench.run.sides: a side done with its own cells waits in end() until every cell of
+    every side is served (it writes no rows beside another side's serve), and gives up with
+    SideAborted when a side failed."""
+    import multiprocessing as mp
+
+    from bench.run import sides
+
+    ctx = mp.get_context("spawn")
+    t = sides.Turns(ctx.Condition(), ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("b", 0),
+                    1)
+    plan = FakePlan(cells2())
+    first = sides.Side(0, 2, t, 5.0, ("pr27010",))
+    ended = threading.Event()
+    threading.Thread(target=lambda: (first.end(plan), ended.set()), daemon=True).start()
+    for _ in range(2 + len(cells2()) - 1):  # both setups, every cell but the last
+        t.release()
+    assert not ended.wait(0.3)
+    t.release()  # the last cell
+    assert ended.wait(5)
+    t.aborted.value = 1
+    with pytest.raises(sides.SideAborted):
+        sides.Side(1, 2, t, 5.0, ("pr36425",)).end(FakePlan(cells2() * 2))
+
+
 # ---- which revisions can be sides -------------------------------------------------------
 
 
@@ -266,7 +300,7 @@ def test_this_tree_speaks_the_interface_and_an_older_one_is_refused(tmp_path):
     assert old == "old (0000000000) predates the side interface (bench/run/turns.py)"
     (tmp_path / "bench" / "run").mkdir(parents=True)
     (tmp_path / "bench" / "run" / "turns.py").write_text("INTERFACE = 7\n")
-    assert "speaks side interface 7, this tree 1" in refusal(Revision("x", None), tmp_path)
+    assert "speaks side interface 7, this tree 2" in refusal(Revision("x", None), tmp_path)
 
 
 # ---- the power script's plant ----------------------------------------------------------
@@ -405,7 +439,7 @@ def test_the_power_scripts_tables_join_studies_and_refuse_differing_thresholds(t
 # ---- the interface, pinned ---------------------------------------------------------------
 
 # The flags a side's plan may use (bench/run/turns.py): every revision that speaks
-# INTERFACE 1 accepts them, so a run must pass no other to a side.
+# INTERFACE 2 accepts them, so a run must pass no other to a side.
 INTERFACE_FLAGS = {"--preset", "--repeats", "--seed", "--out", "--protocols", "--policies",
                    "--schedule", "--requests", "--bystanders"}
 
@@ -424,10 +458,11 @@ def test_a_served_plan_passes_only_the_interfaces_flags_and_bench_run_takes_them
     assert INTERFACE_FLAGS <= known
 
 
-def test_interface_1_says_exactly_this_on_the_wire(monkeypatch):
-    """A rank's lines as interface 1 defines them. A change here is a new interface: bump
-    INTERFACE (a baseline of the old one is then refused in one line) and this test."""
-    assert turns.INTERFACE == 1 and turns.ENV == "HICACHE_BENCH_TURNS"
+def test_interface_2_says_exactly_this_on_the_wire(monkeypatch):
+    """A rank's lines as interface 2 defines them (1's, and the end line a rank waits for
+    after its last turn). A change here is a new interface: bump INTERFACE (a baseline of
+    the old one is then refused in one line) and this test."""
+    assert turns.INTERFACE == 2 and turns.ENV == "HICACHE_BENCH_TURNS"
     monkeypatch.setattr(turns, "modules", lambda: {"hicache": "/t/hicache/__init__.py"})
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -437,7 +472,7 @@ def test_interface_1_says_exactly_this_on_the_wire(monkeypatch):
     conn, _ = server.accept()
     lines = conn.makefile("r")
     assert json.loads(lines.readline()) == {
-        "interface": 1, "side": "a", "rank": 1, "world": 2, "pid": side_pid(),
+        "interface": 2, "side": "a", "rank": 1, "world": 2, "pid": side_pid(),
         "modules": {"hicache": "/t/hicache/__init__.py"}, "cells": ["0/inf/wait_complete/pr27010"]}
     conn.sendall(b'{"go": "setup"}\n{"go": 0}\n')
     with side.setup():
@@ -445,6 +480,8 @@ def test_interface_1_says_exactly_this_on_the_wire(monkeypatch):
     with side.serve(FakeCell(0, 0, "pr27010")):
         pass
     assert [json.loads(lines.readline()) for _ in range(2)] == [{"done": "setup"}, {"done": 0}]
+    conn.sendall(b'{"go": "end"}\n')
+    side.end(FakePlan([FakeCell(0, 0, "pr27010")]))  # returns on the end line, says nothing
     conn.close()
     server.close()
 

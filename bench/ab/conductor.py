@@ -195,8 +195,17 @@ class Conductor:
                 s.check_alive()
         return time.monotonic() - t0
 
+    def end(self) -> None:
+        """Tells every rank of both sides that every turn is served: each side may now end
+        its run (bench.run.turns, interface 2's end line)."""
+        for s in self.sides.values():
+            for conn in s.conns.values():
+                conn.sendall(b'{"go": "end"}\n')
+
     def finish(self) -> dict[str, int]:
-        """Waits for both sides to write their runs and exit; their exit codes."""
+        """Ends both sides' runs (the end line), then waits for them to write their runs and
+        exit; their exit codes."""
+        self.end()
         codes = {}
         for s in self.sides.values():
             try:

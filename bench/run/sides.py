@@ -92,6 +92,11 @@ class Side:
     def serve(self, cell: Cell):
         return self._turn(self.sides + cell.index)
 
+    def end(self, plan: RunPlan) -> None:
+        """Blocks until every cell of every side has been served: a side that is done does
+        not write its rows while another side still serves."""
+        self.turns.wait(self.sides + len(plan.cells()), self.wait_s)
+
     def _turn(self, position: int):
         side = self
 

@@ -18,6 +18,13 @@ every revision from this one on keeps:
   value; a line `{"stop": WHY}`, or the connection closing, ends the side (SideAborted).
   Nothing else of a side runs while the other side's turn is served: its ranks block in a
   read, and every turn of one side waits for the other side's turn before it.
+- After its last turn a rank reads one more line, `{"go": "end"}`, and only then does its
+  side's end of run (rows flushed, reports written, processes ended): the run sends it once
+  every turn of both sides has been served. (Interface 1 had no end line, so the side that
+  served a stage's last cell first wrote its reports during the other side's last serve,
+  about 11 % slower for it: the last pr27010 pair's B/A read +16 % in the 45 gate stages
+  where B served last and -6 % in the 20 where A did, and B, last in most stages' orders,
+  leaned +0.7 % in the quiet A/As' pr27010 step time; scripts/gate_lean.py.)
 - A side writes an ordinary run directory into --out (requests.csv, steps.csv, ranks.csv,
   summary.csv, env.json: bench.rundir.schema), which the run reads back as `bench compare`
   reads any run (bench.compare.comparison.load_run).
@@ -34,7 +41,7 @@ import socket
 import sys
 from pathlib import Path
 
-INTERFACE = 1
+INTERFACE = 2
 ENV = "HICACHE_BENCH_TURNS"
 SERVE_PATH = ("hicache", "bench.run.worker", "bench.run.turns")  # whose files a hello names
 
@@ -76,6 +83,10 @@ class SocketSide:
 
     def serve(self, cell):
         return self._turn(cell.index)
+
+    def end(self, plan) -> None:
+        """Blocks until the run says every turn of both sides is served (its end line)."""
+        self._await("end")
 
     def _turn(self, position):
         side = self

@@ -53,6 +53,8 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
         with side.serve(cell) if side else contextlib.nullcontext():
             _cell(plans[cell.delay_ms], cell, len(plan.cells() if side else cells),
                   sinks.get(cell.delay_ms), layout, groups, device, steps, lane, make_cache)
+    if side:
+        side.end(plan)  # nothing of this side's end overlaps another side's serve
     for sink in sinks.values():
         sink.finish()
     return {"dir": plan.out_dir} if sinks else {}
