@@ -436,6 +436,51 @@ def test_the_power_scripts_tables_join_studies_and_refuse_differing_thresholds(t
                                                                     "gate_power.json"]
 
 
+def fake_gate(root: Path, ratio: dict[str, float]) -> Path:
+    """A gate's folder as `bench gate --ab` leaves it: one stage, each side's steps.csv and
+    ranks.csv; B's step is A's times `ratio[protocol]` (alternately 0.1 % over and under);
+    A serves first but for the second protocol of odd repeats."""
+    stage = {"index": 0, "dirs": {s: str(root / "ab" / "stages" / "00" / s) for s in "ab"}}
+    (root / "ab").mkdir(parents=True)
+    (root / "ab" / "ab.json").write_text(json.dumps({"stages": [stage]}))
+    for k, side in enumerate("ab"):
+        out = Path(stage["dirs"][side])
+        out.mkdir(parents=True)
+        steps, ranks = ["protocol,repeat,t_s,step_ms"], ["protocol,repeat,other_cpu_s,wall_s"]
+        for r in range(6):
+            for j, protocol in enumerate(ratio):
+                ms = 10.0 * (ratio[protocol] * (1 + (-1) ** r / 1000) if side == "b" else 1)
+                t = 100 * r + 10 * j + (1 - k if j == 1 and r % 2 else k)  # B first there
+                steps += [f"{protocol},{r},{t},{ms}", f"{protocol},{r},{t + 1},{ms}"]
+                ranks.append(f"{protocol},{r},{0.01 * (r + k)},2.0")
+        (out / "steps.csv").write_text("\n".join(steps) + "\n")
+        (out / "ranks.csv").write_text("\n".join(ranks) + "\n")
+    return root
+
+
+def test_the_lean_script_reads_a_studys_pairs_and_refuses_what_is_no_study(tmp_path):
+    """scripts/gate_lean.py: each protocol's lean over the quiet A/As' pairs, the serve order
+    read from the serves' clocks (where B goes first it follows its own serve, and A's next
+    serve follows A's);
+    a folder that is no study is refused in one line (exit 2)."""
+    pytest.importorskip("scipy")
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_lean
+
+    gate = fake_gate(tmp_path / "g", {"p1": 1.01, "p2": 1.0})
+    (tmp_path / "gate_power.json").write_text(json.dumps(
+        {"results": [{"label": "A/A quiet", "dir": str(gate)}]}))
+    pairs = gate_lean.gates([tmp_path])
+    assert len(pairs) == 12 and pairs["b_first"].sum() == 3
+    assert pairs.groupby("protocol")["follows"].apply(list).to_dict() == {
+        "p1": [0, 0, -1, 0, -1, 0], "p2": [0, 1, 0, 1, 0, 1]}
+    rows = gate_lean.report(pairs)
+    assert rows[2].startswith("| p1 | 6 | +1.00% [") and rows[3].startswith("| p2 | 6 | -0.00% [")
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gate_lean.py"),
+                           str(tmp_path / "g")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
 # ---- the interface, pinned ---------------------------------------------------------------
 
 # The flags a side's plan may use (bench/run/turns.py): every revision that speaks
