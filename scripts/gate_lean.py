@@ -8,6 +8,9 @@ every pair (one repeat served by A and by B):
 - carry-over: whether a serve right after its own side's serve is slower or faster (the
   slope of B/A on B-followed-itself minus A-followed-itself, each gate's own mean removed),
   and how far the turn orders served left that unbalanced (its mean over the A/As' pairs);
+- a stage's last pair (each gate's own mean removed), where B served first and where A did:
+  the side that serves a stage's last turn is the one whose serve may overlap the other
+  side's end of run;
 - the machine's other CPU (ranks.csv other_cpu_s over wall_s, B minus A)
   as a covariate: the share of the A/As' pair spread it explains, and what adjusting by it
   (the A/As' slope) does to the planted gates' B/A. A covariate that moves with the
@@ -76,11 +79,13 @@ def gates(studies: list[Path]) -> pd.DataFrame:
 def report(d: pd.DataFrame) -> list[str]:
     from scipy import stats
 
-    d = d.assign(centred=d["y"] - d.groupby(["gate", "protocol"])["y"].transform("mean"))
+    d = d.assign(centred=d["y"] - d.groupby(["gate", "protocol"])["y"].transform("mean"),
+                 last=d["repeat"] == d.groupby(["gate", "stage"])["repeat"].transform("max"))
     aa = d[d["label"] == "A/A quiet"]
     lines = ["| protocol | A/A pairs | lean B/A [95% CI] | carry-over: B/A per serve after its "
-             "own [95% CI] | its imbalance in the A/As | other CPU explains | adjusted "
-             "plants (raw -> adjusted B/A) |", "|---|---|---|---|---|---|---|"]
+             "own [95% CI] | its imbalance in the A/As | a stage's last pair, B first / A "
+             "first | other CPU explains | adjusted plants (raw -> adjusted B/A) |",
+             "|---|---|---|---|---|---|---|---|"]
     for protocol, x in aa.groupby("protocol"):
         lean = stats.ttest_1samp(x["y"], 0)
         ci = lean.confidence_interval()
@@ -93,11 +98,14 @@ def report(d: pd.DataFrame) -> list[str]:
             "label", sort=False)[["y", "adj"]].mean()
         shifts = ", ".join(f"{lab} {np.expm1(v.y):+.1%} -> {np.expm1(v.adj):+.1%}"
                            for lab, v in adjusted.iterrows())
+        last = every[every["last"]].groupby("b_first")["centred"]
+        ends = " / ".join(f"{np.expm1(last.mean().get(b, np.nan)):+.1%} "
+                          f"({last.size().get(b, 0)})" for b in (1, 0))
         lines.append(
             f"| {protocol} | {len(x)} | {np.expm1(x['y'].mean()):+.2%} [{np.expm1(ci.low):+.2%},"
             f" {np.expm1(ci.high):+.2%}] | {np.expm1(carry.slope):+.2%} "
             f"[{np.expm1(carry.slope - half):+.2%}, {np.expm1(carry.slope + half):+.2%}] | "
-            f"{x['follows'].mean():+.3f} | {cov.rvalue ** 2:.0%} | {shifts or '-'} |")
+            f"{x['follows'].mean():+.3f} | {ends} | {cov.rvalue ** 2:.0%} | {shifts or '-'} |")
     return lines
 
 

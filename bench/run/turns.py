@@ -22,8 +22,8 @@ every revision from this one on keeps:
   side's end of run (rows flushed, reports written, processes ended): the run sends it once
   every turn of both sides has been served. (Interface 1 had no end line, so the side that
   served a stage's last cell first wrote its reports during the other side's last serve,
-  about 11 % slower for it: the last pr27010 pair's B/A read +16 % in the 45 gate stages
-  where B served last and -6 % in the 20 where A did, and B, last in most stages' orders,
+  about 10 % slower for it: the last pr27010 pair's B/A read +13 % in the 47 gate stages
+  where B served last and -8 % in the 20 where A did, and B, last in most stages' orders,
   leaned +0.7 % in the quiet A/As' pr27010 step time; scripts/gate_lean.py.)
 - A side writes an ordinary run directory into --out (requests.csv, steps.csv, ranks.csv,
   summary.csv, env.json: bench.rundir.schema), which the run reads back as `bench compare`
