@@ -99,8 +99,8 @@ def report(d: pd.DataFrame) -> list[str]:
         shifts = ", ".join(f"{lab} {np.expm1(v.y):+.1%} -> {np.expm1(v.adj):+.1%}"
                            for lab, v in adjusted.iterrows())
         last = every[every["last"]].groupby("b_first")["centred"]
-        ends = " / ".join(f"{np.expm1(last.mean().get(b, np.nan)):+.1%} "
-                          f"({last.size().get(b, 0)})" for b in (1, 0))
+        ends = " / ".join(f"{np.expm1(last.mean()[b]):+.1%} ({last.size()[b]})"
+                          if b in last.size() else "- (0)" for b in (1, 0))
         lines.append(
             f"| {protocol} | {len(x)} | {np.expm1(x['y'].mean()):+.2%} [{np.expm1(ci.low):+.2%},"
             f" {np.expm1(ci.high):+.2%}] | {np.expm1(carry.slope):+.2%} "
