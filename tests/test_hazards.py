@@ -158,7 +158,9 @@ def test_span_skew_aborts_0523_with_both_sizes_and_pr39267_is_ok(tmp_path: Path)
         assert (row["outcome"], row["site"]) == ("abort", "hit_query"), row
         assert "prefetch_pp" in row["detail"] and "48 vs 40 bytes" in row["detail"]
         assert row["exit_codes"].split()[:2] == ["-6", "-6"]
-        assert row["named_s"] is not None and row["named_s"] <= 2 * spec.timeout_s
+        # how long the peers sat before naming it is a latency: absent where the abort took
+        # them first (a loaded fresh-clone CI), never beyond the bound where present
+        assert row["named_s"] is None or row["named_s"] <= 2 * spec.timeout_s
     ok = run_one(spec, s, "pr39267")
     assert ok["outcome"] == "OK" and ok["decision_per_poll"] == 0.0, ok
 
