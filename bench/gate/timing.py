@@ -1,31 +1,25 @@
 """The gate's timing checks, from between-repeat intervals (bench.stats), two ways.
 
 With `--ab` (make gate): the baseline revision (results/baseline/gate.json `ab.revision`)
-and this working tree run interleaved on this machine (bench.ab.blocks), so the machine's speed and
-its drift cancel; per configuration and gated metric the ratio B/A paired by block with its
-95% t interval fails when the whole interval lies above 1 + the metric's threshold.
+and this working tree measured side by side on this machine (bench.gate.ab), so the
+machine's speed and its drift cancel; per configuration and gated metric the ratio B/A
+paired by repeat with its 95% t interval fails when the whole interval lies above 1 + the
+metric's threshold. gate.json's `ab.design` "served" (what `--update-baseline` records)
+serves both revisions as sides of one run and adds stages while a check is undecided
+(bench.ab.sequential, judged by `ab_states`); a gate.json `ab` without `design` is read as
+"blocks", whole runs per side, where a failing check is run again: a second A/B of as many
+fresh blocks (the next seeds), and the check fails the gate only when the second replicates
+it (`confirmed`: B slower on new workloads, its whole interval above 1 and its point beyond
+1 + threshold).
 
-Without it: this run's per-repeat ratios to pr27010 against the baseline's own per-repeat
-ratios (summary.csv), paired by repeat (the same seed), a t interval over the paired log
-ratios, failing the same way. The two runs were made at different times, maybe on different
-machines: that drift is not in the interval, which is why make gate uses --ab.
+Without `--ab`: this run's per-repeat ratios to pr27010 against the baseline's own
+per-repeat ratios (summary.csv), paired by repeat (the same seed), a t interval over the
+paired log ratios, failing the same way. The two runs were made at different times, maybe on
+different machines: that drift is not in the interval, which is why make gate uses --ab.
 
-A timing check that fails on --ab is run again: a second A/B of as many fresh blocks (the next
-seeds), after the first, and the check fails the gate only when the second replicates it
-(`confirmed`). Two interleaved A/Bs of the same code have put a whole step-time interval
-beyond its threshold (CI at ea0a21d: pr27010 1.132 [1.039, 1.233] with the serve path
-unchanged), so a failure must replicate before it stops a merge. Replicating asks less than
-failing: the first A/B has already put the whole interval beyond the threshold; the second
-must show B slower on new workloads (its whole interval above 1) by more than the threshold
-(its point beyond 1 + threshold). Asking the second for the whole interval beyond the
-threshold again made a real regression pass whenever one of its few blocks was disturbed
-(CI at 7216574: a 2 ms slower poll, step 4.607 [3.736, 5.681], then 3.465 [1.166, 10.299] over
-3 pairs, passed). The checks that passed the first A/B are not judged again.
-
-A check whose interval is wider than its threshold (half-width > threshold) and not above it
-is UNRESOLVED: a change of the threshold's size could not be told from none, so it has not
-passed. It fails the gate unless gate.json's `unresolved_ok` names its metric with a reason
-(then the table and last line still say UNRESOLVED, never PASS); each check's resolvable
+A check whose interval holds 1 + threshold is UNRESOLVED: a change of the threshold's size
+could not be told from none, so it has not passed, and it fails the gate (no gate.json key
+excuses it; the table and last line say UNRESOLVED, never PASS); each check's resolvable
 difference is printed beside its threshold (`resolution_lines`).
 
 A check without an interval (fewer than 3 paired repeats, no scipy) is NOT JUDGED: it fails
