@@ -2,7 +2,7 @@
                                     [--out DIR]
        python scripts/host_work.py --record RUN [--baseline results/baseline]
 
-Issue 60 item 4: does a count of the scheduler thread's host work hold where timings do not?
+Does a count of the scheduler thread's host work hold where timings do not?
 Runs short `bench run --preset ci` serves of pr27010 and pr36425 under wait_complete with
 `--host-work MODE` (bench.run.hostwork) and reads three candidates from ranks.csv, each the
 largest over the two ranks: Python events per step and per poll (the counted serve), and the

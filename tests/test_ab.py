@@ -252,9 +252,9 @@ def test_gate_ab_calls_a_step_interval_wider_than_its_threshold_unresolved(
 
 
 @pytest.mark.parametrize("first, again, fails", [
-    # CI at 7216574: a 2 ms slower poll, its second A/B's 3 pairs widened by one slow block
+    # a 2 ms slower poll, its second A/B's 3 pairs widened by one slow block
     ((4.607, 3.736, 5.681), (3.465, 1.166, 10.299), True),
-    # c77ce14: unchanged code, the second A/B's interval holds 1
+    # unchanged code, the second A/B's interval holds 1
     ((1.229, 1.080, 1.398), (1.184, 0.777, 1.807), False),
     # slower on new workloads, but by less than the threshold: a smaller change than gated
     ((1.10, 1.05, 1.15), (1.02, 1.01, 1.03), False),

@@ -33,7 +33,7 @@ def _hit(cache, rid: str, pages: int) -> None:
     cache.controller.hit_queue.put(op)
 
 
-# ---- item 1: pre27010 pays the completion MIN only for ops holding host slots ------------
+# ---- pre27010 pays the completion MIN only for ops holding host slots --------------------
 
 def test_pre27010_poll_before_hit_agreed_revokes_without_completion_min():
     cfg = HiCacheConfig(protocol="pre27010", policy="timeout", tp=2, timeout_base_s=0.0,
@@ -60,7 +60,7 @@ def test_pre27010_poll_of_an_op_holding_host_slots_agrees_on_the_usable_length()
     assert comm.sites() == ["decision", "completion"]
 
 
-# ---- item 5: per-step reductions ------------------------------------------------------------
+# ---- per-step reductions --------------------------------------------------------------------
 
 def _step_sites(pp: int, protocol: str = "pr36425") -> list:
     comm = RecordingComm(Layout(0, 2, pp))
@@ -107,7 +107,7 @@ def test_the_model_beside_pads_the_step_with_the_min_sglangs_own_step_adds():
     assert ("tp_cpu", "per_step_min") not in comm.calls
 
 
-# ---- item 7: host pool pressure -------------------------------------------------------------
+# ---- host pool pressure ---------------------------------------------------------------------
 
 def _pressured(free_pages: int):
     cfg = HiCacheConfig(protocol="pr36425", policy="wait_complete", tp=2, host_pool_pages=16)
@@ -135,7 +135,7 @@ def test_hit_is_revoked_when_what_fits_is_below_the_threshold():
     assert cache.host_kv.available == 3
 
 
-# ---- item 9: the host-slot self-check -------------------------------------------------------
+# ---- the host-slot self-check ---------------------------------------------------------------
 
 def test_host_slot_self_check_counts_slots_neither_in_tree_nor_free():
     cache = one_rank_cache(HiCacheConfig(tp=2), RecordingComm())

@@ -67,7 +67,7 @@ def _ack_groups(comm: RecordingComm) -> list[str]:
     return [g for g, site in comm.calls if site == "ack"]
 
 
-# ---- background groups: TP and PP for the ack protocols (item 2), TP only before ---------
+# ---- background groups: TP and PP for the ack protocols, TP only before ------------------
 
 @pytest.mark.parametrize("uses_acks", [True, False], ids=["ack-protocols", "pre27010"])
 def test_hit_query_reduces_over_tp_then_pp_for_ack_protocols(uses_acks):
@@ -80,7 +80,7 @@ def test_hit_query_reduces_over_tp_then_pp_for_ack_protocols(uses_acks):
     assert [g for g, site in comm.calls if site == "hit_query"] == want
 
 
-# ---- acks: one reduced per batch; the final one costs nothing (item 3) -------------------
+# ---- acks: one reduced per batch; the final one costs nothing ----------------------------
 
 def test_only_per_batch_acks_are_reduced():
     ctrl, _, comm, op = _setup(uses_acks=True)
@@ -98,7 +98,7 @@ def test_pre27010_publishes_progress_rank_locally():
     assert _ack_groups(comm) == []
 
 
-# ---- per-page reads: a short read keeps its leading pages and ends the IO (item 8) -------
+# ---- per-page reads: a short read keeps its leading pages and ends the IO ----------------
 
 def test_missing_page_keeps_the_pages_before_it_and_skips_later_batches():
     ctrl, storage, comm, op = _setup(uses_acks=True, kv_holes={1})
@@ -128,7 +128,7 @@ def test_short_read_in_the_second_batch_keeps_the_first_batch_and_its_head():
     assert _batch_tokens(acks) == [128 * PS, 200 * PS]
 
 
-# ---- extra pools (item 4) -----------------------------------------------------------------
+# ---- extra pools --------------------------------------------------------------------------
 
 def test_ack_protocols_read_the_sidecar_with_each_batch():
     """Newest source: a KV-derived side-car (the indexer) is read per batch, right after

@@ -1,4 +1,4 @@
-"""An added cost per control-plane collective (--collective-delay-ms, issue 50) and the cost
+"""An added cost per control-plane collective (--collective-delay-ms) and the cost
 sweep built on it.
 
 Tiers: the config and plan (no process group); `Comm`'s and the door's delay on a thread

@@ -1,6 +1,6 @@
 """The fidelity check (bench.compare.fidelity, `bench fidelity`): a run's ratios to pr27010 held
-against a free-running run of the same workload; a pinned headline like 53f28a3's (prefetching
-TTFT 0.45x against the server's 0.91x) must fail it."""
+against a free-running run of the same workload; a pinned headline (prefetching TTFT 0.45x
+against the server's 0.91x: docs/results/2026-12-03_headline_end_to_end.md) must fail it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from bench.compare import fidelity
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(60)
-# 53f28a3, default workload, pr36425 / pr27010 under wait_complete (the issue's table)
+# default workload, pr36425 / pr27010 under wait_complete, pinned against free
+# (docs/results/2026-12-03_headline_end_to_end.md)
 PINNED = {"prefetch_ttft_p50": (0.45, 0.43, 0.48), "bystander_ttft_p50": (0.74, 0.69, 0.79),
           "itl_p50": (0.79, 0.76, 0.82), "step_mean": (0.63, 0.61, 0.65)}
 FREE = {"prefetch_ttft_p50": (0.91, 0.89, 0.93), "bystander_ttft_p50": (0.58, 0.52, 0.64),
@@ -127,7 +128,7 @@ def test_the_verb_exits_1_on_a_miss_0_on_a_match_2_on_bad_input(tmp_path, capsys
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_real_pinned_headline_fails_against_a_free_run_of_its_seed(tmp_path, capsys):
-    """The check would have caught 53f28a3's headline: make bench's burst, one seed, pinned
+    """The check catches a pinned headline: make bench's burst, one seed, pinned
     and free; the pinned prefetching TTFT ratio (about 0.45) lies far below the free one
     (about 0.9), below any free interval the machine's noise can make of 3 repeats (the
     fewest an interval needs)."""

@@ -1,4 +1,4 @@
-"""Hazards on both sides (issue 48, item 5; docs/hazards.md, "Before and after"): `bench
+"""Hazards on both sides (docs/hazards.md, "Before and after"): `bench
 hazards --cache sglang --sglang base=SPEC,head=SPEC` runs every cell on every side and names
 the cells whose outcome changed from the first side's first; `bench review` writes the one
 page a reviewer reads. Fast tests on hand-made rows and bad input (no ranks), then a real

@@ -1,8 +1,8 @@
-"""SGLang 0.5.23's PP-ticket poll as the `--cache sglang` decisions path holds it (issue 61,
-docs/results/2026-12-06_pp_busy_d92feda.md): a ticketed prefetch must reach SGLang's
+"""SGLang 0.5.23's PP-ticket poll as the `--cache sglang` decisions path holds it
+(docs/results/2026-12-06_pp_busy_d92feda.md): a ticketed prefetch must reach SGLang's
 `_check_pp_prefetch_progress`, which ends it once the ticket's ready event is set; held in
-SGLang's `ongoing_prefetch` instead (the rig before the fix), a wait_complete poll answers
-False whatever happens, and `pp-busy` ran past its bound.
+SGLang's `ongoing_prefetch` instead, a wait_complete poll answers False whatever happens,
+and `pp-busy` runs past its bound.
 
 SGLang runs in a child process (one SGLang per interpreter: sglang_adapter.loader), on one
 rank with no groups: `_all_reduce` skips the groups it is not given."""
@@ -56,8 +56,8 @@ def test_a_ticketed_prefetch_ends_on_sglangs_ticket_path_once_ready():
     assert out["ticket_before"] == [False] * 3 and out["pending_before"]
     assert out["ticket_after"] is True and not out["pending_after"]
     assert out["states_left"] == []  # taken, then retired as at the request's end
-    # The rig before the fix: cache mode's wait_complete vote never lets a poll end it
-    # (only the ack drain would, which a ticket's acks skip).
+    # Held in ongoing_prefetch instead (cache mode), the wait_complete vote never lets a
+    # poll end it (only the ack drain would, which a ticket's acks skip).
     assert out["cache_mode"] == [False] * 3
 
 

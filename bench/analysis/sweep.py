@@ -1,23 +1,13 @@
-"""A cost sweep's report (issue 50): what removing a poll's all-reduce buys as a function of
-what that all-reduce costs.
+"""A cost sweep's report: what removing a poll's all-reduce buys as a function of what that
+all-reduce costs (`bench run --preset delay-sweep`; a measured sweep:
+docs/results/2026-12-04_delay_sweep_dbbaed9.md).
 
-A sweep (`bench run --preset delay-sweep`, or any preset with a comma list of
---collective-delay-ms) serves every cell at each added cost, interleaved; each cost's rows
-are a run directory of their own (`delay_<ms>ms/`, bench.run.plan.delay_dir), reported as
-any run is (bench.analysis.report). This module reads their summaries and, per cost and
-policy, puts pr36425's headline ratios over pr27010 (paired by repeat, 95% t intervals:
-bench.stats) beside the c measured at that cost and the overhead model's predicted step
-ratio (model_step_ratio). c is the one measured beside the cells (bench.run.calibrate: the
-median over cells of each cell's mean, robust to a burst of load, which one stretch of
-all-reduces before the cells is not); the model's extra time is linear in c, so the
-summary's prediction (made with the c before the cells) is rescaled to it. The checks it
-states:
-- wait_complete: the step ratio falls as c grows, or stays inside the previous cost's
-  interval (the effect grows with what an all-reduce costs);
-- timeout (both protocols pay one all-reduce a poll): every step interval holds 1;
-- the model's predicted step ratio lies inside the measured interval, or the row shows the
-  per-poll cost the run measured (pr27010's scheduler time in decision collectives per
-  collective) beside the c the model used.
+Each added cost's rows are a run directory of their own (bench.run.plan.delay_dir). Per cost
+and policy the report puts pr36425's ratios over pr27010 beside the c measured beside the
+cells (bench.run.calibrate) and the overhead model's step ratio rescaled to that c, and
+states the checks: under wait_complete the step ratio falls as c grows (or stays inside the
+previous cost's interval); under timeout every step interval holds 1; the model's ratio
+lies inside the measured interval, or the row shows the per-poll cost the run measured.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Does a run measure what a server sees? Its headline ratios held against a free-running run
 of the same workload and seed (docs/metrics.md, "The fidelity check").
 
-A schedule mode other than the free one (today's pinned clock, or a deterministic clock
-with the feedback modelled) may lead `make bench` only while its ratios to pr27010 land inside
-the free-running intervals: the pinned clock charges every IO-wait step its host-inclusive
-time, so a slower poll lengthens the IO itself and its TTFT ratio (0.45x at 53f28a3) is not
-the server's (0.91x). A row passes a metric when the candidate's ratio lies inside the free
-run's 95% interval (give the free run enough repeats to be tight); a metric the free run has
-no interval for, or the candidate no ratio, is not judged (the rule:
-bench.analysis.fidelity_rule).
+A schedule mode other than the free one may lead `make bench` only while its ratios to
+pr27010 land inside the free-running intervals: a pinned clock charges every IO-wait step its
+host-inclusive time, so a slower poll lengthens the IO itself and its TTFT ratio is not the
+server's (docs/results/2026-12-03_headline_end_to_end.md). The rule:
+bench.analysis.fidelity_rule.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def _sweep(gpus: int) -> dict:
 
 
 def _delay_sweep(gpus: int) -> dict:
-    """Issue 50's sweep: make bench's workload (the default preset: a burst of 24
+    """The cost sweep: make bench's workload (the default preset: a burst of 24
     prefetching requests and 24 bystanders, free schedule, one seed) at five added costs per
     control-plane collective, native and +0.5, +1, +2, +3 ms, interleaved in every repeat;
     pr27010 (every poll all-reduces under wait_complete) against pr36425 (none), under
@@ -95,7 +95,7 @@ def _trace_sweep(gpus: int) -> dict:
 
 
 def _releases(gpus: int) -> dict:
-    """Issue 16's finding: at TP2 x PP2 with buffer_only host memory 0.5.23 takes the
+    """The releases at TP2 x PP2 with buffer_only host memory: there 0.5.23 takes the
     PP-ticket path, whose polls all-reduce under wait_complete, where 0.5.19 (pr36425)
     polls for free; pr27010 is the reference every ratio is taken against."""
     return {**_queue(gpus), "tp": 2, "pp": 2, "repeats": 5, "requests": 24,
@@ -104,7 +104,7 @@ def _releases(gpus: int) -> dict:
 
 
 def _seed_pr(gpus: int) -> dict:
-    """Issue 48's seed PR as SGLang shipped it: 0.5.18's HiRadixCache poll against 0.5.19's
+    """The seed PR as SGLang shipped it: 0.5.18's HiRadixCache poll against 0.5.19's
     UnifiedRadixCache poll (both on SGLang's decisions path: 0.5.18 has no controller path
     here), and beside them in the same turns the project's model of each (pre27010,
     pr36425): make bench's burst (24 + 24) on the free schedule, one seed, the two policies whose

@@ -27,14 +27,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.run.plan import Cell, RunPlan
+from bench.run.turns import SideAborted
 from hicache.spec.cost_model import modelled
 
 SIDES_DIR = "sides"
 POLL_S = 1.0  # how often a waiting rank looks whether a failed side ended the run
-
-
-class SideAborted(RuntimeError):
-    """Another side failed: this one stops waiting for its turn."""
 
 
 @dataclass

@@ -3,8 +3,8 @@
 `bench ab` and `bench gate --ab` serve two revisions of this project in one interleaved run
 (bench.ab.served): each revision's `bench run` starts from its own worktree, so its ranks
 import hicache/ and the rank worker from that tree, and two revisions never meet in one
-interpreter. What the two processes share is this interface, versioned by INTERFACE, which
-every revision from this one on keeps:
+interpreter. What the two processes share is this interface, versioned by INTERFACE
+(docs/testing.md):
 
 - The plan a side takes is a `bench run` command line (--preset, --repeats, --seed, --out,
   --protocols, --policies, --schedule, --requests, --bystanders), run in the side's tree
@@ -20,11 +20,8 @@ every revision from this one on keeps:
   read, and every turn of one side waits for the other side's turn before it.
 - After its last turn a rank reads one more line, `{"go": "end"}`, and only then does its
   side's end of run (rows flushed, reports written, processes ended): the run sends it once
-  every turn of both sides has been served. (Interface 1 had no end line, so the side that
-  served a stage's last cell first wrote its reports during the other side's last serve,
-  about 10 % slower for it: the last pr27010 pair's B/A read +13 % in the 47 gate stages
-  where B served last and -8 % in the 20 where A did, and B, last in most stages' orders,
-  leaned +0.7 % in the quiet A/As' pr27010 step time; scripts/gate_lean.py.)
+  every turn of both sides has been served, so no side's end of run overlaps the other
+  side's last serve (docs/results/2026-12-06_gate_lean_de63bc7.md).
 - A side writes an ordinary run directory into --out (requests.csv, steps.csv, ranks.csv,
   summary.csv, env.json: bench.rundir.schema), which the run reads back as `bench compare`
   reads any run (bench.compare.comparison.load_run).
@@ -47,7 +44,8 @@ SERVE_PATH = ("hicache", "bench.run.worker", "bench.run.turns")  # whose files a
 
 
 class SideAborted(RuntimeError):
-    """The run that served this side stopped it (a stop line, or the connection closed)."""
+    """A side stops: the run that served it stopped it (a stop line, the connection closed),
+    or another side of its run failed (bench.run.sides.Turns.wait)."""
 
 
 def cell_key(cell) -> str:

@@ -199,10 +199,9 @@ def _settled(plan: RunPlan) -> int | None:
     serves before it collected (its objects form cycles, threads and their bound methods,
     that can hold a process group SGLang's teardown destroyed, and its gloo threads with
     it: sglang_adapter.controller.rig.ControllerRig.stop); then this process's threads, as the
-    serve finds them (ranks.csv `threads`). The project's own serves leave no such garbage,
-    and a collection before each of them moved their steps (`bench ab` of the collection
-    everywhere against 781af9a, preset ci: step 4-10 % slower under wait_complete and
-    timeout), so they serve as they always did."""
+    serve finds them (ranks.csv `threads`). The project's own serves leave no such garbage
+    and are not collected: a collection before each of them slows their steps
+    (docs/results/2026-12-06_controller_teardown_6ba7ee8.md)."""
     if plan.sglang is not None:
         gc.collect()
     return machine.threads()
