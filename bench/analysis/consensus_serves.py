@@ -7,13 +7,12 @@ own groups, which the serve's counts leave out."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from bench.rundir.files import write_csv_atomic
-from bench.rundir.rundir import RunDir
+from bench.rundir.rundir import RunDir, serve_record
 from sglang_adapter import consensus_collectives, consensus_verdict, ships_checker
 
 COLUMNS = ["side", "protocol", "policy", "repeat", "serve", "sglang_consensus",
@@ -24,11 +23,11 @@ def serve_rows(folder: Path) -> list[dict]:
     """A row per serve folder (those rank 0 named in serve.json), in side and cell order."""
     rows = []
     for side in sorted(p for p in folder.iterdir() if p.is_dir()):
-        serves = [p for p in side.iterdir() if (p / "serve.json").exists()]
+        serves = [p for p in side.iterdir() if serve_record(p) is not None]
         # cell order (its index leads the name), its warm-up serve before its main one
         for serve in sorted(serves, key=lambda p: (p.name.split("-")[0],
                                                    not p.name.endswith("-warm"))):
-            meta = json.loads((serve / "serve.json").read_text())
+            meta = serve_record(serve)
             said = consensus_verdict(serve, meta["world"], present=ships_checker(meta["root"]))
             rows.append({"side": side.name, "protocol": meta["protocol"],
                          "policy": meta["policy"], "repeat": meta["repeat"],

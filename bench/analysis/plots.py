@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from bench.rundir.files import atomic_open
+from bench.rundir.rundir import PLOTS, RunDir
 from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
 SITES = {"decision_collectives": "decision", "completion_collectives": "completion",
@@ -181,16 +182,17 @@ def write_plots(run_dir: Path, requests: pd.DataFrame, summary: pd.DataFrame,
     """All plots this run supports; returns their file names."""
     if requests.empty:
         return []
-    plot_collectives(requests, run_dir / "collectives_per_request.png")
-    plot_ttft_cdf(requests, run_dir / "ttft_cdf.png")
-    plot_breakdown(requests, run_dir / "ttft_breakdown.png")
-    names = ["collectives_per_request.png", "ttft_cdf.png", "ttft_breakdown.png"]
+    run = RunDir(run_dir)
+    plot_collectives(requests, run.plot("collectives"))
+    plot_ttft_cdf(requests, run.plot("ttft_cdf"))
+    plot_breakdown(requests, run.plot("breakdown"))
+    drawn = ["collectives", "ttft_cdf", "breakdown"]
     if steps is not None and not steps.empty and "step_ms" in steps:
-        plot_over_time(steps, run_dir / "queue_over_time.png")
-        names.append("queue_over_time.png")
+        plot_over_time(steps, run.plot("over_time"))
+        drawn.append("over_time")
     if summary["rate_rps"].nunique() > 1:
-        plot_ttft_vs_rate(summary, run_dir / "ttft_vs_rate.png")
-        names.append("ttft_vs_rate.png")
-    return names
+        plot_ttft_vs_rate(summary, run.plot("vs_rate"))
+        drawn.append("vs_rate")
+    return [PLOTS[role] for role in drawn]
 
 

@@ -32,7 +32,7 @@ from bench.rundir.files import (
     write_csv_atomic,
     write_text_atomic,
 )
-from bench.rundir.rundir import RunDir
+from bench.rundir.rundir import PLOTS, RunDir
 from bench.rundir.schema import (
     FAILURE_COLUMNS,
     GROUP_KEYS,
@@ -102,13 +102,16 @@ def divergence_lines(summary: pd.DataFrame, requests: pd.DataFrame,
     return lines
 
 
+PLOT_TITLES = {"collectives": "Collectives per request by call site (rank 0)",
+               "ttft_cdf": "TTFT CDF per policy",
+               "breakdown": "TTFT breakdown (means)",
+               "vs_rate": "TTFT vs arrival rate (p50 solid, p99 dashed)",
+               "over_time": "Waiting requests and step time over time (repeat 0)",
+               "load_sweep": "TTFT per class, ITL p99 and step time against offered load"}
+
+
 def _plot_lines(plots: list[str] | None) -> list[str]:
-    titles = {"collectives_per_request.png": "Collectives per request by call site (rank 0)",
-              "ttft_cdf.png": "TTFT CDF per policy",
-              "ttft_breakdown.png": "TTFT breakdown (means)",
-              "ttft_vs_rate.png": "TTFT vs arrival rate (p50 solid, p99 dashed)",
-              "queue_over_time.png": "Waiting requests and step time over time (repeat 0)",
-              "load_sweep.png": "TTFT per class, ITL p99 and step time against offered load"}
+    titles = {PLOTS[role]: title for role, title in PLOT_TITLES.items()}
     if plots is None:
         return [f"Not drawn: {NO_PLOTS}=1 (as in bench ab's block runs); "
                 "`python -m bench report DIR` draws them."]

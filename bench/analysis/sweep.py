@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.rundir.files import write_csv_atomic, write_json_atomic, write_text_atomic
+from bench.rundir.rundir import SWEEP_FILES, RunDir
 from bench.rundir.schema import REFERENCE_PROTOCOL
 from bench.tables import interval_text
 
@@ -28,7 +29,6 @@ POLICIES = ("wait_complete", "timeout")
 METRICS = {"step_mean": "step", "prefetch_ttft_p50": "TTFT p50 prefetch",
            "bystander_ttft_p50": "TTFT p50 bystander", "itl_p50": "ITL p50",
            "e2e_p50": "e2e p50"}
-SWEEP_FILE = "sweep.json"  # the sweep's costs and their run directories
 # Hosts whose control-plane all-reduce cost a public report gives: (name, c ms, source).
 NAMED_HOSTS = (
     ("small-model TP host, per control all-reduce", 0.15,
@@ -52,11 +52,12 @@ class SweepReport:
 
 def write_manifest(run_dir: Path, delays: tuple[float, ...], dirs: list[str]) -> None:
     """sweep.json: what `bench report` needs to rebuild the sweep's report."""
-    write_json_atomic(Path(run_dir) / SWEEP_FILE, {"delays_ms": list(delays), "dirs": dirs})
+    write_json_atomic(RunDir(run_dir).sweep_file("manifest"),
+                      {"delays_ms": list(delays), "dirs": dirs})
 
 
 def is_sweep(run_dir: Path) -> bool:
-    return (Path(run_dir) / SWEEP_FILE).exists()
+    return RunDir(run_dir).sweep_file("manifest").exists()
 
 
 def model_step_ratio(this: dict, ref: dict, scale: float = 1.0) -> tuple[float, float, float]:
@@ -223,10 +224,10 @@ def write_sweep(run_dir: Path, plots: bool = True) -> SweepReport:
     """Each cost's report (bench.analysis.report), then sweep.csv, sweep.md and (unless
     `plots` is False) sweep.png of `run_dir`, a sweep's directory."""
     from bench.analysis.report import write_report
-    from bench.rundir.rundir import RunDir
 
     run_dir = Path(run_dir)
-    manifest = json.loads((run_dir / SWEEP_FILE).read_text())
+    sweep = RunDir(run_dir)
+    manifest = json.loads(sweep.sweep_file("manifest").read_text())
     rows, ok = [], True
     for delay, sub in zip(manifest["delays_ms"], manifest["dirs"], strict=True):
         if not RunDir(run_dir / sub).has("requests"):
@@ -238,7 +239,7 @@ def write_sweep(run_dir: Path, plots: bool = True) -> SweepReport:
         rows += [cost_row(delay, p, report.summary, calib) for p in POLICIES
                  if p in set(report.summary["policy"])]
     rows.sort(key=lambda r: (POLICIES.index(r["policy"]), r["delay_ms"]))
-    write_csv_atomic(run_dir / "sweep.csv", rows, COLUMNS)
+    write_csv_atomic(sweep.sweep_file("table"), rows, COLUMNS)
     lines = [f"{PROTOCOL} over {REFERENCE_PROTOCOL} by added cost per control-plane "
              f"collective [95% CI over paired repeats]. c: one control-plane all-reduce, "
              f"measured beside the cells (the median of the cells' means [CI]), the model's "
@@ -251,9 +252,9 @@ def write_sweep(run_dir: Path, plots: bool = True) -> SweepReport:
     if plots and rows:
         from bench.analysis.sweep_plot import draw
 
-        draw(rows, run_dir / "sweep.png", METRICS, POLICIES)
-        lines += ["", "![ratio against c](sweep.png)"]
-    write_text_atomic(run_dir / "sweep.md", "# Cost sweep\n\n" + "\n".join(lines) + "\n")
+        draw(rows, sweep.sweep_file("plot"), METRICS, POLICIES)
+        lines += ["", f"![ratio against c]({SWEEP_FILES['plot']})"]
+    write_text_atomic(sweep.sweep_file("report"), "# Cost sweep\n\n" + "\n".join(lines) + "\n")
     return SweepReport(rows, lines, ok)
 
 

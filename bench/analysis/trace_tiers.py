@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench.analysis import serving_json
+from bench.rundir.rundir import RunDir
 from bench.tables import markdown_table
 from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
@@ -86,6 +87,7 @@ def write_outputs(run_dir: Path, requests: pd.DataFrame, summary: pd.DataFrame,
     bench_serving JSON lines); the load-sweep plot when the run has more than one load."""
     files = serving_json.write(run_dir, requests)
     if plots and files and summary["rate_rps"].nunique() > 1:
-        plot_load_sweep(summary, run_dir / "load_sweep.png")
-        return ["load_sweep.png"], files
+        path = RunDir(run_dir).plot("load_sweep")
+        plot_load_sweep(summary, path)
+        return [path.name], files
     return [], files

@@ -17,6 +17,7 @@ from bench.hazards.classify import (
 from bench.hazards.scenarios import SCENARIOS
 from bench.hazards.sides import change_table, changed_first
 from bench.rundir.files import write_csv_atomic, write_text_atomic
+from bench.rundir.rundir import RunDir
 
 COLUMNS = ["scenario", "issue", "protocol", "policy", "tp", "pp", "seed", "outcome", "site",
            "step", "named_s", "decision_per_poll", "collectives_per_step", "polls_per_step",
@@ -55,7 +56,7 @@ def write(out: Path, rows: list[dict], header: list[str], sides: bool = False,
           consensus: bool = False) -> None:
     """`sides`: the rows are several SGLangs' (bench.hazards.sides), the cells that changed
     from the first side's come first; `consensus`: SGLang's checker's verdict counts too."""
-    write_csv_atomic(out / "hazards.csv", rows, COLUMNS)
+    write_csv_atomic(RunDir(out).file("hazards"), rows, COLUMNS)
     lead = ["## Changed between the sides", "", *change_table(rows, consensus), "",
             "## Every cell", ""] if sides else []
     lines = _markdown(changed_first(rows, consensus) if sides else rows, header, lead)

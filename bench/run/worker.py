@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import json
 import logging
 import os
 import socket
@@ -23,6 +22,7 @@ from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
 from bench.run.sides import Side
 from bench.run.sink import ResultSink
+from bench.rundir.rundir import write_serve_record
 from hicache.cache.cache import HiCache
 from hicache.comm.groups import Groups, Layout
 from hicache.memory.loadback import h2d_peak
@@ -218,10 +218,10 @@ def _checked(make_cache: CacheFactory, plan: RunPlan, cell: Cell, serve: str,
     folder = Path(target.consensus_dir) / f"{cell.index:03d}-{serve}"
     folder.mkdir(parents=True, exist_ok=True)
     if rank0:
-        (folder / "serve.json").write_text(json.dumps(
-            {"protocol": cell.protocol, "policy": cell.policy, "repeat": cell.repeat,
-             "rate_rps": cell.rate_rps, "serve": serve, "world": plan.world_size,
-             "root": target.root}))
+        write_serve_record(folder, {
+            "protocol": cell.protocol, "policy": cell.policy, "repeat": cell.repeat,
+            "rate_rps": cell.rate_rps, "serve": serve, "world": plan.world_size,
+            "root": target.root})
     return functools.partial(make_cache, target=replace(target, consensus_dir=str(folder)))
 
 

@@ -10,6 +10,7 @@ Nothing outside bench/rundir/ opens a run directory's files by name: writers ask
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,15 @@ FILES = {
 # Folders a run may hold besides FILES' (bench.run.sides, bench.rundir.timeline; plots are
 # files of their own names).
 RUN_FOLDERS = ("sides", "timeline")
+# A run's plots, by role (bench.analysis.plots and trace_tiers draw them, report.md shows them).
+PLOTS = {"collectives": "collectives_per_request.png", "ttft_cdf": "ttft_cdf.png",
+         "breakdown": "ttft_breakdown.png", "over_time": "queue_over_time.png",
+         "vs_rate": "ttft_vs_rate.png", "load_sweep": "load_sweep.png"}
+# A cost sweep's own files beside its costs' run directories (bench.analysis.sweep).
+SWEEP_FILES = {"manifest": "sweep.json", "table": "sweep.csv", "report": "sweep.md",
+               "plot": "sweep.png"}
+# In each serve's folder under consensus/ (--sglang-consensus): which cell, which serve.
+SERVE_RECORD = "serve.json"
 
 
 # ---- the one column table --------------------------------------------------------------------
@@ -118,6 +128,17 @@ COLUMNS: dict[tuple[str, str], Columns] = {
 }
 
 
+def write_serve_record(folder: Path | str, record: dict) -> None:
+    """serve.json in one serve's folder under consensus/: which cell, which serve."""
+    (Path(folder) / SERVE_RECORD).write_text(json.dumps(record))
+
+
+def serve_record(folder: Path | str) -> dict | None:
+    """What write_serve_record wrote in `folder`; None for a folder without one."""
+    path = Path(folder) / SERVE_RECORD
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def utc_stamp() -> str:
     """The one stamp in results folder names: UTC, to the second."""
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -152,6 +173,12 @@ class RunDir:
 
     def file(self, role: str) -> Path:
         return self.path / FILES[role]
+
+    def plot(self, role: str) -> Path:
+        return self.path / PLOTS[role]
+
+    def sweep_file(self, role: str) -> Path:
+        return self.path / SWEEP_FILES[role]
 
     def has(self, role: str) -> bool:
         return self.file(role).exists()
