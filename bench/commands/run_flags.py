@@ -33,11 +33,8 @@ def _group(p: CliParser, title: str):
     return p.add_argument_group(title, GROUPS[title]).add_argument
 
 
-def parser(prog: str, doc: str) -> CliParser:
-    """`bench run`'s parser: its usage text `doc` (the verb's docstring), its flags in
-    --help's sections (GROUPS)."""
-    p = CliParser.from_doc(prog, doc)
-    a = _group(p, 'what runs')
+def _what_runs(a) -> None:
+    """--help's section 'what runs': the cells and how often they are served."""
     a("--preset", default="default", choices=sorted(PRESETS),
       help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
     a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases: "
@@ -94,7 +91,11 @@ def parser(prog: str, doc: str) -> CliParser:
     a("--neighbour", metavar="SPEC", help="plant a noisy neighbour for the whole run: a "
       "process taking CPU in seeded bursts (default: cpu=0.5,burst=50ms-2s,seed=0; or "
       "cpu=F,burst=MIN-MAX,seed=N), recorded in env.json (docs/usage.md, Pairing)")
-    a = _group(p, 'layout and device')
+
+
+
+def _layout_and_device(a) -> None:
+    """--help's section 'layout and device': ranks, the model and the device."""
     a("--tp", type=int, help="tensor-parallel ranks (the preset's; 2 on CPU)")
     a("--pp", type=int, help="pipeline stages (1)")
     a("--nproc", type=int, help="ranks to launch locally (default tp*pp)")
@@ -112,7 +113,11 @@ def parser(prog: str, doc: str) -> CliParser:
     a("--kv-budget-gib", type=float,
       help="real KV pages (CUDA, non-toy model): GiB of each of the host (pinned) and device "
       "KV pools per rank; page counts follow from it (default 4)")
-    a = _group(p, 'synthetic workload')
+
+
+
+def _synthetic_workload(a) -> None:
+    """--help's section 'synthetic workload': the queue burst and its bystanders."""
     a("--requests", type=int, help="measured requests per configuration and repeat")
     a("--rate", type=float, help="Poisson arrival rate of the prefetching requests, "
       "requests/s; inf = a burst")
@@ -120,9 +125,11 @@ def parser(prog: str, doc: str) -> CliParser:
     a("--bystander-rate", type=float, help="their Poisson arrival rate, requests/s")
     a("--output-tokens", type=int, help="tokens every request generates (64)")
     a("--max-running", type=int, help="running batch bound, max_running_requests (256)")
-    a = _group(p, 'trace replay and cache tiers')
-    trace_flags.add_flags(a)
-    a = _group(p, 'storage')
+
+
+
+def _storage(a) -> None:
+    """--help's section 'storage': the storage tier."""
     a("--storage", choices=("sim", "file"), default="sim",
       help="sim: pages in memory, reads timed by the latency and bandwidth below; file: "
       "real files under results/.storage")
@@ -133,7 +140,11 @@ def parser(prog: str, doc: str) -> CliParser:
     a("--fail-rate", type=float, help="probability that a storage batch read fails")
     a("--stall-ms", type=float, help="extra delay of every storage read (a stalling tier)")
     a("--extra-pool", action="store_true", help="read a side-car pool after the KV pages")
-    a = _group(p, 'system')
+
+
+
+def _system(a) -> None:
+    """--help's section 'system': HiCache settings."""
     a("--host-memory", choices=HOST_MEMORY, help="cache (default): host memory is an L2 "
       "tier; buffer_only: staging for one load-back, and with --pp > 1 sglang-0.5.23's "
       "PP-ticket path (docs/releases.md)")
@@ -149,7 +160,11 @@ def parser(prog: str, doc: str) -> CliParser:
       "slow interconnect; the calibrated c includes it (0). A comma list (0,0.5,1,2,3) is a "
       "cost sweep: every repeat serves at each cost, interleaved, each cost's rows in a "
       "run directory of its own, and sweep.md / sweep.png compare them (preset delay-sweep)")
-    a = _group(p, 'hazards and faults')
+
+
+
+def _hazards_and_faults(a) -> None:
+    """--help's section 'hazards and faults': known hazards and planted faults."""
     a("--no-race-guard", action="store_true", help="pre27010 without PR #27550's guard")
     a("--budget-skew", type=float, help="rank-local walk horizon skew (#30760), 0..1")
     a("--land-step", type=int, help="the prefixes in storage are another writer's, landing "
@@ -167,7 +182,31 @@ def parser(prog: str, doc: str) -> CliParser:
       "cells whose walk polls a pending prefetch spins MS ms more (a known host cost: "
       "what a paired design must recover, docs/usage.md, Pairing); PROTOCOL:Ncalls makes N "
       "extra Python calls instead (host work of a fixed size: bench.run.hostwork counts it)")
-    a = _group(p, 'output')
+
+
+
+def _output(a) -> None:
+    """--help's section 'output': where results go."""
     a("--out", type=Path,
       help="results directory, new or empty (default results/<UTC>_<preset>_<sha>)")
+
+
+SECTIONS = (  # --help's sections in order, each with what adds its flags
+    ('what runs', _what_runs),
+    ('layout and device', _layout_and_device),
+    ('synthetic workload', _synthetic_workload),
+    ('trace replay and cache tiers', trace_flags.add_flags),
+    ('storage', _storage),
+    ('system', _system),
+    ('hazards and faults', _hazards_and_faults),
+    ('output', _output),
+)
+
+
+def parser(prog: str, doc: str) -> CliParser:
+    """`bench run`'s parser: its usage text `doc` (the verb's docstring), its flags in
+    --help's sections (GROUPS)."""
+    p = CliParser.from_doc(prog, doc)
+    for title, add_flags in SECTIONS:
+        add_flags(_group(p, title))
     return p
