@@ -4,65 +4,39 @@ import engines, never one another (common, trace_flags, run_flags and cost_sweep
 commands' own shared parts); argparse Namespaces stay in commands/; nothing outside
 bench/rundir/ names a run directory's files; the rooms' imports form no circle; hicache/ and
 sglang_adapter/ stand in rooms whose imports only point down, and bench/ enters the adapter
-by its one door."""
+by its one door. And the code rules (STYLE.md, "Code"): modules of at most 400 lines,
+functions of at most 80 lines and 8 parameters, `print(` in the printer and scripts/ alone,
+and no issue number or commit hash of this project in a .py file. Where code has not caught
+up with a rule yet, an allow-list names it; the list can only shrink (an entry that no
+longer breaks its rule fails until it is taken off). The scans: tests/layout_scan.py."""
 
 from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.rundir.rundir import FILES, PLOTS, SERVE_RECORD, SWEEP_FILES
+from tests import layout_scan as scan
+
+REPO = scan.REPO
 SHARED_COMMAND_PARTS = {"bench.commands.common", "bench.commands.trace_flags",
                         "bench.commands.run_flags",
                         "bench.commands.cost_sweep"}  # parts of a verb, not verbs
-RUN_FILES = re.compile(r"""(?<!["'])["'](requests|steps|ranks|summary|failures|divergence)"""
-                       r"""\.csv["']|(?<!["'])["'](env|calibration|progress|verdict)\.json["']""")
+# Every file name of a run directory (RunDir's), and the A/B's console log RunDir lacks yet.
+RUN_FILE_NAMES = ({n for role, n in FILES.items() if role != "consensus_dir"} | set(PLOTS.values())
+                  | set(SWEEP_FILES.values()) | {SERVE_RECORD, "console.log"})
+RUN_FILES = re.compile(r"""(?<!["'])["'](""" + "|".join(map(re.escape, sorted(RUN_FILE_NAMES)))
+                       + r""")["']""")
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def _modules(top: str) -> dict[str, Path]:
-    out = {}
-    for path in sorted((REPO / top).rglob("*.py")):
-        parts = path.relative_to(REPO).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
-def _imports(path: Path) -> set[str]:
-    """Every module `path` imports, at any depth of the file (lazy imports count)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names}
-    return out
-
-
-def _room(module: str) -> str | None:
-    """hicache is one room; bench's packages one room each; bench's top modules their own."""
-    parts = module.split(".")
-    if parts[0] == "hicache":
-        return "hicache"
-    if parts[0] != "bench":
-        return None
-    return ".".join(parts[:2]) if len(parts) > 1 else "bench"
-
-
-MODULES = {**_modules("hicache"), **_modules("bench")}
+MODULES = {**scan.package_modules("hicache"), **scan.package_modules("bench")}
 
 
 def _edges() -> dict[str, set[str]]:
-    edges: dict[str, set[str]] = {}
-    for name, path in MODULES.items():
-        deps = {i for i in _imports(path) if i in MODULES}
-        edges[name] = deps
-    return edges
+    return {name: {i for i in scan.imports_of(path) if i in MODULES}
+            for name, path in MODULES.items()}
 
 
 def test_hicache_never_imports_bench():
@@ -73,7 +47,7 @@ def test_hicache_never_imports_bench():
 
 def test_the_online_and_offline_halves_never_import_each_other():
     bad = [f"{m} imports {d}" for m, deps in _edges().items() for d in deps
-           if {_room(m), _room(d)} == {"bench.run", "bench.analysis"}]
+           if {scan.bench_room(m), scan.bench_room(d)} == {"bench.run", "bench.analysis"}]
     assert not bad, "\n".join(bad)
 
 
@@ -92,39 +66,23 @@ def test_namespaces_stay_in_commands():
 
 
 def test_only_rundir_names_a_run_directorys_files():
-    bad = [f"{p.relative_to(REPO)}:{n}: {line.strip()}" for m, p in MODULES.items()
-           if m.startswith("bench") and not m.startswith("bench.rundir")
-           for n, line in enumerate(p.read_text().splitlines(), 1) if RUN_FILES.search(line)]
+    found = {str(p.relative_to(REPO)): scan.named_files(p.read_text(), RUN_FILES) for m, p
+             in MODULES.items() if m.startswith("bench") and not m.startswith("bench.rundir")}
+    bad = [f"{f}:{n}: {name}" for f, hits in found.items() for n, name in hits
+           if name not in NAMES_RUN_FILES.get(f, ())]
     assert not bad, "open run files through bench.rundir.rundir.RunDir:\n" + "\n".join(bad)
-
-
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One circle of `graph` (as a path), None when it has none."""
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> list[str] | None:
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
-            if nxt not in state and (found := visit(nxt, path + [nxt])):
-                return found
-        state[node] = 2
-        return None
-    for start in sorted(graph):
-        if start not in state and (found := visit(start, [start])):
-            return found
-    return None
+    _assert_still_needed(NAMES_RUN_FILES, {f: {n for _, n in hits} for f, hits in found.items()})
 
 
 def test_rooms_form_no_circle_and_the_floors_stay_few():
     rooms: dict[str, set[str]] = {}
     for m, deps in _edges().items():
-        rooms.setdefault(_room(m), set()).update(
-            r for d in deps if (r := _room(d)) not in (None, _room(m)))
+        rooms.setdefault(scan.bench_room(m), set()).update(
+            r for d in deps if (r := scan.bench_room(d)) not in (None, scan.bench_room(m)))
     for door in ("bench", "bench.__main__"):  # the package and its entry: above every room
         rooms.pop(door, None)
-    assert _cycle(rooms) is None, f"an import circle between rooms: {_cycle(rooms)}"
+    circle = scan.find_cycle(rooms)
+    assert circle is None, f"an import circle between rooms: {circle}"
     floors: dict[str, int] = {}
 
     def floor(room: str) -> int:
@@ -136,51 +94,30 @@ def test_rooms_form_no_circle_and_the_floors_stay_few():
 
 
 def test_the_cycle_finder_finds_a_planted_circle():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert scan.find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) is not None
+    assert scan.find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
 def test_the_file_pattern_finds_a_planted_name_and_passes_prose():
     assert RUN_FILES.search('run_dir / "requests.csv"')
     assert RUN_FILES.search("path = d / 'env.json'")
+    assert RUN_FILES.search('folder / "serve.json"') and RUN_FILES.search("o / 'sweep.png'")
     assert not RUN_FILES.search('"""summary.csv\'s columns"""')
 
 
 # ---- the seam (docs/design.md, "The seam"): the harness reaches the cache only through it ----
 
-def _seam_members() -> set[str]:
-    from hicache.serve.seam import CacheUnderTest, PinnedClock
-    names = {n for n in vars(CacheUnderTest) if not n.startswith("_")}
-    return names | {f"pin.{n}" for n in vars(PinnedClock) if not n.startswith("_")}
-
-
-def _cache_reaches(path: Path) -> set[str]:
-    """Every `self.cache.X` / `cache.X` (and `...pin.Y`) a module reads or calls."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.Attribute):
-            continue
-        owner = node.value
-        if isinstance(owner, ast.Attribute) and owner.attr == "cache" or \
-                isinstance(owner, ast.Name) and owner.id == "cache":
-            out.add(node.attr)
-        if isinstance(owner, ast.Attribute) and owner.attr == "pin" and \
-                isinstance(owner.value, ast.Attribute) and owner.value.attr == "cache":
-            out.add(f"pin.{node.attr}")
-    return out
-
-
 @pytest.mark.parametrize("module", ["scheduler", "system"])
 def test_the_harness_reaches_the_cache_only_through_the_seam(module):
-    reaches = _cache_reaches(REPO / "hicache" / "serve" / f"{module}.py")
+    reaches = scan.cache_reaches(REPO / "hicache" / "serve" / f"{module}.py")
     assert reaches, "the scan found no use of the cache: the test would pass vacuously"
-    assert reaches <= _seam_members(), f"past the seam: {sorted(reaches - _seam_members())}"
+    assert reaches <= scan.seam_members(), f"past the seam: {sorted(reaches - scan.seam_members())}"
 
 
 def test_the_reach_scan_catches_a_planted_reach(tmp_path):
     planted = tmp_path / "m.py"
     planted.write_text("def f(self):\n    return self.cache.controller.error\n")
-    assert "controller" in _cache_reaches(planted) - _seam_members()
+    assert "controller" in scan.cache_reaches(planted) - scan.seam_members()
 
 
 def test_hicache_implements_every_member_of_the_seam():
@@ -190,9 +127,9 @@ def test_hicache_implements_every_member_of_the_seam():
     # pin and extra_polls are instance attributes: __init__ sets them
     assigned = {t.attr for node in ast.walk(ast.parse(src)) if isinstance(node, ast.Assign)
                 for tgt in node.targets for t in ast.walk(tgt) if isinstance(t, ast.Attribute)}
-    missing = [n for n in _seam_members() if "." not in n and not hasattr(HiCache, n)
+    missing = [n for n in scan.seam_members() if "." not in n and not hasattr(HiCache, n)
                and n not in assigned]
-    missing += [n for n in _seam_members() if n.startswith("pin.")
+    missing += [n for n in scan.seam_members() if n.startswith("pin.")
                 and not hasattr(Pin, n.split(".", 1)[1])]
     assert not missing, missing
 
@@ -200,37 +137,13 @@ def test_hicache_implements_every_member_of_the_seam():
 def test_the_sglang_adapter_is_a_package_of_its_own():
     """hicache/ never imports the adapter (the seam is how it comes in); the adapter never
     imports bench/ (bench selects it)."""
-    adapter = _modules("sglang_adapter")
+    adapter = scan.package_modules("sglang_adapter")
     assert adapter, "sglang_adapter/ not found: the test would pass vacuously"
-    bad = [f"{m} imports {d}" for m, p in _modules("hicache").items() for d in _imports(p)
-           if d.startswith("sglang_adapter")]
-    bad += [f"{m} imports {d}" for m, p in adapter.items() for d in _imports(p)
+    bad = [f"{m} imports {d}" for m, p in scan.package_modules("hicache").items()
+           for d in scan.imports_of(p) if d.startswith("sglang_adapter")]
+    bad += [f"{m} imports {d}" for m, p in adapter.items() for d in scan.imports_of(p)
             if d.startswith("bench")]
     assert not bad, "\n".join(bad)
-
-
-
-def _door_violations(path: str, text: str, public: set[str]) -> list[str]:
-    """Where `text` reaches into sglang_adapter other than through its door: a submodule
-    imported, a name the door does not list, a private attribute of anything but self."""
-    tree, bad, through = ast.parse(text), [], False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            bad += [f"{path}:{node.lineno} import {a.name}" for a in node.names
-                    if a.name.split(".")[0] == "sglang_adapter"]
-        elif isinstance(node, ast.ImportFrom) and node.module and \
-                node.module.split(".")[0] == "sglang_adapter":
-            through = True
-            if node.module != "sglang_adapter":
-                bad.append(f"{path}:{node.lineno} from {node.module} import ...")
-            bad += [f"{path}:{node.lineno} {a.name} is not a name of the door"
-                    for a in node.names if a.name not in public]
-    if through:
-        bad += [f"{path}:{n.lineno} .{n.attr}" for n in ast.walk(tree)
-                if isinstance(n, ast.Attribute) and n.attr.startswith("_")
-                and not n.attr.startswith("__")
-                and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))]
-    return bad
 
 
 def test_bench_reaches_sglang_through_one_door():
@@ -241,7 +154,7 @@ def test_bench_reaches_sglang_through_one_door():
     files = [p for top in ("bench", "scripts") for p in sorted((REPO / top).rglob("*.py"))]
     users = [p for p in files if "sglang_adapter" in p.read_text()]
     assert len(users) > 10, "the scan found too few users of the adapter: vacuous"
-    bad = [v for p in users for v in _door_violations(str(p.relative_to(REPO)), p.read_text(),
+    bad = [v for p in users for v in scan.door_violations(str(p.relative_to(REPO)), p.read_text(),
                                                       set(sglang_adapter.__all__))]
     assert not bad, "\n".join(bad)
 
@@ -252,7 +165,7 @@ def test_bench_reaches_sglang_through_one_door():
     "from sglang_adapter import Rig\n",
     "from sglang_adapter import make_rig\nrig = make_rig()\nrig._admit()\n"])
 def test_the_door_check_catches_a_planted_way_round(planted):
-    assert _door_violations("planted.py", planted, {"make_rig"})
+    assert scan.door_violations("planted.py", planted, {"make_rig"})
 
 
 def test_every_name_of_the_door_opens():
@@ -268,9 +181,8 @@ HICACHE_FLOORS = {"spec": 0, "memory": 1, "comm": 2, "agreement": 3, "model": 3,
                   "serve": 5}
 
 
-def _hicache_room(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "hicache"
+def _hicache_room(module: str) -> str | None:
+    return module.split(".")[1] if module.startswith("hicache.") else None
 
 
 def test_hicache_is_rooms_with_a_docstring_each():
@@ -283,32 +195,21 @@ def test_hicache_is_rooms_with_a_docstring_each():
         assert doc and "\n" not in doc.strip(), f"hicache/{room}/ wants a one-line docstring"
 
 
-def _hicache_downward_violations(edges: dict[str, set[str]]) -> list[str]:
-    bad = []
-    for m, deps in edges.items():
-        for d in deps:
-            rm, rd = _hicache_room(m), _hicache_room(d)
-            if d.startswith("hicache.") and rm != rd and rd in HICACHE_FLOORS and \
-                    HICACHE_FLOORS[rd] >= HICACHE_FLOORS.get(rm, 99):
-                bad.append(f"{m} ({rm}) imports {d} ({rd}): not a floor below")
-    return bad
-
-
 def test_hicache_imports_only_point_down():
     edges = {m: d for m, d in _edges().items() if m.startswith("hicache.")}
     assert len(edges) > 30, "the scan found too few hicache modules: it would pass vacuously"
-    bad = _hicache_downward_violations(edges)
+    bad = scan.downward_violations(edges, HICACHE_FLOORS, _hicache_room)
     assert not bad, "\n".join(bad)
 
 
 def test_the_floor_check_catches_a_planted_upward_import():
     planted = {"hicache.memory.pools": {"hicache.cache.cache"}}
-    assert _hicache_downward_violations(planted)
+    assert scan.downward_violations(planted, HICACHE_FLOORS, _hicache_room)
 
 
 def test_the_contract_imports_no_torch():
-    bad = [f"{m} imports {d}" for m, p in _modules("hicache").items()
-           if m.startswith("hicache.spec") for d in _imports(p)
+    bad = [f"{m} imports {d}" for m, p in scan.package_modules("hicache").items()
+           if m.startswith("hicache.spec") for d in scan.imports_of(p)
            if d.split(".")[0] in ("torch", "numpy", "bench", "sglang_adapter")]
     assert not bad, "hicache/spec/ is the torch-free contract:\n" + "\n".join(bad)
 
@@ -316,9 +217,10 @@ def test_the_contract_imports_no_torch():
 def test_no_module_imports_itself_through_others():
     """No import circle between modules of hicache, bench or sglang_adapter, counting the
     imports inside functions too."""
-    modules = {**MODULES, **_modules("sglang_adapter")}
-    graph = {m: {d for d in _imports(p) if d in modules and d != m} for m, p in modules.items()}
-    assert _cycle(graph) is None, f"an import circle: {_cycle(graph)}"
+    modules = {**MODULES, **scan.package_modules("sglang_adapter")}
+    graph = {m: {d for d in scan.imports_of(p) if d in modules and d != m}
+             for m, p in modules.items()}
+    assert scan.find_cycle(graph) is None, f"an import circle: {scan.find_cycle(graph)}"
 
 
 # ---- sglang_adapter/ by concern: the door and the judge, then the decisions, the controller ----
@@ -327,7 +229,7 @@ def test_no_module_imports_itself_through_others():
 # ground floor; `serving` (it chooses between the two paths) and the package's __init__ (its
 # public names, imported on first use) stand above every room, as bench's entry does.
 ADAPTER_FLOORS = {"door": 0, "judge": 0, "decisions": 1, "controller": 2}
-ADAPTER_ABOVE = {"sglang_adapter", "sglang_adapter.serving"}
+ADAPTER_ABOVE = frozenset({"sglang_adapter", "sglang_adapter.serving"})
 # What choosing a target reads (the door's no-torch names): none of it imports torch.
 ADAPTER_TORCH_FREE = {"sglang_adapter.source", "sglang_adapter.loader", "sglang_adapter.target",
                       "sglang_adapter.sides", "sglang_adapter.decisions",
@@ -341,6 +243,10 @@ def _adapter_room(module: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in ADAPTER_FLOORS else "door"
 
 
+def _adapter_violations(edges: dict[str, set[str]]) -> list[str]:
+    return scan.downward_violations(edges, ADAPTER_FLOORS, _adapter_room, ADAPTER_ABOVE)
+
+
 def test_the_adapter_is_rooms_with_a_docstring_each():
     root = REPO / "sglang_adapter"
     rooms = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
@@ -352,26 +258,12 @@ def test_the_adapter_is_rooms_with_a_docstring_each():
         assert doc and "\n" not in doc.strip(), f"sglang_adapter/{room}/: a one-line docstring"
 
 
-def _adapter_downward_violations(edges: dict[str, set[str]]) -> list[str]:
-    bad = []
-    for m, deps in edges.items():
-        if m in ADAPTER_ABOVE:
-            continue
-        for d in deps:
-            if d in ADAPTER_ABOVE:
-                bad.append(f"{m} imports {d}: it stands above every room")
-                continue
-            rm, rd = _adapter_room(m), _adapter_room(d)
-            if rm != rd and ADAPTER_FLOORS[rd] >= ADAPTER_FLOORS[rm]:
-                bad.append(f"{m} ({rm}) imports {d} ({rd}): not a floor below")
-    return bad
-
-
 def test_the_adapters_imports_only_point_down():
-    adapter = _modules("sglang_adapter")
-    edges = {m: {d for d in _imports(p) if d in adapter and d != m} for m, p in adapter.items()}
+    adapter = scan.package_modules("sglang_adapter")
+    edges = {m: {d for d in scan.imports_of(p) if d in adapter and d != m}
+             for m, p in adapter.items()}
     assert sum(map(len, edges.values())) > 20, "too few adapter imports found: vacuous"
-    bad = _adapter_downward_violations(edges)
+    bad = _adapter_violations(edges)
     assert not bad, "\n".join(bad)
 
 
@@ -381,37 +273,125 @@ def test_the_adapters_imports_only_point_down():
     {"sglang_adapter.loader": {"sglang_adapter.judge.consensus"}},
     {"sglang_adapter.controller.cache": {"sglang_adapter.serving"}}])
 def test_the_adapter_floor_check_catches_a_planted_upward_import(planted):
-    assert _adapter_downward_violations(planted)
-
-
-def _top_imports(path: Path) -> set[str]:
-    """What importing `path` imports at once: its module-level imports (not those inside a
-    function, which run when it is called)."""
-    out = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return out
+    assert _adapter_violations(planted)
 
 
 def test_choosing_a_target_imports_no_torch():
     """The door's no-torch names (choose_for_run, choose_sides, the poll cases, the judge's
     verdict) and the rooms' own __init__ files they pass through import no torch on import."""
-    adapter = _modules("sglang_adapter")
+    adapter = scan.package_modules("sglang_adapter")
     assert ADAPTER_TORCH_FREE <= set(adapter), sorted(ADAPTER_TORCH_FREE - set(adapter))
-    bad = _torch_violations({m: _top_imports(adapter[m]) for m in ADAPTER_TORCH_FREE}, adapter)
+    bad = scan.torch_violations({m: scan.top_imports_of(adapter[m]) for m in ADAPTER_TORCH_FREE},
+                                adapter, ADAPTER_TORCH_FREE)
     assert not bad, "\n".join(bad)
-
-
-def _torch_violations(imports: dict[str, set[str]], adapter) -> list[str]:
-    return [f"{m} imports {d}" for m in sorted(imports) for d in sorted(imports[m])
-            if d.split(".")[0] in ("torch", "numpy")
-            or d in adapter and d not in ADAPTER_TORCH_FREE]
 
 
 @pytest.mark.parametrize("planted", ["torch.distributed", "sglang_adapter.decisions.poll"])
 def test_the_torch_check_catches_a_planted_import(planted):
-    adapter = _modules("sglang_adapter")
-    assert _torch_violations({"sglang_adapter.target": {planted}}, adapter)
+    adapter = scan.package_modules("sglang_adapter")
+    assert scan.torch_violations({"sglang_adapter.target": {planted}}, adapter,
+                                 ADAPTER_TORCH_FREE)
+
+
+# ---- the code rules (STYLE.md, "Code"): sizes, parameters, the printer, no project history ----
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 400, 80, 8
+# Allow-lists: what broke a rule when it came in. Each can only shrink.
+LONG_MODULES = {  # being rewritten (gate_power.py), or tests that grew with their subject
+    "scripts/gate_power.py", "tests/test_ab.py", "tests/test_cache_events.py",
+    "tests/test_compare.py", "tests/test_gate.py", "tests/test_retries.py",
+    "tests/test_served.py", "tests/test_sglang_run.py"}
+LONG_FUNCTIONS: dict[str, set[str]] = {}
+WIDE_FUNCTIONS = {  # the serve path's wait for a context object; the rest have many callers
+    "bench/run/worker.py": {"_cell", "_counted", "_serve"},
+    "sglang_adapter/controller/rig.py": {"__init__"},
+    "sglang_adapter/decisions/cache.py": {"__init__"},
+    "hicache/cache/controller.py": {"__init__"},
+    "hicache/spec/cost_model.py": {"expected_per_request"},
+    "bench/ab/blocks.py": {"make_plan"}, "bench/hazards/review.py": {"page"},
+    "bench/analysis/overhead.py": {"extra_step_ms"},
+    "bench/analysis/report.py": {"render_report"},
+    "tests/fault_helpers.py": {"capturing_scenario"}, "tests/test_project.py": {"point"},
+    "tests/test_summarize.py": {"req"}}
+# The printer: bench/tables.py. Until every verb writes through one, the modules that print
+# today are listed here (tests/ print from rank processes; scripts/ print their own tables).
+PRINTERS = {"bench/tables.py"}
+PRINTING = {
+    "bench/__main__.py", "bench/ab/noise_report.py", "bench/commands/bisect.py",
+    "bench/commands/common.py", "bench/commands/cost_sweep.py", "bench/commands/devcheck.py",
+    "bench/commands/fidelity.py", "bench/commands/gate.py", "bench/commands/hazards.py",
+    "bench/commands/microbench.py", "bench/commands/project.py", "bench/commands/report.py",
+    "bench/commands/review.py", "bench/commands/run.py", "bench/commands/sglang_poll.py",
+    "bench/commands/timeline.py", "bench/compare/report.py", "bench/microbench.py",
+    "bench/neighbour.py", "bench/run/sink.py", "sglang_adapter/source.py"}
+# Run files named outside RunDir: the A/B modules' console.log, until the A/B engine moves.
+NAMES_RUN_FILES = {"bench/ab/blocks.py": {"console.log"}, "bench/ab/conductor.py": {"console.log"},
+                   "bench/ab/served.py": {"console.log"}}
+
+
+def _code() -> dict[str, str]:
+    texts = {str(p.relative_to(REPO)): p.read_text() for p in scan.code_files()}
+    assert len(texts) > 200, "the scan found too few files: it would pass vacuously"
+    return texts
+
+
+def _assert_still_needed(allowed: dict[str, set[str]], found: dict[str, set[str]]) -> None:
+    stale = [f"{f}: {sorted(names - found.get(f, set()))}" for f, names in allowed.items()
+             if names - found.get(f, set())]
+    assert not stale, "these keep the rule now: take them off its allow-list\n" + "\n".join(stale)
+
+
+def test_no_module_is_over_400_lines():
+    sizes = {f: len(t.splitlines()) for f, t in _code().items()}
+    bad = [f"{f}: {n} lines" for f, n in sizes.items()
+           if n > MAX_MODULE_LINES and f not in LONG_MODULES]
+    assert not bad, "split these by concern:\n" + "\n".join(bad)
+    _assert_still_needed({f: {"long"} for f in LONG_MODULES},
+                         {f: {"long"} for f, n in sizes.items() if n > MAX_MODULE_LINES})
+
+
+@pytest.mark.parametrize("measure, limit, allowed", [
+    (scan.long_functions, MAX_FUNCTION_LINES, LONG_FUNCTIONS),
+    (scan.wide_functions, MAX_PARAMETERS, WIDE_FUNCTIONS)], ids=["lines", "parameters"])
+def test_no_function_is_over_the_limit(measure, limit, allowed):
+    """At most 80 lines, at most 8 parameters (`self`/`cls` not counted; a dataclass's
+    fields are not a function's parameters: pass one instead)."""
+    found = {f: measure(t, limit) for f, t in _code().items()}
+    bad = [f"{f}: {name} ({n})" for f, hits in found.items() for name, n in hits
+           if name not in allowed.get(f, ())]
+    assert not bad, f"over {limit}:\n" + "\n".join(bad)
+    _assert_still_needed(allowed, {f: {name for name, _ in hits} for f, hits in found.items()})
+
+
+def test_only_the_printer_and_scripts_print():
+    found = {f: {"print"} for f, t in _code().items() if not f.startswith(("scripts/", "tests/"))
+             and f not in PRINTERS and scan.print_calls(t)}
+    bad = sorted(set(found) - PRINTING)
+    assert not bad, "print through the printer (bench/tables.py):\n" + "\n".join(bad)
+    _assert_still_needed({f: {"print"} for f in PRINTING}, found)
+
+
+def test_no_issue_number_or_commit_hash_of_this_project_in_the_code():
+    """History is git's and docs/results/'s (SGLang's issues and commits are fine)."""
+    texts = _code()
+    bad = [f"{f}:{n}: {hit}" for f, t in texts.items() for n, hit in scan.issue_numbers(t)]
+    if (REPO / ".git").exists():
+        words = {f: scan.hex_words(t) for f, t in texts.items()}
+        ours = scan.commits(set().union(*words.values()))
+        bad += [f"{f}: {w}" for f, ws in words.items() for w in sorted(ws & ours)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_rule_scans_catch_planted_breaches():
+    body = "".join(f"    x{i} = {i}\n" for i in range(81))
+    assert scan.long_functions(f"def f():\n{body}", MAX_FUNCTION_LINES) == [("f", 82)]
+    assert scan.wide_functions("def f(self, a, b, c, d, e, g, h, *k, **kw): pass", 8) == [("f", 9)]
+    assert not scan.wide_functions("class C:\n    def f(self, a, b, c, d, e, g, h, i): pass", 8)
+    assert scan.print_calls("def f():\n    print('x')\n") == 1
+    assert not scan.print_calls("log = print")
+    assert scan.issue_numbers(f"{'Issue'} {50}'s sweep")
+    assert not scan.issue_numbers("SGLang issue #34572")
+    if (REPO / ".git").exists():
+        head = scan.head_commit()
+        assert scan.commits(scan.hex_words(f"measured at {head}")) == {head}
+        assert not scan.commits(scan.hex_words("a tensor of 1234567 rows, 0000000 padding"))
