@@ -4,7 +4,8 @@ files, checked against ONE table of the columns each reader needs and the cells 
 be numbers. Upgrades of files written by older versions happen here and nowhere else.
 
 Nothing outside bench/rundir/ opens a run directory's files by name: writers ask for
-`RunDir.file(NAME)`, readers for `RunDir.requests()`, `.steps()`, `.env()` and the rest.
+`RunDir.file(NAME)` (`.plot(ROLE)`, `.sweep_file(ROLE)`, `write_serve_record`), readers for
+`RunDir.requests()`, `.steps()`, `.env()` and the rest (tests/test_layout.py holds it).
 """
 
 from __future__ import annotations
