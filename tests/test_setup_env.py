@@ -59,6 +59,10 @@ def test_offline_setup_needs_no_pip(tmp_path):
     dev = _setup(venv, sys.executable, "--dev")
     assert dev.returncode == 0, dev.stderr
     assert "installing dev tools" not in dev.stdout
+    # scipy and perfetto are the dev extra's: --dev installs them, and fails where it cannot.
+    dev = _setup(venv, sys.executable, "--dev", pythonpath=no_scipy(tmp_path, "perfetto"))
+    assert dev.returncode != 0
+    assert "installing dev tools: scipy perfetto" in dev.stdout
 
 
 @pytest.mark.timeout(200)
