@@ -59,9 +59,9 @@ def test_offline_setup_needs_no_pip(tmp_path):
     dev = _setup(venv, sys.executable, "--dev")
     assert dev.returncode == 0, dev.stderr
     assert "installing dev tools" not in dev.stdout
-    # scipy and perfetto are the dev extra's: --dev installs them, and fails where it cannot.
+    # scipy and perfetto are the dev extra's: where they do not import, --dev installs them
+    # (pip finds them satisfied here, since they are only hidden from imports).
     dev = _setup(venv, sys.executable, "--dev", pythonpath=no_scipy(tmp_path, "perfetto"))
-    assert dev.returncode != 0
     assert "installing dev tools: scipy perfetto" in dev.stdout
 
 
