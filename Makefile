@@ -7,7 +7,6 @@ PRESET ?= default
 ARGS ?=
 RUN ?= results/latest
 JOBS ?= 2
-MUTMUT ?= mutmut>=3.8,<4
 MUTANTS ?=
 
 SGLANG ?= 0.5.23
@@ -24,7 +23,7 @@ $(STAMP): pyproject.toml scripts/setup_env.sh
 	bash scripts/setup_env.sh $(VENV)
 	touch $(STAMP)
 
-dev: $(DEV_STAMP)  ## adds pytest, pytest-benchmark, pytest-timeout, ruff (only those missing)
+dev: $(DEV_STAMP)  ## pyproject.toml's dev extra: pytest, pytest-benchmark, pytest-timeout, ruff, scipy, perfetto (only those missing)
 
 $(DEV_STAMP): $(STAMP)
 	bash scripts/setup_env.sh --dev $(VENV)
@@ -51,7 +50,7 @@ test-fast: sglang-ready  ## skip the slow end-to-end and 4-rank tests
 	$(PYTEST) -q $(XDIST) -m "not slow and not timed"
 	$(PYTEST) -q -m "not slow and timed" $(TIMED_FILES)
 
-test-all: sglang-ready  ## every tier (make test, sglang-check, test-stats) in turn; the result recorded in docs/testing.md
+test-all: sglang-ready  ## every tier (make test, sglang-check, test-stats) in turn; the result recorded in docs/results/test_all.md
 	$(PY) scripts/test_all.py
 
 test-stats: dev  ## checks that hold at 95 %, so fail by chance now and then: not in make test
@@ -78,7 +77,7 @@ project: setup  ## overhead projection to TP 2-64, PP 1-4 of a run: make project
 	$(PY) -m bench project $(RUN) $(ARGS)
 
 mutate: dev  ## mutation testing of the contract modules, not in CI (docs/testing.md): make mutate JOBS=2 [MUTANTS='hicache.*']
-	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q "$(MUTMUT)"
+	$(PY) -c "import mutmut" 2>/dev/null || $(PY) -m pip install -q -e ".[mutate]"  # pyproject.toml's mutate extra
 	rm -rf mutants
 	$(VENV)/bin/mutmut run --max-children $(JOBS) $(MUTANTS)
 	$(VENV)/bin/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json

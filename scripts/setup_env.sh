@@ -2,11 +2,12 @@
 # Usage: bash scripts/setup_env.sh [--dev] [VENV_DIR]
 #
 # Creates the project's environment in VENV_DIR (default .venv) so that `make bench` runs,
-# using $PYTHON (default python3). Runtime dependencies: torch, numpy, pandas, matplotlib,
-# nvidia-ml-py (pynvml), scipy, perfetto. A run needs all but scipy and perfetto: without
-# scipy (a GPU node as shipped, no package index) runs complete with exact counts and
-# verdicts and empty intervals, without perfetto `bench timeline` writes no trace (its PNG
-# still), and setup says so instead of failing. Three cases, decided by what $PYTHON already imports:
+# using $PYTHON (default python3). Required (pyproject.toml's dependencies): torch, numpy,
+# pandas, matplotlib, nvidia-ml-py (pynvml). Optional (its extras stats and timeline): scipy
+# and perfetto, installed wherever pip can; where it cannot (a GPU node as shipped, no
+# package index) setup says one line for each and goes on: without scipy runs complete with
+# exact counts and verdicts and empty intervals, without perfetto `bench timeline` writes no
+# trace (its PNG still). Three cases, decided by what $PYTHON already imports:
 # 1. Everything (a GPU node as shipped: CUDA torch, no package index, no ruff): no network,
 #    no pip, no build. The venv sees $PYTHON's packages (--system-site-packages, plus a .pth
 #    naming $PYTHON's site-packages when $PYTHON is itself a venv) and the project is put on
@@ -16,10 +17,12 @@
 #    adds what is missing; the torch already there satisfies torch>=2.4 and is never replaced.
 # 3. No torch: a plain venv, the pinned CPU build torch==2.13.0 first (an unpinned torch
 #    would resolve to a multi-GB CUDA build), then `pip install -e .`.
-# --dev (make test, make lint, make gate) adds the dev-only tools pytest, pytest-benchmark,
-# pytest-timeout and ruff, installing only those missing (the network is needed only then),
-# and pytest-xdist where it can (make test runs serially without it).
-# `make setup` / `make bench` never install them.
+# --dev (make test, make lint, make gate; pyproject.toml's dev extra) adds pytest,
+# pytest-benchmark, pytest-timeout and ruff, and makes scipy and perfetto required (the tests
+# check intervals and traces), installing only those missing (the network is needed only
+# then; setup fails where it cannot), and pytest-xdist where it can (make test runs serially
+# without it). make mutate installs the mutate extra (mutmut) itself.
+# `make setup` / `make bench` never install the dev tools.
 set -euo pipefail
 DEV=0
 if [[ "${1:-}" == "--dev" ]]; then DEV=1; shift; fi
@@ -76,7 +79,8 @@ pip_venv() {
 
 install_dev() {
   local missing=()
-  for pair in pytest:pytest pytest_benchmark:pytest-benchmark pytest_timeout:pytest-timeout; do
+  for pair in pytest:pytest pytest_benchmark:pytest-benchmark pytest_timeout:pytest-timeout \
+      scipy.stats:scipy perfetto.trace_builder.proto_builder:perfetto; do
     "$VENV/bin/python" -c "import ${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair##*:}")
   done
   "$VENV/bin/python" -m ruff --version >/dev/null 2>&1 || missing+=(ruff)
@@ -112,7 +116,5 @@ ensure_perfetto() {  # `bench timeline`'s trace writer; a pip-made venv gets it
     "--timeline too); \`bench timeline\` writes its PNG but no trace"
 }
 
-ensure_scipy
-ensure_perfetto
-if ((DEV)); then install_dev; fi
+if ((DEV)); then install_dev; else ensure_scipy; ensure_perfetto; fi
 "$VENV/bin/python" -c "import torch, hicache, bench; print('setup: torch', torch.__version__, 'cuda', torch.cuda.is_available())"

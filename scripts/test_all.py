@@ -1,7 +1,7 @@
 """Usage: python scripts/test_all.py [--no-record] [TIER ...]   (make test-all)
 
 Runs every test tier, one after another, and records the result of the run in
-docs/testing.md (between the `test-all` markers): date, commit (+dirty), and per tier its
+docs/results/test_all.md (between the `test-all` markers): date, commit (+dirty), and per tier its
 command, PASS/FAIL, pytest's closing line and the wall time. Tiers: test (make test: the
 README's command), sglang-check (the SGLang matrix), stats (the statistical checks). Exit 0
 when every tier passed, 1 when one failed, 2 on bad input.
@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "testing.md"
+DOC = REPO / "docs" / "results" / "test_all.md"
 BEGIN, END = "<!-- test-all: begin -->", "<!-- test-all: end -->"
 TIERS = {"test": ["make", "test"], "sglang-check": ["make", "sglang-check"],
          "stats": ["make", "test-stats"]}

@@ -156,7 +156,7 @@ PRESET_HELP = {
              "3 repeats",
     "delay-sweep": "make bench's workload at added costs per control-plane collective of "
                    "0, 0.5, 1, 2, 3 ms, interleaved (pr27010 / pr36425, wait_complete and "
-                   "timeout, 12 repeats, about 11 minutes on 2 cores): headline ratios "
+                   "timeout, 12 repeats, about 9-10 minutes on 2 cores): headline ratios "
                    "against the measured c and the overhead model (sweep.md, sweep.png)",
     "seed-pr": "the seed PR as released: SGLang 0.5.18 against 0.5.19 (--cache "
                "sglang, --sglang before=0.5.18,after=0.5.19 unless given) with the model's "
