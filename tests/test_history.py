@@ -146,6 +146,15 @@ def test_a_result_of_a_newer_schema_is_refused(tmp_path, capsys):
     assert not (tmp_path / "hist").exists()
 
 
+def test_a_dirty_trees_result_needs_its_commit_named(tmp_path, capsys):
+    d = decision(0, lambda m, p: 1.0, random.Random(0), dirty=True)
+    path = write(tmp_path, d)
+    assert main(["add", str(tmp_path / "hist"), str(path)]) == 2
+    assert "dirty" in capsys.readouterr().err and not (tmp_path / "hist").exists()
+    assert main(["add", str(tmp_path / "hist"), str(path), "--commit", sha(5)]) == 0
+    assert (tmp_path / "hist" / "ci-box" / sha(5)).is_dir()
+
+
 def test_machines_stay_apart_and_a_rerun_replaces_its_commit(tmp_path):
     rng = random.Random(2)
     hist = tmp_path / "hist"
@@ -237,3 +246,15 @@ def test_a_history_json_is_plain_and_says_where_it_came_from(tmp_path):
     assert head["settings"]["preset"] == "default" and head["kind"] == "gate"
     kept = json.loads(next((hist / "ci-box" / sha(0)).glob("*.json")).read_text())
     assert kept["kept"]["source"].endswith(".json") and kept["commit"] == sha(0)
+
+
+def test_an_unkept_baseline_is_as_old_as_the_gates_run_against_it():
+    from bench.history.advice import rebaseline
+
+    rng = random.Random(6)
+    results = [{**d, "_commit": d["commit"]} for d in
+               (decision(i, lambda m, p: 0.97, rng, n_metrics=1, a=99) for i in range(1, 13))]
+    assert rebaseline(results[:3], None) is None  # 3 gates: not yet old
+    tip = rebaseline(results, None)
+    assert tip is not None and tip.since is None and tip.gates == 12 and tip.a == sha(99)
+    assert tip.commit == sha(12)

@@ -38,7 +38,8 @@ def bisect_command(step: Finding, settings: dict, protocols: list[str],
 @dataclass
 class Rebaseline:
     """Re-record the baseline at `commit`: the revision `a` is `since` commits old (None:
-    older than every kept commit) and every gate after it passed."""
+    older than every kept commit, `gates` of them against it) and every gate after it
+    passed."""
 
     commit: str
     a: str
@@ -58,8 +59,8 @@ def rebaseline(results: list[dict], repo: Path | None, stale: int = STALE) -> Re
     after = results[at + 1:] if at is not None else [
         r for r in results if _same(r["a"].get("commit"), a)]
     since = (len(results) - 1 - at) if at is not None else _count(repo, a, results[-1])
-    if (since is not None and since < stale) or not after:
-        return None
+    if (since if since is not None else len(after)) < stale or not after:
+        return None  # without git, an unkept A is at least as old as the gates against it
     if any(r["verdict"] == "FAIL" for r in after):
         return None
     passed = [r for r in after if r["verdict"] == "PASS"

@@ -48,8 +48,9 @@ def check_decision(obj: dict, where: str) -> dict:
     if obj["kind"] not in ("gate", "review") or obj["verdict"] not in VERDICTS:
         raise HistoryError(f"{where}: kind {obj['kind']!r} / verdict {obj['verdict']!r} "
                            "is not a gate's or a review's")
-    if not isinstance(obj["commit"], str) or not SHA.match(obj["commit"]):
-        raise HistoryError(f"{where}: commit must be a git sha, got {obj['commit']!r}")
+    if obj["commit"] is not None and not (isinstance(obj["commit"], str)
+                                          and SHA.match(obj["commit"])):
+        raise HistoryError(f"{where}: commit must be a git sha or null, got {obj['commit']!r}")
     if not isinstance(obj["a"], dict) or not isinstance(obj["metrics"], list):
         raise HistoryError(f"{where}: a must be an object and metrics a list")
     for i, m in enumerate(obj["metrics"]):

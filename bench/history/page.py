@@ -131,7 +131,8 @@ def _baseline_lines(results: list[dict], opts: PageOptions, done: Outcome) -> li
         return ["### Baseline", "", f"The newest gate ran against {a[:10]}: no re-recording "
                 f"asked for (it is fewer than {opts.stale} commits old, a gate since FAILed, "
                 "or none since PASSed).", ""]
-    age = f"{tip.since} commits" if tip.since is not None else "older than every kept commit"
+    age = (f"{tip.since} commits" if tip.since is not None
+           else f"older than every kept commit (at least {tip.gates} commits)")
     done.lines.append(f"history: re-record the baseline at {tip.commit[:10]}: {tip.command}")
     return ["### Baseline", "",
             f"The baseline revision {a[:10]} is {age} old and all {tip.gates} gates since it "

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.history.load import HistoryError, read_decision
+from bench.history.load import SHA, HistoryError, read_decision
 from bench.rundir.files import write_json_atomic
 
 FORMAT = 1
@@ -82,7 +82,12 @@ def add(path: Path, decision_file: Path, machine: str | None = None,
     machine = machine or str(decision["host"])
     if not MACHINE.match(machine):
         raise HistoryError(f"machine name {machine!r}: use letters, digits, '.', '_', '-'")
+    if commit is None and (decision["commit"] is None or decision.get("dirty")):
+        raise HistoryError(f"{decision_file}: its tree was dirty or has no commit: what ran is "
+                           "no commit's; gate a committed tree, or name the commit with --commit")
     commit = commit or decision["commit"]
+    if not SHA.match(commit):
+        raise HistoryError(f"--commit {commit!r}: not a git sha")
     fresh = not path.exists() or (path.is_dir() and not any(path.iterdir()))
     if fresh:
         head = {"format": FORMAT, "kind": decision["kind"], "settings": settings_of(decision),
