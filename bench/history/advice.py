@@ -38,13 +38,14 @@ def bisect_command(step: Finding, settings: dict, protocols: list[str],
 @dataclass
 class Rebaseline:
     """Re-record the baseline at `commit`: the revision `a` is `since` commits old (None:
-    older than every kept commit, `gates` of them against it) and every gate after it
-    passed."""
+    older than every kept commit, `gates` of them against it) and none of the gates after
+    it FAILed (`passed` of them PASSed; an INCONCLUSIVE one was let through too)."""
 
     commit: str
     a: str
     since: int | None
     gates: int
+    passed: int
     command: str
 
 
@@ -70,7 +71,8 @@ def rebaseline(results: list[dict], repo: Path | None, stale: int = STALE) -> Re
     c = passed[-1]["_commit"]
     command = (f"git checkout {c[:12]} && python -m bench run --preset ci && "
                "python -m bench gate results/latest --update-baseline")
-    return Rebaseline(c, a, since, len(after), command)
+    return Rebaseline(c, a, since, len(after), sum(r["verdict"] == "PASS" for r in after),
+                      command)
 
 
 def _same(x: str | None, y: str | None) -> bool:

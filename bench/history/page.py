@@ -49,7 +49,7 @@ def render(opts: PageOptions) -> Outcome:
           + ", ".join(f"{k} {v:g}" for k, v in (s.get("thresholds") or {}).items()) + ".",
           f"Written {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ} by `python -m bench "
           f"history {opts.path}`; rules: docs/history.md (window {opts.rules.window}, "
-          f"step beyond {opts.rules.min_step:.0%}, creep above "
+          f"step beyond {opts.rules.min_step:.1%}, creep above "
           f"{opts.rules.creep_threshold:.0%}, alpha {opts.rules.alpha:g} per rule and "
           "machine).", ""]
     for machine, results in hist.machines.items():
@@ -135,9 +135,10 @@ def _baseline_lines(results: list[dict], opts: PageOptions, done: Outcome) -> li
            else f"older than every kept commit (at least {tip.gates} commits)")
     done.lines.append(f"history: re-record the baseline at {tip.commit[:10]}: {tip.command}")
     return ["### Baseline", "",
-            f"The baseline revision {a[:10]} is {age} old and all {tip.gates} gates since it "
-            f"passed: their drift was accepted. Re-record it at {tip.commit[:10]} (the newest "
-            "quiet PASS), on a clean tree, then commit results/baseline/:", "",
+            f"The baseline revision {a[:10]} is {age} old and none of the {tip.gates} gates "
+            f"since it FAILed ({tip.passed} PASS): their drift was accepted. Re-record it at "
+            f"{tip.commit[:10]} (the newest quiet PASS), on a clean tree, then commit "
+            "results/baseline/:", "",
             f"    {tip.command}", ""]
 
 
