@@ -189,7 +189,7 @@ def main(argv: list[str]) -> int:
     run_all(out, state, args.lock)
     if (out / "history" / "history.json").exists():
         done = sh([sys.executable, "-m", "bench", "history", str(out / "history"), "--out",
-                   str(out / "page")], REPO, check=False)
+                   str(out / "page"), "--branch", state["branch"]], REPO, check=False)
         print((done.stdout + done.stderr).strip())
     return 0
 
