@@ -23,6 +23,8 @@ VERBS: dict[str, tuple[str, str, str]] = {
            "between-repeat intervals", "bench.commands.ab"),
     "bisect": ("GOOD BAD --metric M", "the first commit that made a metric worse (ab at each "
                "step)", "bench.commands.bisect"),
+    "history": ("add DIR DECISION_JSON | DIR", "the gate's memory: keep each decision.json; "
+                "per-commit ratios, steps, creep", "bench.commands.history"),
     "noise": ("[--runs N]", "a preset's run-to-run noise: intervals and their coverage",
               "bench.commands.noise"),
     "microbench": ("RUN_DIR", "micro-benchmarks (pytest-benchmark) saved with a run",
