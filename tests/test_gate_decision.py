@@ -300,3 +300,46 @@ def test_a_check_not_judged_is_no_pass_and_no_failure():
     check = judge(ROW, "step_mean_ab", "step_mean", iv, 0.03, "A's")
     assert state(settle([check], Disturbance.measured(DISTURBED))[0]) == "NOT JUDGED"
     assert decision.overall([state(check)], 0) == "PASS" and check.passed
+
+
+# ---- scripts/gate_power.py reads decision.json --------------------------------------------
+
+def test_the_power_script_counts_each_gates_verdict_from_its_decision(tmp_path):
+    """gate_power's tables over a results folder of gates that have decision.json: each
+    gate's verdict and metric verdicts read from the file (never a console line),
+    INCONCLUSIVE a column of its own; an older gate without one keeps its recorded states."""
+    import subprocess
+    import sys
+
+    from tests.test_served import REPO
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_power
+
+    undecided = Metric("step_mean", "pr36425", "wait_complete", "tp2 pp1 sim inf/s", 1.01,
+                       0.97, 1.05, 0.041, 0.02, 0.03, "INCONCLUSIVE", 24)
+    results = []
+    for i, d in enumerate([a_decision(), a_decision(verdict="INCONCLUSIVE", exit_code=77,
+                                                    metrics=[undecided])]):
+        gate = tmp_path / "study" / "gates" / f"{i:02d}_aa_quiet"
+        decision.write(d, gate / "ab")
+        results.append({"label": "A/A quiet", "exit": d.exit_code, "repeats": 24,
+                        "seconds": 250.0, "dir": str(gate), "states": {}, "intervals": {}})
+    results.append({"label": "A/A quiet", "exit": 1, "repeats": 80, "seconds": 420.0,
+                    "states": {"step_mean": "UNRESOLVED"}, "intervals": {}})  # an older gate
+    got = gate_power.read_decision(results[1]["dir"])
+    assert got["verdict"] == "INCONCLUSIVE" and got["states"] == {"step_mean": "INCONCLUSIVE"}
+    assert got["intervals"] == {"pr36425 step_mean_ms": "1.010 [0.970, 1.050], n=24"}
+    assert [gate_power.verdict(r) for r in results] == ["PASS", "INCONCLUSIVE", "UNRESOLVED"]
+    assert gate_power.table(results) == [
+        "| gates | n | FAIL | INCONCLUSIVE | UNRESOLVED | PASS | paired repeats (median) | "
+        "seconds (median) |", "|---|---|---|---|---|---|---|---|",
+        "| A/A quiet | 3 | 0 | 1 | 1 | 1 | 24 | 250 |"]
+    study = tmp_path / "study"
+    (study / "baseline").mkdir()
+    (study / "baseline" / "gate.json").write_text(json.dumps({"thresholds": {"step_mean": 0.03}}))
+    (study / "gate_power.json").write_text(json.dumps({"results": results[:2]}))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gate_power.py"), "--tables",
+                           str(study)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| A/A quiet | 2 | 0 | 1 | 1 | 24 | 250 |" in done.stdout

@@ -173,8 +173,9 @@ def now_utc() -> str:
 
 
 def write(decision: Decision, folder: Path) -> Path:
-    """folder/decision.json, written atomically; its path."""
+    """folder/decision.json, written atomically (the folder made where need be); its path."""
     path = Path(folder) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, asdict(decision))
     return path
 
