@@ -38,10 +38,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ab", action="store_true",
                         help="run the baseline revision beside this tree for the timings")
     parser.add_argument("--tolerance", type=float, default=None,
-                        help="one threshold for every timing metric: pass when the whole "
-                             "interval lies below 1 + it, fail when above, INCONCLUSIVE or FAIL "
-                             "(a disturbed or a quiet machine) while it holds it (default: "
-                             f"gate.json's thresholds, else {DEFAULT_THRESHOLD})")
+                        help="one threshold for every timing metric (default: gate.json's "
+                             f"thresholds, else {DEFAULT_THRESHOLD})")
     args = parser.parse_args(argv)
     if args.tolerance is not None:
         check_tolerance(args.tolerance, "--tolerance")
