@@ -41,7 +41,7 @@ from bench.analysis.verdict import (
     unexplained_disagreements,
 )
 from bench.gate import decision as decision_file
-from bench.gate.ab import check_served, run_gate_served
+from bench.gate.ab import ServedAb, check_served, run_gate_served
 from bench.gate.baseline import (
     check_comparable,
     load_baseline,
@@ -259,7 +259,7 @@ class Timings:
     checks: list[Check]
     how: str
     disturbance: Disturbance
-    served: object | None = None
+    served: ServedAb | None = None
 
 
 def timing_checks(args: GateOptions, run: GatedRun, baseline: pd.DataFrame,

@@ -9,6 +9,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.gate.checks import Check, state
 from bench.gate.decision import (
@@ -22,6 +23,9 @@ from bench.gate.decision import (
     overall,
 )
 from bench.stats import ESTIMATOR, LEVEL
+
+if TYPE_CHECKING:  # the served A/B's engine is not imported to judge or print a gate
+    from bench.gate.ab import ServedAb
 
 
 def is_timing(c: Check) -> bool:
@@ -77,7 +81,7 @@ def _branch() -> str | None:
     return name if done.returncode == 0 and name and name != "HEAD" else None
 
 
-def gate_decision(checks: list[Check], served, settings: dict,
+def gate_decision(checks: list[Check], served: ServedAb, settings: dict,
                   thresholds: dict[str, float]) -> Decision:
     """The decision of a gate whose timings came from `served` (bench.gate.ab.ServedAb)."""
     from bench.rundir.env import git_info
