@@ -62,6 +62,8 @@ bench: setup  ## the main job: protocols x policies x repeats, results/latest; S
 delay-sweep: setup  ## make bench's workload at 0-3 ms added per control-plane collective: ratio against c, with the model (sweep.md)
 	$(PY) -m bench run --preset delay-sweep $(ARGS)
 
+# make exits 2 on any failure; the gate's own code (0 PASS, 1 FAIL, 77 INCONCLUSIVE) is the
+# exit_code of results/latest/ab/decision.json (.ci/gate reads it; docs/gate-ci.md)
 gate: dev  ## quick CI preset (its host work counted too), its micro-benchmarks, then the perf gate: counts vs the model and the host-work ceiling, timings vs the baseline revision run beside this tree
 	$(PY) -m bench run --preset ci --host-work calls $(ARGS)
 	$(PY) -m bench microbench results/latest

@@ -14,8 +14,9 @@ check is a catch), --aa times on the base itself (every FAIL is a false alarm) a
 bench.neighbour's default). Each revision's ci run is made once and copied for each of its
 gates: the timing checks do not read it.
 
-Prints one line per gate (each timing metric's state, the paired repeats, the seconds) and a
-table, and writes gate_power.json and gate_power.md into --out (default
+Prints one line per gate (its last line, the paired repeats, the seconds) and a table of
+each kind's FAIL, INCONCLUSIVE and PASS, read from each gate's decision.json (RUN/ab), and
+writes gate_power.json and gate_power.md into --out (default
 results/gate_power_<UTC time>). Needs a committed HEAD; a gate takes 2 to 8 minutes on 2
 cores. Measure the quiet rows on a quiet machine.
 
@@ -40,7 +41,6 @@ import datetime as dt
 import fcntl
 import itertools
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -48,22 +48,28 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.ab import sequential  # noqa: E402
 from bench.neighbour import DEFAULT, Neighbour, SpecError  # noqa: E402
 from bench.neighbour import parse as parse_neighbour  # noqa: E402
 from bench.rundir.files import write_json_atomic, write_text_atomic  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+from gate_power_tables import (  # noqa: E402,F401 (tables: the tests read them here)
+    budget_rows,
+    cpu_lost,
+    gate_rows,
+    lines,
+    read_decision,
+    table,
+    verdict,
+)
 
 SCHEDULER = Path("hicache") / "serve" / "scheduler.py"
 STEP_TOP = "        self.stats.counter.step = step\n        stamp = msg[\"now\"]"
 STEP_END = "        rec.t_end = self._clock()\n"
 GIT = ["git", "-c", "user.name=gate-power", "-c", "user.email=gate-power@localhost"]
-GATED = ("step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50")
-BUDGETS = (24, 36, 42, 48, 60)  # paired repeats a gate may stop at (budget_rows)
 
 
 def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -124,26 +130,6 @@ def ci_run(repo: Path, rev: str, out: Path) -> Path:
     return run
 
 
-def states(last_line: str) -> dict[str, str]:
-    """Each gated metric's state from the gate's last line."""
-    out = {}
-    for m in GATED:
-        for s in ("PASS", "FAIL", "UNRESOLVED", "NOT JUDGED"):
-            if f"{m} {s}" in last_line:
-                out[m] = s
-    return out
-
-
-def intervals(ab_csv: Path) -> dict[str, str]:
-    """`protocol metric` -> `point [low, high], n` of the gated rows of an ab.csv."""
-    if not ab_csv.exists():
-        return {}
-    d = pd.read_csv(ab_csv)
-    d = d[(d["kind"] == "timing") & d["metric"].isin([f"{m}_ms" for m in GATED])]
-    return {f"{r.protocol} {r.metric}": f"{r.ratio_b_over_a:.3f} [{r.ratio_ci_low:.3f}, "
-            f"{r.ratio_ci_high:.3f}], n={int(r.repeats)}" for r in d.itertuples()}
-
-
 def gate_once(repo: Path, rev: str, run: Path, baseline: Path, out: Path, label: str,
               neighbour) -> dict:
     """`bench gate --ab` at `rev` on a fresh copy of its ci run."""
@@ -158,112 +144,13 @@ def gate_once(repo: Path, rev: str, run: Path, baseline: Path, out: Path, label:
     last = (done.stdout.strip().splitlines() or [""])[-1]
     ab = copy / "ab" / "ab.json"
     stages = json.loads(ab.read_text())["stages"] if ab.exists() else []
-    return {"label": label, "rev": rev, "exit": done.returncode, "states": states(last),
-            "repeats": sum(s["repeats"] for s in stages), "stages": len(stages),
-            "intervals": intervals(copy / "ab" / "ab.csv"), "last_line": last,
+    d = read_decision(copy) or {"verdict": None, "states": {}, "intervals": {}}
+    return {"label": label, "rev": rev, "exit": done.returncode, "verdict": d["verdict"],
+            "states": d["states"], "repeats": sum(s["repeats"] for s in stages),
+            "stages": len(stages), "intervals": d["intervals"], "last_line": last,
             "seconds": round(time.monotonic() - t0, 1), "load_1m_before": load_before,
             "load_1m": os.getloadavg()[0], "dir": str(copy),
             "utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
-
-
-def table(results: list[dict]) -> list[str]:
-    """Per label: gates, how many FAIL (any timing check), how many end UNRESOLVED (none
-    failing), how many PASS every check."""
-    rows = ["| gates | n | FAIL | UNRESOLVED | PASS | paired repeats (median) | seconds "
-            "(median) |", "|---|---|---|---|---|---|---|"]
-    for label in dict.fromkeys(r["label"] for r in results):
-        rs = [r for r in results if r["label"] == label]
-        fail = sum("FAIL" in r["states"].values() for r in rs)
-        wide = sum("FAIL" not in r["states"].values() and "UNRESOLVED" in r["states"].values()
-                   for r in rs)
-        rows.append(f"| {label} | {len(rs)} | {fail} | {wide} | {len(rs) - fail - wide} | "
-                    f"{pd.Series([r['repeats'] for r in rs]).median():g} | "
-                    f"{pd.Series([r['seconds'] for r in rs]).median():.0f} |")
-    return rows
-
-
-def cpu_lost(gate_dir: str) -> str:
-    """How quiet the machine was for a gate: the share of each serve's CPU time lost to steal
-    and to other processes (ranks.csv `cpu_lost`, every rank of every serve of both sides),
-    its median and 90th percentile; "-" where the gate left no serves."""
-    files = sorted(Path(gate_dir).glob("ab/stages/*/*/ranks.csv")) if gate_dir else []
-    if not files:
-        return "-"
-    lost = pd.concat([pd.read_csv(f, usecols=["cpu_lost"]) for f in files])["cpu_lost"]
-    return f"{lost.median():.1%} / {lost.quantile(0.9):.1%}"
-
-
-def gate_rows(results: list[dict]) -> list[str]:
-    """One row a gate, in the order run: its kind, exit, paired repeats, seconds, the CPU
-    its serves lost to other work, and each protocol's step-time B/A with its 95 % interval."""
-    protocols = sorted({k.split()[0] for r in results for k in r["intervals"]})
-    rows = ["| # | gate | exit | pairs | s | cpu lost p50 / p90 | "
-            + " | ".join(f"{p} step B/A [95% CI]" for p in protocols) + " |",
-            "|---|---|---|---|---|---|" + "---|" * len(protocols)]
-    for i, r in enumerate(results):
-        steps = [r["intervals"].get(f"{p} step_mean_ms", "-").rsplit(", n=", 1)[0]
-                 for p in protocols]
-        rows.append(f"| {i} | {r['label']} | {r['exit']} | {r['repeats']} | {r['seconds']:.0f} "
-                    f"| {cpu_lost(r.get('dir', ''))} | " + " | ".join(steps) + " |")
-    return rows
-
-
-def checks(results: list[dict]) -> dict[str, list[tuple[float, float, float, int]]]:
-    """`protocol metric` -> (point, low, high, n) of each gate in `results`."""
-    out: dict[str, list] = {}
-    for r in results:
-        for key, text in r["intervals"].items():
-            point, rest = text.split(" [", 1)
-            low, rest = rest.split(", ", 1)
-            high, n = rest.split("], n=", 1)
-            out.setdefault(key, []).append((float(point), float(low), float(high), int(n)))
-    return out
-
-
-def budget_rows(results: list[dict], thresholds: dict[str, float],
-                budgets: tuple[int, ...] = BUDGETS) -> list[str]:
-    """What budget the quiet A/As ask for. Per gated check: its pairs' spread (the median
-    over the A/As of the sd behind each interval), its lean (the mean of the A/As' log
-    points, with its 95 % interval over the gates), and the chance that a quiet A/A stopped
-    at n pairs is left UNRESOLVED on it (bench.ab.sequential.left_unresolved), with no lean
-    and with the lean measured; the last row, on any check (the checks taken as
-    independent). Each n is headed with its A/B seconds at the quiet A/As' median seconds
-    per pair. [] without quiet A/As."""
-    from scipy import stats
-
-    aa = checks([r for r in results if r["label"] == "A/A quiet"])
-    if not aa:
-        return []
-    quiet = [r for r in results if r["label"] == "A/A quiet" and r.get("repeats")]
-    per_pair = (float(pd.Series([r["seconds"] / r["repeats"] for r in quiet]).median())
-                if quiet and all("seconds" in r for r in quiet) else None)
-    rows = ["| check | threshold | pair sd (median) | B/A lean [95% CI] over the A/As | "
-            + " | ".join(f"n={n}" + (f" (~{n * per_pair:.0f} s)" if per_pair else "")
-                         + ": none / lean" for n in budgets) + " |",
-            "|---|---|---|---|" + "---|" * len(budgets)]
-    stay = {n: [1.0, 1.0] for n in budgets}  # per budget, P(every check resolves)
-    for key, seen in sorted(aa.items()):
-        threshold = thresholds[key.split()[1].removesuffix("_ms")]
-        sd = float(pd.Series([sequential.spread(lo, hi, n) for _, lo, hi, n in seen]).median())
-        logs = [math.log(p) for p, *_ in seen]
-        lean = math.exp(sum(logs) / len(logs)) - 1
-        ci = (stats.ttest_1samp(logs, 0).confidence_interval() if len(logs) > 1
-              else None)
-        cells = []
-        for n in budgets:
-            p0 = sequential.left_unresolved(sd, threshold, n)
-            p1 = sequential.left_unresolved(sd, threshold, n, lean)
-            stay[n][0] *= 1 - p0
-            stay[n][1] *= 1 - p1
-            cells.append(f"{p0:.2%} / {p1:.2%}")
-        lean_text = f"{lean:+.2%}" + (f" [{math.exp(ci.low) - 1:+.2%}, "
-                                      f"{math.exp(ci.high) - 1:+.2%}]" if ci else "")
-        rows.append(f"| {key} | {threshold:.0%} | {sd:.1%} | {lean_text} | "
-                    + " | ".join(cells) + " |")
-    rows.append(f"| any check ({len(aa)}) | | | | "
-                + " | ".join(f"{1 - stay[n][0]:.2%} / {1 - stay[n][1]:.2%}"
-                             for n in budgets) + " |")
-    return rows
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -349,10 +236,6 @@ def setup(args: argparse.Namespace) -> tuple[Path, Path, str, list[dict], dict[f
     if args.resume is None:
         baseline = record_baseline(repo, out)
     return out, baseline, head, results, planted
-
-
-def lines(results: list[dict], thresholds: dict[str, float]) -> list[str]:
-    return table(results) + ["", *gate_rows(results), "", *budget_rows(results, thresholds)]
 
 
 def tables(dirs: list[Path]) -> int:

@@ -3,7 +3,6 @@ block, verdicts on made-up runs, the binary search with a fake ab, and the revis
 on a scratch git repository."""
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,8 +13,7 @@ from bench.ab.bisect import Step, search, step_of
 from bench.ab.blocks import AbPlan, Outcome, comparison, merged, run_blocks
 from bench.ab.revisions import WORKTREE, Revision, RevisionError, commits_between, resolve
 from bench.commands.ab import main as main_ab
-from bench.commands.gate import main as main_gate
-from tests.test_gate import clean, write_run  # noqa: F401 (clean: the gate's fixture)
+from tests.test_gate import write_run
 from tests.test_gate_quiet import serving_requests, serving_steps
 
 TREE = Revision(WORKTREE, None)
@@ -133,182 +131,20 @@ def test_block_runs_are_started_without_plots(tmp_path, monkeypatch):
     assert seen["BENCH_NO_PLOTS"] == "1"
 
 
-# ---- the gate on ab, with a fake ab ---------------------------------------------------------
-
-@pytest.fixture
-def blocks(clean, tmp_path):  # noqa: F811
-    """The clean run and a copy of its baseline whose gate.json asks for blocks of 6."""
-    baseline = tmp_path / "blocks_baseline"
-    shutil.copytree(clean[1], baseline)
-    settings = json.loads((baseline / "gate.json").read_text())
-    settings["ab"] = {**settings["ab"], "design": "blocks", "blocks": 6}
-    (baseline / "gate.json").write_text(json.dumps(settings))
-    return clean[0], baseline
-
-
-def fake_gate(monkeypatch, slower_in, calls):
-    """gate.run_gate_ab replaced by an A/B of 4 fake blocks whose B is slower_in(seed) times
-    A in every block (step times and ITL only); calls gets each A/B's seed."""
-    from bench.gate import evaluate as gate
-
-    def fake_gate_ab(settings, out, seed=0):
-        calls.append(seed)
-        plan = AbPlan(TREE, TREE, "ci", 4, seed=seed, out=out)
-        factor = lambda side, k: slower_in(seed) if side == "b" else 1.0  # noqa: E731
-        return comparison(plan, run_blocks(plan, fake_runner(factor), log=print)), out
-    monkeypatch.setattr(gate, "run_gate_ab", fake_gate_ab)
-
-
-def failing_rows(out: str) -> list[str]:
-    """The rows of the failing-checks table (between its "check" header and the notes,
-    resolution lines or "timings:" line after it), each failing check's own line (its
-    expected, observed and meaning indented below it are not rows)."""
-    lines = out.splitlines()
-    table = lines[lines.index(next(x for x in lines if x.startswith("check "))) + 1:]
-    return [x for x in table[:next(i for i, x in enumerate(table)
-                                   if x.startswith(("note: ", "resolution: ", "timings:")))]
-            if not x.startswith(" ")]
-
-
-def failing_checks(out: str) -> set[str]:
-    return {x.split()[0] for x in failing_rows(out)}
-
-
-@pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
-def test_gate_ab_fails_a_slower_tree_on_its_timings_only(blocks, slower, code, tmp_path,
-                                                         monkeypatch, capsys):
-    """`bench gate --ab` judges the A/B's intervals (bench.gate.timing.ab_checks): this tree
-    30% slower in every block fails on step time and ITL, and the second A/B (the next
-    seeds, after the gate.json's blocks) confirms it; the same code passes without a second
-    A/B; the exact count checks of the run hold either way."""
-    calls = []
-    fake_gate(monkeypatch, lambda seed: slower, calls)
-    run = tmp_path / "run"
-    shutil.copytree(blocks[0], run)
-    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == code
-    out = capsys.readouterr().out
-    assert "interleaved on this machine" in out
-    if code:
-        assert failing_checks(out) == {"step_mean_ab", "itl_p50_ab"}, out  # TTFT not scaled
-        assert calls == [0, 6]  # gate.json's 6 blocks, then seeds 6..
-        n = len(failing_rows(out))
-        assert f"confirmation: {n} of {n} failing timing checks failed again" in out
-        assert "; again 1.3" in out and str(run / "ab_confirm" / "ab.md") in out
-        assert out.splitlines()[-1].startswith("FAILED: ") and "ab: 0 better" in out
-    else:
-        assert calls == [0] and "confirmation" not in out
-        assert "ab: 0 better, 0 worse" in out and out.splitlines()[-1].startswith("OK: "), out
-
-
-def test_gate_ab_passes_a_failure_the_second_ab_does_not_confirm(blocks, tmp_path,
-                                                                 monkeypatch, capsys):
-    """A tree slower only in the first A/B (a burst of load on the machine) passes, each
-    check it failed there noted with the second A/B's interval; with --no-confirm the first
-    A/B alone decides."""
-    calls = []
-    fake_gate(monkeypatch, lambda seed: 1.3 if seed == 0 else 1.0, calls)
-    run = tmp_path / "run"
-    shutil.copytree(blocks[0], run)
-    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == 0
-    out = capsys.readouterr().out
-    assert calls == [0, 6] and out.splitlines()[-1].startswith("OK: step_mean PASS"), out
-    lines = out.splitlines()  # each note's check on its line, what it notes indented below
-    notes = [x for x, below in zip(lines, lines[1:], strict=False)
-             if x.startswith("note: ") and "not confirmed by the second" in below]
-    assert {x.split()[1] for x in notes} == {"step_mean_ab", "itl_p50_ab"}, out
-    assert f"confirmation: 0 of {len(notes)} failing timing checks failed again" in out
-    calls.clear()
-    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab", "--no-confirm"]) == 1
-    out = capsys.readouterr().out
-    assert calls == [0] and failing_checks(out) == {"step_mean_ab", "itl_p50_ab"}, out
-
-
-def test_gate_ab_calls_a_step_interval_wider_than_its_threshold_unresolved(
-        blocks, tmp_path, monkeypatch, capsys):
-    """Doctored blocks whose B/A swings 1.25, 0.8, ... (step time and ITL): no interval above
-    1 + threshold, but one that holds it: UNRESOLVED, not PASS, failing the gate with no
-    second A/B (a second only confirms a failure)."""
-    from bench.gate import evaluate as gate
-
-    calls = []
-
-    def fake_gate_ab(settings, out, seed=0):
-        calls.append(seed)
-        plan = AbPlan(TREE, TREE, "ci", 4, seed=seed, out=out)
-        swing = lambda side, k: (1.25 if k % 2 == 0 else 0.8) if side == "b" else 1.0  # noqa: E731
-        return comparison(plan, run_blocks(plan, fake_runner(swing), log=print)), out
-    monkeypatch.setattr(gate, "run_gate_ab", fake_gate_ab)
-    run = tmp_path / "run"
-    shutil.copytree(blocks[0], run)
-    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == 1
-    out = capsys.readouterr().out
-    assert calls == [0] and "confirmation" not in out, out
-    step = [x for x in failing_rows(out) if x.startswith("step_mean_ab")]
-    assert step and all(x.endswith("UNRESOLVED") for x in step), out
-    assert any(x.startswith("resolution: step_mean_ab ") and x.endswith(": UNRESOLVED")
-               for x in out.splitlines()), out
-    last = out.splitlines()[-1]
-    assert last.startswith("FAILED: ") and "step_mean UNRESOLVED" in last, last
-
-
-@pytest.mark.parametrize("first, again, fails", [
-    # a 2 ms slower poll, its second A/B's 3 pairs widened by one slow block
-    ((4.607, 3.736, 5.681), (3.465, 1.166, 10.299), True),
-    # unchanged code, the second A/B's interval holds 1
-    ((1.229, 1.080, 1.398), (1.184, 0.777, 1.807), False),
-    # slower on new workloads, but by less than the threshold: a smaller change than gated
-    ((1.10, 1.05, 1.15), (1.02, 1.01, 1.03), False),
-    ((1.10, 1.05, 1.15), (1.10, 1.01, 1.20), True),
-])
-def test_a_failure_is_confirmed_when_the_second_ab_replicates_it(first, again, fails):
-    """The second A/B replicates a failure when its whole interval lies above 1 and its point
-    beyond 1 + threshold (bench.gate.timing.replicates): a real regression whose fresh blocks
-    are noisier still fails; unchanged code whose second interval holds 1 passes."""
-    from bench.gate.timing import confirmed, judge
-    from bench.stats import Interval
-
-    row = {"protocol": "pr36425", "policy": "wait_complete", "tp": 2, "pp": 1,
-           "storage": "sim", "rate_rps": "inf", "extra_pool": False}
-
-    def check(iv, again_=False):
-        return judge(row, "step_mean_ab", "step_mean", Interval(*iv, n=3), 0.03, "A's",
-                     again_)  # results/baseline's step threshold
-    one = check(first)
-    assert not one.passed  # the first A/B fails on its own rule
-    [out] = confirmed([one], [check(again, again_=True)])
-    assert out.passed is not fails, out
-    assert ("again" in out.observed) if fails else ("not confirmed" in out.note)
-
-
-def test_the_confirming_ab_runs_the_next_seeds(tmp_path, monkeypatch):
-    """gate.json's 6 blocks are seeded 0..5; the confirming A/B's 6..11: new workloads."""
-    from bench.gate import ab as gate_ab
-
-    monkeypatch.setattr(gate_ab, "resolve", lambda name, repo: Revision(name, "0" * 40))
-    settings = {"ab": {"revision": "base", "preset": "queue", "blocks": 6,
-                       "protocols": "pr27010", "policies": "wait_complete"}}
-
-    def seeds(plan):
-        return [int((c := plan.command(k, tmp_path))[c.index("--seed") + 1])
-                for k in range(plan.blocks)]
-    first = gate_ab.gate_plan(settings, tmp_path)
-    again = gate_ab.gate_plan(settings, tmp_path, gate_ab.confirmation_seed(settings))
-    assert seeds(first) == [0, 1, 2, 3, 4, 5] and seeds(again) == [6, 7, 8, 9, 10, 11]
-    assert again.run_args == ("--protocols", "pr27010", "--policies", "wait_complete")
-
+# ---- gate.json's ab: what the gate's served A/B passes both sides -----------------------------
+# (the gate on a fake served A/B: tests/test_gate_decision.py)
 
 def test_gate_json_sizes_both_sides_serve(tmp_path, monkeypatch):
     """gate.json's ab.requests / ab.bystanders reach both sides' `bench run` alike."""
     from bench.gate import ab as gate_ab
 
     monkeypatch.setattr(gate_ab, "resolve", lambda name, repo: Revision(name, "0" * 40))
-    settings = {"ab": {"revision": "base", "preset": "ci", "blocks": 2, "requests": 8,
+    settings = {"ab": {"design": "served", "revision": "base", "preset": "ci", "requests": 8,
                        "bystanders": 0}}
-    plan = gate_ab.gate_plan(settings, tmp_path)
+    plan = gate_ab.served_plan(settings, tmp_path)
     assert plan.run_args == ("--requests", "8", "--bystanders", "0")
-    for k in range(plan.blocks):
-        command = plan.command(k, tmp_path)
-        assert command[command.index("--requests") + 1] == "8"
+    command = plan.command(3, 0)
+    assert command[command.index("--requests") + 1] == "8"
 
 
 @pytest.mark.parametrize("key,value", [("requests", 0), ("requests", "8"), ("requests", True),
@@ -321,11 +157,6 @@ def test_gate_json_refuses_a_bad_serve_size(tmp_path, key, value):
         {"ab": {"revision": "base", "preset": "ci", key: value}}))
     with pytest.raises(ResultFileError, match=f"ab.{key}.*must be an integer"):
         read_settings(tmp_path)
-
-
-def test_no_confirm_needs_ab(clean, capsys):  # noqa: F811
-    assert main_gate([str(clean[0]), "--baseline", str(clean[1]), "--no-confirm"]) == 2
-    assert "--no-confirm needs --ab" in capsys.readouterr().err
 
 
 # ---- bisect's search, with a fake ab --------------------------------------------------------

@@ -133,7 +133,6 @@ def test_a_table_with_call_site_chains_names_them_below_it():
 
 
 # ---- bench gate: its table, notes, resolution lines, context and last line ------------------
-from tests.test_ab import blocks, fake_gate  # noqa: E402,F401 (blocks: a fixture)
 from tests.test_gate import (  # noqa: E402,F401 (clean: the gate's fixture)
     REPEATS,
     clean,
@@ -157,8 +156,9 @@ def _add_decision_and_slow(frame):
 @pytest.mark.parametrize("case, code", [("pass", 0), ("fail", 1), ("unresolved", 1),
                                         ("not judged", 0)])
 def test_the_gates_output_fits(clean, tmp_path, capsys, case, code):  # noqa: F811
-    """A passing gate, one failing count and timing checks, one UNRESOLVED, one with too few
-    repeats: every line fits, the last line keeps its form."""
+    """A passing gate, one failing count and timing checks, one undecided (FAIL: no
+    disturbance measured), one with too few repeats: every line fits, the last line keeps
+    its form."""
     run, baseline = clean
     if case == "fail":
         run = doctored(clean, tmp_path, _add_decision_and_slow)
@@ -172,20 +172,25 @@ def test_the_gates_output_fits(clean, tmp_path, capsys, case, code):  # noqa: F8
     capsys.readouterr()
     assert gate(run, baseline, "--tolerance", "0.05") == code
     lines = _fits(capsys.readouterr().out)
-    assert lines[-1].startswith("OK: " if code == 0 else "FAILED: ")
+    assert lines[-1].startswith("OK: " if code == 0 else "FAIL")
 
 
-@pytest.mark.parametrize("slower, code", [(1.0, 0), (1.3, 1)])
-def test_the_gates_ab_output_fits(blocks, tmp_path, monkeypatch, capsys, slower, code):  # noqa: F811
-    """gate --ab (blocks, faked): the A/B's log lines, the confirmation and timings lines."""
+@pytest.mark.parametrize("factor, lost, code", [("same", "quiet", 0), ("slower", "quiet", 1),
+                                                ("swing", "noisy", 77)])
+def test_the_gates_ab_output_fits(clean, tmp_path, monkeypatch, capsys, factor, lost,  # noqa: F811
+                                  code):
+    """gate --ab (its served A/B faked): the A/B's log lines, the timings lines, the last."""
     import shutil
 
     from bench.commands.gate import main as main_gate
+    from tests import test_gate_decision as fake
 
-    fake_gate(monkeypatch, lambda seed: slower, [])
+    factors = {"same": lambda side, k: 1.0, "slower": fake.slower, "swing": fake.swing}
+    fake.fake_served(monkeypatch, factors[factor], fake.QUIET if lost == "quiet" else
+                     fake.DISTURBED)
     run = tmp_path / "a-run-directory-with-a-long-name-as-ci-makes-them" / "run"
-    shutil.copytree(blocks[0], run)
-    assert main_gate([str(run), "--baseline", str(blocks[1]), "--ab"]) == code
+    shutil.copytree(clean[0], run)
+    assert main_gate([str(run), "--baseline", str(clean[1]), "--ab"]) == code
     captured = capsys.readouterr()
     _fits(captured.out)
     _fits(captured.err)
@@ -193,44 +198,48 @@ def test_the_gates_ab_output_fits(blocks, tmp_path, monkeypatch, capsys, slower,
 
 def _timing(metric: str, protocol: str, s: str):
     from bench.gate.checks import Check
+    from bench.stats import Interval
 
     layout = "tp2 pp2 sim 8/s extra_pool"
+    idle = s == "NOT JUDGED"
     return Check(f"{metric}_ratio_vs_baseline", protocol, "wait_complete", layout,
-                 passed=s == "NOT JUDGED", judged=s != "NOT JUDGED", unresolved=s == "UNRESOLVED",
-                 resolves=None if s == "NOT JUDGED" else 1.234, threshold=0.05,
+                 passed=idle, judged=not idle, unresolved=not idle,
+                 inconclusive=s == "INCONCLUSIVE", needed=None if idle else 0.373,
+                 interval=Interval(1.442, None if idle else 0.298, None if idle else 6.972, 3),
+                 resolves=None if idle else 1.234, threshold=0.05,
                  expected="x the baseline's: passes below 1.05, fails above it",
                  observed="1.442 [0.298, 6.972], 3 paired repeats",
                  meaning=f"{protocol}'s bystanders' TTFT p50: its 95% interval holds 1.05, so a "
-                         "change of 5.0% could not be told from none: not passed (more paired "
-                         "repeats narrow it)",
+                         "change of 5.0% could not be told from none: not passed",
                  note="not judged: too few repeats for an interval (2 paired, needs 3)"
-                 if s == "NOT JUDGED" else "UNRESOLVED: its interval holds 1.05 (resolves 123.4%)")
+                 if idle else "undecided: its interval holds 1.05 (half-width 123.4%, needed "
+                 "37.3%)")
 
 
-@pytest.mark.parametrize("s", ["UNRESOLVED", "NOT JUDGED"])
-def test_every_metric_undecided_keeps_a_last_line_of_states_that_fits(s):
-    """Four gated metrics UNRESOLVED (or not judged) over a long protocol's checks: the
-    table, notes and resolution lines fit; the last line is still OK/FAILED with every
-    metric's state (scripts/gate_power.py reads them), its counts on the line above."""
-    import sys
-
+@pytest.mark.parametrize("s", ["FAIL", "INCONCLUSIVE", "NOT JUDGED"])
+def test_every_metric_undecided_keeps_a_last_line_of_verdicts_that_fits(s):
+    """Four gated metrics undecided (quiet: FAIL; disturbed: INCONCLUSIVE) or not judged
+    over a long protocol's checks: the table, notes and resolution lines fit; the last line
+    still names every metric's verdict and the disturbance, the counts and each undecided
+    check's half-widths on the lines above."""
     from bench.gate.checks import Check
     from bench.gate.console import format_checks, last_line
-    from tests.test_served import REPO
+    from bench.gate.decision import Disturbance
 
     metrics = ["step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50"]
     checks = [_timing(m, "step-clock", s) for m in metrics]
     checks += [Check("decision_exact", "step-clock", "timeout", "tp2 pp2 sim 8/s", True)] * 100
-    lines = _fits(format_checks(checks) + "\n" + last_line(checks))
+    noise = Disturbance.measured([0.2 if s == "INCONCLUSIVE" else 0.01])
+    lines = _fits(format_checks(checks) + "\n" + last_line(checks, noise))
     assert any(x.startswith("resolution: bystander_ttft_p50_ratio_vs_baseline step-clock/")
                for x in lines) or s == "NOT JUDGED"
     last = lines[-1]
-    assert last.startswith("FAILED: " if s == "UNRESOLVED" else "OK: ")
-    sys.path.insert(0, str(REPO / "scripts"))
-    import gate_power
-
-    assert gate_power.states(last) == dict.fromkeys(metrics, s)
-    assert "100 exact checks pass" in lines[-2]
+    assert last.startswith({"FAIL": "FAIL", "INCONCLUSIVE": "INCONCLUSIVE",
+                            "NOT JUDGED": "OK: "}[s])
+    assert all(m in last for m in metrics) and "cpu lost " in last and "PASS" not in last
+    below = lines[next(i for i, x in enumerate(lines) if "100 exact checks pass" in x):]
+    if s != "NOT JUDGED":
+        assert " ".join(" ".join(below).split()).count("123.4% (needed 37.3%)") == 4
 
 
 def test_abs_progress_lines_fit(tmp_path, capsys):

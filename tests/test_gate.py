@@ -227,19 +227,27 @@ def test_slower_in_every_repeat_fails(clean, tmp_path, capsys):
     assert "decision_exact" not in out  # only the soft check fails
 
 
-def test_slower_in_one_repeat_is_unresolved_not_passed(clean, tmp_path, capsys):
+def test_slower_in_one_repeat_is_undecided_never_passed(clean, tmp_path, capsys):
     """One repeat 3x slower, the others as before: the per-repeat ratios spread so widely
-    that the interval holds 1 + threshold: UNRESOLVED, which fails the gate and is never
-    PASS; a gate.json that still carries the old excuse (unresolved_ok) is refused."""
+    that the interval holds 1 + threshold: undecided, never PASS. No disturbance measured (no
+    ranks.csv): FAIL; the run's serves disturbed (ranks.csv cpu_lost above the limit):
+    INCONCLUSIVE, exit 77. A gate.json that still carries the old excuse (unresolved_ok) is
+    refused."""
     run = doctored(clean, tmp_path, triple_ttft([1]))
     assert gate(run, clean[1], "--tolerance", "0.05") == 1
     out = capsys.readouterr().out
-    assert "UNRESOLVED: its interval holds 1.05 (resolves" in out
-    resolution = [x for x in out.splitlines() if x.startswith("resolution: ")]
-    assert any(x.endswith("threshold 5.0%: UNRESOLVED") for x in resolution), out
-    assert all(" resolves " in x for x in resolution)
+    assert "undecided: its interval holds 1.05 (half-width " in out
+    flat = " ".join(out.split())  # resolution lines wrap below their own
+    assert "needed 37.4%, threshold 5.0%: FAIL" in flat, out
     last = out.strip().splitlines()[-1]
-    assert last.startswith("FAILED: ") and "ttft UNRESOLVED" in last, last
+    assert last.startswith("FAIL") and "ttft FAIL" in last and "PASS" not in last, last
+    assert "cpu lost not measured" in last
+    rows = [dict(CONFIG, protocol="pr36425", policy=p, repeat=0, rank=0, crosscheck_ok=True,
+                 host_slots_unaccounted=0, cpu_lost=0.2) for p in POLICIES]
+    write_csv_atomic(run / "ranks.csv", rows, list(rows[0]))
+    assert gate(run, clean[1], "--tolerance", "0.05") == 77
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("INCONCLUSIVE") and "cpu lost 20.0% (noisy)" in last, last
     baseline = tmp_path / "baseline"
     shutil.copytree(clean[1], baseline)
     settings = json.loads((baseline / "gate.json").read_text())

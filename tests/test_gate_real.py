@@ -5,7 +5,7 @@ the tree it gates as two sides of one run (each side's ranks importing its own t
 and fails the slow one on step time, while every exact count check holds; `bench bisect`
 calls the harmless commit "same" (a real ab of base and harmless commit, in blocks) and
 names the slow one. The gate's pass path on ab is run for real by `make gate` in CI, and
-judged on made-up A/Bs in tests/test_ab.py and tests/test_served.py."""
+judged on made-up A/Bs in tests/test_gate_decision.py and tests/test_served.py."""
 
 import csv
 import json
@@ -13,6 +13,7 @@ import json
 import pytest
 
 from bench.ab import size_args
+from bench.gate import decision
 from bench.gate.timing import AB_METRICS
 from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 
@@ -81,7 +82,11 @@ def test_gate_ab_serves_both_revisions_and_fails_the_slow_poll_on_step_time(hist
     # its expected, observed and meaning, wrapped at 120 columns below it
     below = " ".join(x.strip() for x in lines[lines.index(step[0]) + 1:][:5])
     assert step and step[0].endswith("FAIL") and "got slower" in below, out
-    assert "step_mean FAIL" in lines[-1] and lines[-1].startswith("FAILED: "), out
+    assert lines[-1].startswith("FAIL") and "step_mean" in lines[-1], out
+    d = decision.read(run / "ab")  # what scripts read: the verdicts, not the console
+    assert d.verdict == "FAIL" and d.exit_code == 1 and d.exact.failed == 0, d
+    assert any(m.metric == "step_mean" and m.protocol == "pr36425" and m.verdict == "FAIL"
+               for m in d.metrics), d.metrics
     assert not any(line.startswith(("decision_exact", "background_exact",
                                     "per_poll_vs_baseline")) for line in lines)
     assert "sides of one run on this machine" in " ".join(x.strip() for x in lines)

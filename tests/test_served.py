@@ -317,10 +317,6 @@ def test_the_power_scripts_plant_spins_a_share_of_each_step():
     compile(planted, "scheduler.py", "exec")
     assert planted.count("_planted_t0 = time.perf_counter()") == 1
     assert "0.05 * (time.perf_counter() - _planted_t0)" in planted
-    assert gate_power.states("FAILED: 2 of 9 checks: step_mean FAIL, itl_p50 PASS, "
-                             "prefetch_ttft_p50 UNRESOLVED; 5 exact checks "
-                             "pass") == {"step_mean": "FAIL", "itl_p50": "PASS",
-                                         "prefetch_ttft_p50": "UNRESOLVED"}
 
 
 

@@ -108,7 +108,8 @@ def test_run_and_gate_without_scipy(hidden, tmp_path):
     assert gated.returncode == 0 and "Traceback" not in gated.stdout + gated.stderr
     assert f"NOT JUDGED ({NO_SCIPY})" in gated.stdout
     # every metric NOT JUDGED on the last line; the reason on the line above it (120 columns)
-    assert last_line(gated).startswith("OK: step_mean NOT JUDGED"), gated.stdout[-2000:]
+    last = last_line(gated)
+    assert last.startswith("OK: ") and "NOT JUDGED" in last and "step_mean" in last, last
     assert NO_SCIPY in "\n".join(gated.stdout.strip().splitlines()[-2:])
 
 

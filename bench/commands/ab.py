@@ -13,8 +13,9 @@ changes included (snapshotted into a worktree too, so both sides run from equiva
 --repeats N --seed SEED` in each tree, each side's ranks importing its own tree's code
 (bench/run/turns.py, the side interface; checked every run); each cell is served by A and
 B back to back, the side first in a repeat drawn from --seed (as many repeats A-first as
-B-first), so the pairs sit seconds apart. A revision older than the side interface cannot be
-a side: ab says so and runs blocks instead. --design blocks: block k (k < --repeats) runs
+B-first), so the pairs sit seconds apart. Blocks are kept only for a revision that cannot be
+served as a side (older than the side interface): ab says so and runs blocks instead (the
+gate refuses such a baseline). --design blocks: block k (k < --repeats) runs
 `bench run --preset P --repeats 1 --seed SEED+k` for each revision, which first drawn from
 --seed, each run only once the one before has left no process behind (--repeats-per-block
 R: each run makes R repeats, paired by (block, repeat)). Per configuration: the counts

@@ -80,10 +80,7 @@ def check_ab(ab: object, where: str) -> dict:
     if ab.get("schedule") not in (None, "free", "pinned"):
         raise ResultFileError(f"{where}: ab.schedule must be free or pinned, got "
                               f"{ab['schedule']!r}")
-    if ab.get("design", "blocks") not in ("served", "blocks"):
-        raise ResultFileError(f"{where}: ab.design must be served or blocks, got "
-                              f"{ab['design']!r}")
-    for key in ("blocks", "repeats_per_block", "repeats", "budget_repeats"):
+    for key in ("repeats", "budget_repeats"):
         _positive_int(ab.get(key, 1), f"{where} (ab.{key})")
     if not isinstance(ab.get("budget_s", 1), int | float) or ab.get("budget_s", 1) <= 0:
         raise ResultFileError(f"{where}: ab.budget_s must be a number of seconds > 0")
@@ -107,9 +104,9 @@ def read_settings(baseline_dir: Path) -> dict:
     if "ab" in settings:
         check_ab(settings["ab"], str(gate_json))
     if "unresolved_ok" in settings:
-        raise ResultFileError(f"{gate_json}: unresolved_ok is no longer read: an UNRESOLVED "
-                              "timing check fails the gate (docs/testing.md, \"The gate\"); "
-                              "remove the key")
+        raise ResultFileError(f"{gate_json}: unresolved_ok is no longer read: an undecided "
+                              "timing check fails on a quiet machine and is INCONCLUSIVE on a "
+                              "disturbed one (docs/gate-ci.md); remove the key")
     return settings
 
 
@@ -119,6 +116,7 @@ def read_settings(baseline_dir: Path) -> dict:
 # (pr27010 -> pr36425) under wait_complete, both revisions as sides of one run
 # (bench.ab.served): each cell served by A and B back to back; a first stage of `repeats`,
 # more while a check is undecided, up to `budget_repeats` and `budget_s` (bench.ab.sequential).
+BLOCKS_KEYS = ("blocks", "repeats_per_block")  # an older design's, dropped on --update-baseline
 DEFAULT_AB = {"design": "served", "preset": "default", "schedule": "pinned",
               "protocols": "pr27010,pr36425", "policies": "wait_complete", "repeats": 12,
               "budget_repeats": 80, "budget_s": 420}
@@ -146,7 +144,9 @@ def update_baseline(run_dir: Path, baseline_dir: Path, summary: pd.DataFrame,
         write_csv_atomic(base.file("summary"), summary.to_dict("records"),
                          [c for c in SUMMARY_COLUMNS if c in summary.columns])
     write_text_atomic(base.file("env"), env_text)
-    ab = {**DEFAULT_AB, **settings.get("ab", {}), "revision": git["commit"]}
+    # the gate serves both revisions as sides: an older blocks design is not carried over
+    ab = {k: v for k, v in {**DEFAULT_AB, **settings.get("ab", {})}.items()
+          if k not in BLOCKS_KEYS} | {"design": "served", "revision": git["commit"]}
     write_json_atomic(base.file("gate"),
                       {**settings, "ab": ab, "source_run": run_dir.resolve().name})
     dirty = (" (its tree was dirty: the revision is its commit, not what ran; commit first)"

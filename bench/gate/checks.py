@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bench.stats import Interval
+
 BASELINE_KEY = ["protocol", "policy", "tp", "pp"]
 EPS = 1e-9  # CSV round trips of means; per-request counts are compared exactly
 
@@ -29,11 +31,16 @@ class Check:
     judged: bool = True
     # Timing checks with an interval: the difference the interval resolves (its half-width,
     # a fraction) beside the threshold asked. An interval that holds 1 + threshold is
-    # UNRESOLVED: a change of the threshold's size could not be told from none, so it has
-    # not passed, and it fails the gate (bench.ab.sequential.decide).
+    # undecided (`unresolved`): a change of the threshold's size could not be told from
+    # none, so it has not passed. Left so at the budget it is INCONCLUSIVE on a disturbed
+    # machine (`inconclusive`), FAIL on a quiet one (bench.gate.timing.settle); `needed` is
+    # the half-width that would have decided it (the point's distance from 1 + threshold).
     resolves: float | None = None
     threshold: float | None = None
     unresolved: bool = False
+    inconclusive: bool = False
+    needed: float | None = None
+    interval: Interval | None = None  # the ratio B/A and its interval (decision.json)
 
 
 def layout(row: dict) -> str:
@@ -73,9 +80,9 @@ def baseline_match(baseline: pd.DataFrame, row: dict) -> dict | None:
 
 
 def state(c: Check) -> str:
-    """PASS, FAIL, UNRESOLVED or NOT JUDGED."""
+    """PASS, FAIL, INCONCLUSIVE or NOT JUDGED (an undecided check is never PASS)."""
     if not c.judged:
         return "NOT JUDGED"
-    if c.unresolved:
-        return "UNRESOLVED"
-    return "PASS" if c.passed else "FAIL"
+    if c.inconclusive:
+        return "INCONCLUSIVE"
+    return "PASS" if c.passed and not c.unresolved else "FAIL"

@@ -8,10 +8,12 @@ committed baseline. The timing checks (bench.gate.timing) use between-repeat int
 --ab the baseline revision and this tree serve as sides of one run on this machine
 (bench.ab.served) and each configuration's mean step time, ITL p50 and TTFT p50 per request
 class passes when its whole 95% interval of B/A lies below 1 + the metric's threshold
-(gate.json), fails when it lies above, and is UNRESOLVED, failing too, while it holds it;
-without --ab this run's ratios to pr27010 are held against the baseline's, paired by
-repeat. When the run directory holds microbench.json, the per-poll cost ratios are printed
-as information, never checked.
+(gate.json), fails when it lies above; one still undecided at the budget is INCONCLUSIVE on
+a disturbed machine and FAIL on a quiet one (bench.gate.timing); without --ab this run's
+ratios to pr27010 are held against the baseline's, paired by repeat. The verdict and exit
+code: bench.gate.outcome; with --ab it is written to RUN/ab/decision.json. When the run
+directory holds microbench.json, the per-poll cost ratios are printed as information, never
+checked.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from bench.analysis.verdict import (
     schedule_failures,
     unexplained_disagreements,
 )
-from bench.gate.ab import confirmation_seed, run_gate_ab, run_gate_served
+from bench.gate import decision as decision_file
+from bench.gate.ab import ServedAb, check_served, run_gate_served
 from bench.gate.baseline import (
     check_comparable,
     load_baseline,
@@ -46,14 +49,16 @@ from bench.gate.baseline import (
     update_baseline,
 )
 from bench.gate.checks import EPS, Check, baseline_value, make_check
+from bench.gate.decision import Disturbance
 from bench.gate.hostwork import host_work_checks, with_ceilings
+from bench.gate.outcome import GateOutcome, gate_decision, verdict_of
 from bench.gate.timing import (
     AB_METRICS,
     DEFAULT_THRESHOLD,
     ab_checks,
     ab_states,
     baseline_checks,
-    confirmed,
+    settle,
 )
 from bench.microbench import gate_note
 from bench.rundir.files import (
@@ -242,55 +247,44 @@ class GateOptions:
     run_dir: Path
     baseline: Path = Path("results/baseline")
     ab: bool = False  # timings from an A/B of the baseline revision beside this tree
-    confirm: bool = True  # with ab: a failing timing check must fail a second A/B too
     tolerance: float | None = None  # one threshold for every timing metric
     update_baseline: bool = False
 
 
-def timing_checks(args: GateOptions, summary: pd.DataFrame, baseline: pd.DataFrame,
-                  settings: dict) -> tuple[list[Check], str]:
-    """The timing checks (bench.gate.timing) and one line on how they were made."""
+@dataclass(frozen=True)
+class Timings:
+    """The timing checks (not yet settled), a line on how they were made, the disturbance
+    their serves saw, and the served A/B (None without --ab)."""
+
+    checks: list[Check]
+    how: str
+    disturbance: Disturbance
+    served: ServedAb | None = None
+
+
+def timing_checks(args: GateOptions, run: GatedRun, baseline: pd.DataFrame,
+                  settings: dict) -> Timings:
+    """The timing checks (bench.gate.timing) and how they were made."""
     limits = thresholds(settings, args.tolerance)
     shown = ", ".join(f"{m} {limits[m]:g}" for m in AB_METRICS if m != "ttft")
     if not args.ab:
-        return baseline_checks(summary, baseline, limits), (
+        return Timings(baseline_checks(run.summary, baseline, limits), (
             f"timings against the baseline's numbers, paired by repeat;\n  thresholds {shown};\n"
             "  drift between the two runs is not in the intervals: --ab runs the baseline "
-            "revision beside this tree instead")
-    if settings.get("ab", {}).get("design", "blocks") == "served":
-        comp, out = run_gate_served(settings, args.run_dir / "ab",
-                                    lambda c: ab_states(c, limits))
-        return ab_checks(comp, limits), (
-            f"timings: {comp.final_line()} for this tree (B) against the baseline revision\n"
-            f"  {comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
-            f"{max((int(r.get('repeats') or 0) for r in comp.rows), default=0)} paired repeats;"
-            f"\n  thresholds {shown};\n  {out / 'ab.md'}")
-    return _blocks_checks(args, settings, limits, shown)
+            "revision beside this tree instead"), Disturbance.from_ranks([run.ranks]))
+    check_served(settings, args.baseline)
+    served = run_gate_served(settings, args.run_dir / "ab", lambda c: ab_states(c, limits))
+    comp = served.comp
+    return Timings(ab_checks(comp, limits), (
+        f"timings: {comp.final_line()} for this tree (B) against the baseline revision\n"
+        f"  {comp.a.fact('git', 'commit') or ''} (A), sides of one run on this machine, "
+        f"{served.pairs} paired repeats in {served.seconds:.0f}s;\n"
+        f"  thresholds {shown};\n  {served.out / 'ab.md'}"), served.disturbance, served)
 
 
-def _blocks_checks(args: GateOptions, settings: dict, limits: dict[str, float],
-                   shown: str) -> tuple[list[Check], str]:
-    """ab.design "blocks": whole runs per side, a failure confirmed by a second A/B."""
-    comp, out = run_gate_ab(settings, args.run_dir / "ab")
-    checks = ab_checks(comp, limits)
-    line = (f"timings: {comp.final_line()} for this tree (B) against the baseline revision\n"
-            f"  {comp.a.fact('git', 'commit') or ''} (A), interleaved on this machine;\n"
-            f"  thresholds {shown};\n  {out / 'ab.md'}")
-    # only a failure is confirmed; an UNRESOLVED check fails as it stands
-    failed = sum(not c.passed and not c.unresolved for c in checks)
-    if not failed or not args.confirm:
-        return checks, line
-    again, out2 = run_gate_ab(settings, args.run_dir / "ab_confirm",
-                              seed=confirmation_seed(settings))
-    checks = confirmed(checks, ab_checks(again, limits, again=True))
-    held = sum(not c.passed and not c.unresolved for c in checks)
-    return checks, (f"{line}\nconfirmation: {held} of {failed} failing timing checks failed "
-                    f"again (interval above 1, point beyond the threshold)\n  in a second A/B "
-                    f"of fresh blocks ({again.final_line()}; {out2 / 'ab.md'})")
-
-
-def evaluate(args: GateOptions) -> tuple[list[Check], str]:
-    """Evaluate every check (and update the baseline when asked); returns checks and a line."""
+def evaluate(args: GateOptions) -> GateOutcome:
+    """Evaluate every check (and update the baseline when asked): the gate's outcome, with
+    RUN/ab/decision.json written when the timings came from a served A/B."""
     run = load_run(args.run_dir)
     summary = run.summary
     checks = run_checks(run.requests, summary, run.ranks, run.env.get("plan"))
@@ -299,13 +293,21 @@ def evaluate(args: GateOptions) -> tuple[list[Check], str]:
             settings = with_ceilings(read_settings(args.baseline), run.ranks,
                                      args.run_dir.resolve().name)
             line = update_baseline(args.run_dir, args.baseline, summary, settings, run.env)
-            return checks, line
-        return checks, "baseline NOT updated"
+            return GateOutcome(checks, line, verdict_of(checks))
+        return GateOutcome(checks, "baseline NOT updated", verdict_of(checks))
     check_comparable(run.env, args.baseline)
     baseline, settings = load_baseline(args.baseline)
-    timing, how = timing_checks(args, summary, baseline, settings)
+    timings = timing_checks(args, run, baseline, settings)
     checks += per_poll_checks(summary, baseline) + host_work_checks(summary, run.ranks,
-                                                                     settings) + timing
+                                                                     settings)
+    checks += settle(timings.checks, timings.disturbance)
     # Micro-benchmark ratios ride along as information: per-poll timings are noise here.
     note = gate_note(args.run_dir)
-    return checks, f"{how}\n  baseline {args.baseline}" + (f"\n{note}" if note else "")
+    how = f"{timings.how}\n  baseline {args.baseline}" + (f"\n{note}" if note else "")
+    written = None
+    if timings.served is not None:
+        limits = thresholds(settings, args.tolerance)
+        written = decision_file.write(gate_decision(checks, timings.served, settings, limits),
+                                      timings.served.out)
+        how += f"\n  {written}"
+    return GateOutcome(checks, how, verdict_of(checks), timings.disturbance, written)

@@ -1,31 +1,28 @@
 """The gate's timing checks, from between-repeat intervals (bench.stats), two ways.
 
 With `--ab` (make gate): the baseline revision (results/baseline/gate.json `ab.revision`)
-and this working tree measured side by side on this machine (bench.gate.ab), so the
-machine's speed and its drift cancel; per configuration and gated metric the ratio B/A
-paired by repeat with its 95% t interval fails when the whole interval lies above 1 + the
-metric's threshold. gate.json's `ab.design` "served" (what `--update-baseline` records)
-serves both revisions as sides of one run and adds stages while a check is undecided
-(bench.ab.sequential, judged by `ab_states`); a gate.json `ab` without `design` is read as
-"blocks", whole runs per side, where a failing check is run again: a second A/B of as many
-fresh blocks (the next seeds), and the check fails the gate only when the second replicates
-it (`confirmed`: B slower on new workloads, its whole interval above 1 and its point beyond
-1 + threshold).
+and this working tree served as sides of one run on this machine (bench.gate.ab,
+bench.ab.served), so the machine's speed and its drift cancel; per configuration and gated
+metric the ratio B/A paired by repeat with its 95% interval. Stages are added while a check
+is undecided (bench.ab.sequential, judged by `ab_states`), up to gate.json's budget.
 
 Without `--ab`: this run's per-repeat ratios to pr27010 against the baseline's own
 per-repeat ratios (summary.csv), paired by repeat (the same seed), a t interval over the
-paired log ratios, failing the same way. The two runs were made at different times, maybe on
-different machines: that drift is not in the interval, which is why make gate uses --ab.
+paired log ratios. The two runs were made at different times, maybe on different machines:
+that drift is not in the interval, which is why make gate uses --ab.
 
-A check whose interval holds 1 + threshold is UNRESOLVED: a change of the threshold's size
-could not be told from none, so it has not passed, and it fails the gate (no gate.json key
-excuses it; the table and last line say UNRESOLVED, never PASS); each check's resolvable
-difference is printed beside its threshold (`resolution_lines`).
+A check PASSes when its whole interval lies below 1 + threshold and FAILs when it lies
+above. One whose interval still holds 1 + threshold when the A/B ends is undecided, and
+`settle` gives it its verdict from the machine's disturbance (the serves' cpu_lost p50
+against bench.rundir.schema.DISTURBED_LIMIT, fixed in advance, never read from a timing):
+INCONCLUSIVE when the machine was disturbed (too noisy to decide: the gate exits 77), FAIL
+when it was quiet (the change sits at its threshold: not shown within it). An undecided
+check never reads PASS; each carries the half-width it reached and the one it needed.
 
 A check without an interval (fewer than 3 paired repeats, no scipy) is NOT JUDGED: it fails
 nothing, and the gate's table and last line say so and why; it is never judged on a point.
-The thresholds per metric come from `bench noise --update-gate` (the largest half-width its
-runs had); TTFT p50 is gated per request class where the run has bystanders.
+The thresholds per metric come from `bench noise --update-gate`; TTFT p50 is gated per
+request class where the run has bystanders. The rule for CI: docs/gate-ci.md.
 """
 
 from __future__ import annotations
@@ -36,7 +33,8 @@ from dataclasses import replace
 import pandas as pd
 
 from bench.compare.comparison import Comparison
-from bench.gate.checks import Check, baseline_match, make_check
+from bench.gate.checks import Check, baseline_match, make_check, state
+from bench.gate.decision import Disturbance, undecided_verdict
 from bench.rundir.files import parse_list_cell
 from bench.rundir.rundir import FILES
 from bench.rundir.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
@@ -64,44 +62,56 @@ def resolvable(iv: Interval) -> float:
     return max(iv.high / iv.point, iv.point / iv.low) - 1
 
 
-def replicates(iv: Interval, threshold: float) -> bool:
-    """A second A/B repeats a failure: its whole interval above 1, its point beyond
-    1 + threshold."""
-    return iv.low > 1 and iv.point > 1 + threshold
+def needed(iv: Interval, threshold: float) -> float:
+    """The half-width (a fraction, as `resolvable`) that would have decided the check: its
+    point's distance from 1 + threshold."""
+    edge = 1 + threshold
+    return max(iv.point / edge, edge / iv.point) - 1
 
 
 def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
-          against: str, again: bool = False) -> Check | None:
+          against: str) -> Check | None:
     """One timing check (bench.ab.sequential.decide): FAIL when the whole interval lies
-    above 1 + threshold (a second A/B, `again`: when it `replicates` the first's failure),
-    PASS when it lies below, else UNRESOLVED, which fails too: it has not passed."""
+    above 1 + threshold, PASS when it lies below, else undecided (`settle` gives it its
+    verdict: never PASS)."""
     if iv.point is None:
         return None
-    bound = (f"x {against}: fails when its interval lies above 1 and its point above "
-             f"{1 + threshold:g}" if again else
-             f"x {against}: passes below {1 + threshold:g}, fails above it")
+    bound = f"x {against}: passes below {1 + threshold:g}, fails above it"
     if not iv.has_interval:
         return make_check(row, name, True, expected=bound, observed=f"{iv.point:.3f}",
-                          note=f"not judged: {iv.note}", judged=False)
+                          note=f"not judged: {iv.note}", judged=False, interval=iv)
     h = resolvable(iv)
-    worse = (replicates(iv, threshold) if again
-             else decide(iv.low, iv.high, threshold) == FAIL)
-    if worse:
+    seen = dict(expected=bound, observed=_observed(iv), resolves=h, threshold=threshold,
+                interval=iv)
+    decided = decide(iv.low, iv.high, threshold)
+    if decided == FAIL:
         return make_check(
-            row, name, False, expected=bound, observed=_observed(iv), resolves=h,
-            threshold=threshold,
+            row, name, False, **seen,
             meaning=f"{row['protocol']}'s {LABELS[metric]} grew beyond {1 + threshold:g}x "
                     f"{against}, its whole 95% interval above that: it got slower")
-    if again or decide(iv.low, iv.high, threshold) == PASS:
-        return make_check(row, name, True, expected=bound, observed=_observed(iv),
-                          resolves=h, threshold=threshold)
+    if decided == PASS:
+        return make_check(row, name, True, **seen)
+    need = needed(iv, threshold)
     return make_check(
-        row, name, False, expected=bound, observed=_observed(iv), resolves=h,
-        threshold=threshold, unresolved=True,
-        note=f"UNRESOLVED: its interval holds {1 + threshold:g} (resolves {h:.1%})",
+        row, name, False, **seen, unresolved=True, needed=need,
+        note=f"undecided: its interval holds {1 + threshold:g} (half-width {h:.1%}, "
+             f"needed {need:.1%})",
         meaning=f"{row['protocol']}'s {LABELS[metric]}: its 95% interval holds "
                 f"{1 + threshold:g}, so a change of {threshold:.1%} could not be told from "
-                "none: not passed (more paired repeats narrow it)")
+                "none: not passed")
+
+
+def settle(checks: list[Check], disturbance: Disturbance) -> list[Check]:
+    """The undecided checks' verdicts once the A/B has ended: INCONCLUSIVE on a disturbed
+    machine, FAIL on a quiet one (bench.gate.decision.undecided_verdict)."""
+    if undecided_verdict(disturbance) == "FAIL":
+        why = (f"; the machine was quiet ({disturbance.line()}): the change sits at its "
+               "threshold, not shown within it")
+        return [replace(c, meaning=c.meaning + why) if c.unresolved else c for c in checks]
+    why = (f"; the machine was too noisy to decide ({disturbance.line()}): INCONCLUSIVE, "
+           "not a failure")
+    return [replace(c, inconclusive=True, meaning=c.meaning + why) if c.unresolved else c
+            for c in checks]
 
 
 def _gated(row: dict) -> list[str]:
@@ -144,12 +154,11 @@ def _ab_rows(comp: Comparison):
                                row.get("ratio_mdd"), row.get("note") or "")
 
 
-def ab_checks(comp: Comparison, thresholds: dict[str, float], again: bool = False
-              ) -> list[Check]:
+def ab_checks(comp: Comparison, thresholds: dict[str, float]) -> list[Check]:
     """Every configuration's gated timing metrics of an A/B run: B (this tree) over A (the
-    baseline revision), paired by repeat; `again`: judged as the second A/B (`judge`)."""
+    baseline revision), paired by repeat."""
     checks = [judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
-                    "the baseline revision's", again) for row, m, iv in _ab_rows(comp)]
+                    "the baseline revision's") for row, m, iv in _ab_rows(comp)]
     return [c for c in checks if c is not None]
 
 
@@ -165,38 +174,13 @@ def ab_states(comp: Comparison, thresholds: dict[str, float]
     return out
 
 
-def _key(c: Check) -> tuple[str, str, str, str]:
-    return c.check, c.protocol, c.policy, c.layout
-
-
-def confirmed(first: list[Check], again: list[Check]) -> list[Check]:
-    """The first A/B's checks, each failure kept only where the second A/B (fresh blocks, run
-    after it, judged with again=True) fails the same check too; one it does not confirm
-    passes, with both intervals in its note. An UNRESOLVED check stays as it was: a second
-    A/B only confirms or clears a failure."""
-    second = {_key(c): c for c in again}
-    out = []
-    for c in first:
-        c2 = second.get(_key(c))
-        if c.passed or c.unresolved:
-            out.append(c)
-        elif c2 is not None and not c2.passed:
-            out.append(replace(c, observed=f"{c.observed}; again {c2.observed}"))
-        else:
-            seen = c2.observed if c2 is not None else "no such configuration"
-            out.append(replace(c, passed=True, meaning="",
-                               note=f"failed the first A/B only, not confirmed by the second: "
-                                    f"{seen}"))
-    return out
-
-
 def resolution_lines(checks: list[Check]) -> list[str]:
     """Per timing check with an interval: the difference it resolves beside its threshold."""
     out = []
     for c in checks:
         if c.resolves is None:
             continue
-        state = "UNRESOLVED" if c.unresolved else ("PASS" if c.passed else "FAIL")
+        need = f", needed {c.needed:.1%}" if c.needed is not None else ""
         out.append(f"resolution: {c.check} {c.protocol}/{c.policy} ({c.layout}): resolves "
-                   f"{c.resolves:.1%}, threshold {c.threshold:.1%}: {state}")
+                   f"{c.resolves:.1%}{need}, threshold {c.threshold:.1%}: {state(c)}")
     return out
