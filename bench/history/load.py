@@ -1,16 +1,14 @@
-"""Reading one decision.json (docs/DECISION_SCHEMA in the shared notes; owned by
-bench.gate.decision) as a plain dict, checked for what the history needs: the one seam where
-this package reads a result file."""
+"""Reading one decision.json (bench.gate.decision owns the file) as a plain dict, checked
+for what a history needs: the one seam where this package reads a result file."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 from pathlib import Path
 
 from bench.rundir.files import ResultFileError
 
-SCHEMA = 1  # the newest decision.json schema this reader knows
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
 METRIC_VERDICTS = VERDICTS + ("NOT JUDGED", "REFUSED")
 TOP_KEYS = ("kind", "verdict", "created", "host", "commit", "a", "preset", "thresholds",
@@ -24,18 +22,15 @@ class HistoryError(ResultFileError):
 
 
 def read_decision(path: Path) -> dict:
-    """decision.json at `path` as a dict; HistoryError (one line) when it is unreadable, from
-    a newer schema, or lacks what a history keeps. (bench.gate.decision.read is the owner's
-    reader; this one reads the same file without depending on it.)"""
+    """decision.json at `path` as a dict (bench.gate.decision.read, the file's one reader),
+    checked for what a history keeps; HistoryError (one line) when it is unreadable, from a
+    newer schema, or lacks what a history keeps."""
+    from bench.gate import decision
+
     try:
-        obj = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise HistoryError(f"{path}: not a readable decision.json ({e})") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("schema"), int):
-        raise HistoryError(f"{path}: not a decision.json (no integer schema)")
-    if obj["schema"] > SCHEMA:
-        raise HistoryError(f"{path}: schema {obj['schema']} is newer than this bench reads "
-                           f"({SCHEMA}): update hicache-bench")
+        obj = dataclasses.asdict(decision.read(Path(path)))
+    except ResultFileError as e:
+        raise HistoryError(str(e)) from None
     check_decision(obj, str(path))
     return obj
 
