@@ -24,7 +24,7 @@ from bench.hazards.cell import (
     run_cell,
     serve_bound_s,
 )
-from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
+from bench.hazards.classify import ABORT, DEADLOCK, OK, REFUSED, classify, gloo_abort
 from bench.hazards.hang import Killed, classify_hang
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
@@ -76,7 +76,7 @@ def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
     for s in spec.scenarios:
         for protocol in spec.protocols:
             if runs(s, protocol, spec.sglang is not None):
-                rows.append(run_one(spec, s, protocol))
+                rows.append(refused_row(spec, s, protocol) or run_one(spec, s, protocol))
                 log(_line(rows[-1]))
     return rows
 
@@ -92,7 +92,7 @@ def run_sides(specs: list[MatrixSpec], log=print) -> list[dict]:
         for spec in specs:
             for protocol in (p for p in spec.protocols if runs(s, p, spec.sglang is not None)):
                 _no_sglang_here()
-                rows.append(run_one(spec, s, protocol))
+                rows.append(refused_row(spec, s, protocol) or run_one(spec, s, protocol))
                 log(_line(rows[-1]))
     return rows
 
@@ -104,6 +104,33 @@ def _no_sglang_here() -> None:
         raise RuntimeError(f"an sglang is imported in the launching process (from "
                            f"{getattr(sys.modules['sglang'], '__file__', '?')}): a side's "
                            "cells would not be its own")
+
+
+# Cells a side cannot run, said before anything serves: (scenario, why) -> releases. Each
+# entry names what of SGLang the cell needs that the release lacks, in words for one line.
+REFUSALS: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
+def refusal(target: Target | None, s: Scenario) -> str | None:
+    """Why this side cannot run scenario `s`, in one line (None: it can): a release listed in
+    REFUSALS for the scenario, or the path a cell needs that this SGLang cannot serve."""
+    if target is None:
+        return None
+    for (name, why), releases in REFUSALS.items():
+        if name == s.name and target.version in releases:
+            return f"sglang {target.label}: {why}"
+    return None
+
+
+def refused_row(spec: MatrixSpec, s: Scenario, protocol: str) -> dict | None:
+    """A REFUSED row for a cell its side cannot run (refusal), nothing served; else None."""
+    why = refusal(spec.sglang, s)
+    if why is None:
+        return None
+    return {"scenario": s.name, "issue": s.issue, "protocol": spec.label(protocol),
+            "policy": s.policy, "tp": 2, "pp": s.pp, "seed": spec.seed, "outcome": REFUSED,
+            "site": None, "step": None, "detail": why, "exit_codes": "", "wall_s": 0.0,
+            "collective_timeout_s": spec.timeout_s, "cell_dir": "", "named_s": None}
 
 
 def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:
