@@ -58,7 +58,8 @@ def parser() -> CliParser:
       help="two SGLangs or more, each optionally LABEL=SPEC (base=0.5.23,"
       "head=~/sglang-pr/python), as bench run --sglang takes them: the first the reference")
     a("--run-args", default="", metavar="ARGS",
-      help="more options for bench run, one quoted string (e.g. '--preset ci --repeats 4')")
+      help="more options for bench run, one quoted string (e.g. '--preset ci --policies "
+      "wait_complete'); the schedule is pinned unless it names --schedule or --preset")
     a("--scenarios", default=",".join(SCENARIOS),
       help=f"the hazard cells, comma-separated of {', '.join(SCENARIOS)}")
     a("--sglang-consensus", action="store_true",
@@ -75,7 +76,7 @@ def parser() -> CliParser:
       help=f"the first timing stage's paired repeats (default {REPEATS})")
     a("--budget-repeats", type=int, default=BUDGET_REPEATS, metavar="N",
       help="paired repeats in all while a timing check is undecided: more stages, each on "
-      f"the next seed (default {BUDGET_REPEATS}; --repeats alone: no more stages)")
+      f"the next seed (default {BUDGET_REPEATS}; at most --repeats: no stage is added)")
     a("--budget-s", type=float, default=BUDGET_S, metavar="S",
       help=f"seconds of timing stages; none starts after them (default {BUDGET_S:g})")
     a("--seed", type=int, default=0, help="the first stage's seed; stage k runs SEED+k")
