@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from bench.rundir.files import parse_list_cell
+from bench.rundir.rundir import FILES
 from bench.rundir.schema import DISTURBED_LIMIT, GATED_METRICS
 from bench.stats import FAIL, PASS, UNRESOLVED, decide, t_interval
 
@@ -87,7 +88,7 @@ def _merged(rows: list[dict], metric: str
     """A metric's point, interval and pairs over several stages' rows of one side and
     policy: their per-repeat ratios pooled, the t interval of their logs."""
     column = f"{metric}_ratio_per_repeat"
-    ratios = [x for r in rows for x in parse_list_cell(r.get(column), "summary.csv", column)
+    ratios = [x for r in rows for x in parse_list_cell(r.get(column), FILES["summary"], column)
               if x > 0]
     iv = t_interval(np.log(np.asarray(ratios, dtype=float)), log=True, level=LEVEL)
     return iv.point, iv.low, iv.high, iv.n

@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.analysis.side_timings import ESTIMATOR, LEVEL, Verdict
 from bench.rundir.env import git_info
 from bench.rundir.files import write_json_atomic
-from bench.rundir.rundir import REPO_DIR, utc_time
+from bench.rundir.rundir import REPO_DIR, RunDir, utc_time
 
 SCHEMA = 1
 KIND = "review"
@@ -101,5 +101,5 @@ def record(r: Review) -> dict:
 def write(folder: Path | str, r: Review) -> dict:
     """decision.json into `folder`, atomically; its content."""
     out = record(r)
-    write_json_atomic(Path(folder) / "decision.json", out)
+    write_json_atomic(RunDir(folder).file("decision"), out)
     return out
