@@ -132,16 +132,19 @@ def _target(version: str):
 
 
 def test_a_cell_a_side_cannot_run_is_refused_before_serving_and_never_fails(monkeypatch):
-    """A refused cell: one row without a serve (run_one is never called), the matrix's exit
-    0, not worse than the reference's OK, no reason to fail the review, named on the page."""
-    monkeypatch.setattr(matrix, "REFUSALS", {("pp-busy", "lacks what the cell needs"):
-                                             ("0.5.22",)})
+    """pp-busy (buffer_only at PP 2) on 0.5.20, which has no PP-ticket path on either of its
+    SGLang paths: one REFUSED row without a serve (run_one is never called), the matrix's
+    exit 0, not worse than the reference's OK, no reason to fail the review, on the page;
+    0.5.21 on runs it."""
     monkeypatch.setattr(matrix, "_preload", lambda: None)
     monkeypatch.setattr(matrix, "run_one", lambda *a, **k: pytest.fail("a refused cell served"))
-    spec = matrix.MatrixSpec(("sglang-0.5.23",), (SCENARIOS["pp-busy"],), sglang=_target("0.5.22"))
+    busy = SCENARIOS["pp-busy"]
+    assert [matrix.refusal(_target(v), busy) is None for v in ("0.5.20", "0.5.21", "0.5.23")] \
+        == [False, True, True]
+    spec = matrix.MatrixSpec(("sglang-0.5.23",), (busy,), sglang=_target("0.5.20"))
     rows = matrix.run_matrix(spec, log=lambda line: None)
     assert [r["outcome"] for r in rows] == [REFUSED]
-    assert rows[0]["detail"] == "sglang 0.5.22: lacks what the cell needs"
+    assert rows[0]["detail"].startswith("sglang 0.5.20: buffer_only at --pp > 1 needs ")
     ok = {**rows[0], "protocol": "base=sglang-0.5.23@unified", "outcome": "OK",
           "decision_per_poll": 1.0, "collectives_per_step": 5.0}
     both = [ok, rows[0]]
@@ -149,7 +152,7 @@ def test_a_cell_a_side_cannot_run_is_refused_before_serving_and_never_fails(monk
     fine = Part("c", "f", 0)
     assert verdict(fine, fine, both, False) == []
     text = "\n".join(page(["base", "head"], fine, fine, RunRows(None, None, None), both))
-    assert "Refused before serving" in text and "lacks what the cell needs" in text
+    assert "Refused before serving" in text and "- pp-busy on head=sglang-0.5.20@" in text
 
 
 # ---- the PP-ticket path's pipeline, against each release's own builder ---------------------

@@ -30,7 +30,13 @@ from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
 from bench.tables import fit
 from hicache.comm.comm import BOOTSTRAP_RING
-from sglang_adapter import Target, consensus_verdict, controller_unfit, ships_checker
+from sglang_adapter import (
+    Target,
+    consensus_verdict,
+    controller_unfit,
+    ships_checker,
+    unservable,
+)
 
 _PRELOADED = False
 # A cell's start-up (fork, rendezvous, building the system; with SGLang its import on every
@@ -106,20 +112,12 @@ def _no_sglang_here() -> None:
                            "cells would not be its own")
 
 
-# Cells a side cannot run, said before anything serves: (scenario, why) -> releases. Each
-# entry names what of SGLang the cell needs that the release lacks, in words for one line.
-REFUSALS: dict[tuple[str, str], tuple[str, ...]] = {}
-
-
 def refusal(target: Target | None, s: Scenario) -> str | None:
-    """Why this side cannot run scenario `s`, in one line (None: it can): a release listed in
-    REFUSALS for the scenario, or the path a cell needs that this SGLang cannot serve."""
-    if target is None:
-        return None
-    for (name, why), releases in REFUSALS.items():
-        if name == s.name and target.version in releases:
-            return f"sglang {target.label}: {why}"
-    return None
+    """Why this side cannot run scenario `s`, in one line, said before anything serves (None:
+    it can): neither of its SGLang's paths serves the cell's layout and settings
+    (sglang_adapter.unservable; a source tree's release is not known here: its ranks say)."""
+    why = None if target is None else unservable(target, s.pp, s.system)
+    return None if why is None else f"sglang {target.label}: {why}"
 
 
 def refused_row(spec: MatrixSpec, s: Scenario, protocol: str) -> dict | None:
