@@ -66,9 +66,14 @@ def _metric(v: Verdict, layout: str) -> dict:
             "threshold": v.threshold, "verdict": v.state, "pairs": v.pairs, "note": v.note}
 
 
+def _schedule(plan: dict) -> str | None:
+    return (plan.get("system") or {}).get("schedule") or plan.get("schedule")
+
+
 def _layout(plan: dict) -> str:
-    return (f"tp{plan.get('tp', '?')} pp{plan.get('pp', 1)} {plan.get('storage', 'sim')} "
-            f"{plan.get('schedule', '?')}")
+    storage = plan.get("storage")
+    kind = storage.get("kind", "sim") if isinstance(storage, dict) else storage or "sim"
+    return f"tp{plan.get('tp', '?')} pp{plan.get('pp', 1)} {kind} {_schedule(plan) or '?'}"
 
 
 def record(r: Review) -> dict:
@@ -83,7 +88,7 @@ def record(r: Review) -> dict:
         "branch": _branch(),
         "a": _side(*r.sides[0]), "b": _side(*r.sides[1]),
         "others": [_side(*s) for s in r.sides[2:]],
-        "preset": plan.get("preset"), "schedule": plan.get("schedule"),
+        "preset": plan.get("preset"), "schedule": _schedule(plan),
         "protocols": list(plan.get("protocols") or []),
         "policies": list(plan.get("policies") or []),
         "thresholds": r.thresholds, "estimator": ESTIMATOR, "level": LEVEL,
