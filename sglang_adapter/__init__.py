@@ -40,6 +40,7 @@ _DOOR = {
     "modelled_protocol": ("target", "modelled_protocol"),
     "resolve_target": ("target", "resolve_target"),
     "run_unfit": ("target", "run_unfit"),
+    "unservable": ("target", "unservable"),
     "choose_sides": ("sides", "choose_sides"),
     "is_side_list": ("sides", "is_list"),
     "parse_sides": ("sides", "parse"),

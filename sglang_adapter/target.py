@@ -125,6 +125,17 @@ def controller_unfit(target: Target, pp: int, system: dict) -> str | None:
             else run_unfit(pp, system))
 
 
+def unservable(target: Target, pp: int, system: dict) -> str | None:
+    """Why neither of SGLang's paths can serve a run of this layout and HiCacheConfig
+    overrides on this release, in words for one line (None: one can): buffer_only at
+    --pp > 1 needs the PP-ticket path (0.5.21 on), which the decisions path drives too
+    (sglang_adapter.decisions.poll `register_ticket`)."""
+    if _ticketed(pp, system) and target.version in NO_TICKETS:
+        return ("buffer_only at --pp > 1 needs SGLang's PP-ticket path (0.5.21 on), which "
+                "this release lacks (no PPPrefetchState)")
+    return None
+
+
 # Releases with UnifiedRadixCache but no PP-ticket path (PPPrefetchState: 0.5.21 on).
 NO_TICKETS = ("0.5.19", "0.5.20")
 # Releases whose side-car path the controller path was not checked against (0.5.23's
@@ -188,5 +199,5 @@ def choose_for_run(cache: str, spec: str | None, protocols_given: bool, pairing_
 
 __all__ = ["CACHES", "SGLANG_PATHS", "ChoiceError", "LoadError", "SourceError", "Target",
            "choose", "choose_for_run", "controller_unfit", "pick_path", "resolve_target",
-           "run_unfit",
+           "run_unfit", "unservable",
            "MODELLED"]

@@ -71,12 +71,12 @@ NOT_RUN = {
     ".venv/bin/python -m bench run --cache sglang --sglang base=$HOME/sglang-base/python,"
     "pr=$HOME/sglang-pr/python": "$HOME/sglang-pr is the user's branch of SGLang",
     ".venv/bin/python -m bench review --sglang base=$BASE/python,head=$HEAD/python "
-    "--run-args '--preset ci --schedule pinned --repeats 2' --strict-counts --explained "
-    "\"$EXPLAINED\" --out results/review": "$BASE and $HEAD are a pull request's checkouts",
+    "--strict-counts --explained \"$EXPLAINED\" --out results/review":
+        "$BASE and $HEAD are a pull request's checkouts",
     ".venv/bin/python -m bench review --sglang base=$GITHUB_WORKSPACE/base/python,"
-    "head=$GITHUB_WORKSPACE/head/python --run-args '--preset ci --schedule pinned --repeats 2' "
-    "--strict-counts --explained \"$(cat $GITHUB_WORKSPACE/head/.hicache-explained "
-    "2>/dev/null)\" --out results/review": "a GitHub Actions job's checkouts",
+    "head=$GITHUB_WORKSPACE/head/python --strict-counts --explained \"$(cat "
+    "$GITHUB_WORKSPACE/head/.hicache-explained 2>/dev/null)\" --out \"$1\"":
+        "a GitHub Actions job's checkouts",
     # a GPU node
     "make bench ARGS=\"--model llama3-8b\"": "a GPU node (TP = its GPUs)",
     "make bench ARGS=\"--device cuda --data-backend gloo --model llama3-8b\"": "a GPU",

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
-from bench.hazards.matrix import MatrixSpec, run_matrix, run_one, run_sides
+from bench.hazards.matrix import MatrixSpec, refusal, run_matrix, run_one, run_sides
 from bench.hazards.report import exit_code, past_bound, write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
 from bench.hazards.sides import summary_lines, worse
@@ -147,6 +147,11 @@ def _body(argv: list[str]) -> int:
                 for p in one.protocols)
     print(fit(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed "
               f"{spec.seed}{f', {len(specs)} sides' if sides else ''} -> {spec.out}"))
+    for one in specs:  # refused before anything serves, a line each
+        for s in spec.scenarios:
+            why = refusal(one.sglang, s)
+            if why and any(runs(s, p, one.sglang is not None) for p in one.protocols):
+                print(fit(f"{PROG}: refused: {s.name} on {one.label(one.protocols[0])}: {why}"))
     rows = run_sides(specs) if sides else run_matrix(spec)
     alike = _second_run(specs, rows) if args.twice else True
     env = collect_env("gloo", {"tp": 2, "pp": sorted({s.pp for s in spec.scenarios})})

@@ -1,18 +1,23 @@
 """`python -m bench review --sglang base=SPEC,head=SPEC`: the one page a reviewer of a pull
-request to SGLang reads.
+request to SGLang reads, and its decision.json.
 
-Runs `bench run --cache sglang --sglang LIST` and `bench hazards --cache sglang --sglang LIST`
+Runs `bench run --cache sglang --sglang LIST` (pinned schedule unless --run-args names one;
+more runs on the next seeds while a timing check is undecided, within --budget-repeats and
+--budget-s: bench.hazards.review_stages) and `bench hazards --cache sglang --sglang LIST`
 into one folder, each in a process of its own (this one imports no SGLang: each verb checks
-its sides and its ranks import their own), then writes review.md: whether it passed and
-why not, the run's headline (every side's ratios to the first, with intervals), the counts
-side by side by call site, and the hazard cells whose outcome changed from the first side's
-(docs/before-after.md, "A reviewer's page"). Exit codes: 0 the run ended OK and no hazard
-cell got worse; 1 the run FAILED, a hazard cell's outcome got worse than the first side's,
-the matrix failed (a hazard: a cell hung past its bound or differed between two runs; or its
-harness failed: a cell it could not run, which the page says apart), a timing of a side
-FAILED or UNRESOLVED at the gate's thresholds under its rule (bench.analysis.side_timings),
-or under --strict-counts a count difference that no --explained call site accounts for; 2
-bad input (one line, nothing written, before any rank starts).
+its sides and its ranks import their own), then writes review.md: whether it passed and why
+not, the run's headline (every side's ratios to the first, with intervals), the timing
+checks, the counts side by side by call site, and the hazard cells whose outcome changed
+from the first side's (docs/before-after.md, "A reviewer's page"); and decision.json beside
+it (bench.hazards.review_decision). Exit codes: 0 PASS: the run ended OK, no hazard cell got
+worse, every timing check PASSED or was NOT JUDGED; 1 FAIL: the run FAILED, a hazard cell's
+outcome got worse than the first side's, the matrix failed (a hazard: a cell hung past its
+bound or differed between two runs; or its harness failed: a cell it could not run, which
+the page says apart; a cell refused before serving is neither), a timing check FAILED
+(undecided at the budget on a quiet machine is FAIL), or under --strict-counts a count
+difference that no --explained call site accounts for; 77 INCONCLUSIVE: nothing failed, but
+a timing check stayed undecided at the budget on a disturbed machine; 2 bad input (one line,
+nothing written, before any rank starts). docs/sglang-ci.md.
 """
 
 from __future__ import annotations
@@ -22,22 +27,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.analysis.side_timings import failing
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.hazards import review_decision, review_stages
+from bench.hazards.classify import REFUSED
 from bench.hazards.review import (
     Part,
     RunRows,
     closing_lines,
+    exact_checks,
     page,
     strict_counts,
     verdict,
 )
+from bench.hazards.review_stages import BUDGET_REPEATS, BUDGET_S, REPEATS, StagePlan
 from bench.hazards.scenarios import SCENARIOS, check_choice
 from bench.rundir.env import short_sha
 from bench.rundir.files import write_text_atomic
 from bench.rundir.rundir import REPO_DIR, RunDir
 
 PROG = "bench review"
-OWNED = ("--cache", "--sglang", "--out")  # the review sets them for both verbs
+# The review sets them: for both verbs, or (--repeats, --seed) per timing stage
+OWNED = ("--cache", "--sglang", "--out", "--repeats", "--seed")
 
 
 def parser() -> CliParser:
@@ -47,7 +58,8 @@ def parser() -> CliParser:
       help="two SGLangs or more, each optionally LABEL=SPEC (base=0.5.23,"
       "head=~/sglang-pr/python), as bench run --sglang takes them: the first the reference")
     a("--run-args", default="", metavar="ARGS",
-      help="more options for bench run, one quoted string (e.g. '--preset ci --repeats 4')")
+      help="more options for bench run, one quoted string (e.g. '--preset ci --policies "
+      "wait_complete'); the schedule is pinned unless it names --schedule or --preset")
     a("--scenarios", default=",".join(SCENARIOS),
       help=f"the hazard cells, comma-separated of {', '.join(SCENARIOS)}")
     a("--sglang-consensus", action="store_true",
@@ -60,11 +72,19 @@ def parser() -> CliParser:
     a("--explained", default="", metavar="SITE,..",
       help="with --strict-counts: call sites the change is meant to touch, each a part of "
       "file:function (e.g. unified_radix_cache.py:_can_terminate_prefetch)")
+    a("--repeats", type=int, default=REPEATS, metavar="N",
+      help=f"the first timing stage's paired repeats (default {REPEATS})")
+    a("--budget-repeats", type=int, default=BUDGET_REPEATS, metavar="N",
+      help="paired repeats in all while a timing check is undecided: more stages, each on "
+      f"the next seed (default {BUDGET_REPEATS}; at most --repeats: no stage is added)")
+    a("--budget-s", type=float, default=BUDGET_S, metavar="S",
+      help=f"seconds of timing stages; none starts after them (default {BUDGET_S:g})")
+    a("--seed", type=int, default=0, help="the first stage's seed; stage k runs SEED+k")
     a("--out", default="", help="results directory (default results/review_<sha>_<UTC>)")
     return p
 
 
-def _check(args) -> tuple[list[str], list[str]]:
+def _check(args) -> tuple[list[tuple[str, str]], list[str]]:
     """The sides' list and the run's extra options, checked before anything runs (each verb
     then checks the rest before any rank starts)."""
     from sglang_adapter import ChoiceError, SourceError, parse_sides, resolve
@@ -87,8 +107,14 @@ def _check(args) -> tuple[list[str], list[str]]:
     run_args = shlex.split(args.run_args)
     owned = [o for o in run_args if o.split("=")[0] in OWNED]
     if owned:
-        raise UsageError(f"--run-args: {owned[0].split('=')[0]} is the review's own")
-    return [label or spec for label, spec in sides], run_args
+        name = owned[0].split("=")[0]
+        also = f" (bench review {name} N)" if name in ("--repeats", "--seed") else ""
+        raise UsageError(f"--run-args: {name} is the review's own{also}")
+    if args.repeats < 1 or args.budget_s <= 0:
+        raise UsageError("--repeats must be at least 1 and --budget-s above 0")
+    if not any(o.split("=")[0] in ("--schedule", "--preset") for o in run_args):
+        run_args = ["--schedule", "pinned", *run_args]  # exact counts per request and poll
+    return sides, run_args
 
 
 def _verb(verb: str, argv: list[str], out: Path) -> Part:
@@ -101,9 +127,21 @@ def _verb(verb: str, argv: list[str], out: Path) -> Part:
 def _body(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     sides, run_args = _check(args)
+    names = [label or spec for label, spec in sides]
     out = Path(args.out) if args.out else RunDir.new("review", short_sha()).path
     chosen = ["--cache", "sglang", "--sglang", args.sglang]
-    run = _verb("run", [*run_args, *chosen], out / "run")
+    limits = _thresholds()
+
+    def stage(index: int, repeats: int, seed: int) -> tuple[str, int]:
+        part = _verb("run", [*run_args, *chosen, "--repeats", str(repeats), "--seed",
+                             str(seed)], out / ("run" if index == 0 else f"run.stage{index}"))
+        parts.append(part)
+        return part.folder, part.code
+
+    parts: list[Part] = []
+    plan = StagePlan(args.repeats, args.seed, args.budget_repeats, args.budget_s)
+    timings = review_stages.run(plan, stage, limits)
+    run = parts[0]
     if run.code == 2:
         return 2  # its one line is on stderr; it wrote nothing
     consensus = ["--sglang-consensus"] if args.sglang_consensus else []
@@ -115,27 +153,26 @@ def _body(argv: list[str]) -> int:
     got = _run_rows(RunDir(run.folder))
     explained = tuple(x for x in args.explained.split(",") if x)
     counts = strict_counts(got, explained) if args.strict_counts else None
-    timings = _timings(got)
-    lines = page(sides, run, hazards, got, rows, args.sglang_consensus, counts, explained,
+    lines = page(names, run, hazards, got, rows, args.sglang_consensus, counts, explained,
                  timings)
     write_text_atomic(RunDir(out).file("review"), "\n".join(lines) + "\n")
     why = verdict(run, hazards, rows, args.sglang_consensus, counts, timings)
-    print("\n".join(closing_lines(PROG, why, timings, str(RunDir(out).file("review")))))
-    return 1 if why else 0
+    why += timings.failed_stages()
+    exact = exact_checks(rows, run, hazards, counts)
+    decided = review_decision.write(out, review_decision.Review(
+        sides, got.plan, timings, exact, len(why) - len(failing(timings.verdicts)), limits,
+        [f"{r['scenario']} on {r['protocol']}: {r['detail']}" for r in rows
+         if r["outcome"] == REFUSED]))
+    print("\n".join(closing_lines(PROG, why, timings.verdicts, str(RunDir(out).file("review")))))
+    return decided["exit_code"]
 
 
-def _timings(got: RunRows) -> list:
-    """The sides' timing verdicts at the gate's thresholds (results/baseline/gate.json's,
-    else the gate's default)."""
-    from bench.analysis.side_timings import verdicts
-    from bench.analysis.sides import side_names
+def _thresholds() -> dict[str, float]:
+    """The gate's thresholds (results/baseline/gate.json's, else the gate's default)."""
     from bench.gate.baseline import read_settings
     from bench.gate.evaluate import thresholds
 
-    if got.summary is None or not got.plan:
-        return []
-    limits = thresholds(read_settings(REPO_DIR / "results" / "baseline"), None)
-    return verdicts(got.summary, list(side_names(got.plan)), limits)
+    return thresholds(read_settings(REPO_DIR / "results" / "baseline"), None)
 
 
 def _run_rows(run: RunDir) -> RunRows:

@@ -23,6 +23,9 @@ from hicache.comm.comm import MODEL_ALLREDUCE, PP_HOP, REQUEST_BROADCAST, SCHEDU
 OK, DEADLOCK, ABORT, DIVERGENCE, CORRUPT, FAILED, HARNESS = (
     "OK", "deadlock", "abort", "divergence", "corrupt", "failed", "harness")
 LIVELOCK = "livelock"  # ranks stepping without progress past the cell's bound (hazards.hang)
+# A side that cannot run the cell, said in one line before anything serves
+# (bench.hazards.matrix.refusal): no outcome, never a failure
+REFUSED = "refused"
 LOCKSTEP = SCHEDULER_SITES | {MODEL_ALLREDUCE}  # issued by every rank in the same step
 SITE = re.compile(r"call site '(\w+)' on group '(\w+)' \(ranks (\[[\d, ]*\])\) failed on rank "
                   r"(\d+) at step (-?\d+)(?: for request (\S+?):)?")

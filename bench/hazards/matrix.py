@@ -24,13 +24,19 @@ from bench.hazards.cell import (
     run_cell,
     serve_bound_s,
 )
-from bench.hazards.classify import ABORT, DEADLOCK, OK, classify, gloo_abort
+from bench.hazards.classify import ABORT, DEADLOCK, OK, REFUSED, classify, gloo_abort
 from bench.hazards.hang import Killed, classify_hang
 from bench.hazards.scenarios import Scenario, runs
 from bench.run.launch import launch_to_end
 from bench.tables import fit
 from hicache.comm.comm import BOOTSTRAP_RING
-from sglang_adapter import Target, consensus_verdict, controller_unfit, ships_checker
+from sglang_adapter import (
+    Target,
+    consensus_verdict,
+    controller_unfit,
+    ships_checker,
+    unservable,
+)
 
 _PRELOADED = False
 # A cell's start-up (fork, rendezvous, building the system; with SGLang its import on every
@@ -76,7 +82,7 @@ def run_matrix(spec: MatrixSpec, log=print) -> list[dict]:
     for s in spec.scenarios:
         for protocol in spec.protocols:
             if runs(s, protocol, spec.sglang is not None):
-                rows.append(run_one(spec, s, protocol))
+                rows.append(refused_row(spec, s, protocol) or run_one(spec, s, protocol))
                 log(_line(rows[-1]))
     return rows
 
@@ -92,7 +98,7 @@ def run_sides(specs: list[MatrixSpec], log=print) -> list[dict]:
         for spec in specs:
             for protocol in (p for p in spec.protocols if runs(s, p, spec.sglang is not None)):
                 _no_sglang_here()
-                rows.append(run_one(spec, s, protocol))
+                rows.append(refused_row(spec, s, protocol) or run_one(spec, s, protocol))
                 log(_line(rows[-1]))
     return rows
 
@@ -104,6 +110,25 @@ def _no_sglang_here() -> None:
         raise RuntimeError(f"an sglang is imported in the launching process (from "
                            f"{getattr(sys.modules['sglang'], '__file__', '?')}): a side's "
                            "cells would not be its own")
+
+
+def refusal(target: Target | None, s: Scenario) -> str | None:
+    """Why this side cannot run scenario `s`, in one line, said before anything serves (None:
+    it can): neither of its SGLang's paths serves the cell's layout and settings
+    (sglang_adapter.unservable; a source tree's release is not known here: its ranks say)."""
+    why = None if target is None else unservable(target, s.pp, s.system)
+    return None if why is None else f"sglang {target.label}: {why}"
+
+
+def refused_row(spec: MatrixSpec, s: Scenario, protocol: str) -> dict | None:
+    """A REFUSED row for a cell its side cannot run (refusal), nothing served; else None."""
+    why = refusal(spec.sglang, s)
+    if why is None:
+        return None
+    return {"scenario": s.name, "issue": s.issue, "protocol": spec.label(protocol),
+            "policy": s.policy, "tp": 2, "pp": s.pp, "seed": spec.seed, "outcome": REFUSED,
+            "site": None, "step": None, "detail": why, "exit_codes": "", "wall_s": 0.0,
+            "collective_timeout_s": spec.timeout_s, "cell_dir": "", "named_s": None}
 
 
 def run_one(spec: MatrixSpec, s: Scenario, protocol: str, tag: str = "") -> dict:

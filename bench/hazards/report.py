@@ -13,6 +13,7 @@ from bench.hazards.classify import (
     HARNESS,
     LIVELOCK,
     OK,
+    REFUSED,
 )
 from bench.hazards.scenarios import SCENARIOS
 from bench.hazards.sides import change_table, changed_first
@@ -25,11 +26,13 @@ COLUMNS = ["scenario", "issue", "protocol", "policy", "tp", "pp", "seed", "outco
            "exit_codes", "wall_s", "collective_timeout_s", "detail", "cell_dir"]
 COLOURS = {OK: "#4c9a2a", DEADLOCK: "#c0392b", ABORT: "#7b241c", DIVERGENCE: "#e67e22",
            CORRUPT: "#8e44ad",
-           LIVELOCK: "#2e86c1", FAILED: "#7f8c8d", HARNESS: "#000000"}
+           LIVELOCK: "#2e86c1", FAILED: "#7f8c8d", HARNESS: "#000000", REFUSED: "#bdc3c7"}
 
 
 def cell_text(row: dict) -> str:
     """One matrix cell: OK with its cost, or the outcome and where it was found."""
+    if row["outcome"] == REFUSED:
+        return "refused"
     if row["outcome"] == OK:
         ring = row.get("ring_per_step")  # PD prefill's admission ring, where it is on
         return (f"OK {row['decision_per_poll']:g}/poll {row['collectives_per_step']:g}/step"
@@ -122,7 +125,8 @@ def past_bound(rows: list[dict]) -> int:
 def exit_code(rows: list[dict], alike: bool, worse_cells: int) -> tuple[int, str]:
     """(exit code, verdict word) of a run: the harness's failure first (the matrix is not
     whole), then a hazard that fails the run (a hang past a cell's bound, outcomes that
-    differ between two runs, a side worse than the reference), else 0."""
+    differ between two runs, a side worse than the reference), else 0. A cell refused
+    before serving (REFUSED) is neither: the page names it."""
     if any(r["outcome"] == HARNESS for r in rows):
         return HARNESS_FAILED, "FAILED (harness)"
     if past_bound(rows) or not alike or worse_cells:

@@ -15,16 +15,19 @@ from dataclasses import dataclass
 import pandas as pd
 
 from bench.analysis import side_timings
-from bench.analysis.side_timings import Verdict, failing
+from bench.analysis.side_timings import Verdict, failing, inconclusive
 from bench.analysis.sides import count_changes, counts_text, headline_lines
+from bench.hazards.classify import REFUSED
 from bench.hazards.sides import change_table, changes, worse
 from bench.tables import WIDTH, wrapped
 
-TIMING_RULE = ("Each side against the first, per policy, as `make gate` judges a revision: "
-               "PASS when the whole 95% interval of the ratio lies below 1 + threshold, "
-               "FAIL when it lies above, UNRESOLVED (failing, like the gate) while it holds "
-               "it, NOT JUDGED without an interval (fewer than 3 repeats); more repeats "
-               "(--run-args '--repeats N') narrow an UNRESOLVED one.")
+TIMING_RULE = ("Each side against the first, per policy, at the gate's thresholds and under "
+               "its rule: the 95% t interval of the paired log ratios over every stage's "
+               "repeats; PASS when it lies below 1 + threshold, FAIL when it lies above; "
+               "while it holds it the review adds a stage (a run on the next seed) within "
+               "its budget, and at the budget it is INCONCLUSIVE when the machine was "
+               "disturbed (its serves' cpu_lost p50 above 5%), FAIL when it was quiet; NOT "
+               "JUDGED without an interval (fewer than 3 repeats).")
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,11 @@ def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
             ) -> list[str]:
     """Why the review fails, a reason a line ([] when it does not); `counts`: the
     unexplained count differences of a strict review (None: not strict); `timings`: the
-    sides' timing verdicts (bench.analysis.side_timings), FAIL and UNRESOLVED failing."""
+    sides' timing verdicts at the budget (bench.analysis.side_timings): FAIL fails it,
+    INCONCLUSIVE does not (the page and the exit code say it apart: closing_lines)."""
     why = [f"the run FAILED (exit {run.code}): {run.folder}"] if run.code else []
     why += [f"count difference not explained: {c}" for c in counts or []]
-    why += [f"timing {t}" for t in failing(timings or [])]
+    why += [f"timing {t}" for t in failing(_verdicts(timings))]
     lost = worse(rows, consensus)
     why += [f"hazard cell {c.scenario} is worse on {c.side}: {c.ref['outcome']} -> "
             f"{c.row['outcome']}" for c in lost]
@@ -66,11 +70,15 @@ def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
 def closing_lines(prog: str, why: list[str], timings: list[Verdict], page_path: str
                   ) -> list[str]:
     """What `bench review` prints once the page is written, no line wider than a terminal
-    (bench.tables.WIDTH): each side's timing verdict, then a last line OK or FAILED with its
-    reasons, naming the page. Where that is too wide, the reasons stand above it, one a
+    (bench.tables.WIDTH): each side's timing verdict, then a last line OK, FAILED with its
+    reasons, or INCONCLUSIVE (nothing failed, a timing check undecided on a disturbed
+    machine), naming the page. Where that is too wide, the reasons stand above it, one a
     line (the last line counts them), and then the page's path too."""
     lines = [f"{prog}: timing {t.text()}" for t in timings]
-    said = "FAILED: " + "; ".join(why) if why else "OK"
+    unsure = inconclusive(timings)
+    said = ("FAILED: " + "; ".join(why) if why else
+            f"INCONCLUSIVE: {len(unsure)} timing check(s) undecided on a disturbed machine"
+            if unsure else "OK")
     if why and len(f"{prog}: {said} -> {page_path}") > WIDTH:
         lines += [f"{prog}: why: {w}" for w in why]
         said = f"FAILED: {len(why)} reason{'s' * (len(why) > 1)} above"
@@ -85,6 +93,16 @@ def closing_lines(prog: str, why: list[str], timings: list[Verdict], page_path: 
 MATRIX_FAILED = {1: "a hazard: a cell hung past its bound (livelock or deadlock) or "
                     "differed between two runs",
                  3: "its harness failed: a cell it could not run"}
+
+
+def exact_checks(rows: list[dict], run: Part, hazards: Part, counts: list[str] | None
+                 ) -> int:
+    """How many exact checks the review made: the run's own end, the matrix's end, every
+    other side's hazard cell held against the reference's (a refused one is not), and under
+    --strict-counts the counts of every side against the reference's."""
+    names = list(dict.fromkeys(r["protocol"] for r in rows))
+    held = sum(1 for r in rows if r["protocol"] in names[1:] and r["outcome"] != REFUSED)
+    return 2 + held + (counts is not None)
 
 
 def strict_counts(got: RunRows, explained: tuple[str, ...]) -> list[str]:
@@ -103,18 +121,46 @@ def page(sides: list[str], run: Part, hazards: Part, got: RunRows, rows: list[di
     why = verdict(run, hazards, rows, consensus, counts, timings)
     found = changes(rows, consensus)
     return [f"# Review: {', '.join(sides[1:])} against {sides[0]}", "",
-            ("**FAILED**: " + "; ".join(why) + "." if why else
-             f"**OK**: the run ended OK and no hazard cell got worse ({len(found)} changed)."),
+            _said(why, _verdicts(timings), len(found)),
             "", f"- run: `{run.command}` -> {run.folder} (exit {run.code})",
             f"- hazards: `{hazards.command}` -> {hazards.folder} (exit {hazards.code})", "",
             "## The run's headline", "", *_block(_headline(got)), "",
             "## Timings at the gate's thresholds", "", TIMING_RULE, "",
-            *side_timings.lines(timings or []), "",
+            *side_timings.lines(_verdicts(timings)), "",
+            *getattr(timings, "about", list)(),
             "## Counts side by side, by call site", "", *_block(_counts(got)), "",
             *_strict(counts, explained),
             "## Hazard cells that changed", "",
             *(change_table(rows, consensus) or ["No hazard cells were run."]), "",
+            *_refused(rows),
             f"Every cell, each side's: {hazards.folder}/hazards.md."]
+
+
+def _refused(rows: list[dict]) -> list[str]:
+    """The cells a side refused before serving (bench.hazards.matrix.refusal): not run
+    there, never counted as failed."""
+    found = [r for r in rows if r["outcome"] == REFUSED]
+    if not found:
+        return []
+    return ["Refused before serving (the side cannot run the cell; not counted as failed):",
+            "", *[f"- {r['scenario']} on {r['protocol']}: {r['detail']}" for r in found], ""]
+
+
+def _verdicts(timings) -> list[Verdict]:
+    """The verdicts of `timings`: a list of them, or the review's stages
+    (bench.hazards.review_stages.Timings, whose `about` lines the page adds)."""
+    return list(getattr(timings, "verdicts", timings) or [])
+
+
+def _said(why: list[str], timings: list[Verdict], changed: int) -> str:
+    """The page's verdict line: FAILED with every reason, INCONCLUSIVE, or OK."""
+    if why:
+        return "**FAILED**: " + "; ".join(why) + "."
+    unsure = inconclusive(timings)
+    if unsure:
+        return (f"**INCONCLUSIVE**: nothing failed, but {len(unsure)} timing check(s) stayed "
+                "undecided at the budget on a disturbed machine: " + "; ".join(unsure) + ".")
+    return f"**OK**: the run ended OK and no hazard cell got worse ({changed} changed)."
 
 
 def _strict(counts: list[str] | None, explained: tuple[str, ...]) -> list[str]:

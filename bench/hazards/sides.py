@@ -23,6 +23,7 @@ from bench.hazards.classify import (
     HARNESS,
     LIVELOCK,
     OK,
+    REFUSED,
 )
 
 # How grave an outcome is: OK, then ranks that decide apart (or pages that differ), then a
@@ -42,8 +43,10 @@ class Change:
 
     @property
     def worse(self) -> bool:
-        """Both sides ran the cell and the other side's outcome is of a graver tier."""
+        """Both sides ran the cell and the other side's outcome is of a graver tier (a cell
+        refused on either side ran on one at most: never worse)."""
         return self.ref is not None and self.row is not None and \
+            REFUSED not in (self.ref["outcome"], self.row["outcome"]) and \
             TIER[self.row["outcome"]] > TIER[self.ref["outcome"]]
 
 
@@ -86,6 +89,8 @@ def cell_words(row: dict | None) -> str:
         return "not run (the scenario is not for this side's protocol)"
     if row["outcome"] == OK:
         return f"OK {row['decision_per_poll']:g}/poll {row['collectives_per_step']:g}/step"
+    if row["outcome"] == REFUSED:
+        return "refused before serving (not run on this side)"
     where = f" {row['site']}" if row.get("site") else ""
     at = f"@{row['step']}" if row.get("step") is not None else ""
     return f"{row['outcome']}{where}{at}"

@@ -54,6 +54,7 @@ FILES = {
     "gate": "gate.json", "consensus": "consensus.csv",
     # --sglang-consensus: SGLang's checker's journals, a folder per side and serve
     "consensus_dir": "consensus", "hazards": "hazards.csv", "review": "review.md",
+    "decision": "decision.json",  # a review's or a gate's verdict for scripts
     "fidelity": "fidelity.csv",
     # several SGLangs: every call-site chain in full (bench.analysis.sides.site_file_lines)
     "call_sites": "call_sites.txt",

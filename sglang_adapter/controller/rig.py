@@ -180,6 +180,7 @@ class ControllerRig(UnifiedRig):
         ctl.storage_backend_type = "dynamic"
         ctl.get_hash_str = _module(UTILS).get_hash_str
         ctl.storage_config = self._storage_config()
+        self._place(ctl)
         if not isinstance(getattr(type(ctl), "backup_skip", None), property):
             ctl.backup_skip = False  # as 0.5.19 sets it: not an MLA model
         TIER["tier"] = self.tier
@@ -196,6 +197,21 @@ class ControllerRig(UnifiedRig):
         ctl.prefetch_completion_sync_groups = ctl._create_sync_groups()
         ctl.storage_stop_event.clear()
         ctl._start_storage_threads()
+
+    def _place(self, ctl) -> None:
+        """The rank's place on the controller where the release's `_generate_storage_config`
+        sets it there too (0.5.19-0.5.21: `self.tp_rank` ... `self.pp_size`, which 0.5.21's
+        PP-ticket command thread reads; 0.5.22 on reads `storage_config` alone)."""
+        import inspect
+
+        try:
+            text = inspect.getsource(type(ctl)._generate_storage_config)
+        except (AttributeError, OSError, TypeError):
+            return
+        if "self.pp_rank" in text:
+            rank, tp, pp = self.layout
+            ctl.tp_rank, ctl.tp_size, ctl.dp_rank = rank % tp, tp, 0
+            ctl.pp_rank, ctl.pp_size = rank // tp, pp
 
     def _storage_config(self):
         """What `_generate_storage_config` builds from a launched server's parallel state,

@@ -68,7 +68,10 @@ def missing() -> str | None:
             importlib.import_module(name)
     except ImportError as e:
         return f"no buffer-mode pipeline ({e})"
-    return None if hasattr(ctl, "PPPrefetchState") else "no PP-ticket path (PPPrefetchState)"
+    if not hasattr(ctl, "PPPrefetchState"):
+        return "no PP-ticket path (PPPrefetchState)"
+    gap = _builder(sys.modules[FULL].FullComponent)[2]
+    return None if gap is None else f"a buffer-mode pipeline this adapter cannot build ({gap})"
 
 
 class _DevicePool:
@@ -93,9 +96,47 @@ def buffer_mode(cache, device_tokens: int, max_context_len: int) -> None:
     cache.components = {ct.FULL: full}
     cache.storage_existence_cache = sys.modules[BELIEFS].StorageExistenceCache()
     cache.token_to_kv_pool_allocator = _DevicePool(device_tokens)
-    cache.buffer_pipeline = full.create_buffer_pipeline(
-        swa_component=None, write_backlog_cap=2 * device_tokens,
-        max_context_len=max_context_len)
+    cache.buffer_pipeline = _pipeline(full, cache)(
+        write_backlog_cap=2 * device_tokens, max_context_len=max_context_len)
+
+
+# What a FULL-only tree passes for the SWA window, by the name each release's builder takes:
+# 0.5.23 `swa_component` (and `auxiliary_swa_component`), 0.5.21-0.5.22 `swa_window_pages`
+# (0 = KV-only: unified_radix_cache.py's `init_hicache`).
+NO_SWA = {"swa_component": None, "auxiliary_swa_component": None, "swa_window_pages": 0}
+
+
+def _builder(full_class) -> tuple[object, dict, str | None]:
+    """The release's pipeline builder (the FULL component's `create_buffer_pipeline`, 0.5.22
+    on; else `BufferModePipeline` itself, as 0.5.21's `init_hicache` builds it), the SWA
+    arguments it takes, and the parameter it wants that the harness has no value for
+    (None: it can be built)."""
+    import inspect
+
+    build = getattr(full_class, "create_buffer_pipeline", None)
+    if build is None:
+        build = sys.modules[PIPELINE].BufferModePipeline
+    known = {"self", "cache", "write_backlog_cap", "max_context_len"}
+    swa, gap = {}, None
+    for name, p in inspect.signature(build).parameters.items():
+        if name in NO_SWA:
+            swa[name] = NO_SWA[name]
+        elif name not in known and p.default is p.empty and gap is None and \
+                p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            gap = f"{build.__qualname__} takes {name!r}, which the harness has no value for"
+    return build, swa, gap
+
+
+def _pipeline(full, cache):
+    """`_builder`'s builder with the SWA arguments (and 0.5.21's cache) bound."""
+    import functools
+
+    build, swa, gap = _builder(type(full))
+    if gap is not None:
+        raise TypeError(gap)  # missing() refused it before any rank served
+    if getattr(type(full), "create_buffer_pipeline", None) is not None:
+        return functools.partial(full.create_buffer_pipeline, **swa)
+    return functools.partial(build, cache=cache, **swa)
 
 
 def command_group(ctl) -> None:

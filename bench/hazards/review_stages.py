@@ -1,0 +1,122 @@
+"""The timing half of `bench review`: a first run of the sides, then more runs (stages, each
+on the next seed) while a timing check is undecided, within a budget of repeats and seconds
+(bench.ab.sequential.more, the gate's rule), then each check's verdict at the budget
+(bench.analysis.side_timings.at_budget). The first stage's run is the review's run: its
+counts, headline and call sites; the timings pool every stage's paired repeats.
+docs/sglang-ci.md, "Timings".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.ab.sequential import Budget, more
+from bench.analysis import side_timings
+from bench.analysis.side_timings import Verdict
+from bench.rundir.rundir import RunDir
+
+# A review's first stage and budget when the command names none: the gate's first stage
+# (12 paired repeats), up to 48 in all and 360 s of stages, so a CI job's review ends in
+# about 15 minutes on a 2-core runner (docs/sglang-ci.md states what it measured).
+REPEATS = 12
+BUDGET_REPEATS = 48
+BUDGET_S = 360.0
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    repeats: int = REPEATS  # the first stage's paired repeats
+    seed: int = 0  # the first stage's; stage k runs seed + k
+    budget_repeats: int = BUDGET_REPEATS  # paired repeats in all
+    budget_s: float = BUDGET_S  # seconds of stages in all; none starts after them
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.budget_repeats, self.budget_s)
+
+
+@dataclass(frozen=True)
+class Stage:
+    folder: str
+    code: int  # its `bench run`'s exit code
+    repeats: int
+    seed: int
+    seconds: float
+
+
+@dataclass
+class Timings:
+    """What the stages found: each stage, the verdicts at the budget, the disturbance."""
+
+    stages: list[Stage]
+    verdicts: list[Verdict]
+    disturbance: dict
+    seconds: float
+
+    @property
+    def pairs(self) -> int:
+        return sum(s.repeats for s in self.stages if s.code == 0)
+
+    def about(self) -> list[str]:
+        """The page's lines on the stages and the machine, under the verdicts."""
+        d = self.disturbance
+        if d["cpu_lost_p50"] is None:
+            machine = "no cpu_lost measured (ranks.csv): judged as disturbed"
+        else:
+            machine = (f"the serves' cpu_lost p50 {100 * d['cpu_lost_p50']:.1f}%, p90 "
+                       f"{100 * d['cpu_lost_p90']:.1f}%: "
+                       f"{'quiet' if d['quiet'] else 'disturbed'} (limit "
+                       f"{100 * d['quiet_limit']:g}%)")
+        stages = ", ".join(f"{s.repeats} on seed {s.seed} in {s.seconds:.0f} s"
+                           f"{'' if s.code == 0 else f' (exit {s.code})'}" for s in self.stages)
+        return [f"Stages: {stages}; {self.pairs} paired repeats in {self.seconds:.0f} s. "
+                f"The machine: {machine}.", ""]
+
+    def failed_stages(self) -> list[str]:
+        """A later stage whose run failed (the first stage's failure is the run's)."""
+        return [f"timing stage {i} FAILED (exit {s.code}): {s.folder}"
+                for i, s in enumerate(self.stages) if i and s.code]
+
+
+# (stage index, repeats, seed) -> (its folder, its exit code)
+RunStage = Callable[[int, int, int], tuple[str, int]]
+
+
+def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
+        log: Callable[[str], None] = print) -> Timings:
+    """The stages (module docstring); the first is always run, a later one only while the
+    previous ended OK and the rule asks for more."""
+    t0, repeats, stages = time.monotonic(), plan.repeats, []
+    found: list[Verdict] = []
+    while repeats > 0:
+        index = len(stages)
+        started = time.monotonic()
+        folder, code = run_stage(index, repeats, plan.seed + index)
+        stages.append(Stage(folder, code, repeats, plan.seed + index,
+                            round(time.monotonic() - started, 1)))
+        if code:
+            break
+        found = _verdicts([s for s in stages if s.code == 0], thresholds)
+        n = sum(s.repeats for s in stages)
+        repeats = more(side_timings.states(found), n, time.monotonic() - t0, plan.budget)
+        if repeats:
+            undecided = sum(v.state == side_timings.UNRESOLVED for v in found)
+            log(f"review: {undecided} timing check(s) undecided after {n} paired repeats: "
+                f"a stage of {repeats} more (seed {plan.seed + index + 1})")
+    ok = [s for s in stages if s.code == 0]
+    shaken = side_timings.disturbance([RunDir(s.folder).ranks() for s in ok])
+    return Timings(stages, side_timings.at_budget(found, shaken["quiet"]), shaken,
+                   round(time.monotonic() - t0, 1))
+
+
+def _verdicts(stages: list[Stage], thresholds: dict[str, float]) -> list[Verdict]:
+    from bench.analysis.sides import side_names
+
+    first = RunDir(stages[0].folder)
+    plan = first.plan()
+    summaries = [RunDir(s.folder).summary(optional=True) for s in stages]
+    if plan is None or any(s is None for s in summaries):
+        return []
+    return side_timings.verdicts(summaries, list(side_names(plan)), thresholds)
