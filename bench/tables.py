@@ -116,6 +116,11 @@ def fit(*lines: str) -> str:
     return "\n".join(wrapped([part for line in lines for part in line.split("\n")]))
 
 
+def say(text: str) -> None:
+    """A verb's output on stdout, flushed: the one place new code prints a result."""
+    print(text, flush=True)
+
+
 def progress(line: str) -> None:
     """A verb's progress line on stderr, flushed, fitted to a terminal (fit)."""
     print(fit(line), file=sys.stderr, flush=True)

@@ -1,5 +1,5 @@
 """The tables of scripts/gate_power.py, from a study's gates: per kind the gates that ended
-FAIL, INCONCLUSIVE and PASS (each gate's decision.json, bench.gate.decision), a row per gate
+FAIL, INCONCLUSIVE and PASS (each gate's decision.json, bench.rundir.decision), a row per gate
 (its pairs, seconds, the CPU its serves lost, each protocol's step interval), and the budget
 the quiet A/As ask for. Usage: through gate_power.py (--tables DIR ...)."""
 
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.ab import sequential  # noqa: E402
-from bench.gate import decision  # noqa: E402
+from bench.rundir import decision  # noqa: E402
 
 GATED = ("step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50")
 BUDGETS = (24, 36, 42, 48, 60)  # paired repeats a gate may stop at (budget_rows)
@@ -23,7 +23,7 @@ WORST = ("FAIL", "INCONCLUSIVE", "NOT JUDGED", "REFUSED", "PASS")
 
 
 def read_decision(gate_dir: str | Path) -> dict | None:
-    """A gate's verdicts from its decision.json (bench.gate.decision): the whole verdict, each
+    """A gate's verdicts from its decision.json (bench.rundir.decision): the whole verdict, each
     gated metric's worst verdict over its configurations, and `protocol metric_ms` ->
     `point [low, high], n=N`; None where the gate left no decision.json (an older gate, or
     one refused before judging)."""

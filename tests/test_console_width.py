@@ -224,7 +224,7 @@ def test_every_metric_undecided_keeps_a_last_line_of_verdicts_that_fits(s):
     check's half-widths on the lines above."""
     from bench.gate.checks import Check
     from bench.gate.console import format_checks, last_line
-    from bench.gate.decision import Disturbance
+    from bench.rundir.decision import Disturbance
 
     metrics = ["step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50"]
     checks = [_timing(m, "step-clock", s) for m in metrics]

@@ -14,10 +14,10 @@ import pytest
 from bench.ab.blocks import AbPlan, comparison, run_blocks
 from bench.ab.revisions import WORKTREE, Revision
 from bench.commands.gate import main as main_gate
-from bench.gate import decision
 from bench.gate.checks import state
-from bench.gate.decision import Decision, Disturbance, Exact, Metric, Side
 from bench.gate.timing import judge, settle
+from bench.rundir import decision
+from bench.rundir.decision import Decision, Disturbance, Exact, Metric, Side
 from bench.rundir.files import ResultFileError, write_csv_atomic, write_json_atomic
 from bench.rundir.schema import DISTURBED_LIMIT
 from bench.stats import Interval
@@ -37,7 +37,7 @@ def a_decision(**kw) -> Decision:
                     1.015, 0.012, None, 0.03, "PASS", 24)
     fields = dict(
         kind="gate", verdict="PASS", exit_code=0, created="2026-12-07T06:01:02Z", host="h",
-        cores=2, commit="1" * 40, dirty=False, branch="main", a=Side("e5116e8", "2" * 40),
+        cores=2, commit="1" * 40, dirty=False, branch="main", a=Side("baseline", "2" * 40),
         b=Side("worktree", "1" * 40), preset="default", schedule="pinned",
         protocols=["pr27010", "pr36425"], policies=["wait_complete"],
         thresholds={"step_mean": 0.03}, estimator="t-mean-log", level=0.95, pairs=24,
@@ -57,12 +57,12 @@ def test_a_decision_round_trips_with_the_schemas_keys(tmp_path):
         "schema", "kind", "verdict", "exit_code", "created", "host", "cores", "commit",
         "dirty", "branch", "a", "b", "preset", "schedule", "protocols", "policies",
         "thresholds", "estimator", "level", "pairs", "pairs_kept", "seconds", "disturbance",
-        "exact", "metrics"}
+        "exact", "metrics", "others", "stages", "refused"}
     assert set(obj["disturbance"]) == {"cpu_lost_p50", "cpu_lost_p90", "quiet", "quiet_limit"}
     assert set(obj["metrics"][0]) == {
         "metric", "protocol", "policy", "layout", "ratio", "low", "high", "half_width",
         "needed_half_width", "threshold", "verdict", "pairs", "note"}
-    assert obj["a"] == {"label": "e5116e8", "commit": "2" * 40, "spec": None}
+    assert obj["a"] == {"label": "baseline", "commit": "2" * 40, "spec": None}
 
 
 @pytest.mark.parametrize("content, says", [

@@ -13,8 +13,8 @@ import json
 import pytest
 
 from bench.ab import size_args
-from bench.gate import decision
 from bench.gate.timing import AB_METRICS
+from bench.rundir import decision
 from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 
 # The ci preset's own configuration, narrowed to what the slow poll moves, on a burst of 12

@@ -23,6 +23,7 @@ from bench.hazards.report import exit_code
 from bench.hazards.review import Part, RunRows, page, verdict
 from bench.hazards.scenarios import SCENARIOS
 from bench.hazards.sides import worse
+from bench.rundir.decision import Disturbance
 
 BASE, HEAD = "base=sglang-0.5.22@unified", "head=sglang-0.5.23@unified"
 LIMITS = {"step_mean": 0.03, "itl_p50": 0.05, "prefetch_ttft_p50": 0.05,
@@ -56,7 +57,7 @@ def test_an_undecided_check_at_the_budget_fails_on_a_quiet_machine_only(quiet, b
                         0.03, 24)
     kept = [Verdict(HEAD, "timeout", "step_mean", s, 1.0, lo, hi, 0.03, 24)
             for s, lo, hi in (("PASS", 0.98, 1.02), ("NOT JUDGED", None, None))]
-    got = at_budget([undecided, *kept], quiet)
+    got = at_budget([undecided, *kept], Disturbance.measured([0.01 if quiet else 0.2]))
     assert [v.state for v in got] == [becomes, "PASS", "NOT JUDGED"]
     assert got[0].needed_half_width == pytest.approx(1.03 / 1.02 - 1)
     assert got[1].needed_half_width is None
@@ -88,7 +89,7 @@ def test_stages_are_added_while_undecided_and_stop_at_the_budget(tmp_path, monke
     t = review_stages.run(plan, stage, LIMITS, log=lambda line: None)
     assert [r[2] for r in ran] == [7, 8, 9][:len(ran)] and sum(r[1] for r in ran) == 12
     assert [v.state for v in t.verdicts] == [final] and t.pairs == 12
-    assert t.disturbance["cpu_lost_p50"] == pytest.approx(lost)
+    assert t.disturbance.cpu_lost_p50 == pytest.approx(lost)
     out = review_decision.write(tmp_path, review_decision.Review(
         [("base", "0.5.22"), ("head", "0.5.23")], {"schedule": "pinned", "tp": 2}, t, 5, 0,
         LIMITS, []))
@@ -99,7 +100,7 @@ def test_stages_are_added_while_undecided_and_stop_at_the_budget(tmp_path, monke
 SCHEMA_KEYS = {"schema", "kind", "verdict", "exit_code", "created", "host", "cores", "commit",
                "dirty", "branch", "a", "b", "preset", "schedule", "protocols", "policies",
                "thresholds", "estimator", "level", "pairs", "pairs_kept", "seconds",
-               "disturbance", "exact", "metrics"}
+               "disturbance", "exact", "metrics", "others", "stages", "refused"}
 METRIC_KEYS = {"metric", "protocol", "policy", "layout", "ratio", "low", "high", "half_width",
                "needed_half_width", "threshold", "verdict", "pairs", "note"}
 
@@ -111,8 +112,7 @@ def test_the_decision_follows_the_schema_and_its_whole_rule(exact_failed, states
     found = [Verdict(HEAD, "wait_complete", m, s, 1.0, 0.98, 1.02, 0.03, 12)
              for m, s in zip(("step_mean", "itl_p50"), states, strict=True)]
     t = review_stages.Timings([review_stages.Stage("r/run", 0, 12, 0, 60.0)], found,
-                              {"cpu_lost_p50": 0.2, "cpu_lost_p90": 0.3, "quiet": False,
-                               "quiet_limit": 0.05, "serves": 48}, 61.0)
+                              Disturbance(0.2, 0.3, False), 61.0)
     got = review_decision.record(review_decision.Review(
         [("base", "0.5.22"), ("head", "0.5.23")], {"schedule": "pinned"}, t, 4, exact_failed,
         LIMITS, []))

@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from bench.rundir.decision import Disturbance, undecided_verdict
 from bench.rundir.files import parse_list_cell
 from bench.rundir.rundir import FILES
-from bench.rundir.schema import DISTURBED_LIMIT, GATED_METRICS
+from bench.rundir.schema import GATED_METRICS
 from bench.stats import FAIL, PASS, UNRESOLVED, decide, t_interval
 
 NOT_JUDGED = "NOT JUDGED"
@@ -123,15 +124,14 @@ def states(found: list[Verdict]) -> list[tuple[str, float, float, float, float]]
             if v.low is not None]
 
 
-def at_budget(found: list[Verdict], quiet: bool) -> list[Verdict]:
-    """The verdicts once no stage is added: an UNRESOLVED check INCONCLUSIVE on a disturbed
-    machine, FAIL on a quiet one (then the change sits at the threshold: not shown within
-    it). So a quiet machine never ends INCONCLUSIVE, and no undecided check reads PASS."""
-    if quiet:
-        return [replace(v, state=FAIL, note="undecided at the budget on a quiet machine")
-                if v.state == UNRESOLVED else v for v in found]
-    return [replace(v, state=INCONCLUSIVE, note="undecided at the budget on a disturbed "
-                    "machine") if v.state == UNRESOLVED else v for v in found]
+def at_budget(found: list[Verdict], shaken: Disturbance) -> list[Verdict]:
+    """The verdicts once no stage is added: an UNRESOLVED check reads what the gate's rule
+    says (bench.rundir.decision.undecided_verdict): INCONCLUSIVE on a disturbed machine, FAIL
+    on a quiet one. So a quiet machine never ends INCONCLUSIVE, and no undecided check
+    reads PASS."""
+    state = undecided_verdict(shaken)
+    note = f"undecided at the budget on a {'quiet' if shaken.quiet else 'disturbed'} machine"
+    return [replace(v, state=state, note=note) if v.state == UNRESOLVED else v for v in found]
 
 
 def failing(found: list[Verdict]) -> list[str]:
@@ -144,20 +144,10 @@ def inconclusive(found: list[Verdict]) -> list[str]:
     return [v.text() for v in found if v.state == INCONCLUSIVE]
 
 
-def disturbance(ranks: list[pd.DataFrame | None]) -> dict:
-    """The serves' disturbance over every stage (ranks.csv cpu_lost of rank 0's rows, the
-    share of CPU time the machine lost to steal or other processes while a serve ran):
-    its p50 and p90, and whether the machine was quiet (p50 at most DISTURBED_LIMIT)."""
-    lost = [pd.to_numeric(r.loc[r["rank"] == 0, "cpu_lost"], errors="coerce").dropna()
-            for r in ranks if r is not None and not r.empty and "cpu_lost" in r]
-    values = pd.concat(lost) if lost else pd.Series(dtype=float)
-    if values.empty:  # no measure: judged as disturbed, so no undecided check reads FAIL
-        return {"cpu_lost_p50": None, "cpu_lost_p90": None, "quiet": False,
-                "quiet_limit": DISTURBED_LIMIT, "serves": 0}
-    p50, p90 = float(values.quantile(0.5)), float(values.quantile(0.9))
-    return {"cpu_lost_p50": round(p50, 4), "cpu_lost_p90": round(p90, 4),
-            "quiet": p50 <= DISTURBED_LIMIT, "quiet_limit": DISTURBED_LIMIT,
-            "serves": int(values.size)}
+def disturbance(ranks: list[pd.DataFrame | None]) -> Disturbance:
+    """The serves' disturbance over every stage: the gate's measure (rank 0's ranks.csv
+    cpu_lost per serve; bench.rundir.decision.Disturbance)."""
+    return Disturbance.from_ranks(ranks)
 
 
 def lines(found: list[Verdict]) -> list[str]:

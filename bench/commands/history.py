@@ -25,6 +25,7 @@ import argparse
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.tables import say
 
 PROG = "bench history"
 
@@ -76,7 +77,7 @@ def _main(argv: list[str]) -> int:
         from bench.history.store import add
 
         a = _parse_add(argv[1:])
-        print(add(a.dir, a.decision, a.machine, a.commit))
+        say(add(a.dir, a.decision, a.machine, a.commit))
         return 0
     import dataclasses
 
@@ -90,7 +91,7 @@ def _main(argv: list[str]) -> int:
     repo = None if args.no_git else (args.repo or REPO_DIR)
     done = render(PageOptions(args.dir, args.out or args.dir / "_page", args.machine, repo,
                               args.branch, rules, args.stale, not args.no_figures))
-    print("\n".join(done.lines))
+    say("\n".join(done.lines))
     return 0
 
 

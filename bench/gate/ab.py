@@ -22,7 +22,7 @@ from bench.ab.served import ServedPlan, Stage
 from bench.compare.comparison import Comparison
 from bench.compare.report import write_outputs
 from bench.gate.baseline import DEFAULT_AB
-from bench.gate.decision import Disturbance
+from bench.rundir.decision import Disturbance
 from bench.rundir.files import ResultFileError, write_json_atomic
 from bench.rundir.rundir import RunDir
 from bench.tables import progress

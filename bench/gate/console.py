@@ -8,9 +8,9 @@ one it needed. Scripts read decision.json, never these lines. No line wider than
 from __future__ import annotations
 
 from bench.gate.checks import Check, state
-from bench.gate.decision import Disturbance
 from bench.gate.outcome import is_timing, metric_name, verdict_of
 from bench.gate.timing import AB_METRICS, resolution_lines
+from bench.rundir.decision import Disturbance
 from bench.tables import WIDTH, fit, fixed_width, wrapped
 
 

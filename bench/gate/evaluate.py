@@ -40,7 +40,6 @@ from bench.analysis.verdict import (
     schedule_failures,
     unexplained_disagreements,
 )
-from bench.gate import decision as decision_file
 from bench.gate.ab import ServedAb, check_served, run_gate_served
 from bench.gate.baseline import (
     check_comparable,
@@ -49,7 +48,6 @@ from bench.gate.baseline import (
     update_baseline,
 )
 from bench.gate.checks import EPS, Check, baseline_value, make_check
-from bench.gate.decision import Disturbance
 from bench.gate.hostwork import host_work_checks, with_ceilings
 from bench.gate.outcome import GateOutcome, gate_decision, verdict_of
 from bench.gate.timing import (
@@ -61,6 +59,8 @@ from bench.gate.timing import (
     settle,
 )
 from bench.microbench import gate_note
+from bench.rundir import decision as decision_file
+from bench.rundir.decision import Disturbance
 from bench.rundir.files import (
     clean_key,
 )

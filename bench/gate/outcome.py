@@ -1,6 +1,6 @@
 """The gate's outcome: its verdict over every check (PASS, FAIL or INCONCLUSIVE, and the
 exit code that goes with it), and the decision.json a served A/B leaves in RUN/ab
-(bench.gate.decision: the file; bench.gate.timing: the rule)."""
+(bench.rundir.decision: the file; bench.gate.timing: the rule)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.gate.checks import Check, state
-from bench.gate.decision import (
+from bench.rundir.decision import (
     EXIT_CODES,
     Decision,
     Disturbance,
@@ -38,7 +38,7 @@ def metric_name(c: Check) -> str:
 
 
 def verdict_of(checks: list[Check]) -> str:
-    """PASS, FAIL or INCONCLUSIVE over every check (bench.gate.decision.overall)."""
+    """PASS, FAIL or INCONCLUSIVE over every check (bench.rundir.decision.overall)."""
     exact_failed = sum(not c.passed for c in checks if not is_timing(c))
     return overall([state(c) for c in checks if is_timing(c)], exact_failed)
 

@@ -34,7 +34,7 @@ import pandas as pd
 
 from bench.compare.comparison import Comparison
 from bench.gate.checks import Check, baseline_match, make_check, state
-from bench.gate.decision import Disturbance, undecided_verdict
+from bench.rundir.decision import Disturbance, undecided_verdict
 from bench.rundir.files import parse_list_cell
 from bench.rundir.rundir import FILES
 from bench.rundir.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
@@ -103,7 +103,7 @@ def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
 
 def settle(checks: list[Check], disturbance: Disturbance) -> list[Check]:
     """The undecided checks' verdicts once the A/B has ended: INCONCLUSIVE on a disturbed
-    machine, FAIL on a quiet one (bench.gate.decision.undecided_verdict)."""
+    machine, FAIL on a quiet one (bench.rundir.decision.undecided_verdict)."""
     if undecided_verdict(disturbance) == "FAIL":
         why = (f"; the machine was quiet ({disturbance.line()}): the change sits at its "
                "threshold, not shown within it")

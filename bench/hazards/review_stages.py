@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from bench.ab.sequential import Budget, more
 from bench.analysis import side_timings
 from bench.analysis.side_timings import Verdict
+from bench.rundir.decision import Disturbance
 from bench.rundir.rundir import RunDir
 
 # A review's first stage and budget when the command names none: the gate's first stage
@@ -52,7 +53,7 @@ class Timings:
 
     stages: list[Stage]
     verdicts: list[Verdict]
-    disturbance: dict
+    disturbance: Disturbance
     seconds: float
 
     @property
@@ -61,14 +62,8 @@ class Timings:
 
     def about(self) -> list[str]:
         """The page's lines on the stages and the machine, under the verdicts."""
-        d = self.disturbance
-        if d["cpu_lost_p50"] is None:
-            machine = "no cpu_lost measured (ranks.csv): judged as disturbed"
-        else:
-            machine = (f"the serves' cpu_lost p50 {100 * d['cpu_lost_p50']:.1f}%, p90 "
-                       f"{100 * d['cpu_lost_p90']:.1f}%: "
-                       f"{'quiet' if d['quiet'] else 'disturbed'} (limit "
-                       f"{100 * d['quiet_limit']:g}%)")
+        machine = (self.disturbance.line() if self.disturbance.cpu_lost_p50 is None else
+                   f"{self.disturbance.line()}, p90 {self.disturbance.cpu_lost_p90:.1%}")
         stages = ", ".join(f"{s.repeats} on seed {s.seed} in {s.seconds:.0f} s"
                            f"{'' if s.code == 0 else f' (exit {s.code})'}" for s in self.stages)
         return [f"Stages: {stages}; {self.pairs} paired repeats in {self.seconds:.0f} s. "
@@ -107,7 +102,7 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
                 f"a stage of {repeats} more (seed {plan.seed + index + 1})")
     ok = [s for s in stages if s.code == 0]
     shaken = side_timings.disturbance([RunDir(s.folder).ranks() for s in ok])
-    return Timings(stages, side_timings.at_budget(found, shaken["quiet"]), shaken,
+    return Timings(stages, side_timings.at_budget(found, shaken), shaken,
                    round(time.monotonic() - t0, 1))
 
 

@@ -1,4 +1,4 @@
-"""Reading one decision.json (bench.gate.decision owns the file) as a plain dict, checked
+"""Reading one decision.json (bench.rundir.decision owns the file) as a plain dict, checked
 for what a history needs: the one seam where this package reads a result file."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ class HistoryError(ResultFileError):
 
 
 def read_decision(path: Path) -> dict:
-    """decision.json at `path` as a dict (bench.gate.decision.read, the file's one reader),
+    """decision.json at `path` as a dict (bench.rundir.decision.read, the file's one reader),
     checked for what a history keeps; HistoryError (one line) when it is unreadable, from a
     newer schema, or lacks what a history keeps."""
-    from bench.gate import decision
+    from bench.rundir import decision
 
     try:
         obj = dataclasses.asdict(decision.read(Path(path)))

@@ -17,6 +17,7 @@ import random
 
 from bench.history.rules import Rules, creeps, steps
 from bench.history.series import Point, Series, z_of
+from bench.tables import say
 
 METRICS = ("step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50")
 PROTOCOLS = ("pr27010", "pr36425")
@@ -78,13 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commits", default="20,50,100")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    print("| commits | histories | step: false alarms | creep: false alarms |")
-    print("|---|---|---|---|")
+    say("| commits | histories | step: false alarms | creep: false alarms |")
+    say("|---|---|---|---|")
     for n in (int(x) for x in args.commits.split(",")):
         r = false_alarms(args.histories, n, args.seed)
-        print(f"| {n} | {r['histories']} | {r['step']:.2%} | {r['creep']:.2%} |", flush=True)
+        say(f"| {n} | {r['histories']} | {r['step']:.2%} | {r['creep']:.2%} |")
     r = power(args.histories, args.seed)
-    print(f"power over {r['histories']} histories: 5 % step named at its commit "
+    say(f"power over {r['histories']} histories: 5 % step named at its commit "
           f"{r['step_named']:.1%}; 1 %/commit creep over 6 commits flagged "
           f"{r['creep_flagged']:.1%}")
     return 0

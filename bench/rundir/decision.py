@@ -18,14 +18,15 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from bench.rundir.files import ResultFileError, read_json_object, write_json_atomic
+from bench.rundir.rundir import FILES
 from bench.rundir.schema import DISTURBED_LIMIT
 
 SCHEMA = 1
-FILE = "decision.json"
+FILE = FILES["decision"]
 KINDS = ("gate", "review")
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE", "NOT JUDGED", "REFUSED")
 EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 77}  # 2 is bad input: no decision
@@ -150,6 +151,11 @@ class Decision:
     disturbance: Disturbance
     exact: Exact
     metrics: list[Metric]
+    # a review's: the sides after B, each timing stage (folder, exit, repeats, seed,
+    # seconds), and the hazard cells a side refused before serving (a line each)
+    others: list[Side] = field(default_factory=list)
+    stages: list[dict] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
     schema: int = SCHEMA
 
 
@@ -205,7 +211,10 @@ def read(path: Path) -> Decision:
 
 def _decision(obj: dict) -> Decision:
     nested = {"a": Side, "b": Side, "disturbance": Disturbance, "exact": Exact}
-    kw = {f.name: obj[f.name] for f in fields(Decision)}
+    optional = {"others", "stages", "refused"}
+    kw = {f.name: obj[f.name] for f in fields(Decision)
+          if f.name not in optional or f.name in obj}
     kw |= {k: cls(**obj[k]) for k, cls in nested.items()}
     kw["metrics"] = [Metric(**m) for m in obj["metrics"]]
+    kw["others"] = [Side(**x) for x in obj.get("others", [])]
     return Decision(**kw)
