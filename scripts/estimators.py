@@ -9,8 +9,11 @@ cut into consecutive windows of 12, 24, 48 pairs; per window and method the inte
 made at 95 % and at the level the planned looks' alpha spending gives a look of that many
 pairs (bench.ab.sequential, looks 12/24/48/80). Prints per method and window size: the
 windows, the median half-width (95 % and spent), and how often the interval excludes 1
-(on an A/A: a false alarm), decides PASS or FAIL against gate.json's thresholds (spent
-level). A run directory whose name starts with `aa` (or is listed in --aa) is an A/A.
+(on an A/A: a false alarm; at 95 % and at the spent level), lies wholly above 1 (on a plant:
+the change seen), decides PASS or FAIL against gate.json's thresholds (spent level), and
+the median half-width against the t-mean's on the same window; then the same pooled over
+the runs, metrics and configurations, A/As apart. A run directory whose name starts with
+`aa` (or is listed in --aa) is an A/A.
 Also prints each run's disturbance: ranks.csv cpu_lost per serve (the machine's CPU lost to
 steal and other processes). --json FILE writes every row. Exit 2 on a folder that is no
 served A/B.
@@ -121,6 +124,7 @@ def rows_of(run: Path, windows: list[int], thresholds: dict, aa: bool) -> list[d
                                 "threshold": t, "point": e.point, "half": e.half_width,
                                 "kept": e.kept, "excl": e.has_interval
                                 and not e.low <= 1 <= e.high, "half_spent": s.half_width,
+                                "excl_spent": s.has_interval and not s.low <= 1 <= s.high,
                                 "state": sequential.decide(s.low, s.high, t)})
     return out
 
@@ -141,6 +145,26 @@ def table(rows: pd.DataFrame) -> pd.DataFrame:
         "excl1": g["excl"].mean(), "pass": g["state"].apply(lambda s: (s == "PASS").mean()),
         "fail": g["state"].apply(lambda s: (s == "FAIL").mean()),
         "kept": g["kept"].mean()})
+
+
+def pooled(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per kind (A/A or not), method and window size over every run, metric and
+    configuration: the windows, the median half-width against the t-mean's of the same
+    window, how often the interval excludes 1 (A/A: a false alarm; else: the change seen),
+    lies wholly above 1, and decides PASS / FAIL at the spent level."""
+    base = rows[rows["method"] == "t-mean"].set_index(["run", "metric", "config", "window",
+                                                        "start"])["half"]
+    rows = rows.join(base.rename("t_half"), on=["run", "metric", "config", "window", "start"])
+    rows = rows.assign(vs_t=rows["half"] / rows["t_half"],
+                       above=[bool(e) and p > 1 for e, p in zip(rows["excl"], rows["point"],
+                                                                  strict=True)])
+    g = rows.groupby(["aa", "method", "window"], sort=False)
+    return pd.DataFrame({"windows": g.size(), "half95": g["half"].median(),
+                         "vs_t_mean": g["vs_t"].median(), "half_spent": g["half_spent"].median(),
+                         "excl1": g["excl"].mean(), "excl_spent": g["excl_spent"].mean(),
+                         "above1": g["above"].mean(),
+                         "pass": g["state"].apply(lambda s: (s == "PASS").mean()),
+                         "fail": g["state"].apply(lambda s: (s == "FAIL").mean())})
 
 
 def main(argv: list[str]) -> int:
@@ -166,6 +190,7 @@ def main(argv: list[str]) -> int:
     with pd.option_context("display.width", 200, "display.max_rows", 1000,
                            "display.float_format", "{:.3f}".format):
         print(table(frame).to_string())
+        print(pooled(frame).to_string())
     if args.json:
         args.json.write_text(frame.to_json(orient="records", indent=0))
     return 0

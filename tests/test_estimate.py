@@ -229,3 +229,16 @@ def test_the_served_ab_makes_its_intervals_with_the_method_at_the_looks_level():
     plan = served.ServedPlan(None, None, "default", 12)
     assert served.looks_of(plan, Budget(80, 420.0), lambda comp: []) == (12, 24, 48, 80)
     assert served.looks_of(plan, None, None) is None
+
+
+def test_the_estimators_script_refuses_a_folder_that_is_no_served_ab(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "estimators.py"
+    spec = importlib.util.spec_from_file_location("estimators_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no ab.json" in err[0]

@@ -32,6 +32,7 @@ from functools import cache
 
 import numpy as np
 
+from bench.ab.sequential import SPEND
 from bench.stats import LEVEL, MIN_REPEATS, NO_SCIPY, Interval, _scipy_stats, too_few
 
 EXACT_MAX = 50  # pairs up to which the Wilcoxon interval uses the exact distribution
@@ -204,6 +205,8 @@ METHODS: dict[str, Callable[[np.ndarray, np.ndarray, float], Estimate]] = {
     "cpu-adjusted": cpu_adjusted,
 }
 SERVED = "cpu-adjusted"  # the served A/B's interval method (its rows and ab.json name it)
+# what a result file (the gate's decision.json `estimator`) records of the served intervals
+ESTIMATOR = f"{SERVED}, {SPEND}-type alpha spending over the planned looks"
 
 
 def served(b: Mapping[int, float], a: Mapping[int, float], lost_b: Mapping[int, float],

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from bench.stats import FAIL, LEVEL, PASS, UNRESOLVED, decide  # noqa: F401 (the rule's states)
 
 SPENDING = ("pocock", "obf")  # Lan-DeMets' Pocock-type and O'Brien-Fleming-type functions
+SPEND = "pocock"  # the served A/B's (a time budget often ends a run before its last looks)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def planned_looks(first: int, last: int) -> tuple[int, ...]:
     return tuple(out + [last]) if out[-1] < last else tuple(out)
 
 
-def spent(t: float, alpha: float = 1 - LEVEL, kind: str = "pocock") -> float:
+def spent(t: float, alpha: float = 1 - LEVEL, kind: str = SPEND) -> float:
     """The alpha spent by information share t (0..1) under Lan-DeMets' spending functions:
     pocock alpha ln(1 + (e - 1) t), obf 2 - 2 Phi(z_{alpha/2} / sqrt t) (needs scipy)."""
     t = min(max(t, 0.0), 1.0)
@@ -79,7 +80,7 @@ def spent(t: float, alpha: float = 1 - LEVEL, kind: str = "pocock") -> float:
 
 
 def look_level(n: int, looks: tuple[int, ...] | None, alpha: float = 1 - LEVEL,
-               kind: str = "pocock") -> float:
+               kind: str = SPEND) -> float:
     """The level of the interval made at n pairs: that of the first planned look at or
     after n (a look cut short by the seconds takes its planned look's level); 1 - alpha
     without planned looks (one look)."""

@@ -216,7 +216,7 @@ def record(plan: ServedPlan, stages: list[Stage]) -> dict:
     n, looks = sum(s.repeats for s in stages), stages[-1].looks if stages else None
     return {"design": "served", "interface": turns.INTERFACE,
             "interval": {"method": estimate.SERVED, "level": sequential.look_level(n, looks),
-                         "looks": list(looks or [n]), "spending": sequential.SPENDING[0]},
+                         "looks": list(looks or [n]), "spending": sequential.SPEND},
             "a": {"name": plan.a.name, "commit": plan.a.sha},
             "b": {"name": plan.b.name, "commit": plan.b.sha}, "preset": plan.preset,
             "threshold": plan.threshold, "run_args": list(plan.run_args),
