@@ -118,8 +118,9 @@ def more(states: list[tuple[str, float, float | None, float | None, float]], n: 
 # ---- sizing the budget from an A/A's spread ---------------------------------------------
 
 def spread(low: float, high: float, n: int, level: float = 0.95) -> float:
-    """The sd of one pair's log ratio behind a t interval [low, high] over n pairs (the
-    served A/B's intervals are t intervals over the paired log ratios, bench.stats)."""
+    """The sd of one pair's log ratio behind a 95 % t interval [low, high] over n pairs (the
+    t-mean's; the served A/B's cpu-adjusted interval gives the residual sd near enough,
+    n - 2 degrees of freedom against n - 1)."""
     stats = _stats()
     return (math.log(high) - math.log(low)) / 2 / stats.t.ppf((1 + level) / 2, n - 1) \
         * math.sqrt(n)
