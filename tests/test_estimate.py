@@ -105,9 +105,12 @@ def test_without_scipy_every_method_gives_a_point_and_no_interval(monkeypatch):
 
 def test_too_few_pairs_give_no_interval():
     for e in (t_mean(np.array([0.1, 0.2])), hodges_lehmann(np.array([0.1])),
-              cpu_adjusted(np.array([0.1, 0.2, 0.3]), np.array([0.0, 0.1, 0.2]))):
+              cpu_adjusted(np.array([0.1, 0.2]), np.array([0.0, 0.1]))):
         assert not e.has_interval and "too few" in e.note
     assert t_mean(np.array([])).point is None
+    three = cpu_adjusted(np.array([0.1, 0.2, 0.3]), np.array([0.0, 0.1, 0.3]))
+    assert three.note == "3 pairs: t-mean" and three.high == t_mean(
+        np.array([0.1, 0.2, 0.3])).high
 
 
 # ---- simulated bursty pairs --------------------------------------------------------------

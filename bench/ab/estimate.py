@@ -161,18 +161,20 @@ def hodges_lehmann(d: np.ndarray, level: float = LEVEL) -> Estimate:
 def cpu_adjusted(d: np.ndarray, lost_diff: np.ndarray, level: float = LEVEL) -> Estimate:
     """The intercept of d regressed on lost_diff (B's cpu_lost minus A's per pair): the log
     ratio at equal disturbance, with a t_{n-2} interval from linregress's stderr. Falls back
-    to the t-mean (named so in the note) when the covariate does not vary."""
+    to the t-mean (named so in the note) when the covariate does not vary or there are no
+    more than MIN_REPEATS pairs."""
     _check(level)
     d, x = np.asarray(d, dtype=float), np.asarray(lost_diff, dtype=float)
     if d.shape != x.shape:
         raise ValueError(f"need one covariate per pair, got {x.size} for {d.size}")
     name = "cpu-adjusted"
-    refused = _refused(name, d, np.mean, need=MIN_REPEATS + 1)
+    if d.size <= MIN_REPEATS or np.ptp(x) == 0:  # no degree of freedom to spare: the t-mean
+        e = t_mean(d, level, name)
+        why = "covariate constant" if d.size > MIN_REPEATS else f"{d.size} pairs"
+        return Estimate(name, e.point, e.low, e.high, e.n, note=e.note or f"{why}: t-mean")
+    refused = _refused(name, d, np.mean)
     if refused is not None:
         return refused
-    if np.ptp(x) == 0:
-        e = t_mean(d, level, name)
-        return Estimate(name, e.point, e.low, e.high, e.n, note="covariate constant: t-mean")
     stats = _scipy_stats()
     fit = stats.linregress(x, d)
     h = float(stats.t.ppf((1 + level) / 2, d.size - 2)) * float(fit.intercept_stderr)
