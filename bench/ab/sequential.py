@@ -16,6 +16,14 @@ on it; on the quiet A/As of docs/results/2026-12-06_gate_power_7863880.md this d
 rule looks at where intervals lie against the threshold and stops on either side, as
 Pinpoint's "collect more data" does; an UNRESOLVED check left at the budget is no PASS (the
 gate fails it).
+
+Looks planned in advance (`planned_looks`: the first stage's pairs, doubled until the
+budget's) keep the intervals valid across the looks: the k-th look's interval is made at
+level 1 - (spent(t_k) - spent(t_{k-1})) of an alpha-spending function (`spent`, t the
+look's share of the budget's pairs), so by the union bound all looks together exclude the
+truth at most alpha (1 - LEVEL) of the time, however the run stops. With `looks`, `more`
+steps to the next planned look (or to what the seconds left allow: a last, shorter look at
+that look's level).
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bench.stats import FAIL, PASS, UNRESOLVED, decide  # noqa: F401 (the rule's states)
+from bench.stats import FAIL, LEVEL, PASS, UNRESOLVED, decide  # noqa: F401 (the rule's states)
+
+SPENDING = ("pocock", "obf")  # Lan-DeMets' Pocock-type and O'Brien-Fleming-type functions
+SPEND = "pocock"  # the served A/B's (a time budget often ends a run before its last looks)
 
 
 @dataclass(frozen=True)
@@ -44,11 +55,48 @@ def needed(point: float, low: float, high: float, threshold: float, n: int) -> f
     return math.inf if gap == 0 else n * (half / gap) ** 2
 
 
+def planned_looks(first: int, last: int) -> tuple[int, ...]:
+    """The looks' pairs: `first`, doubled while below `last`, then `last`."""
+    if first < 1 or last < first:
+        raise ValueError(f"need 1 <= first <= last, got {first}, {last}")
+    out = [first]
+    while out[-1] * 2 < last:
+        out.append(out[-1] * 2)
+    return tuple(out + [last]) if out[-1] < last else tuple(out)
+
+
+def spent(t: float, alpha: float = 1 - LEVEL, kind: str = SPEND) -> float:
+    """The alpha spent by information share t (0..1) under Lan-DeMets' spending functions:
+    pocock alpha ln(1 + (e - 1) t), obf 2 - 2 Phi(z_{alpha/2} / sqrt t) (needs scipy)."""
+    t = min(max(t, 0.0), 1.0)
+    if t == 0:
+        return 0.0
+    if kind == "pocock":
+        return alpha * math.log(1 + (math.e - 1) * t)
+    if kind == "obf":
+        stats = _stats()
+        return float(2 - 2 * stats.norm.cdf(stats.norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+    raise ValueError(f"unknown spending function {kind!r}; use one of {SPENDING}")
+
+
+def look_level(n: int, looks: tuple[int, ...] | None, alpha: float = 1 - LEVEL,
+               kind: str = SPEND) -> float:
+    """The level of the interval made at n pairs: that of the first planned look at or
+    after n (a look cut short by the seconds takes its planned look's level); 1 - alpha
+    without planned looks (one look)."""
+    if not looks:
+        return 1 - alpha
+    k = next((i for i, m in enumerate(looks) if n <= m), len(looks) - 1)
+    before = spent(looks[k - 1] / looks[-1], alpha, kind) if k else 0.0
+    return 1 - (spent(looks[k] / looks[-1], alpha, kind) - before)
+
+
 def more(states: list[tuple[str, float, float | None, float | None, float]], n: int,
          spent_s: float,
-         budget: Budget) -> int:
+         budget: Budget, looks: tuple[int, ...] | None = None) -> int:
     """Repeats to add after a stage (0: stop). `states`: per gated check (state, point,
-    low, high, threshold); `n`: paired repeats so far; `spent_s`: seconds so far."""
+    low, high, threshold); `n`: paired repeats so far; `spent_s`: seconds so far; `looks`:
+    the planned looks (the next stage ends at the next one)."""
     if any(s[0] == FAIL for s in states) or all(s[0] != UNRESOLVED for s in states):
         return 0
     left = budget.repeats - n
@@ -57,6 +105,9 @@ def more(states: list[tuple[str, float, float | None, float | None, float]], n: 
     room = min(left, afford)
     if room < 1:
         return 0
+    if looks:
+        nxt = next((m for m in looks if m > n), None)
+        return 0 if nxt is None else min(room, nxt - n)
     want = max(math.inf if lo is None else needed(p, lo, hi, t, n)
                for s, p, lo, hi, t in states if s == UNRESOLVED)
     add = budget.least_more if math.isinf(want) else math.ceil(want * 1.2) - n
@@ -67,8 +118,9 @@ def more(states: list[tuple[str, float, float | None, float | None, float]], n: 
 # ---- sizing the budget from an A/A's spread ---------------------------------------------
 
 def spread(low: float, high: float, n: int, level: float = 0.95) -> float:
-    """The sd of one pair's log ratio behind a t interval [low, high] over n pairs (the
-    served A/B's intervals are t intervals over the paired log ratios, bench.stats)."""
+    """The sd of one pair's log ratio behind a 95 % t interval [low, high] over n pairs (the
+    t-mean's; the served A/B's cpu-adjusted interval gives the residual sd near enough,
+    n - 2 degrees of freedom against n - 1)."""
     stats = _stats()
     return (math.log(high) - math.log(low)) / 2 / stats.t.ppf((1 + level) / 2, n - 1) \
         * math.sqrt(n)

@@ -6,7 +6,9 @@ A stage is one run of both sides (bench.ab.conductor): `bench run --preset P --r
 stages (fresh seeds) while its checks are undecided (bench.ab.sequential); the stages are
 then read as one run per side whose repeat numbers continue from stage to stage, and
 compared as `bench compare` compares two runs: exact counts over every repeat, timing ratios
-B/A paired by repeat with a t interval over the pairs.
+B/A paired by repeat, with the served A/B's own interval over the pairs
+(bench.ab.estimate.served, named by estimate.SERVED) at the level of the planned look
+(bench.ab.sequential.look_level).
 
 A revision older than the side interface (bench/run/turns.py, INTERFACE) cannot be a side:
 `interface_of` says so before anything runs, and `bench ab` falls back to its blocks.
@@ -23,13 +25,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.ab import estimate, sequential
 from bench.ab import order as order_effect
-from bench.ab import sequential
 from bench.ab.conductor import Conductor, SideProc, first_sides, turn_order
 from bench.ab.revisions import Revision, checked_out
 from bench.ab.sequential import Budget
 from bench.analysis import verdict
 from bench.compare.comparison import Comparison, Run, compare, load_run
+from bench.compare.rules import TimingOptions
 from bench.run import turns
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import ResultFileError
@@ -96,6 +99,7 @@ class Stage:
     first: list[str] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    looks: tuple[int, ...] | None = None  # the run's planned looks (None: one look)
 
 
 def serve_stage(plan: ServedPlan, roots: dict[str, Path], index: int, seed: int,
@@ -142,17 +146,20 @@ def _last(out: Path) -> str:
 
 def merged(stages: list[Stage], side: str) -> Run:
     """One side's stages as one Run whose repeats continue from stage to stage."""
-    frames, steps, offset = [], [], 0
+    tables: dict[str, list[pd.DataFrame]] = {"requests": [], "steps": [], "ranks": []}
     runs = [load_run(s.dirs[side]) for s in stages]
+    offset = 0
     for stage, run in zip(stages, runs, strict=True):
-        frames.append(run.requests.assign(repeat=offset + run.requests["repeat"].astype(int)))
-        if run.steps is not None:
-            steps.append(run.steps.assign(repeat=offset + run.steps["repeat"].astype(int)))
+        found = {"requests": run.requests, "steps": run.steps,
+                 "ranks": RunDir(stage.dirs[side]).ranks()}
+        for name, frame in found.items():
+            if frame is not None and "repeat" in frame:
+                tables[name].append(frame.assign(repeat=offset + frame["repeat"].astype(int)))
         offset += stage.repeats
-    both = len(steps) == len(runs)
-    return Run(stages[0].dirs[side].parent.parent, runs[0].env,
-               pd.concat(frames, ignore_index=True),
-               pd.concat(steps, ignore_index=True) if both else None)
+    both = {k: pd.concat(v, ignore_index=True) if len(v) == len(runs) else None
+            for k, v in tables.items()}
+    return Run(stages[0].dirs[side].parent.parent, runs[0].env, both["requests"],
+               both["steps"], both["ranks"])
 
 
 def b_first(stages: list[Stage]) -> dict[int, bool]:
@@ -164,14 +171,23 @@ def b_first(stages: list[Stage]) -> dict[int, bool]:
     return out
 
 
-def comparison(plan: ServedPlan, stages: list[Stage]) -> Comparison:
-    """B against A over every stage, paired by repeat, with the served run's context."""
+def timing(threshold: float, level: float = estimate.LEVEL) -> TimingOptions:
+    """The served A/B's intervals: bench.ab.estimate.served at `level`."""
+    return TimingOptions(threshold, lambda b, a, lb, la: estimate.served(b, a, lb, la, level),
+                         f"{estimate.SERVED} {level:.4g}")
+
+
+def comparison(plan: ServedPlan, stages: list[Stage],
+               looks: tuple[int, ...] | None = None) -> Comparison:
+    """B against A over every stage, paired by repeat, with the served run's context; the
+    intervals at the level of the planned look this many pairs make (95 % without)."""
+    n = sum(s.repeats for s in stages)
     comp = compare(merged(stages, "a"), merged(stages, "b"), plan.threshold,
-                   list(plan.metrics) if plan.metrics else None)
+                   list(plan.metrics) if plan.metrics else None,
+                   timing(plan.threshold, sequential.look_level(n, looks)))
     comp.verb, comp.drift_note = "ab", DRIFT
     comp.header = failed_sides(stages) + comp.header
     order_effect.annotate(comp, b_first(stages), 1)
-    n = sum(s.repeats for s in stages)
     seeds = ", ".join(str(s.seed) for s in stages)
     comp.run_lines = [f"{side} = {rev.label}: one side of {len(stages)} served run(s) of "
                       f"preset {plan.preset} ({n} repeats, seeds {seeds}) in "
@@ -196,8 +212,11 @@ def failed_sides(stages: list[Stage]) -> list[str]:
 
 
 def record(plan: ServedPlan, stages: list[Stage]) -> dict:
-    """ab.json's content for a served A/B."""
+    """ab.json's content for a served A/B; `interval` says how its intervals were made."""
+    n, looks = sum(s.repeats for s in stages), stages[-1].looks if stages else None
     return {"design": "served", "interface": turns.INTERFACE,
+            "interval": {"method": estimate.SERVED, "level": sequential.look_level(n, looks),
+                         "looks": list(looks or [n]), "spending": sequential.SPEND},
             "a": {"name": plan.a.name, "commit": plan.a.sha},
             "b": {"name": plan.b.name, "commit": plan.b.sha}, "preset": plan.preset,
             "threshold": plan.threshold, "run_args": list(plan.run_args),
@@ -229,18 +248,28 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
             log(header)
         stages: list[Stage] = []
         t0, repeats = time.monotonic(), plan.repeats
+        looks = looks_of(plan, budget, states)
         while repeats > 0:
             stages.append(serve_stage(plan, roots, len(stages), plan.seed + len(stages),
                                       repeats, log))
-            comp = comparison(plan, stages)
-            if budget is None or states is None:
+            stages[-1].looks = looks
+            comp = comparison(plan, stages, looks)
+            if looks is None:
                 break
             n, now = sum(s.repeats for s in stages), states(comp)
-            repeats = sequential.more(now, n, time.monotonic() - t0, budget)
+            repeats = sequential.more(now, n, time.monotonic() - t0, budget, looks)
             if repeats:
                 log(f"ab: {sum(s[0] == sequential.UNRESOLVED for s in now)} gated "
                     f"check(s) undecided after {n} paired repeats: {repeats} more")
     return stages, comp
+
+
+def looks_of(plan: ServedPlan, budget: Budget | None, states: States | None
+             ) -> tuple[int, ...] | None:
+    """The planned looks of a sequential run (None: one stage, one 95 % look)."""
+    if budget is None or states is None:
+        return None
+    return sequential.planned_looks(plan.repeats, max(plan.repeats, budget.repeats))
 
 
 class NotASide(ResultFileError):

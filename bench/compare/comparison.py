@@ -34,12 +34,14 @@ DRIFT = ("the two runs were made at different times: drift between them (the mac
 
 @dataclass(frozen=True)
 class Run:
-    """One run directory's env.json, requests.csv and steps.csv (None when absent)."""
+    """One run directory's env.json, requests.csv and steps.csv (None when absent), and
+    ranks.csv where a served A/B passes it (its cpu_lost: bench.ab.estimate)."""
 
     path: Path
     env: dict
     requests: pd.DataFrame
     steps: pd.DataFrame | None
+    ranks: pd.DataFrame | None = None
 
     @property
     def name(self) -> str:
@@ -50,7 +52,7 @@ class Run:
         return self.env.get("schema_version", LEGACY_SCHEMA_VERSION)
 
     def table(self, name: str) -> pd.DataFrame | None:
-        return self.requests if name == "requests" else self.steps
+        return {"requests": self.requests, "steps": self.steps, "ranks": self.ranks}[name]
 
     def fact(self, *path: str) -> object:
         """env.json value at `path`, None when absent."""
@@ -125,6 +127,14 @@ def _groups(frame: pd.DataFrame | None, keys: list[str], where: str) -> dict[tup
     if missing:
         raise ResultFileError(f"{where}: missing columns {', '.join(missing)}")
     return {clean_key(k): g for k, g in frame.groupby(keys, dropna=False, sort=False)}
+
+
+def _keyed(frame: pd.DataFrame | None, keys: list[str], table: str) -> pd.DataFrame | None:
+    """ranks.csv only where it carries every key (it is the served A/B's covariate, never
+    required); the other tables as they are (a missing key is refused)."""
+    if table == "ranks" and frame is not None and not all(k in frame for k in keys):
+        return None
+    return frame
 
 
 @dataclass
@@ -218,9 +228,11 @@ def _config_rows(key: tuple, groups: dict, metrics: list[TimingMetric], present:
 
 
 def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
-            metrics: list[str] | None = None) -> Comparison:
+            metrics: list[str] | None = None, timing: TimingOptions | None = None
+            ) -> Comparison:
     """Refuse incomparable runs, match A's and B's configurations, build every row (timing
-    `metrics` by name, all present when None; `threshold` as compare's --threshold)."""
+    `metrics` by name, all present when None; `threshold` as compare's --threshold;
+    `timing` a served A/B's own interval, bench.compare.rules.TimingOptions)."""
     check_comparable(a, b)
     both = sglang_run(a.requests) and sglang_run(b.requests)
     paired = sglang_run(a.requests) or sglang_run(b.requests)
@@ -231,10 +243,10 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
         a, b = (replace(r, requests=as_modelled(r.requests), steps=as_modelled(r.steps))
                 for r in (a, b))
     keys = match_keys(a, b)
-    groups = {(s, t): _groups(run.table(t), keys, f"{run.path}/{t}.csv")
-              for s, run in (("a", a), ("b", b)) for t in ("requests", "steps")}
+    groups = {(s, t): _groups(_keyed(run.table(t), keys, t), keys, f"{run.path}/{t}.csv")
+              for s, run in (("a", a), ("b", b)) for t in ("requests", "steps", "ranks")}
     metrics, present = reported_metrics(a, b, metrics)
-    timing = TimingOptions(threshold)
+    timing = timing or TimingOptions(threshold)
     comp = Comparison(a, b, keys, threshold,
                       header=verdict_warnings(a, b) + env_warnings(a, b) + plan_notes(a, b)
                       + notes, drift_note=DRIFT)

@@ -18,7 +18,7 @@ from bench.rundir.files import write_csv_atomic, write_text_atomic
 from bench.tables import WIDTH, fit, fixed_width, interval_text, markdown_table, wrapped
 
 ROW_COLUMNS = ["metric", "kind", "a", "b", "b_minus_a", "ratio_b_over_a", "ratio_ci_low",
-               "ratio_ci_high", "ratio_mdd", "repeats", "n_a", "n_b", "verdict", "note"]
+               "ratio_ci_high", "ratio_mdd", "repeats", "interval", "n_a", "n_b", "verdict", "note"]
 HEADERS = ["configuration", "metric", "A", "B", "B - A", "B/A [95% CI]", "verdict", "note"]
 FIXED_LABEL_KEYS = ("protocol", "policy")
 COLORS = {"worse": "C3", "better": "C2", "same": "0.4"}

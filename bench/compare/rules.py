@@ -8,11 +8,14 @@ steps carry `kind`. Timings: per repeat the metric's statistic of A and of B, pa
 repeat (the same seed), the ratio B/A as exp(mean of ln(b_r / a_r)) with its 95% t interval
 over the repeats (bench.stats); worse when the whole interval lies above 1 + threshold, better
 when below 1 - threshold, else same; not comparable when there is no interval (fewer than 3
-paired repeats, or no scipy).
+paired repeats, or no scipy). A served A/B passes its own interval (TimingOptions.interval:
+bench.ab.estimate.served, which also reads each serve's cpu_lost from ranks.csv) and its
+level; each row names its method (`interval`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -20,12 +23,21 @@ import numpy as np
 import pandas as pd
 
 from bench.compare.metrics import Counts, TimingMetric
-from bench.stats import Sample, ratio_interval, stat_value
+from bench.stats import Interval, Sample, ratio_interval, stat_value
+
+PerRepeat = Mapping[int, float]
+NAIVE = "t-mean"  # compare's interval: the t interval over the pairs' log ratios
 
 
 @dataclass(frozen=True)
 class TimingOptions:
+    """The threshold, and the interval of B over A: `interval(b, a, lost_b, lost_a)` from
+    per-repeat statistics and per-repeat cpu_lost (None: compare's t interval), named
+    `method` in each row."""
+
     threshold: float
+    interval: Callable[[PerRepeat, PerRepeat, PerRepeat, PerRepeat], Interval] | None = None
+    method: str = NAIVE
 
 
 def _direction(a: Fraction | None, b: Fraction | None) -> str:
@@ -118,15 +130,16 @@ def timing_verdict(low: float, high: float, threshold: float) -> str:
 
 
 def _timing_row(metric: TimingMetric, sa: Sample | None, sb: Sample | None,
-                opts: TimingOptions) -> dict:
+                opts: TimingOptions, lost: tuple[PerRepeat, PerRepeat] = ({}, {})) -> dict:
     row = {"metric": metric.name, "kind": "timing", "n_a": _size(sa), "n_b": _size(sb),
-           "verdict": "not comparable"}
+           "verdict": "not comparable", "interval": opts.method}
     if sa is None or sb is None:
         return row | {"note": f"only {'B' if sa is None else 'A'} carries {metric.needs}"}
     if not sa.values or not sb.values:
         return row | {"note": f"no samples in {'A' if not sa.values else 'B'}"}
     a, b = (pooled_stat(s, metric.stat) for s in (sa, sb))
-    iv = ratio_interval(sb.per_repeat(metric.stat), sa.per_repeat(metric.stat))
+    pb, pa = sb.per_repeat(metric.stat), sa.per_repeat(metric.stat)
+    iv = ratio_interval(pb, pa) if opts.interval is None else opts.interval(pb, pa, *lost)
     row |= {"a": a, "b": b, "b_minus_a": b - a, "ratio_b_over_a": iv.point,
             "ratio_ci_low": iv.low, "ratio_ci_high": iv.high, "ratio_mdd": iv.half_width,
             "repeats": iv.n}
@@ -158,9 +171,19 @@ def timing_rows(metrics: list[TimingMetric], frames: dict, present: dict,
     """The timing rows of one matched configuration (frames keyed (side, table), present
     keyed (side, metric))."""
     rows = []
+    lost = tuple(lost_by_repeat(frames.get((s, "ranks"))) for s in "ba")
     for m in metrics:
         sa, sb = (_side_sample(m, frames[(s, m.table)], present[(s, m)]) for s in "ab")
         if sa is not None and sb is not None and not sa.values and not sb.values:
             continue  # e.g. bystander TTFT in runs without bystanders: nothing to compare
-        rows.append(_timing_row(m, sa, sb, opts))
+        rows.append(_timing_row(m, sa, sb, opts, lost))
     return rows
+
+
+def lost_by_repeat(ranks: pd.DataFrame | None) -> dict[int, float]:
+    """Repeat -> the serve's cpu_lost (ranks.csv, rank 0's row; one machine figure)."""
+    if ranks is None or "cpu_lost" not in ranks or ranks.empty:
+        return {}
+    first = ranks.sort_values("rank").groupby("repeat")["cpu_lost"].first()
+    values = pd.to_numeric(first, errors="coerce").dropna()
+    return {int(r): float(v) for r, v in values.items()}
