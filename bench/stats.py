@@ -20,7 +20,6 @@ import numpy as np
 
 PERCENTILE_METHODS = ("linear", "nearest-rank")
 LEVEL = 0.95
-ESTIMATOR = "t-mean-log"  # ratio_interval's method, as decision.json names it
 MIN_REPEATS = 3  # paired repeats an interval needs: with 2, sd has 1 degree of freedom
 NO_SCIPY = "scipy is not installed"
 

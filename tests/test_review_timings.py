@@ -77,8 +77,9 @@ def test_stages_are_added_while_undecided_and_stop_at_the_budget(tmp_path, monke
     INCONCLUSIVE, and decision.json carries the verdict and exit code."""
     undecided = [Verdict(HEAD, "wait_complete", "step_mean", "UNRESOLVED", 1.029, 0.98, 1.08,
                          0.03, 0)]
-    monkeypatch.setattr(review_stages, "_verdicts", lambda stages, limits: undecided)
-    ran = []
+    levels, ran = [], []
+    monkeypatch.setattr(review_stages, "_verdicts",
+                        lambda stages, limits, level: levels.append(level) or undecided)
 
     def stage(index, repeats, seed):
         ran.append((index, repeats, seed))
@@ -88,6 +89,9 @@ def test_stages_are_added_while_undecided_and_stop_at_the_budget(tmp_path, monke
     plan = review_stages.StagePlan(repeats=4, seed=7, budget_repeats=12, budget_s=1e6)
     t = review_stages.run(plan, stage, LIMITS, log=lambda line: None)
     assert [r[2] for r in ran] == [7, 8, 9][:len(ran)] and sum(r[1] for r in ran) == 12
+    # the planned looks (4, 8, 12), each at its alpha-spending level, together at most 5 %
+    assert len(levels) == 3 and all(x > 0.95 for x in levels)
+    assert sum(1 - x for x in levels) == pytest.approx(0.05)
     assert [v.state for v in t.verdicts] == [final] and t.pairs == 12
     assert t.disturbance.cpu_lost_p50 == pytest.approx(lost)
     out = review_decision.write(tmp_path, review_decision.Review(

@@ -84,21 +84,23 @@ def _one(row: dict, metric: str) -> tuple[float | None, float | None, float | No
             _num(row, f"{metric}_ratio_ci_high"), int(pairs or 0))
 
 
-def _merged(rows: list[dict], metric: str
+def _merged(rows: list[dict], metric: str, level: float = LEVEL
             ) -> tuple[float | None, float | None, float | None, int]:
     """A metric's point, interval and pairs over several stages' rows of one side and
-    policy: their per-repeat ratios pooled, the t interval of their logs."""
+    policy: their per-repeat ratios pooled, the t interval of their logs at `level`."""
     column = f"{metric}_ratio_per_repeat"
     ratios = [x for r in rows for x in parse_list_cell(r.get(column), FILES["summary"], column)
               if x > 0]
-    iv = t_interval(np.log(np.asarray(ratios, dtype=float)), log=True, level=LEVEL)
+    iv = t_interval(np.log(np.asarray(ratios, dtype=float)), log=True, level=level)
     return iv.point, iv.low, iv.high, iv.n
 
 
 def verdicts(summaries: pd.DataFrame | list[pd.DataFrame], sides: list[str],
-             thresholds: dict[str, float]) -> list[Verdict]:
+             thresholds: dict[str, float], level: float | None = None) -> list[Verdict]:
     """Every side after the first, per policy and gated metric (summary.csv's ratios to the
-    first side, bench.analysis.sides), over one stage's summary or several's."""
+    first side, bench.analysis.sides), over one stage's summary or several's; `level`: the
+    interval's, a sequential look's spent level (bench.ab.sequential.look_level), else the
+    summary's own 95 % interval of one stage."""
     stages = [summaries] if isinstance(summaries, pd.DataFrame) else list(summaries)
     keyed = [{(r["protocol"], r["policy"]): r for r in s.to_dict("records")} for s in stages]
     out = []
@@ -108,7 +110,8 @@ def verdicts(summaries: pd.DataFrame | list[pd.DataFrame], sides: list[str],
         rows = [k[(row["protocol"], row["policy"])] for k in keyed
                 if (row["protocol"], row["policy"]) in k]
         for m in GATED_METRICS:
-            point, low, high, pairs = _one(row, m) if len(rows) == 1 else _merged(rows, m)
+            point, low, high, pairs = (_one(row, m) if len(rows) == 1 and level is None
+                                       else _merged(rows, m, level or LEVEL))
             if point is None:
                 continue
             t = thresholds.get(m, 0.05)

@@ -22,7 +22,8 @@ from bench.rundir.decision import (
     now_utc,
     overall,
 )
-from bench.stats import ESTIMATOR, LEVEL
+from bench.ab.estimate import ESTIMATOR
+from bench.stats import LEVEL
 
 if TYPE_CHECKING:  # the served A/B's engine is not imported to judge or print a gate
     from bench.gate.ab import ServedAb

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.ab.sequential import Budget, more
+from bench.ab.sequential import Budget, look_level, more, planned_looks
 from bench.analysis import side_timings
 from bench.analysis.side_timings import Verdict
 from bench.rundir.decision import Disturbance
@@ -85,6 +85,7 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
     previous ended OK and the rule asks for more."""
     t0, repeats, stages = time.monotonic(), plan.repeats, []
     found: list[Verdict] = []
+    looks = planned_looks(plan.repeats, plan.budget_repeats)  # each at its spent level
     while repeats > 0:
         index = len(stages)
         started = time.monotonic()
@@ -93,9 +94,10 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
                             round(time.monotonic() - started, 1)))
         if code:
             break
-        found = _verdicts([s for s in stages if s.code == 0], thresholds)
         n = sum(s.repeats for s in stages)
-        repeats = more(side_timings.states(found), n, time.monotonic() - t0, plan.budget)
+        found = _verdicts([s for s in stages if s.code == 0], thresholds, look_level(n, looks))
+        repeats = more(side_timings.states(found), n, time.monotonic() - t0, plan.budget,
+                       looks)
         if repeats:
             undecided = sum(v.state == side_timings.UNRESOLVED for v in found)
             log(f"review: {undecided} timing check(s) undecided after {n} paired repeats: "
@@ -106,7 +108,8 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
                    round(time.monotonic() - t0, 1))
 
 
-def _verdicts(stages: list[Stage], thresholds: dict[str, float]) -> list[Verdict]:
+def _verdicts(stages: list[Stage], thresholds: dict[str, float], level: float
+              ) -> list[Verdict]:
     from bench.analysis.sides import side_names
 
     first = RunDir(stages[0].folder)
@@ -114,4 +117,4 @@ def _verdicts(stages: list[Stage], thresholds: dict[str, float]) -> list[Verdict
     summaries = [RunDir(s.folder).summary(optional=True) for s in stages]
     if plan is None or any(s is None for s in summaries):
         return []
-    return side_timings.verdicts(summaries, list(side_names(plan)), thresholds)
+    return side_timings.verdicts(summaries, list(side_names(plan)), thresholds, level)
