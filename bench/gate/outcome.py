@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bench.ab.estimate import ESTIMATOR
 from bench.gate.checks import Check, state
 from bench.rundir.decision import (
     EXIT_CODES,
@@ -22,7 +23,6 @@ from bench.rundir.decision import (
     now_utc,
     overall,
 )
-from bench.ab.estimate import ESTIMATOR
 from bench.stats import LEVEL
 
 if TYPE_CHECKING:  # the served A/B's engine is not imported to judge or print a gate
