@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,22 +69,11 @@ def _metric(c: Check) -> Metric:
                   int(iv.n or 0), c.note)
 
 
-def _branch() -> str | None:
-    from bench.rundir.env import REPO_DIR
-
-    try:
-        done = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO_DIR,
-                              capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    name = done.stdout.strip()
-    return name if done.returncode == 0 and name and name != "HEAD" else None
-
 
 def gate_decision(checks: list[Check], served: ServedAb, settings: dict,
                   thresholds: dict[str, float]) -> Decision:
     """The decision of a gate whose timings came from `served` (bench.gate.ab.ServedAb)."""
-    from bench.rundir.env import git_info
+    from bench.rundir.env import git_branch, git_info
 
     timing = [c for c in checks if is_timing(c)]
     exact = [c for c in checks if not is_timing(c)]
@@ -95,7 +83,7 @@ def gate_decision(checks: list[Check], served: ServedAb, settings: dict,
     return Decision(
         kind="gate", verdict=verdict, exit_code=EXIT_CODES[verdict], created=now_utc(),
         host=socket.gethostname(), cores=os.cpu_count(), commit=git["commit"],
-        dirty=git["dirty"], branch=_branch(), a=Side(plan.a.label, plan.a.sha),
+        dirty=git["dirty"], branch=git_branch(), a=Side(plan.a.label, plan.a.sha),
         b=Side("worktree", git["commit"]), preset=plan.preset, schedule=ab.get("schedule"),
         protocols=_listed(ab.get("protocols")), policies=_listed(ab.get("policies")),
         thresholds={m: t for m, t in thresholds.items() if m != "ttft" or m in gated},

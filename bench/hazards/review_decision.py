@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.analysis.side_timings import ESTIMATOR, LEVEL, Verdict
 from bench.rundir import decision
-from bench.rundir.env import git_info
-from bench.rundir.rundir import REPO_DIR
+from bench.rundir.env import git_branch, git_info
 
 KIND = "review"
 
@@ -31,15 +29,6 @@ class Review:
     thresholds: dict[str, float]
     refused: list[str]  # hazard cells refused on a side, a line each
 
-
-def _branch() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO_DIR,
-                             capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    name = out.stdout.strip()
-    return name if out.returncode == 0 and name and name != "HEAD" else None
 
 
 def _side(label: str, spec: str) -> decision.Side:
@@ -72,7 +61,7 @@ def build(r: Review) -> decision.Decision:
     return decision.Decision(
         kind=KIND, verdict=verdict, exit_code=decision.EXIT_CODES[verdict],
         created=decision.now_utc(), host=socket.gethostname(), cores=os.cpu_count(),
-        commit=git["commit"], dirty=git["dirty"], branch=_branch(),
+        commit=git["commit"], dirty=git["dirty"], branch=git_branch(),
         a=_side(*r.sides[0]), b=_side(*r.sides[1]),
         preset=plan.get("preset"), schedule=_schedule(plan),
         protocols=list(plan.get("protocols") or []),

@@ -56,6 +56,15 @@ def git_info(cwd: Path = REPO_DIR) -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty, "reason": None}
 
 
+def git_branch(cwd: Path = REPO_DIR) -> str | None:
+    """The checked-out branch's name; None on a detached HEAD or where git cannot say."""
+    try:
+        name = _git(["rev-parse", "--abbrev-ref", "HEAD"], cwd).strip()
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return None
+    return name if name and name != "HEAD" else None
+
+
 def cpu_model() -> str | None:
     """The CPU's model name from /proc/cpuinfo, else platform.processor(), else None."""
     try:
