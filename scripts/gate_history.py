@@ -24,9 +24,7 @@ DIR/history (the history).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import subprocess
@@ -36,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from gate_power import holding  # noqa: E402  (the machine's CPU lock, one owner)
 
 from bench.rundir.files import write_json_atomic  # noqa: E402
 from bench.rundir.rundir import RunDir  # noqa: E402
@@ -54,18 +54,6 @@ def first_parents(repo: Path, branch: str, n: int) -> list[str]:
     """The branch's newest n first-parent commits, oldest first."""
     out = sh(["git", "rev-list", "--first-parent", f"--max-count={n}", branch, "--"], repo)
     return out.stdout.split()[::-1]
-
-
-@contextlib.contextmanager
-def holding(lock: Path):
-    """The machine's CPU lock, exclusively, for one gate."""
-    lock.touch(exist_ok=True)
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def todo(state: dict) -> list[str]:
