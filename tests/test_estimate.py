@@ -180,11 +180,11 @@ def test_the_served_interval_reads_per_repeat_statistics_and_cpu_lost():
     r = {0: 0.01, 1: -0.01, 2: -0.01, 3: 0.01}
     a = {k: 10.0 for k in x} | {9: 10.0}
     b = {k: 10.0 * math.exp(0.02 + 0.1 * x[k] + r[k]) for k in x}
-    iv = estimate.served(b, a, x, {})
+    iv = estimate.served(b, a, x, {}, method="cpu-adjusted")
     want = cpu_adjusted(np.array([0.02 + 0.1 * x[k] + r[k] for k in x]), np.array(list(x.values())))
     assert (iv.point, iv.low, iv.high, iv.n) == pytest.approx(
         (want.point, want.low, want.high, 4))
-    flat = estimate.served(b, a, {}, {})
+    flat = estimate.served(b, a, {}, {}, method="cpu-adjusted")
     assert "constant" in flat.note and flat.has_interval
     assert estimate.served(b, a, x, {}, method="t-mean").high == pytest.approx(
         t_mean(np.log([b[k] / a[k] for k in x])).high)
@@ -221,7 +221,7 @@ def test_with_planned_looks_the_rule_steps_to_the_next_look():
     assert more(s, 24, 120.0, Budget(80, 180.0), looks) == 12
 
 
-def test_the_served_ab_makes_its_intervals_with_the_method_at_the_looks_level():
+def test_the_served_ab_makes_its_intervals_with_the_method_at_the_looks_level(monkeypatch):
     from bench.ab import served
 
     opts = served.timing(0.03, 0.99)
@@ -230,8 +230,10 @@ def test_the_served_ab_makes_its_intervals_with_the_method_at_the_looks_level():
     lb, la = {0: 0.2, 1: 0.0, 2: 0.3, 3: 0.1}, {0: 0.0, 1: 0.1, 2: 0.0, 3: 0.0}
     assert opts.interval(b, a, lb, la) == estimate.served(b, a, lb, la, 0.99)
     plan = served.ServedPlan(None, None, "default", 12)
-    assert served.looks_of(plan, Budget(80, 420.0), lambda comp: []) == (12, 24, 48, 80)
     assert served.looks_of(plan, None, None) is None
+    assert served.looks_of(plan, Budget(80, 420.0), lambda comp: []) is None  # off: 95 % each
+    monkeypatch.setattr(sequential, "PLAN_LOOKS", True)
+    assert served.looks_of(plan, Budget(80, 420.0), lambda comp: []) == (12, 24, 48, 80)
 
 
 def test_the_estimators_script_refuses_a_folder_that_is_no_served_ab(tmp_path, capsys):

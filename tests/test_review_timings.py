@@ -15,6 +15,7 @@ import zipfile
 import pandas as pd
 import pytest
 
+from bench.ab import sequential
 from bench.analysis import side_timings
 from bench.analysis.side_timings import Verdict, at_budget, verdicts
 from bench.hazards import matrix, review_decision, review_stages
@@ -78,6 +79,7 @@ def test_stages_are_added_while_undecided_and_stop_at_the_budget(tmp_path, monke
     undecided = [Verdict(HEAD, "wait_complete", "step_mean", "UNRESOLVED", 1.029, 0.98, 1.08,
                          0.03, 0)]
     levels, ran = [], []
+    monkeypatch.setattr(sequential, "PLAN_LOOKS", True)  # the looks at their spent levels
     monkeypatch.setattr(review_stages, "_verdicts",
                         lambda stages, limits, level: levels.append(level) or undecided)
 

@@ -34,7 +34,13 @@ from dataclasses import dataclass
 from bench.stats import FAIL, LEVEL, PASS, UNRESOLVED, decide  # noqa: F401 (the rule's states)
 
 SPENDING = ("pocock", "obf")  # Lan-DeMets' Pocock-type and O'Brien-Fleming-type functions
-SPEND = "pocock"  # the served A/B's (a time budget often ends a run before its last looks)
+SPEND = "pocock"  # the spending function where looks are planned (a time budget often ends a
+# run before its last looks: Pocock-type spends early)
+# Whether served A/Bs and reviews plan their looks and spend alpha over them. Off: every look
+# at 95 %, stages sized by `more`'s rule (the design with a measured quiet-machine power);
+# the planned looks' intervals are 1.26-1.38x wider, too wide for the gate's budget on a slow
+# quiet VM (docs/results/2026-12-07_estimators_7e9aeff.md, "Planned looks on a quiet VM").
+PLAN_LOOKS = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,12 @@ def planned_looks(first: int, last: int) -> tuple[int, ...]:
     while out[-1] * 2 < last:
         out.append(out[-1] * 2)
     return tuple(out + [last]) if out[-1] < last else tuple(out)
+
+
+def looks_for(first: int, last: int) -> tuple[int, ...] | None:
+    """The planned looks of a sequential run where PLAN_LOOKS is on, else None (every look
+    at 95 %)."""
+    return planned_looks(first, max(first, last)) if PLAN_LOOKS else None
 
 
 def spent(t: float, alpha: float = 1 - LEVEL, kind: str = SPEND) -> float:

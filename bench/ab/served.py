@@ -214,9 +214,10 @@ def failed_sides(stages: list[Stage]) -> list[str]:
 def record(plan: ServedPlan, stages: list[Stage]) -> dict:
     """ab.json's content for a served A/B; `interval` says how its intervals were made."""
     n, looks = sum(s.repeats for s in stages), stages[-1].looks if stages else None
+    spending = sequential.SPEND if looks else None
     return {"design": "served", "interface": turns.INTERFACE,
             "interval": {"method": estimate.SERVED, "level": sequential.look_level(n, looks),
-                         "looks": list(looks or [n]), "spending": sequential.SPEND},
+                         "looks": list(looks or [n]), "spending": spending},
             "a": {"name": plan.a.name, "commit": plan.a.sha},
             "b": {"name": plan.b.name, "commit": plan.b.sha}, "preset": plan.preset,
             "threshold": plan.threshold, "run_args": list(plan.run_args),
@@ -254,7 +255,7 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
                                       repeats, log))
             stages[-1].looks = looks
             comp = comparison(plan, stages, looks)
-            if looks is None:
+            if budget is None or states is None:
                 break
             n, now = sum(s.repeats for s in stages), states(comp)
             repeats = sequential.more(now, n, time.monotonic() - t0, budget, looks)
@@ -266,10 +267,11 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
 
 def looks_of(plan: ServedPlan, budget: Budget | None, states: States | None
              ) -> tuple[int, ...] | None:
-    """The planned looks of a sequential run (None: one stage, one 95 % look)."""
+    """The planned looks of a sequential run (None: one stage, or every look at 95 %:
+    bench.ab.sequential.PLAN_LOOKS)."""
     if budget is None or states is None:
         return None
-    return sequential.planned_looks(plan.repeats, max(plan.repeats, budget.repeats))
+    return sequential.looks_for(plan.repeats, budget.repeats)
 
 
 class NotASide(ResultFileError):

@@ -20,9 +20,8 @@ gate refuses such a baseline). --design blocks: block k (k < --repeats) runs
 --seed, each run only once the one before has left no process behind (--repeats-per-block
 R: each run makes R repeats, paired by (block, repeat)). Per configuration: the counts
 exactly over every repeat (compare's rules: any change is flagged), and per timing metric
-the ratio B/A paired by repeat with a 95% interval over the pairs (served: the log ratios'
-intercept at equal machine-lost CPU, ranks.csv cpu_lost, bench.ab.estimate; blocks:
-exp(mean of ln(b_k / a_k)) with a t interval), and beside it the Wilcoxon signed-rank and
+the ratio B/A paired by repeat with a 95% interval over the pairs (exp(mean of
+ln(b / a)) with a t interval; bench.ab.estimate holds the other methods), and beside it the Wilcoxon signed-rank and
 sign tests; worse when the whole interval lies above 1 + threshold, better when below
 1 - threshold, else same. Per gated metric the order effect (the side second in a pair over
 the first, warned when its interval excludes 1). Writes ab.md, ab.csv, ab_ratios.png and

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.ab.sequential import Budget, look_level, more, planned_looks
+from bench.ab.sequential import Budget, look_level, looks_for, more
 from bench.analysis import side_timings
 from bench.analysis.side_timings import Verdict
 from bench.rundir.decision import Disturbance
@@ -85,7 +85,7 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
     previous ended OK and the rule asks for more."""
     t0, repeats, stages = time.monotonic(), plan.repeats, []
     found: list[Verdict] = []
-    looks = planned_looks(plan.repeats, plan.budget_repeats)  # each at its spent level
+    looks = looks_for(plan.repeats, plan.budget_repeats)  # None: every look at 95 %
     while repeats > 0:
         index = len(stages)
         started = time.monotonic()
