@@ -147,12 +147,6 @@ def inconclusive(found: list[Verdict]) -> list[str]:
     return [v.text() for v in found if v.state == INCONCLUSIVE]
 
 
-def disturbance(ranks: list[pd.DataFrame | None]) -> Disturbance:
-    """The serves' disturbance over every stage: the gate's measure (rank 0's ranks.csv
-    cpu_lost per serve; bench.rundir.decision.Disturbance)."""
-    return Disturbance.from_ranks(ranks)
-
-
 def lines(found: list[Verdict]) -> list[str]:
     """The page's timing section: one line per verdict, or why there are none."""
     if not found:
@@ -161,4 +155,4 @@ def lines(found: list[Verdict]) -> list[str]:
 
 
 __all__ = ["ESTIMATOR", "INCONCLUSIVE", "LEVEL", "NOT_JUDGED", "PASS", "Verdict", "at_budget",
-           "disturbance", "failing", "inconclusive", "lines", "states", "verdicts"]
+           "failing", "inconclusive", "lines", "states", "verdicts"]

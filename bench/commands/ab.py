@@ -20,16 +20,16 @@ gate refuses such a baseline). --design blocks: block k (k < --repeats) runs
 --seed, each run only once the one before has left no process behind (--repeats-per-block
 R: each run makes R repeats, paired by (block, repeat)). Per configuration: the counts
 exactly over every repeat (compare's rules: any change is flagged), and per timing metric
-the ratio B/A paired by repeat with a 95% interval over the pairs (exp(mean of
-ln(b / a)) with a t interval; bench.ab.estimate holds the other methods), and beside it the Wilcoxon signed-rank and
-sign tests; worse when the whole interval lies above 1 + threshold, better when below
-1 - threshold, else same. Per gated metric the order effect (the side second in a pair over
-the first, warned when its interval excludes 1). Writes ab.md, ab.csv, ab_ratios.png and
-ab.json (the design, the order, every run's exit code, how intervals were made) into --out
-(default results/ab_<A>_vs_<B>_<UTC time>), every side's run under stages/ (served) or
-runs/ (blocks). The last line: `ab: N better, M worse, K same`.
-Exit 0: nothing worse; 1: something worse; 2: an unknown revision, HEAD with a dirty working
-tree, a revision that refuses the flags, or bad arguments (one line on stderr).
+the ratio B/A paired by repeat with a 95% interval over the pairs (exp(mean of ln(b / a))
+with a t interval; bench.ab.estimate holds the other methods), and beside it the Wilcoxon
+signed-rank and sign tests; worse when the whole interval lies above 1 + threshold, better
+when below 1 - threshold, else same. Per gated metric the order effect (the side second in
+a pair over the first, warned when its interval excludes 1). Writes ab.md, ab.csv,
+ab_ratios.png and ab.json (the design, the order, every run's exit code, how intervals were
+made) into --out (default results/ab_<A>_vs_<B>_<UTC time>), every side's run under stages/
+(served) or runs/ (blocks). The last line: `ab: N better, M worse, K same`. Exit 0: nothing
+worse; 1: something worse; 2: an unknown revision, HEAD with a dirty working tree, a
+revision that refuses the flags, or bad arguments (one line on stderr).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
             log(f"review: {undecided} timing check(s) undecided after {n} paired repeats: "
                 f"a stage of {repeats} more (seed {plan.seed + index + 1})")
     ok = [s for s in stages if s.code == 0]
-    shaken = side_timings.disturbance([RunDir(s.folder).ranks() for s in ok])
+    shaken = Disturbance.from_ranks(RunDir(s.folder).ranks() for s in ok)
     return Timings(stages, side_timings.at_budget(found, shaken), shaken,
                    round(time.monotonic() - t0, 1))
 
