@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 
@@ -309,8 +310,6 @@ def test_the_power_script_counts_each_gates_verdict_from_its_decision(tmp_path):
     """gate_power's tables over a results folder of gates that have decision.json: each
     gate's verdict and metric verdicts read from the file (never a console line),
     INCONCLUSIVE a column of its own; an older gate without one keeps its recorded states."""
-    import subprocess
-    import sys
 
     from tests.test_served import REPO
 
@@ -344,55 +343,3 @@ def test_the_power_script_counts_each_gates_verdict_from_its_decision(tmp_path):
                            str(study)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "| A/A quiet | 2 | 0 | 1 | 1 | 24 | 250 |" in done.stdout
-
-
-# ---- CI: .ci/gate reruns an INCONCLUSIVE gate once ----------------------------------------
-
-FAKE_MAKE = """#!/usr/bin/env bash
-# make gate, faked: the next code of $CODES; a new results/latest run, and its decision.json
-# unless the code is "none" (a failure before the gate judged); make's own exit 2 on failure
-read -r code rest < "$CODES"; echo "$rest" > "$CODES"
-n=$(ls results 2>/dev/null | grep -c '^run') || true
-mkdir -p "results/run$n/ab" && ln -sfn "run$n" results/latest
-[ "$code" = 0 ] && exit 0
-[ "$code" = none ] || cp "$FIXTURES/$code.json" "results/run$n/ab/decision.json"
-exit 2
-"""
-
-
-NOTICE = "gate INCONCLUSIVE: the machine was too noisy to decide; not a failure"
-
-
-@pytest.mark.parametrize("codes, want, notice, keep", [
-    ("0", 0, "", ""), ("1", 1, "", ""), ("none", 2, "", ""),
-    ("77 0", 0, "running it once more", ""), ("77 1", 1, "running it once more", ""),
-    ("77 none", 2, "running it once more", ""), ("77 77", 0, NOTICE, ""),
-    ("77 77", 77, NOTICE, "77"),  # INCONCLUSIVE_EXIT=77: for a CI that marks it
-])
-def test_ci_runs_an_inconclusive_gate_once_more_and_a_second_is_a_notice(tmp_path, codes, want,
-                                                                         notice, keep):
-    import os
-    import subprocess
-    import sys
-
-    from tests.test_served import REPO
-
-    root, fixtures, bin_ = tmp_path / "repo", tmp_path / "fixtures", tmp_path / "bin"
-    for d in (root / ".ci", fixtures, bin_):
-        d.mkdir(parents=True)
-    shutil.copy(REPO / ".ci" / "gate", root / ".ci" / "gate")
-    for code, verdict in ((1, "FAIL"), (77, "INCONCLUSIVE")):
-        decision.write(a_decision(verdict=verdict, exit_code=code), tmp_path / "d")
-        shutil.copy(tmp_path / "d" / "decision.json", fixtures / f"{code}.json")
-    (bin_ / "make").write_text(FAKE_MAKE)
-    (bin_ / "make").chmod(0o755)
-    (tmp_path / "codes").write_text(codes + "\n")
-    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", CODES=str(tmp_path / "codes"),
-               FIXTURES=str(fixtures), PYTHONPATH=str(REPO),
-               VENV=str(Path(sys.executable).parent.parent), INCONCLUSIVE_EXIT=keep or "0")
-    done = subprocess.run(["bash", str(root / ".ci" / "gate")], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == want, done.stdout + done.stderr
-    assert (notice in done.stdout) if notice else "INCONCLUSIVE" not in done.stdout
-    runs = len(codes.split())
-    assert len(list((root / "results").glob("run*"))) == runs  # at most one rerun
