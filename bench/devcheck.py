@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.report.printer import wrapped
 from bench.rundir.rundir import RunDir
-from bench.tables import wrapped
 
 DECODE_BATCHES = (1, 32)
 PREFILL_TOKENS = (512, 2048)

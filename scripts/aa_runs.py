@@ -32,9 +32,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report.printer import markdown_table  # noqa: E402
 from bench.rundir.files import write_json_atomic  # noqa: E402
 from bench.rundir.schema import GATED_METRICS  # noqa: E402
-from bench.tables import markdown_table  # noqa: E402
 
 GATED = {f"{m}_ms" for m in GATED_METRICS}
 

@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.analysis import paired  # noqa: E402
+from bench.report.printer import markdown_table  # noqa: E402
 from bench.rundir.rundir import RunDir  # noqa: E402
-from bench.tables import markdown_table  # noqa: E402
 
 
 def _fmt(iv) -> str:

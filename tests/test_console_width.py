@@ -1,4 +1,4 @@
-"""No line a verb prints is wider than 120 characters (bench.tables.WIDTH): the tables
+"""No line a verb prints is wider than 120 characters (bench.report.printer.WIDTH): the tables
 stack their columns in groups led by the row's names, prose wraps, a run of several
 SGLangs names its call sites short (every chain in full in call_sites.txt). Built from
 small fixed rows: the run's table and lead, the sides' lead with long names and long
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from bench.tables import WIDTH, fit, fitted_table, wrapped
+from bench.report.printer import WIDTH, fit, fitted_table, wrapped
 from tests.test_summarize import requests_frame, steps_frame
 
 LONG = "sglang-tree:/home/someone/src/sglang-with-a-long-branch-name/python@unified"
@@ -117,7 +117,7 @@ def test_a_table_with_call_site_chains_names_them_below_it():
     """sglang-poll's tables: the chains (or gloo's text) are not columns a terminal can hold,
     so each goes on wrapped lines below the table, named by its row."""
     from bench.commands.sglang_poll import COLUMNS
-    from bench.tables import console_table
+    from bench.report.printer import console_table
 
     chain = ("9x all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_all_reduce_attn_groups:359 < "
              "_all_reduce:386 < _can_terminate_prefetch:2311 < check_prefetch_progress:2405; "
@@ -246,7 +246,7 @@ def test_abs_progress_lines_fit(tmp_path, capsys):
     """bench ab's (and the gate's A/B's) lines while it runs: a block's run ends with a long
     line of its own (the run's verdict), wrapped below the block's."""
     from bench.ab.blocks import AbPlan, Outcome, run_blocks
-    from bench.tables import progress
+    from bench.report.printer import progress
     from tests.test_ab import TREE, fake_runner
 
     verdict = ("FAILED: ranks disagreed in 3 of 120 requests (pr36425/timeout tp2 pp2 sim "

@@ -17,12 +17,12 @@ from bench.ab.revisions import WORKTREE, Revision
 from bench.commands.gate import main as main_gate
 from bench.gate.checks import state
 from bench.gate.timing import judge, settle
+from bench.report.printer import WIDTH
 from bench.rundir import decision
 from bench.rundir.decision import Decision, Disturbance, Exact, Metric, Side
 from bench.rundir.files import ResultFileError, write_csv_atomic, write_json_atomic
 from bench.rundir.schema import DISTURBED_LIMIT
 from bench.stats import Interval
-from bench.tables import WIDTH
 from tests.test_ab import fake_runner
 from tests.test_gate import clean  # noqa: F401 (the gate's fixture)
 

@@ -313,9 +313,9 @@ WIDE_FUNCTIONS = {  # the serve path's wait for a context object; the rest have 
     "bench/analysis/report.py": {"render_report"},
     "tests/fault_helpers.py": {"capturing_scenario"}, "tests/test_project.py": {"point"},
     "tests/test_summarize.py": {"req"}}
-# The printer: bench/tables.py. Until every verb writes through one, the modules that print
-# today are listed here (tests/ print from rank processes; scripts/ print their own tables).
-PRINTERS = {"bench/tables.py"}
+# The printer: bench/report/printer.py. Until everything writes through it, the modules that
+# print today are listed here (tests/ print from rank processes; scripts/ print their own tables).
+PRINTERS = {"bench/report/printer.py"}
 PRINTING = {
     "bench/__main__.py", "bench/ab/noise_report.py", "bench/commands/bisect.py",
     "bench/commands/common.py", "bench/commands/cost_sweep.py", "bench/commands/devcheck.py",
@@ -367,7 +367,7 @@ def test_only_the_printer_and_scripts_print():
     found = {f: {"print"} for f, t in _code().items() if not f.startswith(("scripts/", "tests/"))
              and f not in PRINTERS and scan.print_calls(t)}
     bad = sorted(set(found) - PRINTING)
-    assert not bad, "print through the printer (bench/tables.py):\n" + "\n".join(bad)
+    assert not bad, "print through the printer (bench/report/printer.py):\n" + "\n".join(bad)
     _assert_still_needed({f: {"print"} for f in PRINTING}, found)
 
 

@@ -73,7 +73,7 @@ def step_of(commit: str, comp: Comparison, metric: str, config: str | None) -> S
 
 
 def _ratio(row: dict) -> str:
-    from bench.tables import interval_text
+    from bench.report.printer import interval_text
 
     return "B/A " + interval_text(row.get("ratio_b_over_a"), row.get("ratio_ci_low"),
                                   row.get("ratio_ci_high"), ".3f")

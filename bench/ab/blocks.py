@@ -264,7 +264,7 @@ def block_rows(plan: AbPlan, runs: AbRuns) -> list[dict]:
 
 
 def block_section(plan: AbPlan, runs: AbRuns) -> list[str]:
-    from bench.tables import markdown_table
+    from bench.report.printer import markdown_table
 
     rows = [[str(r["block"]), r["side"], r["position"], r["start_utc"], r["end_utc"],
              f"{r['seconds']:g}", str(r["exit"]), str(r["lingered"])]

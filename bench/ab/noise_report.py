@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 from bench.ab import noise
+from bench.report.printer import fit, fitted_table, markdown_table
 from bench.rundir.files import read_json_object, write_json_atomic, write_text_atomic
 from bench.rundir.rundir import RunDir, utc_time
-from bench.tables import fit, fitted_table, markdown_table
 
 HEADERS = ["metric", "coverage", "pairs", "half-width median", "half-width max",
            "run-to-run max", "repeats", "configs", ""]

@@ -21,6 +21,7 @@ import numpy as np
 
 from bench.compare.comparison import Comparison
 from bench.compare.metrics import TIMING_METRICS
+from bench.report.printer import interval_text, markdown_table
 from bench.rundir.files import clean_key
 from bench.rundir.schema import GATED_METRICS
 from bench.stats import (
@@ -31,7 +32,6 @@ from bench.stats import (
     sign_test_p,
     wilcoxon_p,
 )
-from bench.tables import interval_text, markdown_table
 
 GATED = {f"{m}_ms" for m in GATED_METRICS}
 COLUMNS = ["second_over_first", "order_ci_low", "order_ci_high", "blocks_favour_a",

@@ -20,7 +20,7 @@ import pandas as pd
 from bench.analysis.fidelity_rule import METRICS, Row, interval
 from bench.analysis.lead import COST_RATIOS, HEADLINE_HEADERS, LABELS, RATIO_COLUMNS, _f, _table
 from bench.analysis.summarize import summarize
-from bench.tables import interval_text
+from bench.report.printer import interval_text
 from hicache.spec.cost_model import POLICIES
 
 FIDELITY_COLUMNS = ["model", "model_reference", "sglang", "sglang_reference", "policy",

@@ -12,8 +12,8 @@ import textwrap
 
 import pandas as pd
 
+from bench.report.printer import fitted_table, interval_text, wrapped
 from bench.rundir.schema import REFERENCE_PROTOCOL
-from bench.tables import fitted_table, interval_text, wrapped
 from hicache.spec.cost_model import OPEN_PRS, POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
@@ -221,7 +221,7 @@ def band_lines(summary: pd.DataFrame) -> list[str]:
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     """A terminal's table: whole when it fits, else in stacked column groups led by
-    protocol and policy (bench.tables.fitted_table)."""
+    protocol and policy (bench.report.printer.fitted_table)."""
     return fitted_table(headers, rows)
 
 

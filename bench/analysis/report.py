@@ -27,6 +27,7 @@ from bench.analysis.verdict import (
     row_disagrees,
     unexplained_disagreements,
 )
+from bench.report.printer import markdown_table, wrapped
 from bench.rundir.files import (
     clean_key,
     write_csv_atomic,
@@ -40,7 +41,6 @@ from bench.rundir.schema import (
     STEP_COLUMNS,
     SUMMARY_COLUMNS,
 )
-from bench.tables import markdown_table, wrapped
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
                    "nearest-rank": "nearest rank (the value of rank ceil(q/100 * n))"}

@@ -29,9 +29,9 @@ from bench.analysis.lead import (
     RATIO_COLUMNS,
     _f,
 )
+from bench.report.printer import fitted_table, interval_text, wrapped
 from bench.rundir.rundir import FILES
 from bench.rundir.schema import COUNT_COLUMNS
-from bench.tables import fitted_table, interval_text, wrapped
 from hicache.spec.cost_model import POLICIES, modelled
 from sglang_adapter import run_unfit
 

@@ -22,6 +22,7 @@ from bench.analysis.serving_metrics import (
     serving_columns,
 )
 from bench.analysis.verdict import data_errors, rejected, served, unexplained_disagreements
+from bench.report.printer import fitted_table, interval_text
 from bench.rundir.files import as_bool, clean_key, column_by_repeat, is_true, list_cell
 from bench.rundir.schema import (
     GROUP_KEYS,
@@ -38,7 +39,6 @@ from bench.stats import (
     percentile,
     ratio_interval,
 )
-from bench.tables import fitted_table, interval_text
 from hicache.spec.cost_model import POLICIES, PROTOCOLS, expected_per_request
 
 
@@ -321,7 +321,7 @@ def table_rows(summary: pd.DataFrame) -> list[list[str]]:
 
 def format_table(summary: pd.DataFrame) -> str:
     """A compact fixed-width table of the summary rows, for a terminal: no wider than one
-    (bench.tables.WIDTH), its columns stacked in groups led by protocol and policy when
+    (bench.report.printer.WIDTH), its columns stacked in groups led by protocol and policy when
     they do not fit."""
     headers = table_headers(summary)
     right = frozenset(range(2, len(headers)))

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.report.printer import interval_text
 from bench.rundir.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from bench.rundir.rundir import SWEEP_FILES, RunDir
 from bench.rundir.schema import REFERENCE_PROTOCOL
-from bench.tables import interval_text
 
 PROTOCOL = "pr36425"  # held against REFERENCE_PROTOCOL at every cost
 POLICIES = ("wait_complete", "timeout")

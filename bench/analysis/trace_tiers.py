@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from bench.analysis import serving_json
+from bench.report.printer import markdown_table
 from bench.rundir.rundir import RunDir
-from bench.tables import markdown_table
 from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
 SWEEP_PANELS = [("prefetch_ttft", "TTFT, prefetch class (ms)"),

@@ -48,8 +48,8 @@ from bench.commands.common import (
 from bench.compare.metrics import metric_list
 from bench.neighbour import Neighbour, SpecError
 from bench.neighbour import parse as parse_neighbour
+from bench.report.printer import progress
 from bench.rundir.files import write_json_atomic
-from bench.tables import progress
 
 PROG = "bench ab"
 

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_size_options, run_verb, size_of
-from bench.tables import fit, progress
+from bench.report.printer import fit, progress
 
 PROG = "bench bisect"
 

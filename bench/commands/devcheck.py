@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from bench.commands.common import CliParser, run_verb
-from bench.tables import fit
+from bench.report.printer import fit
 
 PROG = "bench devcheck"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.tables import interval_text, markdown_table
+from bench.report.printer import interval_text, markdown_table
 
 PROG = "bench fidelity"
 HEADERS = ["protocol", "policy", "metric", "candidate", "free", "inside"]

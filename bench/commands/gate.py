@@ -49,14 +49,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _main(argv: list[str]) -> int:
     from bench.gate.console import format_checks, last_line
     from bench.gate.evaluate import GateOptions, evaluate
-    from bench.tables import fit
+    from bench.report.printer import fit
 
     args = _parse(argv)
     outcome = evaluate(GateOptions(
         run_dir=args.run_dir, baseline=args.baseline, ab=args.ab, tolerance=args.tolerance,
         update_baseline=args.update_baseline))
     print(format_checks(outcome.checks))
-    print(fit(outcome.context))  # no line wider than a terminal (bench.tables.WIDTH)
+    print(fit(outcome.context))  # no line wider than a terminal (bench.report.printer.WIDTH)
     print(last_line(outcome.checks, outcome.disturbance))
     return outcome.exit_code
 

@@ -28,10 +28,10 @@ from bench.hazards.matrix import MatrixSpec, refusal, run_matrix, run_one, run_s
 from bench.hazards.report import exit_code, past_bound, write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
 from bench.hazards.sides import summary_lines, worse
+from bench.report.printer import fit
 from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
-from bench.tables import fit
 from hicache.spec.cost_model import PROTOCOLS
 
 PROG = "bench hazards"

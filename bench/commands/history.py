@@ -25,7 +25,7 @@ import argparse
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.tables import say
+from bench.report.printer import say
 
 PROG = "bench history"
 

@@ -20,8 +20,8 @@ from bench.microbench import (
     load,
     run_pytest,
 )
+from bench.report.printer import fit
 from bench.rundir.files import write_text_atomic
-from bench.tables import fit
 
 PROG = "bench microbench"
 

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 from bench.commands.common import CliParser, RunFailed, UsageError, run_verb
+from bench.report.printer import progress
 from bench.rundir.rundir import RunDir
-from bench.tables import progress
 
 PROG = "bench noise"
 

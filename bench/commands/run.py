@@ -16,12 +16,12 @@ from pathlib import Path
 
 from bench.commands import cost_sweep, run_flags
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.report.printer import fit
 from bench.run import options, resolve
 from bench.run.plan import RunPlan
 from bench.rundir.env import short_sha
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import FAILURE_COLUMNS
-from bench.tables import fit
 
 PROG = "bench run"
 

@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.tables import console_table, fit, fitted_table
+from bench.report.printer import console_table, fit, fitted_table
 
 PROG = "bench sglang-poll"
 HAZARD_COLUMNS = ("scenario", "sglang", "policy", "outcome", "step", "poll_collectives",

@@ -13,9 +13,9 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from bench.analysis.plot_switch import NO_PLOTS, plots_wanted
 from bench.analysis.plots import save_figure
 from bench.compare.comparison import Comparison, Run
+from bench.report.printer import WIDTH, fit, fixed_width, interval_text, markdown_table, wrapped
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import write_csv_atomic, write_text_atomic
-from bench.tables import WIDTH, fit, fixed_width, interval_text, markdown_table, wrapped
 
 ROW_COLUMNS = ["metric", "kind", "a", "b", "b_minus_a", "ratio_b_over_a", "ratio_ci_low",
                "ratio_ci_high", "ratio_mdd", "repeats", "interval", "n_a", "n_b", "verdict", "note"]

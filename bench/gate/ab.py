@@ -22,10 +22,10 @@ from bench.ab.served import ServedPlan, Stage
 from bench.compare.comparison import Comparison
 from bench.compare.report import write_outputs
 from bench.gate.baseline import DEFAULT_AB
+from bench.report.printer import progress
 from bench.rundir.decision import Disturbance
 from bench.rundir.files import ResultFileError, write_json_atomic
 from bench.rundir.rundir import RunDir
-from bench.tables import progress
 
 REBASE = ("re-record the baseline at a commit that has it: bench run --preset ci --out DIR, "
           "then bench gate DIR --update-baseline (docs/testing.md, \"The gate\")")

@@ -3,15 +3,15 @@ its expected, observed and meaning below it, or a result per check when none fai
 notes and resolution lines; the last line, OK, FAILED or INCONCLUSIVE with each timing
 metric's verdict, the disturbance measured and each undecided check's half-width against the
 one it needed. Scripts read decision.json, never these lines. No line wider than a terminal
-(bench.tables.WIDTH)."""
+(bench.report.printer.WIDTH)."""
 
 from __future__ import annotations
 
 from bench.gate.checks import Check, state
 from bench.gate.outcome import is_timing, metric_name, verdict_of
 from bench.gate.timing import AB_METRICS, resolution_lines
+from bench.report.printer import WIDTH, fit, fixed_width, wrapped
 from bench.rundir.decision import Disturbance
-from bench.tables import WIDTH, fit, fixed_width, wrapped
 
 
 def _why(checks: list[Check]) -> str:
@@ -86,7 +86,7 @@ def last_line(checks: list[Check], disturbance: Disturbance | None = None) -> st
     """The gate's last line: OK, FAILED or INCONCLUSIVE, each timing metric's verdict (its
     worst configuration), the disturbance measured (serves' cpu_lost p50), each undecided
     check's half-width reached against the one it needed, and how the exact checks did.
-    Where that is wider than a terminal (bench.tables.WIDTH), the counts, the reasons and
+    Where that is wider than a terminal (bench.report.printer.WIDTH), the counts, the reasons and
     every undecided check go on lines of their own above it, and the last line keeps each
     metric's verdict (grouped by verdict where need be), the disturbance and, where they
     fit, the half-widths of each metric's farthest undecided check."""
@@ -133,7 +133,7 @@ def format_checks(checks: list[Check]) -> str:
     """Failing (not judged, undecided) checks, each a line (check, protocol, policy,
     layout, state) with its expected, observed and meaning indented below; when none fail, a
     result per check; then the notes and each timing check's resolvable difference beside
-    its threshold. No line wider than a terminal (bench.tables.WIDTH)."""
+    its threshold. No line wider than a terminal (bench.report.printer.WIDTH)."""
     failing = [c for c in checks if not c.passed]
     if failing:
         shown = [c for c in checks if not c.passed or not c.judged or c.unresolved]

@@ -27,8 +27,8 @@ from bench.hazards.cell import (
 from bench.hazards.classify import ABORT, DEADLOCK, OK, REFUSED, classify, gloo_abort
 from bench.hazards.hang import Killed, classify_hang
 from bench.hazards.scenarios import Scenario, runs
+from bench.report.printer import fit
 from bench.run.launch import launch_to_end
-from bench.tables import fit
 from hicache.comm.comm import BOOTSTRAP_RING
 from sglang_adapter import (
     Target,

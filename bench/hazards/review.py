@@ -19,7 +19,7 @@ from bench.analysis.side_timings import Verdict, failing, inconclusive
 from bench.analysis.sides import count_changes, counts_text, headline_lines
 from bench.hazards.classify import REFUSED
 from bench.hazards.sides import change_table, changes, worse
-from bench.tables import WIDTH, wrapped
+from bench.report.printer import WIDTH, wrapped
 
 TIMING_RULE = ("Each side against the first, per policy, at the gate's thresholds and under "
                "its rule: the 95% t interval of the paired log ratios over every stage's "
@@ -70,7 +70,7 @@ def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
 def closing_lines(prog: str, why: list[str], timings: list[Verdict], page_path: str
                   ) -> list[str]:
     """What `bench review` prints once the page is written, no line wider than a terminal
-    (bench.tables.WIDTH): each side's timing verdict, then a last line OK, FAILED with its
+    (bench.report.printer.WIDTH): each side's timing verdict, then a last line OK, FAILED with its
     reasons, or INCONCLUSIVE (nothing failed, a timing check undecided on a disturbed
     machine), naming the page. Where that is too wide, the reasons stand above it, one a
     line (the last line counts them), and then the page's path too."""

@@ -17,7 +17,7 @@ import random
 
 from bench.history.rules import Rules, creeps, steps
 from bench.history.series import Point, Series, z_of
-from bench.tables import say
+from bench.report.printer import say
 
 METRICS = ("step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50")
 PROTOCOLS = ("pr27010", "pr36425")

@@ -24,6 +24,7 @@ from bench.project.grid import (
     members_text,
 )
 from bench.project.plot import plot_projection
+from bench.report.printer import markdown_table
 from bench.rundir.env import git_info
 from bench.rundir.files import (
     ResultFileError,
@@ -33,7 +34,6 @@ from bench.rundir.files import (
     write_text_atomic,
 )
 from bench.rundir.rundir import RunDir, utc_time
-from bench.tables import markdown_table
 from hicache.spec.cost_model import POLICIES, PROTOCOLS, decision_per_poll
 
 SUMMARY_NUMERIC = ["tp", "pp", "polls_per_step", "decode_step_p50_ms", *MEASURED]

@@ -11,6 +11,7 @@ import os
 import statistics
 import sys
 
+from bench.report.printer import WIDTH, fit
 from bench.run import calibrate
 from bench.run.plan import Cell, RunPlan
 from bench.run.trace import reuse_bounds
@@ -28,7 +29,6 @@ from bench.rundir.schema import (
 )
 from bench.rundir.timeline import write_events
 from bench.stats import percentile
-from bench.tables import WIDTH, fit
 from hicache.agreement.consensus import (
     compare_decisions,
     describe_disagreements,

@@ -1,4 +1,6 @@
-"""Tables for people: markdown for report files, fixed-width for terminals."""
+"""The one printer: every verb's console lines (say on stdout, progress and say_err on
+stderr), fixed-width tables within a terminal's WIDTH, markdown tables for report files.
+The only module of bench/ that calls print (tests/test_layout.py)."""
 
 from __future__ import annotations
 
@@ -119,6 +121,12 @@ def fit(*lines: str) -> str:
 def say(text: str) -> None:
     """A verb's output on stdout, flushed: the one place new code prints a result."""
     print(text, flush=True)
+
+
+def say_err(text: str, end: str = "\n") -> None:
+    """A line for stderr as it is (an error, a warning, a partial line ended by `end`),
+    flushed."""
+    print(text, end=end, file=sys.stderr, flush=True)
 
 
 def progress(line: str) -> None:
