@@ -8,6 +8,7 @@ import os
 import sys
 
 from bench.commands import VERBS
+from bench.report.printer import say, say_err
 
 
 def usage() -> str:
@@ -19,11 +20,11 @@ def usage() -> str:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage())
+        say(usage())
         return 0 if argv else 2
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
-        print(f"bench: unknown command {verb!r}; use {', '.join(VERBS)}", file=sys.stderr)
+        say_err(f"bench: unknown command {verb!r}; use {', '.join(VERBS)}")
         return 2
     return importlib.import_module(VERBS[verb][2]).main(rest)
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.report.printer import say_err
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import ResultFileError, read_json_object
 from bench.rundir.rundir import FILES
@@ -156,7 +157,7 @@ def run_pytest(run_dir: Path) -> int:
     try:
         code = subprocess.run(cmd, cwd=REPO_DIR, timeout=TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:
-        print(f"bench microbench: pytest ran past {TIMEOUT_S:.0f}s", file=sys.stderr)
+        say_err(f"bench microbench: pytest ran past {TIMEOUT_S:.0f}s")
         code = 1
     if tmp.exists():
         os.replace(tmp, run_dir / JSON_NAME)

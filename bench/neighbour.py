@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report.printer import say_err
+
 DEFAULT = "cpu=0.5,burst=50ms-2s,seed=0"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s)?$")
 
@@ -181,12 +183,12 @@ def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[1] == "--seconds":
         seconds = float(argv[2])
     elif len(argv) != 1:
-        print("usage: python -m bench.neighbour SPEC [--seconds S]", file=sys.stderr)
+        say_err("usage: python -m bench.neighbour SPEC [--seconds S]")
         return 2
     try:
         spec = parse(argv[0])
     except SpecError as e:
-        print(f"bench.neighbour: {e}", file=sys.stderr)
+        say_err(f"bench.neighbour: {e}")
         return 2
     if spec is None:
         return 0

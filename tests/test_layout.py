@@ -310,20 +310,12 @@ WIDE_FUNCTIONS = {  # the serve path's wait for a context object; the rest have 
     "hicache/spec/cost_model.py": {"expected_per_request"},
     "bench/ab/blocks.py": {"make_plan"}, "bench/hazards/review.py": {"page"},
     "bench/analysis/overhead.py": {"extra_step_ms"},
-    "bench/analysis/report.py": {"render_report"},
     "tests/fault_helpers.py": {"capturing_scenario"}, "tests/test_project.py": {"point"},
     "tests/test_summarize.py": {"req"}}
 # The printer: bench/report/printer.py. Until everything writes through it, the modules that
 # print today are listed here (tests/ print from rank processes; scripts/ print their own tables).
 PRINTERS = {"bench/report/printer.py"}
-PRINTING = {
-    "bench/__main__.py", "bench/ab/noise_report.py", "bench/commands/bisect.py",
-    "bench/commands/common.py", "bench/commands/cost_sweep.py", "bench/commands/devcheck.py",
-    "bench/commands/fidelity.py", "bench/commands/gate.py", "bench/commands/hazards.py",
-    "bench/commands/microbench.py", "bench/commands/project.py", "bench/commands/report.py",
-    "bench/commands/review.py", "bench/commands/run.py", "bench/commands/sglang_poll.py",
-    "bench/commands/timeline.py", "bench/compare/report.py", "bench/microbench.py",
-    "bench/neighbour.py", "bench/run/sink.py", "sglang_adapter/source.py"}
+PRINTING = {"sglang_adapter/source.py"}
 # Run files named outside RunDir: the A/B modules' console.log, until the A/B engine moves.
 NAMES_RUN_FILES = {"bench/ab/blocks.py": {"console.log"}, "bench/ab/conductor.py": {"console.log"},
                    "bench/ab/served.py": {"console.log"}}

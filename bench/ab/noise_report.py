@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from bench.ab import noise
-from bench.report.printer import fit, fitted_table, markdown_table
+from bench.report.printer import fit, fitted_table, markdown_table, say
 from bench.rundir.files import read_json_object, write_json_atomic, write_text_atomic
 from bench.rundir.rundir import RunDir, utc_time
 
@@ -53,12 +53,12 @@ def print_figures(per_metric: dict, boot: dict | None, written: list[Path],
                   schedule: list[str] = ()) -> int:
     """The tables, the files, the final line; 1 when a metric's coverage is below target
     or when pinned runs of one seed ran different schedules (`schedule`'s lines)."""
-    print(_fixed([HEADERS, *rows(per_metric)]))
+    say(_fixed([HEADERS, *rows(per_metric)]))
     if boot is not None:
-        print("\ntwo-stage bootstrap (cross-check):")
-        print(_fixed([HEADERS, *rows(boot)]))
-    print(fit(f"wrote {', '.join(str(p) for p in written)}", final_line(per_metric),
-              *(f"FAILED: {line}" for line in schedule[:3])))
+        say("\ntwo-stage bootstrap (cross-check):")
+        say(_fixed([HEADERS, *rows(boot)]))
+    say(fit(f"wrote {', '.join(str(p) for p in written)}", final_line(per_metric),
+            *(f"FAILED: {line}" for line in schedule[:3])))
     return 1 if low_metrics(per_metric) or schedule else 0
 
 

@@ -190,26 +190,41 @@ def verdict_lines(verdict: Verdict) -> list[str]:
     return [head, *(f"Note: {n}" for n in verdict.notes), ""]
 
 
-def render_report(run_dir: Path, summary: pd.DataFrame, method: str,
-                  plots: list[str] | None,
-                  divergence: list[str], env: dict | None, calib: dict | None,
-                  verdict: Verdict, tiers: list[str] = (), sides: list[str] = ()) -> str:
-    """report.md's text; `sides`: the lead of a run of several SGLangs (its own headline,
+@dataclass(frozen=True)
+class ReportParts:
+    """What report.md is written from (render_report)."""
+
+    run_dir: Path
+    summary: pd.DataFrame
+    method: str  # the percentile method (PERCENTILE_TEXT)
+    plots: list[str] | None  # None: not drawn
+    divergence: list[str]
+    env: dict | None
+    calib: dict | None
+    verdict: Verdict
+    tiers: list[str] = ()
+    sides: list[str] = ()  # the lead of a run of several SGLangs (bench.analysis.sides)
+
+
+def render_report(p: ReportParts) -> str:
+    """report.md's text; `p.sides`: the lead of a run of several SGLangs (its own headline,
     bench.analysis.sides), shown as the terminal shows it."""
-    side_md = ["## SGLang sides", "", "```", *sides, "```", ""] if sides else []
+    side_md = ["## SGLang sides", "", "```", *p.sides, "```", ""] if p.sides else []
+    summary = p.summary
     return "\n".join([
-        f"# hicache-bench report: {run_dir.name}", "", "## Provenance", "",
-        *provenance_lines(env), "", *cpu_lines(env, summary), *verdict_lines(verdict),
-        *side_md, *lead_lines(summary, calib), "## All configurations", "",
+        f"# hicache-bench report: {p.run_dir.name}", "", "## Provenance", "",
+        *provenance_lines(p.env), "", *cpu_lines(p.env, summary), *verdict_lines(p.verdict),
+        *side_md, *lead_lines(summary, p.calib), "## All configurations", "",
         markdown_table(table_headers(summary), table_rows(summary)), "",
-        f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[method]}; "
+        f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[p.method]}; "
         f"{_n_text(summary)} requests per row. The ratio is median TTFT over "
         f"{REFERENCE_PROTOCOL}'s in the same configuration of the same run, per repeat, "
         "with a 95% t interval over the paired repeats; per-repeat ratios, each interval's "
         "half-width (`_mdd`) and its repeat count are in summary.csv.", "",
         "Collective counts are those issued by global rank 0 (PP stage 0, TP rank 0); "
-        "`ranks.csv` has every rank's counts by call site.", "", *tiers,
-        "## Plots", "", *_plot_lines(plots), "## Divergence / failures", "", *divergence, "",
+        "`ranks.csv` has every rank's counts by call site.", "", *p.tiers,
+        "## Plots", "", *_plot_lines(p.plots), "## Divergence / failures", "", *p.divergence,
+        "",
     ])
 
 
@@ -279,10 +294,9 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
         lines, rows = beside.lead_and_rows(summary, model, env["plan"], steps)
         write_csv_atomic(run.file("fidelity"), rows, beside.FIDELITY_COLUMNS)
         side_text += lines
-    text = render_report(run_dir, summary, percentile_method, drawn, divergence, env,
-                         calibration, verdict,
-                         trace_report.tier_lines(summary, requests, trace_files)
-                         + timeline, side_text)
+    text = render_report(ReportParts(
+        run_dir, summary, percentile_method, drawn, divergence, env, calibration, verdict,
+        trace_report.tier_lines(summary, requests, trace_files) + timeline, side_text))
     write_text_atomic(run.file("report"), text)
     text_lead = side_text or lead.lead_text(summary, calibration)
     loaded = load_back_line(requests, env)

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_size_options, run_verb, size_of
-from bench.report.printer import fit, progress
+from bench.report.printer import fit, progress, say
 
 PROG = "bench bisect"
 
@@ -77,23 +77,23 @@ def _main(argv: list[str]) -> int:
     if not commits:
         raise UsageError(f"no commits after {base.a.label} up to {bad.label}")
     out = args.out or RunDir.new("bisect", base.a.short, bad.short).path
-    print(fit(f"bisect: {len(commits)} commits after {base.a.label} up to {bad.label}; "
-              f"{args.metric}{' of ' + args.config if args.config else ''}, ab with "
-              f"{args.repeats} blocks of preset {args.preset} at each step; results in {out}"))
+    say(fit(f"bisect: {len(commits)} commits after {base.a.label} up to {bad.label}; "
+            f"{args.metric}{' of ' + args.config if args.config else ''}, ab with "
+            f"{args.repeats} blocks of preset {args.preset} at each step; results in {out}"))
     judge = ab_judge(base, args.metric, args.config, out,
                      log=progress)
     n = [0]
 
     def show(step) -> None:
         n[0] += 1
-        print(fit(f"bisect: step {n[0]}: {step.commit[:10]} {subject(step.commit, REPO_DIR)}: "
-                  f"{step.verdict} ({step.detail})"), flush=True)
+        say(fit(f"bisect: step {n[0]}: {step.commit[:10]} {subject(step.commit, REPO_DIR)}: "
+                f"{step.verdict} ({step.detail})"))
     first, _ = search(commits, judge, verify=not args.no_verify, log=show)
     if first is None:
-        print(f"bisect: {bad.label} is not worse than {base.a.label} on {args.metric}: "
-              "nothing to bisect")
+        say(f"bisect: {bad.label} is not worse than {base.a.label} on {args.metric}: "
+            "nothing to bisect")
         return 1
-    print(f"bisect: first bad commit {first} {subject(first, REPO_DIR)}")
+    say(f"bisect: first bad commit {first} {subject(first, REPO_DIR)}")
     return 0
 
 

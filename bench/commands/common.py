@@ -4,11 +4,11 @@ bad input into that line on stderr and exit code 2, never a traceback."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 from bench.ab import RUN_SIZES
+from bench.report.printer import say_err
 from bench.rundir.files import ResultFileError
 
 
@@ -49,10 +49,10 @@ def run_verb(prog: str, body: Callable[[list[str]], int], argv: list[str],
     try:
         return body(argv)
     except RunFailed as e:
-        print(f"{prog}: {e}".splitlines()[0], file=sys.stderr)
+        say_err(f"{prog}: {e}".splitlines()[0])
         return 1
     except bad_input as e:
-        print(f"{prog}: {e}".splitlines()[0], file=sys.stderr)
+        say_err(f"{prog}: {e}".splitlines()[0])
         return 2
 
 

@@ -5,10 +5,10 @@ them before the ranks start; at the end every cost's report, then the sweep's
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
+from bench.report.printer import say, say_err
 from bench.run.plan import RunPlan, delay_dir
 
 
@@ -17,8 +17,8 @@ def announce(plan: RunPlan) -> None:
     from bench.analysis.sweep import write_manifest
 
     write_manifest(Path(plan.out_dir), plan.delays_ms, [delay_dir(d) for d in plan.delays_ms])
-    print(f"cost sweep: +{', +'.join(f'{d:g}' for d in plan.delays_ms)} ms per control-plane "
-          f"collective, interleaved in every repeat", file=sys.stderr)
+    say_err(f"cost sweep: +{', +'.join(f'{d:g}' for d in plan.delays_ms)} ms per control-plane "
+            f"collective, interleaved in every repeat")
 
 
 def finish(run_dir: Path, t0: float, error: str | None = None) -> int:
@@ -30,11 +30,11 @@ def finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     try:
         report = write_sweep(run_dir, plots=plots_wanted())
     except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
-        print(f"FAILED: could not build the sweep's report: {e} {took}")
+        say(f"FAILED: could not build the sweep's report: {e} {took}")
         return 1
-    print("\n".join(report.lines))
+    say("\n".join(report.lines))
     ok = report.ok and error is None and bool(report.rows)
-    print(f"{'OK' if ok else 'FAILED'}: cost sweep, every cost's run "
-          f"{'passed' if report.ok else 'did NOT pass'} its checks{f'; {error}' if error else ''} "
-          f"{took}")
+    say(f"{'OK' if ok else 'FAILED'}: cost sweep, every cost's run "
+        f"{'passed' if report.ok else 'did NOT pass'} its checks{f'; {error}' if error else ''} "
+        f"{took}")
     return 0 if ok else 1

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from bench.commands.common import CliParser, run_verb
-from bench.report.printer import fit
+from bench.report.printer import fit, say
 
 PROG = "bench devcheck"
 
@@ -33,11 +33,11 @@ def _main(argv: list[str]) -> int:
         result = measure(args.device, args.model)
         args.out.write_text(json.dumps(result, indent=2))
         where = result.get("gpu") or result["device"]
-        print(fit(f"{PROG}: measured on {where}, every figure in {args.out}",
-                  *device_lines(result)))
+        say(fit(f"{PROG}: measured on {where}, every figure in {args.out}",
+                *device_lines(result)))
         return 0
     lines, ok = summary_lines(args.work_dir)
-    print("\n".join(lines))
+    say("\n".join(lines))
     return 0 if ok else 1
 
 

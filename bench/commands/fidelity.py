@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.report.printer import interval_text, markdown_table
+from bench.report.printer import interval_text, markdown_table, say
 
 PROG = "bench fidelity"
 HEADERS = ["protocol", "policy", "metric", "candidate", "free", "inside"]
@@ -35,11 +35,11 @@ def _main(argv: list[str]) -> int:
     free = b.summary()
     fidelity.check_comparable(a.plan(), b.plan(), free)
     rows = fidelity.fidelity_rows(a.summary(), free)
-    print(markdown_table(HEADERS, [
+    say(markdown_table(HEADERS, [
         [r.protocol, r.policy, r.metric, interval_text(*r.candidate), interval_text(*r.free),
          ("yes" if r.inside else "NO") if r.judged else "-"] for r in rows]))
     ok, line = fidelity.verdict(rows)
-    print(line)
+    say(line)
     return 0 if ok else 1
 
 

@@ -21,6 +21,7 @@ import argparse
 from pathlib import Path
 
 from bench.commands.common import CliParser, run_verb
+from bench.report.printer import say
 
 PROG = "bench gate"
 
@@ -55,9 +56,9 @@ def _main(argv: list[str]) -> int:
     outcome = evaluate(GateOptions(
         run_dir=args.run_dir, baseline=args.baseline, ab=args.ab, tolerance=args.tolerance,
         update_baseline=args.update_baseline))
-    print(format_checks(outcome.checks))
-    print(fit(outcome.context))  # no line wider than a terminal (bench.report.printer.WIDTH)
-    print(last_line(outcome.checks, outcome.disturbance))
+    say(format_checks(outcome.checks))
+    say(fit(outcome.context))  # no line wider than a terminal (bench.report.printer.WIDTH)
+    say(last_line(outcome.checks, outcome.disturbance))
     return outcome.exit_code
 
 

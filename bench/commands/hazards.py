@@ -28,7 +28,7 @@ from bench.hazards.matrix import MatrixSpec, refusal, run_matrix, run_one, run_s
 from bench.hazards.report import exit_code, past_bound, write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
 from bench.hazards.sides import summary_lines, worse
-from bench.report.printer import fit
+from bench.report.printer import fit, say
 from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic
 from bench.rundir.rundir import RunDir
@@ -121,9 +121,9 @@ def _second_run(specs: list[MatrixSpec], rows: list[dict]) -> bool:
             again.get("sglang_consensus") == row.get("sglang_consensus")
         alike &= row["same_twice"]
         if not row["same_twice"]:
-            print(fit(f"{row['scenario']} x {row['protocol']}: {row['outcome']} then "
-                      f"{again['outcome']} ({again['detail'][:120]}); SGLang's checker "
-                      f"{row.get('sglang_consensus')} then {again.get('sglang_consensus')}"))
+            say(fit(f"{row['scenario']} x {row['protocol']}: {row['outcome']} then "
+                    f"{again['outcome']} ({again['detail'][:120]}); SGLang's checker "
+                    f"{row.get('sglang_consensus')} then {again.get('sglang_consensus')}"))
     return alike
 
 
@@ -145,13 +145,13 @@ def _body(argv: list[str]) -> int:
     spec.out.mkdir(parents=True, exist_ok=True)
     cells = sum(runs(s, p, one.sglang is not None) for s in spec.scenarios for one in specs
                 for p in one.protocols)
-    print(fit(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed "
-              f"{spec.seed}{f', {len(specs)} sides' if sides else ''} -> {spec.out}"))
+    say(fit(f"{PROG}: {cells} cells, collective timeout {spec.timeout_s:g} s, seed "
+            f"{spec.seed}{f', {len(specs)} sides' if sides else ''} -> {spec.out}"))
     for one in specs:  # refused before anything serves, a line each
         for s in spec.scenarios:
             why = refusal(one.sglang, s)
             if why and any(runs(s, p, one.sglang is not None) for p in one.protocols):
-                print(fit(f"{PROG}: refused: {s.name} on {one.label(one.protocols[0])}: {why}"))
+                say(fit(f"{PROG}: refused: {s.name} on {one.label(one.protocols[0])}: {why}"))
     rows = run_sides(specs) if sides else run_matrix(spec)
     alike = _second_run(specs, rows) if args.twice else True
     env = collect_env("gloo", {"tp": 2, "pp": sorted({s.pp for s in spec.scenarios})})
@@ -159,12 +159,12 @@ def _body(argv: list[str]) -> int:
     write(spec.out, rows, _header(env, specs, sides), sides, spec.consensus)
     lost = worse(rows, spec.consensus) if sides else []
     if sides:
-        print(fit(*summary_lines(rows, spec.consensus)))
+        say(fit(*summary_lines(rows, spec.consensus)))
     code, words = exit_code(rows, alike, len(lost))
     worse_note = f", {len(lost)} worse than {specs[0].label(spec.protocols[0])}" if lost else ""
-    print(fit(f"wrote {spec.out / 'hazards.md'}"))
-    print(fit(f"{PROG}: {words} ({len(rows)} cells, {past_bound(rows)} past their bound"
-              f"{'' if alike else ', outcomes differ between the two runs'}{worse_note})"))
+    say(fit(f"wrote {spec.out / 'hazards.md'}"))
+    say(fit(f"{PROG}: {words} ({len(rows)} cells, {past_bound(rows)} past their bound"
+            f"{'' if alike else ', outcomes differ between the two runs'}{worse_note})"))
     return code
 
 

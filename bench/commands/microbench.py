@@ -20,7 +20,7 @@ from bench.microbench import (
     load,
     run_pytest,
 )
-from bench.report.printer import fit
+from bench.report.printer import fit, say
 from bench.rundir.files import write_text_atomic
 
 PROG = "bench microbench"
@@ -39,13 +39,13 @@ def _main(argv: list[str]) -> int:
         (args.run_dir / JSON_NAME).unlink(missing_ok=True)  # never render a stale one
         code = run_pytest(args.run_dir.resolve())
         if code and not (args.run_dir / JSON_NAME).exists():
-            print(f"FAILED: the micro-benchmarks wrote no {JSON_NAME} (pytest exit {code})")
+            say(f"FAILED: the micro-benchmarks wrote no {JSON_NAME} (pytest exit {code})")
             return 1
     data = load(args.run_dir / JSON_NAME)
     md = build_markdown(data)
     write_text_atomic(args.run_dir / MD_NAME, md)
-    print(fit(f"{md.splitlines()[-1]}; per-poll {HEADLINE}/{REFERENCE}: {headline(data)} "
-              f"({args.run_dir / MD_NAME})"))
+    say(fit(f"{md.splitlines()[-1]}; per-poll {HEADLINE}/{REFERENCE}: {headline(data)} "
+            f"({args.run_dir / MD_NAME})"))
     ok = code == 0 and md.rstrip().splitlines()[-1].startswith("OK")
     return 0 if ok else 1
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench.analysis.overhead import SCALINGS
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.report.printer import say
 
 PROG = "bench project"
 
@@ -56,8 +57,8 @@ def _main(argv: list[str]) -> int:
     args = _parse(argv)
     text, paths = project(args.run_dir, args.latency_us, args.scaling, args.base_step_ms,
                           args.out)
-    print(text[text.index("## Assumptions"):].split("## Files")[0].rstrip())
-    print("\n".join(f"wrote {p}" for p in paths))
+    say(text[text.index("## Assumptions"):].split("## Files")[0].rstrip())
+    say("\n".join(f"wrote {p}" for p in paths))
     return 0
 
 

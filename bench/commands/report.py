@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.report.printer import say
 from bench.stats import PERCENTILE_METHODS
 
 PROG = "bench report"
@@ -26,10 +27,10 @@ def _main(argv: list[str]) -> int:
     if not args.run_dir.is_dir():
         raise UsageError(f"{args.run_dir}: no such directory")
     if sweep.is_sweep(args.run_dir):
-        print("\n".join(sweep.write_sweep(args.run_dir).lines))
+        say("\n".join(sweep.write_sweep(args.run_dir).lines))
         return 0
     report = write_report(args.run_dir, args.percentile_method)
-    print(f"wrote {report.path}; the run: {report.verdict.line}")
+    say(f"wrote {report.path}; the run: {report.verdict.line}")
     return 0
 
 

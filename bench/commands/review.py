@@ -42,6 +42,7 @@ from bench.hazards.review import (
 )
 from bench.hazards.review_stages import BUDGET_REPEATS, BUDGET_S, REPEATS, StagePlan
 from bench.hazards.scenarios import SCENARIOS, check_choice
+from bench.report.printer import say
 from bench.rundir.env import short_sha
 from bench.rundir.files import write_text_atomic
 from bench.rundir.rundir import REPO_DIR, RunDir
@@ -163,7 +164,7 @@ def _body(argv: list[str]) -> int:
         sides, got.plan, timings, exact, len(why) - len(failing(timings.verdicts)), limits,
         [f"{r['scenario']} on {r['protocol']}: {r['detail']}" for r in rows
          if r["outcome"] == REFUSED]))
-    print("\n".join(closing_lines(PROG, why, timings.verdicts, str(RunDir(out).file("review")))))
+    say("\n".join(closing_lines(PROG, why, timings.verdicts, str(RunDir(out).file("review")))))
     return decided["exit_code"]
 
 

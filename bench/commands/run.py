@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from bench.commands import cost_sweep, run_flags
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.report.printer import fit
+from bench.report.printer import fit, say, say_err
 from bench.run import options, resolve
 from bench.run.plan import RunPlan
 from bench.rundir.env import short_sha
@@ -157,9 +156,8 @@ def _run_torchrun(plan: RunPlan) -> int:
 
 def _run_local(plan: RunPlan) -> int:
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
-        print("bench run: warning: TORCH_DISTRIBUTED_DEBUG=DETAIL adds hidden collectives and "
-              "~20x latency; counts and timings of this run are not comparable",
-              file=sys.stderr)
+        say_err("bench run: warning: TORCH_DISTRIBUTED_DEBUG=DETAIL adds hidden collectives and "
+                "~20x latency; counts and timings of this run are not comparable")
     said = [f"hicache-bench: preset {plan.preset}, {len(plan.cells())} runs "
             f"({len(plan.protocols)} protocols x {len(plan.policies)} policies x "
             f"{len(plan.rates)} rates x {plan.repeats} repeats), TP{plan.tp} x PP{plan.pp} on "
@@ -169,7 +167,7 @@ def _run_local(plan: RunPlan) -> int:
         said.append(f"bench run: note: {plan.world_size} ranks x {plan.threads_per_rank} "
                     f"threads exceed {cores} cores: timings are partly CPU-bound, not only "
                     "collective-bound (the report says so too); compare ratios within the run")
-    print(fit(*said), file=sys.stderr)
+    say_err(fit(*said))
     RunDir(plan.out_dir).link_latest()
     if plan.delays_ms:
         cost_sweep.announce(plan)
@@ -243,19 +241,19 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
 
         # SGLang's checker, where it ran, may say why: it stops the ranks where they part
         said = consensus_serves.findings(consensus_serves.tabulate(run_dir))[0]
-        print(f"FAILED: {'; '.join([*said, error or 'the ranks wrote no rows'])} {took}")
+        say(f"FAILED: {'; '.join([*said, error or 'the ranks wrote no rows'])} {took}")
         return 1
     try:
         report = write_report(run_dir, plots=plots_wanted())
     except ValueError as e:  # ResultFileError: a result file the ranks wrote is unusable
-        print(f"FAILED: could not build the report: {e} {took}")
+        say(f"FAILED: could not build the report: {e} {took}")
         return 1
-    print(format_table(report.summary))
-    print("\n".join(report.lead))
+    say(format_table(report.summary))
+    say("\n".join(report.lead))
     for note in report.verdict.notes:
-        print(fit(f"note: {note}"), file=sys.stderr)
+        say_err(fit(f"note: {note}"))
     kept = "; finished configurations are kept" if error else ""
-    print(f"{report.verdict.line} {took}{kept}")
+    say(f"{report.verdict.line} {took}{kept}")
     return 0 if report.verdict.ok else 1
 
 

@@ -40,7 +40,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.report.printer import console_table, fit, fitted_table
+from bench.report.printer import console_table, fit, fitted_table, say
 
 PROG = "bench sglang-poll"
 HAZARD_COLUMNS = ("scenario", "sglang", "policy", "outcome", "step", "poll_collectives",
@@ -98,11 +98,11 @@ def _main(argv: list[str]) -> int:
     opts = replace(opts, source=source, protocol=modelled_protocol(source))
     load(source)  # here, so an SGLang it cannot drive is one line before any rank starts
     rows, ok = run_polls(opts)
-    print(f"sglang {source.label} at TP{opts.tp} x PP{opts.pp}, held against "
-          f"{opts.protocol}")
-    print("\n".join(console_table(list(COLUMNS), [[_cell(r[c]) for c in COLUMNS] for r in rows],
-                                   long=("call_sites",), keys=2)))
-    print("OK" if ok else "FAILED")
+    say(f"sglang {source.label} at TP{opts.tp} x PP{opts.pp}, held against "
+        f"{opts.protocol}")
+    say("\n".join(console_table(list(COLUMNS), [[_cell(r[c]) for c in COLUMNS] for r in rows],
+                                 long=("call_sites",), keys=2)))
+    say("OK" if ok else "FAILED")
     return 0 if ok else 1
 
 
@@ -144,15 +144,15 @@ def _hazard_main(args) -> int:
             row["same_twice"] = again["outcome"] == row["outcome"]
             alike &= row["same_twice"]
         rows.append(row)
-        print(fit(f"{case.scenario} x {source.label} x {case.policy}: {row['outcome']} "
-                  f"{row['detail'][:300]}"), flush=True)
+        say(fit(f"{case.scenario} x {source.label} x {case.policy}: {row['outcome']} "
+                f"{row['detail'][:300]}"))
     cols = [*HAZARD_COLUMNS, *(("same_twice",) if args.twice else ())]
-    print("\n".join(console_table(list(cols), [[str(r[c]) for c in cols] for r in rows],
-                                   long=("gloo", "site"), keys=3)))
+    say("\n".join(console_table(list(cols), [[str(r[c]) for c in cols] for r in rows],
+                                 long=("gloo", "site"), keys=3)))
     # as `bench hazards`: 3 the harness could not run a cell, 1 a hazard that fails the
     # run (a hang past its bound, classified; outcomes that differ under --twice), else 0
     code, word = exit_code(rows, alike, 0)
-    print(f"{word} ({len(rows)} cells -> {out})")
+    say(f"{word} ({len(rows)} cells -> {out})")
     return code
 
 
@@ -173,10 +173,10 @@ def _controller_main(args) -> int:
 
     # An SGLang it cannot have or drive: SourceError / LoadError, one line (main).
     table, ok, header, r0 = run_controller(args.sglang)
-    print(header)
-    print("\n".join(fitted_table(list(CONTROLLER_COLUMNS), [[str(v) for v in row]
-                                                             for row in table])))
-    print(fit(f"pages loaded = storage: {r0['loaded'][1]} of {r0['loaded'][0]}; "
-              f"door = torch's sequence numbers: {r0['crosscheck']}"))
-    print("OK" if ok else "FAILED")
+    say(header)
+    say("\n".join(fitted_table(list(CONTROLLER_COLUMNS), [[str(v) for v in row]
+                                                           for row in table])))
+    say(fit(f"pages loaded = storage: {r0['loaded'][1]} of {r0['loaded'][0]}; "
+            f"door = torch's sequence numbers: {r0['crosscheck']}"))
+    say("OK" if ok else "FAILED")
     return 0 if ok else 1

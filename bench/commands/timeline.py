@@ -6,10 +6,10 @@ or no perfetto package: then only the PNG is written)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
+from bench.report.printer import say, say_err
 from bench.rundir.files import ResultFileError
 from bench.timeline.load import TimelineInputError
 
@@ -39,16 +39,16 @@ def _main(argv: list[str]) -> int:
                         + (f" ± {o.half_width_s * 1e3:.3f}" if o.half_width_s is not None
                            else " (upper bound)")
                         for r, o in enumerate(tl.offsets) if r > 0)
-    print(f"{PROG}: cell {tl.label}, steps {tl.window[0]}:{tl.window[1]}, {len(tl.slices)} "
-          f"slices; clock offsets to rank 0: {offsets or 'one rank'}")
-    print("\n".join(site_table(tl)))
-    print(f"wrote {done.figure}")
+    say(f"{PROG}: cell {tl.label}, steps {tl.window[0]}:{tl.window[1]}, {len(tl.slices)} "
+        f"slices; clock offsets to rank 0: {offsets or 'one rank'}")
+    say("\n".join(site_table(tl)))
+    say(f"wrote {done.figure}")
     if done.trace is None:
-        print(f"{PROG}: cannot write the trace: {done.missing}", file=sys.stderr)
+        say_err(f"{PROG}: cannot write the trace: {done.missing}")
         return 2
     size = done.trace.stat().st_size / 1e6
-    print(f"wrote {done.trace} ({size:.1f} MB): open it at https://ui.perfetto.dev "
-          "(Open trace file)")
+    say(f"wrote {done.trace} ({size:.1f} MB): open it at https://ui.perfetto.dev "
+        "(Open trace file)")
     return 0
 
 

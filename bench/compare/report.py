@@ -13,7 +13,15 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from bench.analysis.plot_switch import NO_PLOTS, plots_wanted
 from bench.analysis.plots import save_figure
 from bench.compare.comparison import Comparison, Run
-from bench.report.printer import WIDTH, fit, fixed_width, interval_text, markdown_table, wrapped
+from bench.report.printer import (
+    WIDTH,
+    fit,
+    fixed_width,
+    interval_text,
+    markdown_table,
+    say,
+    wrapped,
+)
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import write_csv_atomic, write_text_atomic
 
@@ -114,7 +122,7 @@ def print_comparison(comp: Comparison, written: list[Path]) -> None:
     lines = [*comp.header, *filter(None, context_lines(comp)), *one_sided_lines(comp),
              format_table(table_rows(comp)), f"wrote {', '.join(str(p) for p in written)}",
              comp.final_line()]
-    print(fit(*lines))
+    say(fit(*lines))
 
 
 def write_csv(comp: Comparison, path: Path) -> None:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 
-from bench.report.printer import WIDTH, fit
+from bench.report.printer import WIDTH, fit, say_err
 from bench.run import calibrate
 from bench.run.plan import Cell, RunPlan
 from bench.run.trace import reuse_bounds
@@ -70,12 +69,11 @@ class ResultSink:
         c = self.calib["allreduce"]
         added = f" (+{self.plan.delay_ms:g} ms added)" if self.plan.delay_ms else ""
         if not self.calib["n"]:  # TP1: no TP group, so no all-reduce to time
-            print(f"calibration: none at TP{self.plan.tp} (no TP group to all-reduce on)",
-                  file=sys.stderr, flush=True)
+            say_err(f"calibration: none at TP{self.plan.tp} (no TP group to all-reduce on)")
             return
-        print(f"calibration{added}: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
-              f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
-              f"ms (n={self.calib['n']})", file=sys.stderr, flush=True)
+        say_err(f"calibration{added}: one control-plane all-reduce (TP{self.plan.tp}, gloo) "
+                f"p50 {c['p50_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, p99 {c['p99_ms']:.3f} "
+                f"ms (n={self.calib['n']})")
 
     def beside(self, samples: list[float]) -> None:
         """c timed after one more cell: calibration.json's `beside` (bench.run.calibrate)."""
@@ -88,7 +86,7 @@ class ResultSink:
     def say(self, line: str | None) -> None:
         """A line for the person running it, before the cells (none: nothing to say)."""
         if line:
-            print(fit(line), file=sys.stderr, flush=True)
+            say_err(fit(line))
 
     def begin(self, cell: Cell, total: int) -> None:
         write_json_atomic(self.run.file("progress"), {**cell.__dict__, "total": total})
@@ -98,13 +96,13 @@ class ResultSink:
         said = (f"[{cell.index + 1:3d}/{total}] {cell.protocol:<12} {cell.policy:<13} "
                 f"{load} repeat={cell.repeat} ...")
         self.said = len(said)  # the progress line so far: its outcome wraps past WIDTH
-        print(said, end="", file=sys.stderr, flush=True)
+        say_err(said, end="")
 
     def again(self, why: str) -> None:
         """The serve just run was disturbed (bench.run.machine) and runs again."""
         said = f" disturbed ({why}), again ..."
         self.said += len(said)
-        print(said, end="", file=sys.stderr, flush=True)
+        say_err(said, end="")
 
     def add(self, cell: Cell, gathered: list[dict], attempts: int = 1) -> None:
         """The cell's rows from its last serve (`attempts`: serves it took)."""
@@ -131,7 +129,7 @@ class ResultSink:
                 f"decision/req {statistics.fmean(r['decision_collectives'] for r in rows):5.2f}"
                 f"{'' if agree else '  RANKS DISAGREE'}")
         wrap = self.said + len(said) > WIDTH  # a long side name: two lines
-        print(("\n       " if wrap else "") + said, file=sys.stderr, flush=True)
+        say_err(("\n       " if wrap else "") + said)
 
     def _config(self, cell: Cell) -> dict:
         p = self.plan
