@@ -2,9 +2,9 @@
 stack their columns in groups led by the row's names, prose wraps, a run of several
 SGLangs names its call sites short (every chain in full in call_sites.txt). Built from
 small fixed rows: the run's table and lead, the sides' lead with long names and long
-chains, compare's table, the gate's, bench review's closing lines and bench devcheck's
-output; the real runs' output is held where they run (the slow sides run in
-tests/test_sglang_sides.py)."""
+chains, compare's table, the gate's, bench review's closing lines, bench devcheck's
+output and bench microbench's last line; the real runs' output is held where they run (the
+slow sides run in tests/test_sglang_sides.py)."""
 
 from __future__ import annotations
 
@@ -363,3 +363,19 @@ def test_devchecks_measure_prints_its_figures_in_lines_that_fit(tmp_path, monkey
     lines = _fits(capsys.readouterr().out)
     assert lines[0].startswith("bench devcheck: measured on cpu") and \
         json.loads(out.read_text()) == result
+
+
+def test_microbenchs_last_line_fits(tmp_path, capsys):
+    """bench microbench: its last line (the markdown's verdict, the headline, the file),
+    from a deep run directory."""
+    import json
+
+    from bench.commands.microbench import main
+    from tests.test_microbench_report import data
+
+    run = tmp_path / "a-long-results-folder-name-as-runs-make-them" / ("run-" + "x" * 60)
+    run.mkdir(parents=True)
+    (run / "microbench.json").write_text(json.dumps(data()))
+    assert main([str(run), "--no-run"]) == 0
+    lines = _fits(capsys.readouterr().out)
+    assert lines[0].startswith("OK: 6 benchmarks; per-poll")
