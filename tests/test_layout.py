@@ -312,8 +312,9 @@ WIDE_FUNCTIONS = {  # the serve path's wait for a context object; the rest have 
     "bench/analysis/overhead.py": {"extra_step_ms"},
     "tests/fault_helpers.py": {"capturing_scenario"}, "tests/test_project.py": {"point"},
     "tests/test_summarize.py": {"req"}}
-# The printer: bench/report/printer.py. Until everything writes through it, the modules that
-# print today are listed here (tests/ print from rank processes; scripts/ print their own tables).
+# The printer: bench/report/printer.py; everything in bench/ writes through it. tests/ print
+# from rank processes; scripts/ print their own tables. Listed: the adapter's own command line
+# (`python -m sglang_adapter.source`, make's way to fetch releases), which may not import bench.
 PRINTERS = {"bench/report/printer.py"}
 PRINTING = {"sglang_adapter/source.py"}
 # Run files named outside RunDir: the A/B modules' console.log, until the A/B engine moves.
