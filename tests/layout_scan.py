@@ -228,7 +228,9 @@ def torch_violations(imports: dict[str, set[str]], adapter: dict[str, Path],
             if d.split(".")[0] in ("torch", "numpy") or d in adapter and d not in torch_free]
 
 
-def head_commit(repo: Path = REPO) -> str:
-    """HEAD's abbreviated hash (7 digits)."""
-    return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=repo, text=True,
-                          capture_output=True, check=True, timeout=60).stdout.strip()
+def a_commit_word(repo: Path = REPO) -> str:
+    """A commit of the repository's as a text would name it: the newest of HEAD's ancestors
+    whose 7-digit abbreviation holds a letter (one of only digits reads as a number)."""
+    hashes = subprocess.run(["git", "rev-list", "--max-count=200", "HEAD"], cwd=repo, text=True,
+                            capture_output=True, check=True, timeout=60).stdout.split()
+    return next(h[:7] for h in hashes if not h[:7].isdigit())

@@ -385,6 +385,6 @@ def test_the_rule_scans_catch_planted_breaches():
     assert scan.issue_numbers(f"{'Issue'} {50}'s sweep")
     assert not scan.issue_numbers("SGLang issue #34572")
     if (REPO / ".git").exists():
-        head = scan.head_commit()
-        assert scan.commits(scan.hex_words(f"measured at {head}")) == {head}
+        named = scan.a_commit_word()
+        assert scan.commits(scan.hex_words(f"measured at {named}")) == {named}
         assert not scan.commits(scan.hex_words("a tensor of 1234567 rows, 0000000 padding"))
