@@ -299,20 +299,3 @@ def bootstrap_ratio_interval(x: Sample, y: Sample, stat: Stat, n_boot: int = 200
     h = max(math.log(base.point / low), math.log(high / base.point))
     return Interval(base.point, float(low), float(high), len(reps), math.expm1(h))
 
-
-# Where an interval of a ratio B/A lies against 1 + threshold: the gate's rule
-# (bench.gate.timing), the served A/B's sequential rule (bench.ab.sequential) and the
-# review's timing verdicts (bench.analysis.side_timings) all judge with it.
-PASS, FAIL, UNRESOLVED = "PASS", "FAIL", "UNRESOLVED"
-
-
-def decide(low: float | None, high: float | None, threshold: float) -> str:
-    """PASS when the whole interval lies below 1 + threshold, FAIL when it lies above,
-    UNRESOLVED while it holds it (or there is no interval)."""
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return UNRESOLVED
-    if high < 1 + threshold:
-        return PASS
-    if low > 1 + threshold:
-        return FAIL
-    return UNRESOLVED

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from bench.ab import estimate, sequential  # noqa: E402
 from bench.ab.served import Stage, merged  # noqa: E402
 from bench.compare.metrics import TIMING_METRICS  # noqa: E402
+from bench.verdict.thresholds import decide  # noqa: E402
 
 GATED = {"step_mean_ms": "step_mean", "itl_p50_ms": "itl_p50",
          "prefetch_ttft_p50_ms": "prefetch_ttft_p50",
@@ -125,7 +126,7 @@ def rows_of(run: Path, windows: list[int], thresholds: dict, aa: bool) -> list[d
                                 "kept": e.kept, "excl": e.has_interval
                                 and not e.low <= 1 <= e.high, "half_spent": s.half_width,
                                 "excl_spent": s.has_interval and not s.low <= 1 <= s.high,
-                                "state": sequential.decide(s.low, s.high, t)})
+                                "state": decide(s.low, s.high, t)})
     return out
 
 

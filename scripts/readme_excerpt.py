@@ -26,13 +26,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.analysis import lead, verdict  # noqa: E402
+from bench.analysis import lead  # noqa: E402
 from bench.commands.common import CliParser, UsageError  # noqa: E402
 from bench.rundir.files import (  # noqa: E402
     ResultFileError,
     write_text_atomic,
 )
 from bench.rundir.rundir import RunDir  # noqa: E402
+from bench.verdict import run_rules  # noqa: E402
 
 BEGIN = "<!-- readme_excerpt: begin (python scripts/readme_excerpt.py RUN_DIR rewrites it) -->"
 END = "<!-- readme_excerpt: end -->"
@@ -68,9 +69,9 @@ def excerpt(run_dir: Path) -> list[str]:
     run = RunDir(run_dir)
     env = run.json("env", required=["git", "world"])
     summary, calib = run.summary(), run.calibration()
-    judged = verdict.read(run_dir)
+    judged = run_rules.read(run_dir)
     if judged is None:
-        raise ResultFileError(f"{run_dir / verdict.FILE}: no such file (a run written "
+        raise ResultFileError(f"{run_dir / run_rules.FILE}: no such file (a run written "
                               "before verdict.json existed: rebuild it with bench report)")
     # Every finding is read at the cost of one all-reduce on the machine that made it.
     cost = "" if calib is None else \

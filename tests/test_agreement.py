@@ -181,7 +181,7 @@ def test_tp2pp2_failing_reads_scenario_is_contested(tp2pp2_failing):
 def test_disagreement_scope_names_pp_stage_splits():
     """TP2 x PP2 (ranks 0,1 stage 0; 2,3 stage 1): a split along stages only is pre27010's
     known hazard; a split inside a stage's TP group is a failure for every protocol."""
-    from bench.analysis.verdict import known_hazard
+    from bench.verdict.run_rules import known_hazard
     from hicache.agreement.consensus import disagreement_scope
 
     a, b = ("poll", 1280, 1280), ("poll", 128, 1280)

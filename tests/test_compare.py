@@ -13,8 +13,9 @@ import pytest
 
 from bench.commands.compare import main as main_compare
 from bench.compare.metrics import METRIC_NAMES, TimingMetric, counts, itl_gaps, ttft
-from bench.compare.rules import TimingOptions, count_rows, timing_rows, timing_verdict
+from bench.compare.rows import TimingOptions, count_rows, timing_rows
 from bench.rundir.schema import SCHEMA_VERSION
+from bench.verdict.thresholds import timing_verdict
 
 RUN = ["--preset", "ci", "--requests", "4", "--bystanders", "0", "--repeats", "3",
        "--protocols", "before,after", "--policies", "wait_complete"]

@@ -197,8 +197,8 @@ def test_the_gates_ab_output_fits(clean, tmp_path, monkeypatch, capsys, factor, 
 
 
 def _timing(metric: str, protocol: str, s: str):
-    from bench.gate.checks import Check
     from bench.stats import Interval
+    from bench.verdict.checks import Check
 
     layout = "tp2 pp2 sim 8/s extra_pool"
     idle = s == "NOT JUDGED"
@@ -222,9 +222,9 @@ def test_every_metric_undecided_keeps_a_last_line_of_verdicts_that_fits(s):
     over a long protocol's checks: the table, notes and resolution lines fit; the last line
     still names every metric's verdict and the disturbance, the counts and each undecided
     check's half-widths on the lines above."""
-    from bench.gate.checks import Check
     from bench.gate.console import format_checks, last_line
     from bench.rundir.decision import Disturbance
+    from bench.verdict.checks import Check
 
     metrics = ["step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50"]
     checks = [_timing(m, "step-clock", s) for m in metrics]

@@ -21,7 +21,8 @@ from bench.ab.estimate import (
     wilcoxon_rank,
 )
 from bench.ab.sequential import Budget, look_level, more, planned_looks, spent
-from bench.stats import NO_SCIPY, UNRESOLVED
+from bench.stats import NO_SCIPY
+from bench.verdict.words import UNRESOLVED
 
 T2 = 4.302652729911275  # t_{2, 0.975}
 

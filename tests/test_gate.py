@@ -420,7 +420,7 @@ def test_a_run_of_another_plan_is_refused(clean, tmp_path, capsys):
 
 
 def test_self_checks_of_the_ranks_are_gated(clean, tmp_path, capsys):
-    """ranks.csv's counter cross-check and host-slot check fail the gate (analysis.verdict)."""
+    """ranks.csv's counter cross-check and host-slot check fail the gate (run_rules)."""
     run = tmp_path / "run"
     shutil.copytree(clean[0], run)
     rows = [dict(CONFIG, protocol="pr36425", policy="timeout", repeat=0, rank=r,
@@ -472,9 +472,9 @@ def _serves(digests: dict, schedule: str = "pinned") -> pd.DataFrame:
 
 def test_the_gate_holds_pinned_schedules_to_the_verdicts_rule():
     """The gate judges the pinned-schedule rule with the verdict's own words (one rule list,
-    bench.analysis.verdict.RULES): decide-alike protocols on different schedules fail."""
-    from bench.analysis.verdict import RULES
+    bench.verdict.run_rules.RULES): decide-alike protocols on different schedules fail."""
     from bench.gate.evaluate import _schedule_checks
+    from bench.verdict.run_rules import RULES
 
     differ = _schedule_checks(_serves({"pr27010": "aa", "pr36425": "bb"}))
     assert [c.check for c in differ] == ["schedule_digests"] and not differ[0].passed

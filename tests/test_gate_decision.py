@@ -15,7 +15,6 @@ import pytest
 from bench.ab.blocks import AbPlan, comparison, run_blocks
 from bench.ab.revisions import WORKTREE, Revision
 from bench.commands.gate import main as main_gate
-from bench.gate.checks import state
 from bench.gate.timing import judge, settle
 from bench.report.printer import WIDTH
 from bench.rundir import decision
@@ -23,6 +22,8 @@ from bench.rundir.decision import Decision, Disturbance, Exact, Metric, Side
 from bench.rundir.files import ResultFileError, write_csv_atomic, write_json_atomic
 from bench.rundir.schema import DISTURBED_LIMIT
 from bench.stats import Interval
+from bench.verdict import words
+from bench.verdict.checks import state
 from tests.test_ab import fake_runner
 from tests.test_gate import clean  # noqa: F401 (the gate's fixture)
 
@@ -100,8 +101,8 @@ def test_a_newer_schema_is_refused_saying_to_update(tmp_path):
     ([], 0, "PASS"),
 ])
 def test_the_whole_decision(verdicts, exact_failed, whole):
-    assert decision.overall(verdicts, exact_failed) == whole
-    assert decision.EXIT_CODES[whole] == {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 77}[whole]
+    assert words.overall(verdicts, exact_failed) == whole
+    assert words.EXIT_CODES[whole] == {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 77}[whole]
 
 
 def test_the_disturbance_is_the_serves_cpu_lost_against_a_limit_fixed_in_advance():
@@ -272,8 +273,8 @@ def _timing(metric: str, protocol: str, iv, disturbance):
 @pytest.mark.parametrize("undecided", [1, 4, 8])
 def test_the_last_line_names_each_metrics_verdict_and_the_disturbance_and_fits(
         lost, undecided):
-    from bench.gate.checks import Check
     from bench.gate.console import format_checks, last_line
+    from bench.verdict.checks import Check
 
     d = Disturbance.measured(lost)
     metrics = ["step_mean", "itl_p50", "prefetch_ttft_p50", "bystander_ttft_p50"]
@@ -301,7 +302,7 @@ def test_a_check_not_judged_is_no_pass_and_no_failure():
     iv = Interval(1.4, None, None, 2, None, "too few repeats for an interval (2 paired)")
     check = judge(ROW, "step_mean_ab", "step_mean", iv, 0.03, "A's")
     assert state(settle([check], Disturbance.measured(DISTURBED))[0]) == "NOT JUDGED"
-    assert decision.overall([state(check)], 0) == "PASS" and check.passed
+    assert words.overall([state(check)], 0) == "PASS" and check.passed
 
 
 # ---- scripts/gate_power.py reads decision.json --------------------------------------------

@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.analysis.verdict import THREAD_SLACK, disturbed_notes, thread_growth_notes
 from bench.run import machine
 from bench.run.machine import CpuTimes
+from bench.verdict.run_rules import THREAD_SLACK, disturbed_notes, thread_growth_notes
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@
 The pure tests replay the IO queue on the virtual clock. The distributed ones serve on real
 gloo groups while the real threads are slowed at random (a different delay every run):
 under a pinned schedule that must change nothing the schedule digest sees, and protocols
-that decide alike (bench.analysis.schedule) must run one schedule. A wall-clock read
+that decide alike (bench.verdict.schedule_digests) must run one schedule. A wall-clock read
 planted in one decision (IO completion) must make the digest check fail. The count
 contract and the independent counter of test_counts hold under pinned schedules too.
 """
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from bench.analysis.schedule import DECIDE_ALIKE, digest_failures
+from bench.verdict.schedule_digests import DECIDE_ALIKE, digest_failures
 from hicache.cache.operations import PrefetchOp
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
@@ -304,7 +304,7 @@ def test_repeat_seeds_option_sets_every_repeats_seed():
 def test_verdict_fails_a_pinned_run_whose_alike_protocols_differ():
     import pandas as pd
 
-    from bench.analysis.verdict import schedule_failures
+    from bench.verdict.run_rules import schedule_failures
 
     split = {("pr27010", "timeout"): "a", ("pr36425", "timeout"): "b"}
     rows = pd.DataFrame(_serves(split) * 3)  # three requests per serve
@@ -313,7 +313,7 @@ def test_verdict_fails_a_pinned_run_whose_alike_protocols_differ():
 
 
 def test_two_runs_of_one_seed_must_share_every_digest():
-    from bench.analysis.schedule import repeat_failures
+    from bench.verdict.schedule_digests import repeat_failures
 
     a = _serves({("pr27010", "timeout"): "a", ("pr36425", "timeout"): "a"})
     b = _serves({("pr27010", "timeout"): "a", ("pr36425", "timeout"): "z"})
@@ -325,7 +325,7 @@ def test_two_runs_of_one_seed_must_share_every_digest():
 def test_noise_fails_pinned_runs_of_one_seed_with_different_schedules():
     import pandas as pd
 
-    from bench.analysis.schedule import across_runs
+    from bench.verdict.schedule_digests import across_runs
 
     def summary(digests: str, schedule: str = "pinned") -> pd.DataFrame:
         return pd.DataFrame([{"protocol": "pr36425", "policy": "timeout", "rate_rps": 16.0,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.analysis.verdict import Verdict
+from bench.verdict.run_rules import Verdict
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "readme_excerpt.py"

@@ -8,10 +8,10 @@ import pandas as pd
 import torch
 
 from bench.analysis.summarize import summarize
-from bench.analysis.verdict import judge
 from bench.run import fit
 from bench.run.plan import RunPlan
 from bench.rundir.schema import REQUEST_COLUMNS
+from bench.verdict.run_rules import judge
 from hicache.memory.kv_layout import budget_holding, kv_layout, max_input_tokens
 from hicache.spec.config import HiCacheConfig
 from tests.test_summarize import req, steps_frame

@@ -17,10 +17,12 @@ import pytest
 from bench.ab import sequential
 from bench.ab.conductor import ConductError, Conductor, SideProc, first_sides, turn_order
 from bench.ab.revisions import Revision
-from bench.ab.sequential import FAIL, PASS, UNRESOLVED, Budget, decide, more
+from bench.ab.sequential import Budget, more
 from bench.ab.served import interface_of, refusal
 from bench.run import turns
 from bench.stats import ratio_interval
+from bench.verdict.thresholds import decide
+from bench.verdict.words import FAIL, PASS, UNRESOLVED
 
 REPO = Path(__file__).resolve().parent.parent
 

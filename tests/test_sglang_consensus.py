@@ -152,7 +152,7 @@ def _ships(tmp_path: Path) -> Path:
 
 def test_a_run_reads_a_row_per_serve_and_fails_where_the_checker_fired(tmp_path):
     from bench.analysis import consensus_serves
-    from bench.analysis.verdict import judge
+    from bench.verdict.run_rules import findings, judge
 
     root, run = _ships(tmp_path), tmp_path / "run"
     same = [[[0, "r00", CALL], [0, "r00", BACK % True]]] * 2
@@ -165,7 +165,7 @@ def test_a_run_reads_a_row_per_serve_and_fails_where_the_checker_fired(tmp_path)
                                                "fired: check_prefetch_progress"]
     assert list(frame["serve"]) == ["warm", "main", "main"]
     assert (run / "consensus.csv").exists() and list(frame["checker_collectives"]) == [6] * 3
-    reasons, notes = consensus_serves.findings(frame)
+    reasons, notes = findings(frame)
     assert len(reasons) == 1 and "fired in 1 serve(s) (first: sglang-0.5.23@unified timeout " \
         "repeat 1 main: fired: check_prefetch_progress, at r00's poll 1" in reasons[0]
     assert notes == ["SGLang's rank-consensus checker was silent in 2 of 3 serve(s); its 12 "
@@ -178,19 +178,21 @@ def test_a_run_reads_a_row_per_serve_and_fails_where_the_checker_fired(tmp_path)
 
 def test_a_release_without_the_checker_is_a_note_not_a_failure(tmp_path):
     from bench.analysis import consensus_serves
+    from bench.verdict.run_rules import findings
 
     run = tmp_path / "run"
     _serve_folder(run, "side0", "000-main", _meta(tmp_path / "old", 0), [[], []])
-    reasons, notes = consensus_serves.findings(consensus_serves.tabulate(run))
+    reasons, notes = findings(consensus_serves.tabulate(run))
     assert reasons == [] and notes == ["1 serve(s) ran an SGLang that ships no rank-consensus "
                                        "checker (sglang-0.5.23@unified)"]
 
 
 def test_a_run_without_the_checker_has_no_table(tmp_path):
     from bench.analysis import consensus_serves
+    from bench.verdict.run_rules import findings
 
     assert consensus_serves.tabulate(tmp_path) is None
-    assert consensus_serves.findings(None) == ([], [])
+    assert findings(None) == ([], [])
     assert not (tmp_path / "consensus.csv").exists()
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import csv
 
-from bench.analysis import verdict
 from bench.commands.report import main as main_report
 from bench.run.plan import RunPlan
 from bench.run.sink import ResultSink
 from bench.rundir.schema import RANK_COLUMNS
+from bench.verdict import run_rules as verdict
 from hicache.comm.records import RequestStats, Stats
 
 

@@ -16,7 +16,7 @@ from bench.ab.blocks import AbPlan, comparison, run_blocks, write_plan
 from bench.ab.revisions import Revision
 from bench.compare.comparison import Comparison
 from bench.compare.report import write_outputs
-from bench.compare.rules import _worst
+from bench.verdict.exact import worst
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def step_of(commit: str, comp: Comparison, metric: str, config: str | None) -> S
     if not rows:
         return Step(commit, "not comparable", f"no {metric} row"
                     + (f" for {config}" if config else ""))
-    verdict = _worst([r["verdict"] for r in rows])
+    verdict = worst([r["verdict"] for r in rows])
     shown = [r for r in rows if r["verdict"] == verdict][:3]
     detail = "; ".join(f"{r['protocol']}/{r['policy']} {_ratio(r)}" for r in shown)
     return Step(commit, verdict, detail)

@@ -31,12 +31,13 @@ import pandas as pd
 from bench.ab import RUN_SIZES, procs, size_args
 from bench.ab import order as order_effect
 from bench.ab.revisions import Revision, checked_out
-from bench.analysis import verdict
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.compare.comparison import Comparison, Run, compare, load_run
 from bench.run.options import REDO_ENV
 from bench.rundir.files import ResultFileError, write_json_atomic
 from bench.rundir.rundir import RunDir, utc_time
+from bench.verdict import run_rules
+from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
 RUN_TIMEOUT_S = 1800.0  # one block's run; `bench run` bounds itself well below this
 DRIFT = ("A and B run side by side in every block on this machine with the same seeds, "
@@ -57,7 +58,7 @@ class AbPlan:
     blocks: int
     seed: int = 0
     per_block: int = 1  # repeats of each run; pairs are (block, repeat)
-    threshold: float = 0.05
+    threshold: float = DEFAULT_THRESHOLD
     run_args: tuple[str, ...] = ()  # --protocols / --policies, passed to every run
     metrics: tuple[str, ...] | None = None  # compare's --metric (None: all)
     out: Path = Path("results/ab")
@@ -90,7 +91,7 @@ DEFAULT_BLOCKS = 6
 
 def make_plan(rev_a: str, rev_b: str, preset: str = DEFAULT_PRESET,
               blocks: int = DEFAULT_BLOCKS, seed: int = 0, per_block: int = 1,
-              threshold: float = 0.05, protocols: str | None = None,
+              threshold: float = DEFAULT_THRESHOLD, protocols: str | None = None,
               policies: str | None = None, metrics: list[str] | None = None,
               out: Path | None = None, size: dict[str, int] | None = None) -> AbPlan:
     """The plan of `bench ab REV_A REV_B` (and of each bisect step); `size` the runs'
@@ -217,7 +218,7 @@ def failed_run_warnings(runs: AbRuns) -> list[str]:
     out = []
     for side, outcomes in (("A", runs.a), ("B", runs.b)):
         for k, o in enumerate(outcomes):
-            v = verdict.read(o.path)
+            v = run_rules.read(o.path)
             if (v is not None and not v.ok) or o.code != 0:
                 out.append(f"warning: block {k} of {side} did not pass its own checks: "
                            f"{v.line if v is not None else o.last_line}")

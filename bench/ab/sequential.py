@@ -31,7 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bench.stats import FAIL, LEVEL, PASS, UNRESOLVED, decide  # noqa: F401 (the rule's states)
+from bench.stats import LEVEL
+from bench.verdict.words import FAIL, UNRESOLVED
 
 SPENDING = ("pocock", "obf")  # Lan-DeMets' Pocock-type and O'Brien-Fleming-type functions
 SPEND = "pocock"  # the spending function where looks are planned (a time budget often ends a

@@ -30,13 +30,15 @@ from bench.ab import order as order_effect
 from bench.ab.conductor import Conductor, SideProc, first_sides, turn_order
 from bench.ab.revisions import Revision, checked_out
 from bench.ab.sequential import Budget
-from bench.analysis import verdict
 from bench.compare.comparison import Comparison, Run, compare, load_run
-from bench.compare.rules import TimingOptions
+from bench.compare.rows import TimingOptions
 from bench.run import turns
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import ResultFileError
 from bench.rundir.rundir import RunDir
+from bench.verdict import run_rules
+from bench.verdict.thresholds import DEFAULT_THRESHOLD
+from bench.verdict.words import UNRESOLVED
 
 DRIFT = ("A and B serve each cell of one run back to back, seconds apart, on the same seed, "
          "the side first in a repeat drawn from the seed (balanced), so drift slower than a "
@@ -76,7 +78,7 @@ class ServedPlan:
     preset: str
     repeats: int
     seed: int = 0
-    threshold: float = 0.05
+    threshold: float = DEFAULT_THRESHOLD
     run_args: tuple[str, ...] = ()
     metrics: tuple[str, ...] | None = None
     out: Path = Path("results/ab")
@@ -204,7 +206,7 @@ def failed_sides(stages: list[Stage]) -> list[str]:
     out = []
     for st in stages:
         for s in "ab":
-            v = verdict.read(st.dirs[s])
+            v = run_rules.read(st.dirs[s])
             if (v is not None and not v.ok) or st.codes.get(s, 1) != 0:
                 out.append(f"warning: stage {st.index} side {s.upper()} did not pass its own "
                            f"checks: {v.line if v is not None else _last(st.dirs[s])}")
@@ -260,7 +262,7 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
             n, now = sum(s.repeats for s in stages), states(comp)
             repeats = sequential.more(now, n, time.monotonic() - t0, budget, looks)
             if repeats:
-                log(f"ab: {sum(s[0] == sequential.UNRESOLVED for s in now)} gated "
+                log(f"ab: {sum(s[0] == UNRESOLVED for s in now)} gated "
                     f"check(s) undecided after {n} paired repeats: {repeats} more")
     return stages, comp
 

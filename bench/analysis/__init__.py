@@ -1,1 +1,1 @@
-"""The offline half: summary, serving metrics, the overhead model's band, verdict, report, plots."""
+"""The offline half: summary, serving metrics, the overhead model's band, report, plots."""

@@ -2,7 +2,7 @@
 each side's release served in the same turns and seeds as the sides (bench.run.sides), its
 headline (every other model protocol over the first's: for the seed PR pr36425 / pre27010),
 and a fidelity line per metric and policy: does the model's ratio lie inside SGLang's 95%
-interval (0.5.19 / 0.5.18)? `bench fidelity`'s rule (bench.analysis.fidelity_rule).
+interval (0.5.19 / 0.5.18)? `bench fidelity`'s rule (bench.verdict.fidelity).
 
 Both ratios are paired within the run (the model's pairs its own serves of one repeat, as
 SGLang's pairs its sides'), so one is held against the other's interval. A miss is reported,
@@ -17,10 +17,10 @@ import math
 
 import pandas as pd
 
-from bench.analysis.fidelity_rule import METRICS, Row, interval
 from bench.analysis.lead import COST_RATIOS, HEADLINE_HEADERS, LABELS, RATIO_COLUMNS, _f, _table
 from bench.analysis.summarize import summarize
 from bench.report.printer import interval_text
+from bench.verdict.fidelity import METRICS, Row, interval
 from hicache.spec.cost_model import POLICIES
 
 FIDELITY_COLUMNS = ["model", "model_reference", "sglang", "sglang_reference", "policy",

@@ -3,7 +3,8 @@ run (sglang_adapter.judge.consensus): the journals every rank wrote under the ru
 folder (a folder per side and serve, bench.run.worker), read back into consensus.csv, one
 row per serve: `silent`, `fired: <function>` (where, and what each rank said, in the detail)
 or `absent` (a release that ships no checker), and the collectives the checker issued on its
-own groups, which the serve's counts leave out."""
+own groups, which the serve's counts leave out. What the run's verdict makes of it:
+bench.verdict.run_rules.findings."""
 
 from __future__ import annotations
 
@@ -46,30 +47,3 @@ def tabulate(run_dir: Path | str) -> pd.DataFrame | None:
     rows = serve_rows(folder)
     write_csv_atomic(run.file("consensus"), rows, COLUMNS)
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def findings(frame: pd.DataFrame | None) -> tuple[list[str], list[str]]:
-    """(reasons the run failed, notes) from consensus.csv's rows: a checker that fired is a
-    failure (the ranks' records differed: they parted); silent and absent are notes."""
-    if frame is None or not len(frame):
-        return [], []
-    said = frame["sglang_consensus"].astype(str)
-    fired = frame[said.str.startswith("fired")]
-    reasons, notes = [], []
-    if len(fired):
-        r = fired.iloc[0]
-        reasons.append(f"SGLang's rank-consensus checker fired in {len(fired)} serve(s) (first: "
-                       f"{r['protocol']} {r['policy']} repeat {r['repeat']} {r['serve']}: "
-                       f"{r['sglang_consensus']}, {r['consensus_detail']}; consensus.csv)")
-    silent = frame[said == "silent"]
-    if len(silent):
-        counts = pd.to_numeric(silent["checker_collectives"], errors="coerce")
-        issued = (f"; its {int(counts.sum())} collectives on its own groups are counted "
-                  "apart" if counts.notna().all() else "")
-        notes.append(f"SGLang's rank-consensus checker was silent in {len(silent)} of "
-                     f"{len(frame)} serve(s){issued}")
-    absent = frame[said == "absent"]
-    if len(absent):
-        notes.append(f"{len(absent)} serve(s) ran an SGLang that ships no rank-consensus "
-                     f"checker ({', '.join(sorted(set(absent['protocol'].astype(str))))})")
-    return reasons, notes

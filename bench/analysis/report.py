@@ -18,15 +18,6 @@ from bench.analysis.provenance import provenance_lines
 from bench.analysis.sides import lead_text as side_lead
 from bench.analysis.sides import side_names, site_lines
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
-from bench.analysis.verdict import (
-    KNOWN_HAZARD,
-    Verdict,
-    data_errors,
-    host_slot_leaks,
-    judge,
-    row_disagrees,
-    unexplained_disagreements,
-)
 from bench.report.printer import markdown_table, wrapped
 from bench.rundir.files import (
     clean_key,
@@ -40,6 +31,15 @@ from bench.rundir.schema import (
     REFERENCE_PROTOCOL,
     STEP_COLUMNS,
     SUMMARY_COLUMNS,
+)
+from bench.verdict.run_rules import (
+    KNOWN_HAZARD,
+    Verdict,
+    data_errors,
+    host_slot_leaks,
+    judge,
+    row_disagrees,
+    unexplained_disagreements,
 )
 
 PERCENTILE_TEXT = {"linear": "linear interpolation between closest ranks (numpy's default)",
@@ -183,7 +183,7 @@ def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
 
 
 def verdict_lines(verdict: Verdict) -> list[str]:
-    """report.md's verdict: the run's one OK/FAILED line (bench.analysis.verdict) and its notes."""
+    """report.md's verdict: the run's one OK/FAILED line (bench.verdict.run_rules) and its notes."""
     head = ("OK: every rank agreed, no data errors, every counter matched torch's and every "
             "host slot was accounted for." if verdict.ok
             else f"{verdict.line} (see Divergence / failures below).")

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.analysis.verdict import served
 from bench.rundir.files import parse_gaps, write_text_atomic
+from bench.verdict.run_rules import served
 
 STATS = ("mean", "median", "std", "p90", "p95", "p99")
 

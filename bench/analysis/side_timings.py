@@ -1,12 +1,12 @@
 """Timing verdicts between sides of one run and its later stages (`bench review`): each side
 against the first, per policy, on the gate's timing metrics at the gate's thresholds and
-under its rule (bench.stats.decide). The interval is the 95% t interval of the paired log
-ratios over every stage's repeats (one stage: the run's own summary columns). PASS when it
-lies below 1 + threshold, FAIL when above, UNRESOLVED while it holds it (the review may add
-a stage: bench.ab.sequential.more); at the budget an UNRESOLVED check is INCONCLUSIVE when
-the machine was disturbed (its serves' cpu_lost p50 above bench.rundir.schema's
-DISTURBED_LIMIT) and FAIL when it was quiet; NOT JUDGED without an interval (too few
-repeats). docs/sglang-ci.md, "Timings"."""
+under its rule (bench.verdict.thresholds.decide). The interval is the 95% t interval of the
+paired log ratios over every stage's repeats (one stage: the run's own summary columns).
+PASS when it lies below 1 + threshold, FAIL when above, UNRESOLVED while it holds it (the
+review may add a stage: bench.ab.sequential.more); at the budget an UNRESOLVED check is
+INCONCLUSIVE when the machine was disturbed (its serves' cpu_lost p50 above
+bench.rundir.schema's DISTURBED_LIMIT) and FAIL when it was quiet; NOT JUDGED without an
+interval (too few repeats). docs/sglang-ci.md, "Timings"."""
 
 from __future__ import annotations
 
@@ -16,16 +16,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from bench.rundir.decision import Disturbance, undecided_verdict
+from bench.rundir.decision import Disturbance
 from bench.rundir.files import parse_list_cell
 from bench.rundir.rundir import FILES
 from bench.rundir.schema import GATED_METRICS
-from bench.stats import FAIL, PASS, UNRESOLVED, decide, t_interval
+from bench.stats import LEVEL, t_interval
+from bench.verdict.thresholds import DEFAULT_THRESHOLD, decide
+from bench.verdict.words import FAIL, INCONCLUSIVE, NOT_JUDGED, UNRESOLVED, undecided_verdict
 
-NOT_JUDGED = "NOT JUDGED"
-INCONCLUSIVE = "INCONCLUSIVE"
 ESTIMATOR = "t-mean-log"  # the t interval of the mean of the pairs' log ratios
-LEVEL = 0.95
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ def verdicts(summaries: pd.DataFrame | list[pd.DataFrame], sides: list[str],
                                        else _merged(rows, m, level or LEVEL))
             if point is None:
                 continue
-            t = thresholds.get(m, 0.05)
+            t = thresholds.get(m, DEFAULT_THRESHOLD)
             state = NOT_JUDGED if low is None or high is None else decide(low, high, t)
             out.append(Verdict(row["protocol"], row["policy"], m, state, point, low, high, t,
                                pairs))
@@ -129,7 +128,7 @@ def states(found: list[Verdict]) -> list[tuple[str, float, float, float, float]]
 
 def at_budget(found: list[Verdict], shaken: Disturbance) -> list[Verdict]:
     """The verdicts once no stage is added: an UNRESOLVED check reads what the gate's rule
-    says (bench.rundir.decision.undecided_verdict): INCONCLUSIVE on a disturbed machine, FAIL
+    says (bench.verdict.words.undecided_verdict): INCONCLUSIVE on a disturbed machine, FAIL
     on a quiet one. So a quiet machine never ends INCONCLUSIVE, and no undecided check
     reads PASS."""
     state = undecided_verdict(shaken)
@@ -154,5 +153,5 @@ def lines(found: list[Verdict]) -> list[str]:
     return [f"- {v.text()}" for v in found]
 
 
-__all__ = ["ESTIMATOR", "INCONCLUSIVE", "LEVEL", "NOT_JUDGED", "PASS", "Verdict", "at_budget",
-           "failing", "inconclusive", "lines", "states", "verdicts"]
+__all__ = ["ESTIMATOR", "LEVEL", "Verdict", "at_budget", "failing", "inconclusive", "lines",
+           "states", "verdicts"]

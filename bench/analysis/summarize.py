@@ -21,7 +21,6 @@ from bench.analysis.serving_metrics import (
     reference_protocol,
     serving_columns,
 )
-from bench.analysis.verdict import data_errors, rejected, served, unexplained_disagreements
 from bench.report.printer import fitted_table, interval_text
 from bench.rundir.files import as_bool, clean_key, column_by_repeat, is_true, list_cell
 from bench.rundir.schema import (
@@ -39,6 +38,7 @@ from bench.stats import (
     percentile,
     ratio_interval,
 )
+from bench.verdict.run_rules import data_errors, rejected, served, unexplained_disagreements
 from hicache.spec.cost_model import POLICIES, PROTOCOLS, expected_per_request
 
 

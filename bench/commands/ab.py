@@ -50,6 +50,7 @@ from bench.neighbour import Neighbour, SpecError
 from bench.neighbour import parse as parse_neighbour
 from bench.report.printer import progress
 from bench.rundir.files import write_json_atomic
+from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
 PROG = "bench ab"
 
@@ -66,9 +67,9 @@ def parser() -> CliParser:
     p.add_argument("--design", choices=("served", "blocks"), default="served",
                    help="served: both revisions as sides of one run (default); blocks: "
                         "whole runs per side")
-    p.add_argument("--threshold", type=float, default=0.05, metavar="T",
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="T",
                    help="worse/better only when the whole 95%% interval lies beyond "
-                        "1 +- T (default 0.05)")
+                        f"1 +- T (default {DEFAULT_THRESHOLD})")
     p.add_argument("--seed", type=int, default=0, help="block k runs with seed SEED+k")
     p.add_argument("--repeats-per-block", type=int, default=1, metavar="R",
                    help="repeats of each block's runs (default 1)")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, add_size_options, run_verb, size_of
 from bench.report.printer import fit, progress, say
+from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
 PROG = "bench bisect"
 
@@ -43,7 +44,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="ab's blocks at each step")
     p.add_argument("--repeats-per-block", type=int, default=1, metavar="R",
                    help="repeats of each block's runs")
-    p.add_argument("--threshold", type=float, default=0.05, metavar="T",
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="T",
                    help="ab's: worse only when the whole 95%% interval lies above 1 + T")
     p.add_argument("--protocols", help="passed to every run (comma list)")
     p.add_argument("--policies", help="passed to every run (comma list)")

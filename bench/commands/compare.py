@@ -33,8 +33,8 @@ import math
 from pathlib import Path
 
 from bench.commands.common import CliParser, UsageError, run_verb
-from bench.compare.comparison import DEFAULT_THRESHOLD
 from bench.compare.metrics import METRIC_NAMES, metric_list
+from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
 PROG = "bench compare"
 

@@ -28,7 +28,7 @@ PROG = "bench gate"
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     from bench.gate.baseline import check_tolerance
-    from bench.gate.timing import DEFAULT_THRESHOLD
+    from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
     parser = CliParser.from_doc(PROG, __doc__)
     parser.add_argument("run_dir", type=Path, help="a results/<run> directory")

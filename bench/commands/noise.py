@@ -80,7 +80,7 @@ def _main(argv: list[str]) -> int:
 
     from bench.ab import noise
     from bench.ab.noise_report import print_figures, update_gate, write_outputs
-    from bench.analysis import schedule
+    from bench.verdict import schedule_digests
 
     args = _parse(argv)
     out = args.out or RunDir.new("noise", args.preset).path
@@ -93,7 +93,7 @@ def _main(argv: list[str]) -> int:
     if args.update_gate:
         written.append(update_gate(args.update_gate, per_metric, dirs, load))
     summaries = [RunDir(d).summary() for d in dirs]
-    return print_figures(per_metric, boot, written, schedule.across_runs(summaries))
+    return print_figures(per_metric, boot, written, schedule_digests.across_runs(summaries))
 
 
 def main(argv: list[str]) -> int:

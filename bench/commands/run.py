@@ -238,9 +238,10 @@ def _finish(run_dir: Path, t0: float, error: str | None = None) -> int:
     took = f"({time.monotonic() - t0:.0f}s, {run_dir})"
     if not RunDir(run_dir).has("requests"):  # not even one configuration finished
         from bench.analysis import consensus_serves
+        from bench.verdict.run_rules import findings
 
         # SGLang's checker, where it ran, may say why: it stops the ranks where they part
-        said = consensus_serves.findings(consensus_serves.tabulate(run_dir))[0]
+        said = findings(consensus_serves.tabulate(run_dir))[0]
         say(f"FAILED: {'; '.join([*said, error or 'the ranks wrote no rows'])} {took}")
         return 1
     try:

@@ -9,24 +9,24 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis import verdict
 from bench.compare.metrics import TIMING_METRICS, TimingMetric, counts
 from bench.compare.per_request import as_modelled, sglang_run, sides_pairing
 from bench.compare.per_request import section as per_request_section
-from bench.compare.rules import TimingOptions, count_rows, timing_rows
+from bench.compare.rows import TimingOptions, count_rows, timing_rows
 from bench.run.plan import plan_differences
 from bench.rundir.files import ResultFileError, clean_key
 from bench.rundir.rundir import LEGACY_SCHEMA_VERSION, RunDir
 from bench.rundir.schema import CONFIG_COLUMNS, GROUP_KEYS
+from bench.verdict import run_rules
+from bench.verdict.thresholds import DEFAULT_THRESHOLD
+from bench.verdict.words import COMPARE_VERDICTS
 from hicache.spec.cost_model import POLICIES, PROTOCOLS
 
-DEFAULT_THRESHOLD = 0.05
 RUN_LEVEL = ("preset", "world_size", "device", "backend", "seed")  # checked, warned or noted
 EXTRA_KEYS = [c for c in [*CONFIG_COLUMNS, "model"] if c not in GROUP_KEYS + list(RUN_LEVEL)]
 ENV_FACTS = {"host": ("host",), "CPU": ("cpu_model",), "CPU count": ("cpu_count",),
              "torch": ("versions", "torch"), "NCCL": ("versions", "nccl"),
              "device": ("world", "device"), "backend": ("backend",)}
-VERDICTS = ("better", "worse", "same")
 DRIFT = ("the two runs were made at different times: drift between them (the machine's "
          "other load, its clock, its temperature) is not in these intervals; for a decision, "
          "run both revisions interleaved with `python -m bench ab REV_A REV_B`")
@@ -103,7 +103,7 @@ def verdict_warnings(a: Run, b: Run) -> list[str]:
     """A run whose own verdict (verdict.json) is FAILED: its counts and timings are suspect."""
     out = []
     for side, run in (("A", a), ("B", b)):
-        v = verdict.read(run.path)
+        v = run_rules.read(run.path)
         if v is not None and not v.ok:
             out.append(f"warning: run {side} did not pass its own checks: {v.line}")
     return out
@@ -155,7 +155,7 @@ class Comparison:
     extra_rows: list[dict] = field(default_factory=list)  # the CSV's only (ab's block runs)
 
     def tally(self) -> dict[str, int]:
-        return {v: sum(r["verdict"] == v for r in self.rows) for v in VERDICTS}
+        return {v: sum(r["verdict"] == v for r in self.rows) for v in COMPARE_VERDICTS}
 
     def final_line(self) -> str:
         t = self.tally()
@@ -232,7 +232,7 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
             ) -> Comparison:
     """Refuse incomparable runs, match A's and B's configurations, build every row (timing
     `metrics` by name, all present when None; `threshold` as compare's --threshold;
-    `timing` a served A/B's own interval, bench.compare.rules.TimingOptions)."""
+    `timing` a served A/B's own interval, bench.compare.rows.TimingOptions)."""
     check_comparable(a, b)
     both = sglang_run(a.requests) and sglang_run(b.requests)
     paired = sglang_run(a.requests) or sglang_run(b.requests)

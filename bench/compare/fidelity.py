@@ -5,16 +5,16 @@ A schedule mode other than the free one may lead `make bench` only while its rat
 pr27010 land inside the free-running intervals: a pinned clock charges every IO-wait step its
 host-inclusive time, so a slower poll lengthens the IO itself and its TTFT ratio is not the
 server's (docs/results/2026-12-03_headline_end_to_end.md). The rule:
-bench.analysis.fidelity_rule.
+bench.verdict.fidelity.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from bench.analysis.fidelity_rule import METRICS, Row, interval
 from bench.run.plan import plan_differences
 from bench.rundir.schema import REFERENCE_PROTOCOL
+from bench.verdict.fidelity import METRICS, Row, interval
 
 # What may differ between the two runs: the thing under test and how many serves each took.
 FREE_TO_DIFFER = ("system.schedule", "repeats", "preset", "protocols", "policies",

@@ -1,5 +1,6 @@
 """The gate's committed baseline (results/baseline): its summary and gate.json settings,
-read and checked; updating it; and whether a run may be gated against it at all."""
+read and checked; a run's row looked up in it; updating it; and whether a run may be gated
+against it at all."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 
 from bench.ab import RUN_SIZES
-from bench.gate.checks import BASELINE_KEY
 from bench.run.plan import plan_differences
 from bench.rundir.files import (
     ResultFileError,
@@ -24,6 +24,7 @@ from bench.rundir.files import (
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import SUMMARY_COLUMNS
 
+BASELINE_KEY = ["protocol", "policy", "tp", "pp"]
 BASELINE_NUMERIC = ["tp", "pp", "decision_collectives_per_poll", "ttft_p50_ratio_vs_pr27010"]
 
 
@@ -58,6 +59,28 @@ def load_baseline(baseline_dir: Path) -> tuple[pd.DataFrame, dict]:
         raise ResultFileError(f"{path}: baseline has no rows")
     summary = numeric_columns(summary, BASELINE_NUMERIC, path, ["tp", "pp"])
     return summary, read_settings(baseline_dir)
+
+
+def baseline_value(baseline: pd.DataFrame, row: dict, column: str) -> float:
+    """The baseline's most lenient finite `column` for the row's (protocol, policy, tp, pp);
+    NaN when the baseline has no such row or column."""
+    if column not in baseline:
+        return math.nan
+    match = baseline
+    for k in BASELINE_KEY:
+        match = match[match[k] == row[k]]
+    values = pd.to_numeric(match[column], errors="coerce").dropna()
+    return float(values.max()) if len(values) else math.nan
+
+
+def baseline_match(baseline: pd.DataFrame, row: dict) -> dict | None:
+    """The baseline's row for the row's (protocol, policy, tp, pp); None when it has none."""
+    match = baseline
+    for k in BASELINE_KEY:
+        if k not in match:
+            return None
+        match = match[match[k].astype(str) == str(row[k])]
+    return match.iloc[0].to_dict() if len(match) else None
 
 
 def _positive_int(value: object, where: str, least: int = 1) -> int:

@@ -30,29 +30,18 @@ from bench.analysis.summarize import (
     expected_counts,
     summarize,
 )
-from bench.analysis.verdict import (
-    RULES,
-    crosscheck_misses,
-    data_errors,
-    host_slot_leaks,
-    missing_cells,
-    row_disagrees,
-    schedule_failures,
-    unexplained_disagreements,
-)
 from bench.gate.ab import ServedAb, check_served, run_gate_served
 from bench.gate.baseline import (
+    baseline_value,
     check_comparable,
     load_baseline,
     read_settings,
     update_baseline,
 )
-from bench.gate.checks import EPS, Check, baseline_value, make_check
 from bench.gate.hostwork import host_work_checks, with_ceilings
-from bench.gate.outcome import GateOutcome, gate_decision, verdict_of
+from bench.gate.outcome import GateOutcome, gate_decision
 from bench.gate.timing import (
     AB_METRICS,
-    DEFAULT_THRESHOLD,
     ab_checks,
     ab_states,
     baseline_checks,
@@ -66,10 +55,19 @@ from bench.rundir.files import (
 )
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import GROUP_KEYS, STEP_COLUMNS
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(float(a) - float(b)) <= EPS
+from bench.verdict.checks import Check, make_check, verdict_of
+from bench.verdict.exact import at_most, close
+from bench.verdict.run_rules import (
+    RULES,
+    crosscheck_misses,
+    data_errors,
+    host_slot_leaks,
+    missing_cells,
+    row_disagrees,
+    schedule_failures,
+    unexplained_disagreements,
+)
+from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
 
 def _count_meaning(site: str, protocol: str, expected: int, observed: int) -> str:
@@ -105,7 +103,7 @@ def _exact_check(row: dict, g: pd.DataFrame, site: str) -> Check:
                       meaning=_count_meaning(site, row["protocol"], exp, obs))
     got = row[f"{site}_collectives_per_req"]
     want = row[f"expected_{site}_collectives_per_req"]
-    if not _close(got, want):
+    if not close(got, want):
         return make_check(row, name, False, expected=f"{want:.4f}/req", observed=f"{got:.4f}/req",
                       meaning="summary.csv disagrees with requests.csv and the model: the "
                               "summary is stale or was edited; rebuild it with bench report")
@@ -134,9 +132,9 @@ def _data_check(row: dict, g: pd.DataFrame) -> Check:
 
 
 def _self_checks(row: dict, ranks: pd.DataFrame | None) -> list[Check]:
-    """Each rank's own checks (analysis.verdict): its counter matched torch's sequence numbers,
-    and every host slot was in its tree or free at the end. Nothing to check without
-    ranks.csv."""
+    """Each rank's own checks (bench.verdict.run_rules): its counter matched torch's
+    sequence numbers, and every host slot was in its tree or free at the end. Nothing to
+    check without ranks.csv."""
     if ranks is None:
         return []
     miss, leaks = crosscheck_misses(ranks), host_slot_leaks(ranks)
@@ -151,7 +149,7 @@ def _self_checks(row: dict, ranks: pd.DataFrame | None) -> list[Check]:
 
 def _schedule_checks(requests: pd.DataFrame, plan: dict | None = None) -> list[Check]:
     """Pinned runs: the schedule digests of protocols that decide alike are equal (the
-    verdict's rule, bench.analysis.schedule); free runs have nothing to judge here."""
+    verdict's rule, bench.verdict.schedule_digests); free runs have nothing to judge here."""
     if "schedule" not in requests or not (requests["schedule"] == "pinned").any():
         return []
     failed = schedule_failures(requests, plan)
@@ -202,7 +200,7 @@ def per_poll_checks(summary: pd.DataFrame, baseline: pd.DataFrame) -> list[Check
         got = row["decision_collectives_per_poll"]
         if math.isnan(base) or pd.isna(got):  # no baseline for this layout, or no polls
             continue
-        ok = float(got) <= base + EPS
+        ok = at_most(got, base)
         checks.append(make_check(
             row, "per_poll_vs_baseline", ok, expected=f"<= {base:.4f}", observed=f"{got:.4f}",
             meaning="" if ok else f"{row['protocol']} spends more decision collectives per "

@@ -16,7 +16,8 @@ import math
 
 import pandas as pd
 
-from bench.gate.checks import Check, make_check
+from bench.verdict.checks import Check, make_check
+from bench.verdict.thresholds import within_ceiling
 
 KEY = "host_work"  # gate.json's key
 # metric -> (events column, divisor column) of ranks.csv
@@ -115,7 +116,7 @@ def _check(row: dict, metric: str, value: float, limit: float | None, tol: float
         return make_check(row, name, True, judged=False,
                           note=f"not judged: no {metric} in the run or the baseline (or "
                                "the counted serve ran another schedule)")
-    ok = value <= limit * (1 + tol)
+    ok = within_ceiling(value, limit, tol)
     return make_check(
         row, name, ok, expected=f"<= {limit:.1f} x {1 + tol:g}", observed=f"{value:.1f}",
         meaning="" if ok else f"{row['protocol']}'s scheduler thread runs {value / limit - 1:.1%} "

@@ -1,6 +1,6 @@
-"""The gate's outcome: its verdict over every check (PASS, FAIL or INCONCLUSIVE, and the
-exit code that goes with it), and the decision.json a served A/B leaves in RUN/ab
-(bench.rundir.decision: the file; bench.gate.timing: the rule)."""
+"""The gate's outcome: its checks, its verdict (bench.verdict.checks.verdict_of) and the exit
+code that goes with it, and the decision.json a served A/B leaves in RUN/ab
+(bench.rundir.decision: the file; bench.gate.timing: the timing rule)."""
 
 from __future__ import annotations
 
@@ -11,36 +11,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.ab.estimate import ESTIMATOR
-from bench.gate.checks import Check, state
 from bench.rundir.decision import (
-    EXIT_CODES,
     Decision,
     Disturbance,
     Exact,
     Metric,
     Side,
     now_utc,
-    overall,
 )
 from bench.stats import LEVEL
+from bench.verdict.checks import Check, is_timing, state, verdict_of
+from bench.verdict.words import EXIT_CODES
 
 if TYPE_CHECKING:  # the served A/B's engine is not imported to judge or print a gate
     from bench.gate.ab import ServedAb
 
 
-def is_timing(c: Check) -> bool:
-    """A timing check (bench.gate.timing.judge): it carries its interval."""
-    return c.interval is not None
-
-
 def metric_name(c: Check) -> str:
     return c.check.removesuffix("_ab").removesuffix("_ratio_vs_baseline")
-
-
-def verdict_of(checks: list[Check]) -> str:
-    """PASS, FAIL or INCONCLUSIVE over every check (bench.rundir.decision.overall)."""
-    exact_failed = sum(not c.passed for c in checks if not is_timing(c))
-    return overall([state(c) for c in checks if is_timing(c)], exact_failed)
 
 
 @dataclass(frozen=True)

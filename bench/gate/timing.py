@@ -33,14 +33,16 @@ from dataclasses import replace
 import pandas as pd
 
 from bench.compare.comparison import Comparison
-from bench.gate.checks import Check, baseline_match, make_check, state
-from bench.rundir.decision import Disturbance, undecided_verdict
+from bench.gate.baseline import baseline_match
+from bench.rundir.decision import Disturbance
 from bench.rundir.files import parse_list_cell
 from bench.rundir.rundir import FILES
 from bench.rundir.schema import CLASS_TTFT_METRICS, QUIET_METRICS, REFERENCE_PROTOCOL
-from bench.stats import FAIL, PASS, Interval, decide, ratio_interval
+from bench.stats import Interval, ratio_interval
+from bench.verdict.checks import Check, make_check, state
+from bench.verdict.thresholds import DEFAULT_THRESHOLD, decide
+from bench.verdict.words import FAIL, PASS, undecided_verdict
 
-DEFAULT_THRESHOLD = 0.05  # a metric gate.json has no threshold for
 # summary.csv's gated ratio metrics -> bench compare's (and ab's) timing metrics
 AB_METRICS = {"step_mean": "step_mean_ms", "itl_p50": "itl_p50_ms",
               "prefetch_ttft_p50": "prefetch_ttft_p50_ms",
@@ -71,7 +73,7 @@ def needed(iv: Interval, threshold: float) -> float:
 
 def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
           against: str) -> Check | None:
-    """One timing check (bench.ab.sequential.decide): FAIL when the whole interval lies
+    """One timing check (bench.verdict.thresholds.decide): FAIL when the whole interval lies
     above 1 + threshold, PASS when it lies below, else undecided (`settle` gives it its
     verdict: never PASS)."""
     if iv.point is None:
@@ -103,8 +105,8 @@ def judge(row: dict, name: str, metric: str, iv: Interval, threshold: float,
 
 def settle(checks: list[Check], disturbance: Disturbance) -> list[Check]:
     """The undecided checks' verdicts once the A/B has ended: INCONCLUSIVE on a disturbed
-    machine, FAIL on a quiet one (bench.rundir.decision.undecided_verdict)."""
-    if undecided_verdict(disturbance) == "FAIL":
+    machine, FAIL on a quiet one (bench.verdict.words.undecided_verdict)."""
+    if undecided_verdict(disturbance) == FAIL:
         why = (f"; the machine was quiet ({disturbance.line()}): the change sits at its "
                "threshold, not shown within it")
         return [replace(c, meaning=c.meaning + why) if c.unresolved else c for c in checks]

@@ -13,6 +13,7 @@ from pathlib import Path
 from bench.analysis.side_timings import ESTIMATOR, LEVEL, Verdict
 from bench.rundir import decision
 from bench.rundir.env import git_branch, git_info
+from bench.verdict.words import EXIT_CODES, overall
 
 KIND = "review"
 
@@ -56,10 +57,10 @@ def _layout(plan: dict) -> str:
 def build(r: Review) -> decision.Decision:
     """The review's Decision (bench.rundir.decision's schema)."""
     plan, t = r.plan or {}, r.timings
-    verdict = decision.overall([v.state for v in t.verdicts], r.exact_failed)
+    verdict = overall([v.state for v in t.verdicts], r.exact_failed)
     git = git_info()
     return decision.Decision(
-        kind=KIND, verdict=verdict, exit_code=decision.EXIT_CODES[verdict],
+        kind=KIND, verdict=verdict, exit_code=EXIT_CODES[verdict],
         created=decision.now_utc(), host=socket.gethostname(), cores=os.cpu_count(),
         commit=git["commit"], dirty=git["dirty"], branch=git_branch(),
         a=_side(*r.sides[0]), b=_side(*r.sides[1]),

@@ -17,6 +17,7 @@ from bench.analysis import side_timings
 from bench.analysis.side_timings import Verdict
 from bench.rundir.decision import Disturbance
 from bench.rundir.rundir import RunDir
+from bench.verdict.words import UNRESOLVED
 
 # A review's first stage and budget when the command names none: the gate's first stage
 # (12 paired repeats), up to 48 in all and 360 s of stages, so a CI job's review ends in
@@ -99,7 +100,7 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
         repeats = more(side_timings.states(found), n, time.monotonic() - t0, plan.budget,
                        looks)
         if repeats:
-            undecided = sum(v.state == side_timings.UNRESOLVED for v in found)
+            undecided = sum(v.state == UNRESOLVED for v in found)
             log(f"review: {undecided} timing check(s) undecided after {n} paired repeats: "
                 f"a stage of {repeats} more (seed {plan.seed + index + 1})")
     ok = [s for s in stages if s.code == 0]

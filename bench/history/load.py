@@ -8,9 +8,8 @@ import re
 from pathlib import Path
 
 from bench.rundir.files import ResultFileError
+from bench.verdict.words import DECISION_VERDICTS, METRIC_VERDICTS
 
-VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
-METRIC_VERDICTS = VERDICTS + ("NOT JUDGED", "REFUSED")
 TOP_KEYS = ("kind", "verdict", "created", "host", "commit", "a", "preset", "thresholds",
             "metrics")
 METRIC_KEYS = ("metric", "protocol", "policy", "ratio", "low", "high", "threshold", "verdict")
@@ -40,7 +39,7 @@ def check_decision(obj: dict, where: str) -> dict:
     missing = [k for k in TOP_KEYS if k not in obj]
     if missing:
         raise HistoryError(f"{where}: not a decision.json: no {', '.join(missing)}")
-    if obj["kind"] not in ("gate", "review") or obj["verdict"] not in VERDICTS:
+    if obj["kind"] not in ("gate", "review") or obj["verdict"] not in DECISION_VERDICTS:
         raise HistoryError(f"{where}: kind {obj['kind']!r} / verdict {obj['verdict']!r} "
                            "is not a gate's or a review's")
     if obj["commit"] is not None and not (isinstance(obj["commit"], str)

@@ -2,7 +2,7 @@
 agreed, data matched storage, the counter matched torch's, every host slot was in the tree or
 free at the end) and rewrites the CSVs atomically after every cell (a failure later in the
 run keeps every finished cell on disk). What the rows cannot say (how ranks disagreed, which
-group's count differed) goes to divergence.csv. The verdict is bench.analysis.verdict's.
+group's count differed) goes to divergence.csv. The verdict is bench.verdict.run_rules'.
 """
 
 from __future__ import annotations

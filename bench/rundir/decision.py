@@ -3,10 +3,8 @@
 `bench gate RUN --ab` writes RUN/ab/decision.json; `bench review` writes one beside its page.
 The API, all of it:
 - `Decision` (with `Side`, `Disturbance`, `Exact`, `Metric`): frozen dataclasses, one field a
-  key of the file; `Decision.exit_code` and `Decision.verdict` are what `overall` says.
-- `overall(metric_verdicts, exact_failed)`: the whole decision (FAIL beats INCONCLUSIVE beats
-  PASS; NOT JUDGED and REFUSED never fail it); `EXIT_CODES` maps it to 0, 1 or 77.
-- `undecided_verdict(disturbance)`: what a timing check still undecided at the budget reads.
+  key of the file; `Decision.exit_code` and `Decision.verdict` are what
+  bench.verdict.words.overall says (the words, their order and their exit codes are there).
 - `Disturbance.measured(cpu_lost)` / `.from_ranks(tables)`: the serves' cpu_lost (ranks.csv).
 - `write(decision, folder)` (atomic) and `read(path)`: ResultFileError, one line, for a
   missing or foreign file and for a schema newer than SCHEMA.
@@ -28,8 +26,6 @@ from bench.rundir.schema import DISTURBED_LIMIT
 SCHEMA = 1
 FILE = FILES["decision"]
 KINDS = ("gate", "review")
-VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE", "NOT JUDGED", "REFUSED")
-EXIT_CODES = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 77}  # 2 is bad input: no decision
 
 
 @dataclass(frozen=True)
@@ -157,21 +153,6 @@ class Decision:
     stages: list[dict] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     schema: int = SCHEMA
-
-
-def overall(metric_verdicts: Iterable[str], exact_failed: int) -> str:
-    """PASS, FAIL or INCONCLUSIVE: FAIL when an exact check or a timing check failed; else
-    INCONCLUSIVE when a timing check is; else PASS (NOT JUDGED, REFUSED fail nothing)."""
-    seen = set(metric_verdicts)
-    if exact_failed or "FAIL" in seen:
-        return "FAIL"
-    return "INCONCLUSIVE" if "INCONCLUSIVE" in seen else "PASS"
-
-
-def undecided_verdict(disturbance: Disturbance) -> str:
-    """A timing check still undecided when the budget is spent: INCONCLUSIVE on a disturbed
-    machine; FAIL on a quiet one (the change sits at its threshold: not shown within it)."""
-    return "FAIL" if disturbance.quiet else "INCONCLUSIVE"
 
 
 def now_utc() -> str:

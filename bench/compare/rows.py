@@ -1,16 +1,14 @@
-"""`bench compare`'s decision rules, in one place: how a count row and a timing row of one
-matched configuration get their verdict (better / worse / same, or info / not comparable).
+"""`bench compare`'s rows of one matched configuration: a count row and a timing row per
+metric, each with its verdict (better / worse / same, or info / not comparable) by the rules
+of bench.verdict (exact.py: counts; thresholds.py: timings).
 
-Counts (rank 0, exact fractions): any change is flagged whatever the threshold, worse when B
-issues more collectives, better when fewer. Polls follow timing, so when polls/req differ the
-collectives issued inside polls are judged per poll; step collectives per step kind when the
-steps carry `kind`. Timings: per repeat the metric's statistic of A and of B, paired by
-repeat (the same seed), the ratio B/A as exp(mean of ln(b_r / a_r)) with its 95% t interval
-over the repeats (bench.stats); worse when the whole interval lies above 1 + threshold, better
-when below 1 - threshold, else same; not comparable when there is no interval (fewer than 3
-paired repeats, or no scipy). A served A/B passes its own interval (TimingOptions.interval:
-bench.ab.estimate.served, which also reads each serve's cpu_lost from ranks.csv) and its
-level; each row names its method (`interval`).
+Counts (rank 0, exact fractions) are judged exactly. Timings: per repeat the metric's
+statistic of A and of B, paired by repeat (the same seed), the ratio B/A as
+exp(mean of ln(b_r / a_r)) with its 95% t interval over the repeats (bench.stats); not
+comparable when there is no interval (fewer than 3 paired repeats, or no scipy). A served
+A/B passes its own interval (TimingOptions.interval: bench.ab.estimate.served, which also
+reads each serve's cpu_lost from ranks.csv) and its level; each row names its method
+(`interval`).
 """
 
 from __future__ import annotations
@@ -24,6 +22,9 @@ import pandas as pd
 
 from bench.compare.metrics import Counts, TimingMetric
 from bench.stats import Interval, Sample, ratio_interval, stat_value
+from bench.verdict.exact import direction, judge_critical, judge_decision, judge_steps
+from bench.verdict.thresholds import timing_verdict
+from bench.verdict.words import NOT_COMPARABLE
 
 PerRepeat = Mapping[int, float]
 NAIVE = "t-mean"  # compare's interval: the t interval over the pairs' log ratios
@@ -38,60 +39,6 @@ class TimingOptions:
     threshold: float
     interval: Callable[[PerRepeat, PerRepeat, PerRepeat, PerRepeat], Interval] | None = None
     method: str = NAIVE
-
-
-def _direction(a: Fraction | None, b: Fraction | None) -> str:
-    if a is None or b is None:
-        return "same" if a == b else "not comparable"
-    return "worse" if b > a else "better" if b < a else "same"
-
-
-def _worst(verdicts: list[str]) -> str:
-    for v in ("not comparable", "worse", "better"):
-        if v in verdicts:
-            return v
-    return "same"
-
-
-def _q(x: Fraction | None) -> str:
-    return "-" if x is None else f"{float(x):.4g}"
-
-
-def _judge_decision(a: Counts, b: Counts) -> tuple[str, str]:
-    """Decision collectives per request, or per poll when the number of polls differs."""
-    if (a.decision_per_req == b.decision_per_req or a.polls_per_req == b.polls_per_req
-            or None in (a.decision_per_poll, b.decision_per_poll)):
-        return _direction(a.decision_per_req, b.decision_per_req), ""
-    return (_direction(a.decision_per_poll, b.decision_per_poll), "polls/req differ: judged "
-            f"per poll, {_q(a.decision_per_poll)} -> {_q(b.decision_per_poll)}")
-
-
-def _judge_critical(a: Counts, b: Counts) -> tuple[str, str]:
-    """Critical collectives per request, or split into in-poll (per poll) and completion."""
-    if (a.critical_per_req == b.critical_per_req or a.polls_per_req == b.polls_per_req
-            or None in (a.poll_sites_per_poll, b.poll_sites_per_poll)):
-        return _direction(a.critical_per_req, b.critical_per_req), ""
-    verdict = _worst([_direction(a.poll_sites_per_poll, b.poll_sites_per_poll),
-                      _direction(a.completion_per_req, b.completion_per_req)])
-    return verdict, (f"polls/req differ: judged as in-poll per poll {_q(a.poll_sites_per_poll)}"
-                     f" -> {_q(b.poll_sites_per_poll)} and completion per request "
-                     f"{_q(a.completion_per_req)} -> {_q(b.completion_per_req)}")
-
-
-def _judge_steps(a: Counts, b: Counts) -> tuple[str, str]:
-    """Step collectives per step; per step kind when both runs' steps carry `kind`."""
-    if a.step_per_step is None or b.step_per_step is None:
-        side = "A" if a.step_per_step is None else "B"
-        return "not comparable", f"no steps.csv rows in {side}"
-    ka, kb = a.step_per_step_by_kind, b.step_per_step_by_kind
-    kinds = sorted(set(ka) & set(kb))
-    if not kinds:
-        return _direction(a.step_per_step, b.step_per_step), ""
-    verdict = _worst([_direction(ka[k], kb[k]) for k in kinds])
-    if verdict == "same" and a.step_per_step == b.step_per_step:
-        return verdict, ""
-    return verdict, "judged per step kind: " + ", ".join(f"{k} {_q(ka[k])} -> {_q(kb[k])}"
-                                                         for k in kinds)
 
 
 def _count_row(metric: str, a: Fraction | None, b: Fraction | None, n: tuple[int, int],
@@ -109,30 +56,21 @@ def count_rows(a: Counts, b: Counts, steps: tuple[int, int]) -> list[dict]:
         _count_row("polls_per_req", a.polls_per_req, b.polls_per_req, reqs,
                    ("info", "follows timing; not judged")),
         _count_row("decision_collectives_per_req", a.decision_per_req, b.decision_per_req,
-                   reqs, _judge_decision(a, b)),
+                   reqs, judge_decision(a, b)),
         _count_row("critical_collectives_per_req", a.critical_per_req, b.critical_per_req,
-                   reqs, _judge_critical(a, b)),
+                   reqs, judge_critical(a, b)),
         _count_row("background_collectives_per_req", a.background_per_req,
                    b.background_per_req, reqs,
-                   (_direction(a.background_per_req, b.background_per_req), "")),
+                   (direction(a.background_per_req, b.background_per_req), "")),
         _count_row("step_collectives_per_step", a.step_per_step, b.step_per_step, steps,
-                   _judge_steps(a, b)),
+                   judge_steps(a, b)),
     ]
-
-
-def timing_verdict(low: float, high: float, threshold: float) -> str:
-    """worse / better only when the whole CI lies beyond 1 +- threshold."""
-    if low > 1 + threshold:
-        return "worse"
-    if high < 1 - threshold:
-        return "better"
-    return "same"
 
 
 def _timing_row(metric: TimingMetric, sa: Sample | None, sb: Sample | None,
                 opts: TimingOptions, lost: tuple[PerRepeat, PerRepeat] = ({}, {})) -> dict:
     row = {"metric": metric.name, "kind": "timing", "n_a": _size(sa), "n_b": _size(sb),
-           "verdict": "not comparable", "interval": opts.method}
+           "verdict": NOT_COMPARABLE, "interval": opts.method}
     if sa is None or sb is None:
         return row | {"note": f"only {'B' if sa is None else 'A'} carries {metric.needs}"}
     if not sa.values or not sb.values:

@@ -14,8 +14,9 @@ A run FAILS when
   (ranks.csv `host_slots_unaccounted`);
 - configurations the plan asked for have no rows (the run stopped early: failures.csv);
 - under a pinned schedule, two protocols that decide alike ran different schedules in one
-  repeat (their schedule digests differ: bench.analysis.schedule). Under a free schedule
-  the digests are reported, not judged.
+  repeat (their schedule digests differ: bench.verdict.schedule_digests). Under a free
+  schedule the digests are reported, not judged;
+- SGLang's own rank-consensus checker fired (consensus.csv; silent and absent are notes).
 Requests refused for their length (terminated_by `rejected`) are counted in a note: the
 system refused them as SGLang does, and served the rest.
 """
@@ -28,8 +29,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.analysis.consensus_serves import findings
-from bench.analysis.schedule import digest_failures
 from bench.rundir.files import (
     ResultFileError,
     as_bool,
@@ -39,6 +38,7 @@ from bench.rundir.files import (
 )
 from bench.rundir.rundir import FILES
 from bench.rundir.schema import DISTURBED_LIMIT
+from bench.verdict.schedule_digests import digest_failures
 
 FILE = FILES["verdict"]
 # The rules above, named once, with what a failure of each means. judge() states the failed
@@ -194,7 +194,7 @@ def _rejected_note(refused: pd.DataFrame) -> str:
 
 def schedule_failures(requests: pd.DataFrame, plan: dict | None = None) -> list[str]:
     """Pinned serves whose schedule digests differ where they must not (the first one
-    named, with how many), bench.analysis.schedule; `plan` says whether every repeat
+    named, with how many), bench.verdict.schedule_digests; `plan` says whether every repeat
     replays one seed."""
     if "schedule_digest" not in requests or "schedule" not in requests:
         return []
@@ -258,6 +258,33 @@ def thread_growth_notes(ranks: pd.DataFrame | None) -> list[str]:
     return [f"rank {rank} of {protocol} held {first} threads before its first repeat and "
             f"{last} before its last{more}: each serve left something running beside the "
             f"later ones, whose timings drift with the repeat (ranks.csv threads)"]
+
+
+def findings(frame: pd.DataFrame | None) -> tuple[list[str], list[str]]:
+    """(reasons the run failed, notes) from consensus.csv's rows: a checker that fired is a
+    failure (the ranks' records differed: they parted); silent and absent are notes."""
+    if frame is None or not len(frame):
+        return [], []
+    said = frame["sglang_consensus"].astype(str)
+    fired = frame[said.str.startswith("fired")]
+    reasons, notes = [], []
+    if len(fired):
+        r = fired.iloc[0]
+        reasons.append(f"SGLang's rank-consensus checker fired in {len(fired)} serve(s) (first: "
+                       f"{r['protocol']} {r['policy']} repeat {r['repeat']} {r['serve']}: "
+                       f"{r['sglang_consensus']}, {r['consensus_detail']}; consensus.csv)")
+    silent = frame[said == "silent"]
+    if len(silent):
+        counts = pd.to_numeric(silent["checker_collectives"], errors="coerce")
+        issued = (f"; its {int(counts.sum())} collectives on its own groups are counted "
+                  "apart" if counts.notna().all() else "")
+        notes.append(f"SGLang's rank-consensus checker was silent in {len(silent)} of "
+                     f"{len(frame)} serve(s){issued}")
+    absent = frame[said == "absent"]
+    if len(absent):
+        notes.append(f"{len(absent)} serve(s) ran an SGLang that ships no rank-consensus "
+                     f"checker ({', '.join(sorted(set(absent['protocol'].astype(str))))})")
+    return reasons, notes
 
 
 def judge(requests: pd.DataFrame, ranks: pd.DataFrame | None = None,

@@ -1,16 +1,13 @@
-"""One evaluated gate check, and the baseline look-up the gate's comparisons share."""
+"""One evaluated gate check, its state (PASS, FAIL, INCONCLUSIVE or NOT JUDGED) and the
+gate's verdict over all of them (bench.verdict.words.overall). The checks themselves:
+bench.gate.evaluate (exact), bench.gate.timing (timings), bench.gate.hostwork."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import pandas as pd
-
 from bench.stats import Interval
-
-BASELINE_KEY = ["protocol", "policy", "tp", "pp"]
-EPS = 1e-9  # CSV round trips of means; per-request counts are compared exactly
+from bench.verdict.words import FAIL, INCONCLUSIVE, NOT_JUDGED, PASS, overall
 
 
 @dataclass(frozen=True)
@@ -57,32 +54,22 @@ def make_check(row: dict, name: str, passed: bool, **kw) -> Check:
     return Check(name, str(row["protocol"]), str(row["policy"]), layout(row), passed, **kw)
 
 
-def baseline_value(baseline: pd.DataFrame, row: dict, column: str) -> float:
-    """The baseline's most lenient finite `column` for the row's (protocol, policy, tp, pp);
-    NaN when the baseline has no such row or column."""
-    if column not in baseline:
-        return math.nan
-    match = baseline
-    for k in BASELINE_KEY:
-        match = match[match[k] == row[k]]
-    values = pd.to_numeric(match[column], errors="coerce").dropna()
-    return float(values.max()) if len(values) else math.nan
-
-
-def baseline_match(baseline: pd.DataFrame, row: dict) -> dict | None:
-    """The baseline's row for the row's (protocol, policy, tp, pp); None when it has none."""
-    match = baseline
-    for k in BASELINE_KEY:
-        if k not in match:
-            return None
-        match = match[match[k].astype(str) == str(row[k])]
-    return match.iloc[0].to_dict() if len(match) else None
-
-
 def state(c: Check) -> str:
     """PASS, FAIL, INCONCLUSIVE or NOT JUDGED (an undecided check is never PASS)."""
     if not c.judged:
-        return "NOT JUDGED"
+        return NOT_JUDGED
     if c.inconclusive:
-        return "INCONCLUSIVE"
-    return "PASS" if c.passed and not c.unresolved else "FAIL"
+        return INCONCLUSIVE
+    return PASS if c.passed and not c.unresolved else FAIL
+
+
+def is_timing(c: Check) -> bool:
+    """A timing check (bench.gate.timing.judge): it carries its interval."""
+    return c.interval is not None
+
+
+def verdict_of(checks: list[Check]) -> str:
+    """PASS, FAIL or INCONCLUSIVE over every check: any exact check failed fails it, the
+    timing checks by their states (bench.verdict.words.overall)."""
+    exact_failed = sum(not c.passed for c in checks if not is_timing(c))
+    return overall([state(c) for c in checks if is_timing(c)], exact_failed)
