@@ -1,6 +1,7 @@
 """The source scans tests/test_layout.py holds the house with: modules and their imports, import
 circles, reaches past the seam or the adapter's door, and the code rules (sizes, parameters,
-prints, run files named outside RunDir, this project's issue numbers and commit hashes).
+prints, run files named outside RunDir, this project's issue numbers and commit hashes, the
+verdict words bound outside bench/verdict/: tests/test_verdict_room.py).
 Each scan reads source text or files and returns what it found; the tests judge it."""
 
 from __future__ import annotations
@@ -234,3 +235,34 @@ def a_commit_word(repo: Path = REPO) -> str:
     hashes = subprocess.run(["git", "rev-list", "--max-count=200", "HEAD"], cwd=repo, text=True,
                             capture_output=True, check=True, timeout=60).stdout.split()
     return next(h[:7] for h in hashes if not h[:7].isdigit())
+
+
+# The verdict words a gate, a review and their checks say: bench/verdict/words.py binds them.
+VERDICT_WORDS = frozenset({"PASS", "FAIL", "INCONCLUSIVE", "NOT JUDGED", "UNRESOLVED", "REFUSED"})
+
+
+def verdict_word_constants(text: str) -> list[tuple[int, str]]:
+    """(line, name) of each name a module or class body binds to a verdict word (`PASS =
+    "PASS"`, `FAIL, N = "FAIL", 1`, `KEEP: str = "PASS"`)."""
+    tree = parse(text)
+    bodies = [tree.body, *(c.body for c in tree.body if isinstance(c, ast.ClassDef))]
+    out = []
+    for node in (n for body in bodies for n in body):
+        if isinstance(node, ast.Assign):
+            pairs = [p for t in node.targets for p in _bound(t, node.value)]
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            pairs = _bound(node.target, node.value)
+        else:
+            continue
+        out += [(node.lineno, name) for name, value in pairs if value in VERDICT_WORDS]
+    return out
+
+
+def _bound(target: ast.expr, value: ast.expr) -> list[tuple[str, object]]:
+    """(name, constant) for each plain name `target` binds to a constant of `value`."""
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) \
+            and len(target.elts) == len(value.elts):
+        return [p for t, v in zip(target.elts, value.elts, strict=True) for p in _bound(t, v)]
+    if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+        return [(target.id, value.value)]
+    return []

@@ -10,7 +10,7 @@ import math
 
 from bench.verdict.words import BETTER, FAIL, PASS, SAME, UNRESOLVED, WORSE
 
-DEFAULT_THRESHOLD = 0.05  # a gated metric that gate.json gives no threshold
+DEFAULT_THRESHOLD = 0.05  # a timing metric's threshold where none is given (gate.json, flags)
 
 
 def decide(low: float | None, high: float | None, threshold: float) -> str:
