@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.analysis import lead  # noqa: E402
-from bench.commands.common import CliParser, UsageError  # noqa: E402
+from bench.commands.common import CliParser  # noqa: E402
+from bench.errors import UserError  # noqa: E402
 from bench.rundir.files import (  # noqa: E402
     ResultFileError,
     write_text_atomic,
@@ -98,7 +99,7 @@ def main(argv: list[str]) -> int:
     try:
         args = p.parse_args(argv)
         text = rewrite(args.readme.read_text(), excerpt(args.run_dir))
-    except (UsageError, ResultFileError, OSError) as e:
+    except (UserError, ResultFileError, OSError) as e:
         print(f"readme_excerpt: {e}".splitlines()[0], file=sys.stderr)
         return 2
     write_text_atomic(args.readme, text)

@@ -2,13 +2,12 @@
 
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
 
 from bench.commands.run import main as main_run
-from bench.commands.run import out_dir
+from bench.plan.placement import out_dir
 
 BAD = [
     (["--protocols", "pr99999"], "unknown protocol pr99999"),
@@ -99,7 +98,7 @@ def test_a_folder_holding_files_is_refused_and_kept(capsys, tmp_path):
     beside = tmp_path / "beside"  # bench ab's console.log, written before its bench run
     beside.mkdir()
     (beside / "console.log").write_text("")
-    assert out_dir(types.SimpleNamespace(out=beside), "ci") == beside
+    assert out_dir(beside, "ci") == beside
 
 
 def test_module_entry_point_exit_codes():
@@ -126,7 +125,8 @@ def test_nccl_on_fewer_gpus_than_ranks_is_refused_naming_gloo(capsys, tmp_path, 
 
 
 def test_shared_gpus_with_gloo_data_plane(monkeypatch):
-    from bench.commands.run import build_plan, parser, resolve_data_backend, resolve_device
+    from bench.commands.run import build_plan, parser
+    from bench.plan.placement import resolve_data_backend, resolve_device
 
     _one_gpu(monkeypatch)
     assert resolve_device("cuda", 2, "gloo") == "cuda"

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from bench.analysis import sweep
-from bench.run.options import RunOptions
-from bench.run.resolve import build_plan
+from bench.plan.options import RunOptions
+from bench.plan.resolve import build_plan
 from hicache.comm.comm import (
     CALIBRATION,
     DECISION,

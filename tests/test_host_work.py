@@ -13,10 +13,11 @@ import threading
 import pandas as pd
 import pytest
 
+from bench.errors import UserError
 from bench.gate.hostwork import TOLERANCE, ceilings, host_work_checks, with_ceilings
+from bench.plan.options import RunOptions
+from bench.plan.resolve import _plant, build_plan
 from bench.run.hostwork import HostWork
-from bench.run.options import OptionError, RunOptions
-from bench.run.resolve import _plant, build_plan
 from bench.rundir.rundir import RunDir
 
 
@@ -72,7 +73,7 @@ def test_plant_option_takes_time_or_calls():
     assert _plant("pr36425:2.5") == ("pr36425", "planted_step_ms", 2.5)
     assert _plant("after:1200calls") == ("pr36425", "planted_step_calls", 1200)
     for bad in ("pr36425:0calls", "pr36425:xcalls", "nope:3"):
-        with pytest.raises(OptionError, match="--plant takes"):
+        with pytest.raises(UserError, match="--plant takes"):
             _plant(bad)
 
 
@@ -83,7 +84,7 @@ def test_a_count_needs_a_pinned_serial_run():
     for kw in ({"preset": "ci", "host_work": "calls", "pairing": "step"},
                {"preset": "ci", "host_work": "calls", "schedule": "free"},
                {"preset": "default", "host_work": "opcodes", "schedule": "free"}):
-        with pytest.raises(OptionError, match="--host-work"):
+        with pytest.raises(UserError, match="--host-work"):
             build_plan(RunOptions(**kw))
 
 

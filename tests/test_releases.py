@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from bench.commands.run import build_plan, parser
-from bench.run.presets import PRESETS
+from bench.plan.presets import PRESETS
 
 FIVE = ("pre27010", "pr27010", "pr36425", "step-batched", "step-clock")
 

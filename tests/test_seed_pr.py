@@ -213,7 +213,7 @@ def test_sides_of_one_model_are_refused_before_any_rank_starts(tmp_path, capsys)
 @pytest.mark.slow  # imports 0.5.18 and 0.5.19 in this process to learn their classes
 @pytest.mark.timeout(120)
 def test_the_preset_serves_sglang_with_its_sides_or_those_given():
-    from bench.run import options, resolve
+    from bench.plan import options, resolve
     from tests.sglang_wheels import sglang_wheel
 
     sglang_wheel("0.5.18"), sglang_wheel("0.5.19")

@@ -33,7 +33,7 @@ from bench.ab import order as order_effect
 from bench.ab.revisions import Revision, checked_out
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.compare.comparison import Comparison, Run, compare, load_run
-from bench.run.options import REDO_ENV
+from bench.plan.options import REDO_ENV
 from bench.rundir.files import ResultFileError, write_json_atomic
 from bench.rundir.rundir import RunDir, utc_time
 from bench.verdict import run_rules
@@ -142,7 +142,7 @@ def run_one(plan: AbPlan, k: int, side: str, root: Path) -> Outcome:
     out = plan.run_dir(k, side).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # No plots, and no disturbed serve served again: revisions from before --redo-disturbed
-    # never do, so neither side may (bench.run.options.REDO_ENV).
+    # never do, so neither side may (bench.plan.options.REDO_ENV).
     env = {**os.environ, NO_PLOTS: "1", REDO_ENV: "0", "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     start, t0 = utc_time(), time.monotonic()

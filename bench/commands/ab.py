@@ -40,12 +40,12 @@ from pathlib import Path
 from bench.ab.blocks import DEFAULT_BLOCKS, DEFAULT_PRESET
 from bench.commands.common import (
     CliParser,
-    UsageError,
     add_size_options,
     run_verb,
     size_of,
 )
 from bench.compare.metrics import metric_list
+from bench.errors import UserError
 from bench.neighbour import Neighbour, SpecError
 from bench.neighbour import parse as parse_neighbour
 from bench.report.printer import progress
@@ -151,11 +151,11 @@ def _blocks(plan):
 
 
 def _neighbour(text: str | None):
-    """The A/B's neighbour spec (None: none); a bad one is a UsageError (exit 2)."""
+    """The A/B's neighbour spec (None: none); a bad one is a UserError (exit 2)."""
     try:
         return parse_neighbour(text)
     except SpecError as e:
-        raise UsageError(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def main(argv: list[str]) -> int:

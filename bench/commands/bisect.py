@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, add_size_options, run_verb, size_of
+from bench.commands.common import CliParser, add_size_options, run_verb, size_of
+from bench.errors import UserError
 from bench.report.printer import fit, progress, say
 from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
@@ -58,7 +59,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
     metric_list([args.metric])
     if args.config is not None and args.config.count("/") != 1:
-        raise UsageError(f"--config must be PROTOCOL/POLICY, got {args.config!r}")
+        raise UserError(f"--config must be PROTOCOL/POLICY, got {args.config!r}")
     return args
 
 
@@ -76,7 +77,7 @@ def _main(argv: list[str]) -> int:
     bad = resolve(args.bad, REPO_DIR)
     commits = commits_between(base.a, bad, REPO_DIR)
     if not commits:
-        raise UsageError(f"no commits after {base.a.label} up to {bad.label}")
+        raise UserError(f"no commits after {base.a.label} up to {bad.label}")
     out = args.out or RunDir.new("bisect", base.a.short, bad.short).path
     say(fit(f"bisect: {len(commits)} commits after {base.a.label} up to {bad.label}; "
             f"{args.metric}{' of ' + args.config if args.config else ''}, ab with "

@@ -8,12 +8,9 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from bench.ab import RUN_SIZES
+from bench.errors import UserError
 from bench.report.printer import say_err
 from bench.rundir.files import ResultFileError
-
-
-class UsageError(ValueError):
-    """Bad command-line arguments; the message is one line."""
 
 
 class RunFailed(RuntimeError):
@@ -22,10 +19,10 @@ class RunFailed(RuntimeError):
 
 
 class CliParser(argparse.ArgumentParser):
-    """argparse that raises UsageError (one line, exit 2 by the caller) instead of exiting."""
+    """argparse that raises UserError (one line, exit 2 by the caller) instead of exiting."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see --help)")
+        raise UserError(f"{message} (see --help)")
 
     @classmethod
     def from_doc(cls, prog: str, doc: str, **kw) -> CliParser:
@@ -42,7 +39,7 @@ class CliParser(argparse.ArgumentParser):
 
 
 def run_verb(prog: str, body: Callable[[list[str]], int], argv: list[str],
-             bad_input: tuple[type[BaseException], ...] = (UsageError, ResultFileError)) -> int:
+             bad_input: tuple[type[BaseException], ...] = (UserError, ResultFileError)) -> int:
     """`body(argv)`'s exit code; an exception of `bad_input` (bad arguments, an unusable
     result file, and whatever else the verb names) is one line `prog: message` on stderr
     and exit code 2; a RunFailed is that line and exit code 1."""

@@ -32,8 +32,9 @@ import argparse
 import math
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
 from bench.compare.metrics import METRIC_NAMES, metric_list
+from bench.errors import UserError
 from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
 PROG = "bench compare"
@@ -54,11 +55,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="output directory (default results/compare_<A>_vs_<B>)")
     args = parser.parse_args(argv)
     if not (math.isfinite(args.threshold) and args.threshold >= 0):
-        raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+        raise UserError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     try:
         args.metric = metric_list(args.metric)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UserError(str(e)) from None
     return args
 
 

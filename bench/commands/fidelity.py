@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.report.printer import interval_text, markdown_table, say
 
 PROG = "bench fidelity"
@@ -30,7 +31,7 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     for path in (args.candidate, args.free):
         if not path.is_dir():
-            raise UsageError(f"{path}: no such directory")
+            raise UserError(f"{path}: no such directory")
     a, b = RunDir(args.candidate), RunDir(args.free)
     free = b.summary()
     fidelity.check_comparable(a.plan(), b.plan(), free)

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, add_cache_options, run_verb
+from bench.commands.common import CliParser, add_cache_options, run_verb
+from bench.errors import UserError
 from bench.hazards.matrix import MatrixSpec, refusal, run_matrix, run_one, run_sides
 from bench.hazards.report import exit_code, past_bound, write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
@@ -59,18 +60,18 @@ def _specs(args) -> list[MatrixSpec]:
     protocols = tuple(x for x in (args.protocols or ",".join(PROTOCOLS)).split(",") if x)
     unknown = [x for x in protocols if x not in PROTOCOLS]
     if unknown or not protocols:
-        raise UsageError(f"unknown protocol {unknown[0] if unknown else ''!r}; choose from "
-                         f"{', '.join(PROTOCOLS)}")
+        raise UserError(f"unknown protocol {unknown[0] if unknown else ''!r}; choose from "
+                        f"{', '.join(PROTOCOLS)}")
     if args.pp is not None and args.pp < 1:
-        raise UsageError(f"--pp must be >= 1, got {args.pp}")
+        raise UserError(f"--pp must be >= 1, got {args.pp}")
     if not args.collective_timeout > 0:
-        raise UsageError(f"--collective-timeout must be > 0, got {args.collective_timeout}")
+        raise UserError(f"--collective-timeout must be > 0, got {args.collective_timeout}")
     try:
         scenarios = check_choice([x for x in args.scenarios.split(",") if x], args.pp)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UserError(str(e)) from None
     if not scenarios:
-        raise UsageError(f"no scenario named; choose from {', '.join(SCENARIOS)}")
+        raise UserError(f"no scenario named; choose from {', '.join(SCENARIOS)}")
     spec = MatrixSpec(protocols, tuple(scenarios), args.seed, args.collective_timeout,
                       Path(args.out) if args.out else _default_out())
     return _system_under_test(spec, args)
@@ -92,10 +93,10 @@ def _system_under_test(spec: MatrixSpec, args) -> list[MatrixSpec]:
             1, {})] if several else \
             [choose(args.cache, args.sglang, args.protocols is not None, native=native)]
     except ChoiceError as e:
-        raise UsageError(str(e)) from None
+        raise UserError(str(e)) from None
     if args.sglang_consensus and targets[0] is None:
-        raise UsageError("--sglang-consensus runs SGLang's own checker: it needs --cache "
-                         "sglang --sglang SPEC")
+        raise UserError("--sglang-consensus runs SGLang's own checker: it needs --cache "
+                        "sglang --sglang SPEC")
     return [spec if t is None else replace(spec, protocols=(t.protocol,), sglang=t,
                                            consensus=args.sglang_consensus) for t in targets]
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.report.printer import say
 
 PROG = "bench history"
@@ -66,9 +67,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    "PNGs (a few seconds less)")
     args = p.parse_args(argv)
     if args.window < 2 or args.stale < 1:
-        raise UsageError("--window must be >= 2 and --stale >= 1")
+        raise UserError("--window must be >= 2 and --stale >= 1")
     if not (0 <= args.min_step < 1 and 0 <= args.creep_threshold < 1):
-        raise UsageError("--min-step and --creep-threshold are fractions in [0, 1)")
+        raise UserError("--min-step and --creep-threshold are fractions in [0, 1)")
     return args
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.microbench import (
     HEADLINE,
     JSON_NAME,
@@ -33,7 +34,7 @@ def _main(argv: list[str]) -> int:
                         help=f"only rebuild {MD_NAME} from the run's {JSON_NAME}")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
-        raise UsageError(f"{args.run_dir}: no such directory")
+        raise UserError(f"{args.run_dir}: no such directory")
     code = 0
     if not args.no_run:
         (args.run_dir / JSON_NAME).unlink(missing_ok=True)  # never render a stale one

@@ -23,7 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.commands.common import CliParser, RunFailed, UsageError, run_verb
+from bench.commands.common import CliParser, RunFailed, run_verb
+from bench.errors import UserError
 from bench.report.printer import progress
 from bench.rundir.rundir import RunDir
 
@@ -47,10 +48,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="results folder (default results/noise_<preset>_<UTC time>)")
     args = p.parse_args(argv)
     if (args.runs_from and len(args.runs_from) < 2) or (not args.runs_from and args.runs < 2):
-        raise UsageError("noise needs at least 2 runs")
+        raise UserError("noise needs at least 2 runs")
     for d in args.runs_from or []:
         if not RunDir(d).has("summary"):
-            raise UsageError(f"{d}: no summary.csv (not a finished run)")
+            raise UserError(f"{d}: no summary.csv (not a finished run)")
     return args
 
 

@@ -21,7 +21,8 @@ import math
 from pathlib import Path
 
 from bench.analysis.overhead import SCALINGS
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.report.printer import say
 
 PROG = "bench project"
@@ -29,7 +30,7 @@ PROG = "bench project"
 
 def _positive(value: float | None, flag: str) -> None:
     if value is not None and not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{flag} must be a finite number > 0, got {value:g}")
+        raise UserError(f"{flag} must be a finite number > 0, got {value:g}")
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

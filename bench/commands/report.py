@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.report.printer import say
 from bench.stats import PERCENTILE_METHODS
 
@@ -25,7 +26,7 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("--percentile-method", choices=PERCENTILE_METHODS, default="linear")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
-        raise UsageError(f"{args.run_dir}: no such directory")
+        raise UserError(f"{args.run_dir}: no such directory")
     if sweep.is_sweep(args.run_dir):
         say("\n".join(sweep.write_sweep(args.run_dir).lines))
         return 0

@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 from bench.analysis.side_timings import failing
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.hazards import review_decision, review_stages
 from bench.hazards.classify import REFUSED
 from bench.hazards.review import (
@@ -99,20 +100,20 @@ def _check(args) -> tuple[list[tuple[str, str]], list[str]]:
                 raise ChoiceError(f"{e} (side {label or spec})") from None
         check_choice([x for x in args.scenarios.split(",") if x], None)
     except ValueError as e:  # ChoiceError is one
-        raise UsageError(str(e)) from None
+        raise UserError(str(e)) from None
     if args.explained and not args.strict_counts:
-        raise UsageError("--explained names the sites a strict review lets differ: it needs "
-                         "--strict-counts")
+        raise UserError("--explained names the sites a strict review lets differ: it needs "
+                        "--strict-counts")
     if len(sides) < 2:
-        raise UsageError("--sglang: a review needs two sides or more (BASE,HEAD)")
+        raise UserError("--sglang: a review needs two sides or more (BASE,HEAD)")
     run_args = shlex.split(args.run_args)
     owned = [o for o in run_args if o.split("=")[0] in OWNED]
     if owned:
         name = owned[0].split("=")[0]
         also = f" (bench review {name} N)" if name in ("--repeats", "--seed") else ""
-        raise UsageError(f"--run-args: {name} is the review's own{also}")
+        raise UserError(f"--run-args: {name} is the review's own{also}")
     if args.repeats < 1 or args.budget_s <= 0:
-        raise UsageError("--repeats must be at least 1 and --budget-s above 0")
+        raise UserError("--repeats must be at least 1 and --budget-s above 0")
     if not any(o.split("=")[0] in ("--schedule", "--preset") for o in run_args):
         run_args = ["--schedule", "pinned", *run_args]  # exact counts per request and poll
     return sides, run_args

@@ -10,15 +10,15 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from bench.commands import cost_sweep, run_flags
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.plan import resolve
+from bench.plan.options import RunOptions
+from bench.plan.placement import placed_plan
 from bench.report.printer import fit, say, say_err
-from bench.run import options, resolve
 from bench.run.plan import RunPlan
-from bench.rundir.env import short_sha
 from bench.rundir.rundir import RunDir
 from bench.rundir.schema import FAILURE_COLUMNS
 
@@ -29,104 +29,14 @@ def parser() -> CliParser:
     return run_flags.parser(f"python -m {PROG}", __doc__)
 
 
-def resolve_device(kind: str, ranks_here: int, data_backend: str | None = None) -> str:
-    from bench.run.gpus import gpus_and_nccl
-
-    gpus, nccl = gpus_and_nccl()
-    if kind == "auto":
-        if data_backend == "gloo":
-            return "cuda" if gpus else "cpu"
-        return "cuda" if gpus >= ranks_here and nccl else "cpu"
-    if kind == "cuda" and data_backend == "gloo":
-        if gpus == 0:
-            raise UsageError("--device cuda needs a GPU, found none")
-    elif kind == "cuda":
-        if gpus < ranks_here:
-            raise UsageError(f"--device cuda needs {ranks_here} GPU(s) on this node (one per "
-                             f"local rank for NCCL), found {gpus}; --data-backend gloo lets "
-                             f"ranks share GPUs (not an NCCL measurement)")
-        if not nccl:
-            raise UsageError("--device cuda needs NCCL, which this torch build lacks "
-                             "(--data-backend gloo runs without it)")
-    return kind
-
-
-def resolve_data_backend(device: str, asked: str | None) -> str:
-    if device == "cpu" and asked == "nccl":
-        raise UsageError("--data-backend nccl needs --device cuda (CPU runs use gloo)")
-    return asked or ("nccl" if device == "cuda" else "gloo")
-
-
 def build_plan(args) -> RunPlan:
     """The parsed command line, unpacked once into RunOptions, resolved to a plan."""
-    try:
-        return resolve.build_plan(options.RunOptions.from_values(vars(args)))
-    except options.OptionError as e:
-        raise UsageError(str(e)) from None
-
-
-def _check_model_on_device(plan: RunPlan) -> None:
-    """The real forward's all-reduces carry each rank's own batch: ranks whose batches
-    differ (--budget-skew) would pair all-reduces of different sizes, which NCCL does not
-    detect. The toy forward pads its all-reduce to a fixed size for exactly that case."""
-    if plan.device == "cuda" and plan.model != "toy" and \
-            dict(plan.system).get("budget_skew", 0.0) > 0:
-        raise UsageError("--budget-skew needs --model toy on CUDA (the real forward's "
-                         "all-reduce sizes follow each rank's batch)")
-
-
-def out_dir(args, preset: str) -> Path:
-    if args.out is not None:
-        path = args.out
-    else:
-        path = RunDir.new("run", preset, short_sha()).path
-    held = RunDir(path).leftovers() if path.is_dir() else []
-    if held:
-        # A run's files left there (failures.csv, a side's rows) would join this run's
-        # report; and "nothing already written is lost".
-        raise UsageError(f"--out {path} already holds a run's files ({', '.join(held[:3])}"
-                         f"{', ...' if len(held) > 3 else ''}): pick a new folder (or remove "
-                         "them)")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write results to {path}: {e.strerror or e}") from None
-    return path
+    return resolve.build_plan(RunOptions.from_values(vars(args)))
 
 
 def resolve_plan(argv: list[str]) -> RunPlan:
-    """The validated plan of a command line, resolved for this machine (UsageError if not)."""
-    from bench.run.launch import under_torchrun
-
-    args = parser().parse_args(argv)
-    plan = build_plan(args)
-    torchrun = under_torchrun()
-    if torchrun and plan.sides:
-        raise UsageError("several SGLangs serve on a world of ranks per side, which bench run "
-                         "launches itself: run it without torchrun")
-    if torchrun and int(os.environ["WORLD_SIZE"]) != plan.world_size:
-        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks but --tp "
-                         f"{plan.tp} x --pp {plan.pp} = {plan.world_size}")
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
-    device = resolve_device(args.device, local, args.data_backend)
-    plan = replace(plan, device=device,
-                   data_backend=resolve_data_backend(device, args.data_backend))
-    _check_model_on_device(plan)
-    if plan.device == "cuda" and plan.step_ms is not None:
-        raise UsageError("--step-ms sets the CPU stand-in's modelled forward; on CUDA the "
-                         "forward is real")
-    if torchrun and args.sglang_consensus:
-        raise UsageError("--sglang-consensus journals every rank into the run's folder: run "
-                         "it without torchrun")
-    if torchrun and int(os.environ["RANK"]) != 0:
-        return replace(plan, out_dir="")  # only rank 0 writes
-    plan = replace(plan, out_dir=str(out_dir(args, plan.preset)))
-    if args.sglang_consensus:
-        plan = plan.consensus_under(RunDir(plan.out_dir).file("consensus_dir"))
-    return plan
+    """The validated plan of a command line, placed on this machine (UserError if not)."""
+    return placed_plan(RunOptions.from_values(vars(parser().parse_args(argv))))
 
 
 def _main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """`bench run`'s flags, in --help's sections by what they set: the parser the verb
 (bench.commands.run) parses its command line with, and docs/options.md is built from. A
-part of the verb, not a verb: every value is checked after parsing (bench.run.resolve)."""
+part of the verb, not a verb: every value is checked after parsing (bench.plan.resolve)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 from bench.commands import trace_flags
 from bench.commands.common import CliParser, add_cache_options
-from bench.run.options import PAIRINGS, REPEAT_SEEDS
+from bench.plan.options import PAIRINGS, REPEAT_SEEDS
+from bench.plan.presets import PRESET_HELP, PRESETS
 from bench.run.plan import ALIASES
-from bench.run.presets import PRESET_HELP, PRESETS
 from hicache.spec.cost_model import HOST_MEMORY, POLICIES, PROTOCOLS
 from hicache.spec.pinned import SCHEDULES
 from hicache.spec.shapes import SHAPES

@@ -39,7 +39,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.report.printer import console_table, fit, fitted_table, say
 
 PROG = "bench sglang-poll"
@@ -93,7 +94,7 @@ def _main(argv: list[str]) -> int:
         opts = PollOptions(None, args.tp, args.pp,
                            tuple(p for p in args.policies.split(",") if p), args.pending_polls)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UserError(str(e)) from None
     source = resolve(args.sglang)
     opts = replace(opts, source=source, protocol=modelled_protocol(source))
     load(source)  # here, so an SGLang it cannot drive is one line before any rank starts
@@ -110,13 +111,13 @@ def _cases(args) -> list:
     from bench.hazards.sglang_case import HazardCase
 
     if args.tp != 2 or args.pp != 1:
-        raise UsageError("--hazard runs at TP2 x PP1 (its skew is between two TP ranks)")
+        raise UserError("--hazard runs at TP2 x PP1 (its skew is between two TP ranks)")
     pending = 2 if args.pending_polls is None else args.pending_polls
     try:
         return [HazardCase(args.hazard, p, pending, args.collective_timeout)
                 for p in args.policies.split(",") if p]
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def _out(args) -> Path:
@@ -163,12 +164,12 @@ def _cell(value) -> str:
 def main(argv: list[str]) -> int:
     from sglang_adapter import LoadError, SourceError
 
-    return run_verb(PROG, _main, argv, bad_input=(UsageError, SourceError, LoadError))
+    return run_verb(PROG, _main, argv, bad_input=(UserError, SourceError, LoadError))
 
 
 def _controller_main(args) -> int:
     if args.hazard or args.tp != 2 or args.pp != 1:
-        raise UsageError("--controller runs at TP2 x PP1, without --hazard")
+        raise UserError("--controller runs at TP2 x PP1, without --hazard")
     from bench.run.sglang_controller import run_controller  # torch: once the options held
 
     # An SGLang it cannot have or drive: SourceError / LoadError, one line (main).

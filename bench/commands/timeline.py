@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.commands.common import CliParser, UsageError, run_verb
+from bench.commands.common import CliParser, run_verb
+from bench.errors import UserError
 from bench.report.printer import say, say_err
 from bench.rundir.files import ResultFileError
 from bench.timeline.load import TimelineInputError
@@ -32,7 +33,7 @@ def _main(argv: list[str]) -> int:
 
     args = parser().parse_args(argv)
     if not args.run_dir.is_dir():
-        raise UsageError(f"{args.run_dir}: no such run directory")
+        raise UserError(f"{args.run_dir}: no such run directory")
     done = write_outputs(args.run_dir, args.cell, args.steps, args.out)
     tl = done.timeline
     offsets = ", ".join(f"rank {r} {o.seconds * 1e3:+.3f} ms"
@@ -53,4 +54,4 @@ def _main(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    return run_verb(PROG, _main, argv, (UsageError, ResultFileError, TimelineInputError))
+    return run_verb(PROG, _main, argv, (UserError, ResultFileError, TimelineInputError))

@@ -1,5 +1,5 @@
 """What one `bench run` does: the frozen plan every rank executes (its named presets:
-bench.run.presets)."""
+bench.plan.presets)."""
 
 from __future__ import annotations
 

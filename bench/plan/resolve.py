@@ -1,6 +1,6 @@
-"""The plan `bench run`'s options resolve to (bench.run.options.RunOptions to
+"""The plan `bench run`'s options resolve to (bench.plan.options.RunOptions to
 bench.run.plan.RunPlan): the preset's values under the flags', every value checked here,
-before any rank starts. A bad value is an OptionError, one line naming the flag."""
+before any rank starts. A bad value is a UserError (bench.errors), one line naming the flag."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import neighbour
+from bench.errors import UserError
+from bench.plan.options import PAIRINGS, REDO_ENV, REPEAT_SEEDS, RunOptions
+from bench.plan.presets import PRESETS
 from bench.run import delays, sides
-from bench.run.options import PAIRINGS, REDO_ENV, REPEAT_SEEDS, OptionError, RunOptions
 from bench.run.plan import ALIASES, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
-from bench.run.presets import PRESETS
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
 from bench.rundir.env import REPO_DIR
@@ -32,18 +33,18 @@ def _list(text: str | None, allowed: tuple[str, ...], what: str, aliases=None) -
     items = [(aliases or {}).get(x.strip(), x.strip()) for x in text.split(",") if x.strip()]
     bad = [x for x in items if x not in allowed]
     if bad or not items:
-        raise OptionError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
-                         f"{', '.join(allowed)}")
+        raise UserError(f"unknown {what} {', '.join(bad) or repr(text)}; choose from "
+                        f"{', '.join(allowed)}")
     return tuple(dict.fromkeys(items))
 
 
 def _positive(name: str, value, allow_zero: bool = False) -> None:
     if value is not None and (value < 0 or (value == 0 and not allow_zero)):
-        raise OptionError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+        raise UserError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
 def build_plan(args: RunOptions) -> RunPlan:
-    """The plan the options ask for, every value checked (OptionError when one is bad)."""
+    """The plan the options ask for, every value checked (UserError when one is bad)."""
     from bench.run.gpus import gpus_and_nccl
 
     gpus = gpus_and_nccl()[0]
@@ -61,9 +62,9 @@ def build_plan(args: RunOptions) -> RunPlan:
     tp, pp = args.tp or preset.get("tp", 2), args.pp or preset.get("pp", 1)
     world = tp * pp
     if args.nproc is not None and args.nproc != world:
-        raise OptionError(f"--nproc {args.nproc} does not match --tp {tp} x --pp {pp} = {world}")
+        raise UserError(f"--nproc {args.nproc} does not match --tp {tp} x --pp {pp} = {world}")
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
-        raise OptionError(f"--kill-rank {args.kill_rank} is not a rank of a {world}-rank run")
+        raise UserError(f"--kill-rank {args.kill_rank} is not a rank of a {world}-rank run")
     rates = preset.get("rates", (16.0,))
     if args.rate is not None:
         _positive("rate", args.rate)
@@ -89,21 +90,21 @@ def build_plan(args: RunOptions) -> RunPlan:
         plan = delays.apply(plan, delays.parse(args.collective_delay_ms)
                             or preset.get("delays_ms", ()))
     except ValueError as e:
-        raise OptionError(str(e)) from None
+        raise UserError(str(e)) from None
     plan = _system_under_test(plan, args, preset.get("sglang"))
     if args.model_beside or preset.get("model_beside"):
         try:
             plan = sides.with_model(plan)
         except ValueError as e:
-            raise OptionError(str(e)) from None
+            raise UserError(str(e)) from None
     if args.schedule is None:
         plan = _pin_if_possible(plan)
     if args.redo_disturbed and plan.schedule != "pinned":
-        raise OptionError("--redo-disturbed needs a pinned schedule (a free one would serve "
-                          "another schedule the second time)")
+        raise UserError("--redo-disturbed needs a pinned schedule (a free one would serve "
+                        "another schedule the second time)")
     if plan.host_work and plan.schedule != "pinned":
-        raise OptionError("--host-work needs --schedule pinned: on a free schedule the "
-                          "decisions, and so the work counted, vary with timing")
+        raise UserError("--host-work needs --schedule pinned: on a free schedule the "
+                        "decisions, and so the work counted, vary with timing")
     if plan.pairing and plan.redo_disturbed:
         # Duet: a serve run again alone would not be paired in time with its partner's;
         # step: a burst lands on both sides of a step, so a disturbed serve needs no redo.
@@ -130,35 +131,35 @@ def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None
         target = choose_for_run(args.cache, args.sglang, *given, args.sglang_path, plan.pp,
                                 dict(plan.system))
     except ChoiceError as e:
-        raise OptionError(str(e)) from None
+        raise UserError(str(e)) from None
     if args.sglang_consensus and target is None:
-        raise OptionError("--sglang-consensus runs SGLang's own checker: it needs --cache "
-                          "sglang --sglang SPEC")
+        raise UserError("--sglang-consensus runs SGLang's own checker: it needs --cache "
+                        "sglang --sglang SPEC")
     return plan if target is None else replace(plan, sglang=target, protocols=(target.name,))
 
 
 def _host_work(flag: str | None, preset: str | None, args: RunOptions) -> str | None:
     """--host-work's mode (bench.run.hostwork), else the preset's where it can count: a
     count needs the pinned schedule (the same decisions every run) and the serial design (a
-    serve per cell); asked for where it cannot, an OptionError."""
+    serve per cell); asked for where it cannot, a UserError."""
     mode = flag or preset
     if mode is None or mode == "none":
         return None
     if mode not in ("calls", "opcodes"):
-        raise OptionError(f"--host-work must be calls, opcodes or none, got {mode!r}")
+        raise UserError(f"--host-work must be calls, opcodes or none, got {mode!r}")
     why = (f"--pairing {args.pairing}" if args.pairing not in (None, "serial") else
            "--schedule free" if args.schedule == "free" else None)
     if why and flag:
-        raise OptionError(f"--host-work counts serial serves on a pinned schedule, not {why}")
+        raise UserError(f"--host-work counts serial serves on a pinned schedule, not {why}")
     return None if why else mode
 
 
 def _neighbour(text: str | None) -> str | None:
-    """The neighbour's canonical spec text, or None for none (OptionError when bad)."""
+    """The neighbour's canonical spec text, or None for none (UserError when bad)."""
     try:
         spec = neighbour.parse(text)
     except neighbour.SpecError as e:
-        raise OptionError(str(e)) from None
+        raise UserError(str(e)) from None
     return None if spec is None else spec.text
 
 
@@ -167,8 +168,8 @@ def _pairing(text: str | None) -> str | None:
     if text is None or text == "serial":
         return None
     if text not in PAIRINGS:
-        raise OptionError(f"--pairing must be one of serial, {', '.join(PAIRINGS)}, got "
-                          f"{text!r}")
+        raise UserError(f"--pairing must be one of serial, {', '.join(PAIRINGS)}, got "
+                        f"{text!r}")
     return text
 
 
@@ -183,8 +184,8 @@ def _plant(text: str) -> tuple[str, str, float]:
     except ValueError:
         value = -1
     if proto not in PROTOCOLS or not value > 0:
-        raise OptionError(f"--plant takes PROTOCOL:MS or PROTOCOL:Ncalls (a protocol of "
-                          f"{', '.join(PROTOCOLS)} and MS or N > 0), got {text!r}")
+        raise UserError(f"--plant takes PROTOCOL:MS or PROTOCOL:Ncalls (a protocol of "
+                        f"{', '.join(PROTOCOLS)} and MS or N > 0), got {text!r}")
     return proto, "planted_step_calls" if calls else "planted_step_ms", value
 
 
@@ -192,8 +193,8 @@ def _repeat_seeds(flag: str | None, preset: dict) -> str | None:
     """same, or None for distinct (the plan before the option existed)."""
     value = flag or preset.get("repeat_seeds") or "distinct"
     if value not in REPEAT_SEEDS:
-        raise OptionError(f"--repeat-seeds must be one of {', '.join(REPEAT_SEEDS)}, got "
-                          f"{value!r}")
+        raise UserError(f"--repeat-seeds must be one of {', '.join(REPEAT_SEEDS)}, got "
+                        f"{value!r}")
     return None if value == "distinct" else value
 
 
@@ -205,7 +206,7 @@ def _redo(flag: int | None, preset: dict) -> int | None:
         flag = int(env)
     value = preset.get("redo_disturbed") if flag is None else flag
     if value is not None and value < 0:
-        raise OptionError(f"--redo-disturbed must be >= 0, got {value}")
+        raise UserError(f"--redo-disturbed must be >= 0, got {value}")
     return value or None
 
 
@@ -218,7 +219,7 @@ def _pin_if_possible(plan: RunPlan) -> RunPlan:
     try:
         _check_configs(plan)
         return plan
-    except OptionError:
+    except UserError:
         system = {**dict(plan.system), "schedule": "free"}
         return replace(plan, system=tuple(sorted(system.items())))
 
@@ -231,7 +232,7 @@ def _check_configs(plan: RunPlan) -> None:
             try:
                 plan.config(Cell(0, 0, plan.rates[0], policy, proto))
             except ValueError as e:
-                raise OptionError(str(e)) from None
+                raise UserError(str(e)) from None
 
 
 def _workload(args, preset: dict) -> WorkloadSpec:
@@ -259,7 +260,7 @@ def _storage(args, preset: dict) -> StorageSpec:
         return StorageSpec(**kw, root=root if args.storage == "file"
                            else None)
     except ValueError as e:
-        raise OptionError(str(e)) from None
+        raise UserError(str(e)) from None
 
 
 def _system(args, preset: dict) -> dict:
@@ -288,7 +289,7 @@ def _system(args, preset: dict) -> dict:
     if args.kv_budget_gib is not None:
         s["kv_budget_gib"] = args.kv_budget_gib
     if args.budget_skew is not None and not args.budget_skew < 1:
-        raise OptionError(f"--budget-skew must be < 1, got {args.budget_skew}")
+        raise UserError(f"--budget-skew must be < 1, got {args.budget_skew}")
     return s
 
 
@@ -300,20 +301,20 @@ def trace_settings(args, preset: dict) -> tuple[TraceSpec | None, tuple | None, 
     if kind == "synthetic":
         for flag in ("trace", "trace_skip", "trace_requests", "time_scale"):
             if getattr(args, flag) is not None:
-                raise OptionError(f"--{flag.replace('_', '-')} needs --workload trace")
+                raise UserError(f"--{flag.replace('_', '-')} needs --workload trace")
         if args.unbounded_pools:
-            raise OptionError("--unbounded-pools needs --workload trace (pools sized to it)")
+            raise UserError("--unbounded-pools needs --workload trace (pools sized to it)")
         return None, None, _tiers(args, args.write_policy or "none", preset)
     for flag in SYNTHETIC_ONLY:
         if getattr(args, flag) is not None:
-            raise OptionError(f"--{flag.replace('_', '-')} sets the synthetic workload; a "
-                             f"trace sets its own (--trace-requests, --time-scale)")
+            raise UserError(f"--{flag.replace('_', '-')} sets the synthetic workload; a "
+                            f"trace sets its own (--trace-requests, --time-scale)")
     spec = _spec(args, preset)
     scales = _scales(args.time_scale, preset.get("time_scales", (1.0,)))
     base = spec.base_rate_rps()
     if not math.isfinite(base):
-        raise OptionError(f"{spec.path}: the replayed requests all arrive at once; a time scale "
-                         f"needs arrivals spread in time")
+        raise UserError(f"{spec.path}: the replayed requests all arrive at once; a time scale "
+                        f"needs arrivals spread in time")
     system = _tiers(args, args.write_policy or preset.get("write_policy", "write_through"),
                     preset)
     if args.unbounded_pools:
@@ -326,14 +327,14 @@ def _spec(args, preset: dict) -> TraceSpec:
     skip = preset.get("trace_skip", 0) if args.trace_skip is None else args.trace_skip
     limit = preset.get("trace_requests") if args.trace_requests is None else args.trace_requests
     if skip < 0:
-        raise OptionError(f"--trace-skip must be >= 0, got {skip}")
+        raise UserError(f"--trace-skip must be >= 0, got {skip}")
     if limit is not None and limit < 1:
-        raise OptionError(f"--trace-requests must be >= 1, got {limit}")
+        raise UserError(f"--trace-requests must be >= 1, got {limit}")
     spec = TraceSpec(str(path), skip, limit)
     try:
         spec.rows()  # read and validated once here; the ranks read the same file
     except TraceError as e:
-        raise OptionError(str(e)) from None
+        raise UserError(str(e)) from None
     return spec
 
 
@@ -343,9 +344,9 @@ def _scales(text: str | None, default: tuple) -> tuple[float, ...]:
     try:
         scales = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise OptionError(f"--time-scale takes numbers, e.g. 1,2,4,8; got {text!r}") from None
+        raise UserError(f"--time-scale takes numbers, e.g. 1,2,4,8; got {text!r}") from None
     if not scales or not all(math.isfinite(s) and s > 0 for s in scales):
-        raise OptionError(f"--time-scale values must be finite and > 0, got {text!r}")
+        raise UserError(f"--time-scale values must be finite and > 0, got {text!r}")
     return tuple(dict.fromkeys(scales))
 
 
@@ -356,7 +357,7 @@ def _tiers(args, policy: str, preset: dict) -> dict:
         out["allow_auto_truncate"] = True
     if args.page_size is not None:
         if args.page_size < 1:
-            raise OptionError(f"--page-size must be >= 1, got {args.page_size}")
+            raise UserError(f"--page-size must be >= 1, got {args.page_size}")
         out["page_size"] = args.page_size
     if policy != "none" and "kv_budget_gib" in preset:
         out["kv_budget_gib"] = preset["kv_budget_gib"]
@@ -365,7 +366,7 @@ def _tiers(args, policy: str, preset: dict) -> dict:
 
 def _unbounded(spec: TraceSpec, system: dict) -> dict:
     if system.get("write_policy", "none") == "none":
-        raise OptionError("--unbounded-pools needs a write policy (the device tier)")
+        raise UserError("--unbounded-pools needs a write policy (the device tier)")
     rows, page = spec.rows()[spec.skip:], system.get("page_size", HiCacheConfig().page_size)
     pages = sum(r.input_length // page + 1 for r in rows)  # every page the replay can hold
     return {"unbounded_pools": True, "device_pool_pages": pages, "host_pool_pages": pages,

@@ -1,6 +1,6 @@
 """`bench run`'s options, unpacked once from its command line (bench.commands.run): the
-values as given, before bench.run.resolve checks every one and resolves them to a plan. A bad
-value is an OptionError, one line naming the flag."""
+values as given, before bench.plan.resolve checks every one and resolves them to a plan. A bad
+value is a UserError (bench.errors), one line naming the flag."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ PAIRINGS = ("duet", "step")
 # "0": never serve a disturbed cell again, whatever the preset says. bench ab sets it for
 # both sides, so a revision with --redo-disturbed and one from before it run alike.
 REDO_ENV = "BENCH_REDO_DISTURBED"
-
-
-class OptionError(ValueError):
-    """A bad option value; the message is one line naming the flag."""
 
 
 @dataclass(frozen=True)

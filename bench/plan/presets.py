@@ -1,5 +1,5 @@
 """The named presets of `bench run`: small functions returning the plan fields they set
-(bench.run.plan.RunPlan), which the command line's flags override (bench.run.options), and
+(bench.run.plan.RunPlan), which the command line's flags override (bench.plan.options), and
 each one's line of --help."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""`bench run`'s plan: its options, presets and the one resolver that checks every value."""
