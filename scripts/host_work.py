@@ -4,7 +4,7 @@
 
 Does a count of the scheduler thread's host work hold where timings do not?
 Runs short `bench run --preset ci` serves of pr27010 and pr36425 under wait_complete with
-`--host-work MODE` (bench.run.hostwork) and reads three candidates from ranks.csv, each the
+`--host-work MODE` (bench.run.host_profile) and reads three candidates from ranks.csv, each the
 largest over the two ranks: Python events per step and per poll (the counted serve), and the
 scheduler thread's CPU microseconds per step (the timed serve, no profiler).
 
@@ -14,7 +14,7 @@ scheduler thread's CPU microseconds per step (the timed serve, no profiler).
   extra Python calls in its first poll of each step, N = share x step / the time of one such
   call measured here) and time (a spin of share x step ms, the existing --plant). A
   plant is seen by a count when it exceeds the A/A largest by the gate's tolerance
-  (bench.gate.hostwork.TOLERANCE), by the CPU time when it exceeds the A/A largest.
+  (bench.gate.host_ceiling.TOLERANCE), by the CPU time when it exceeds the A/A largest.
 
 Writes runs under --out (default results/host_work_<UTC time>) and host_work.json there;
 prints the tables. About 30 s a run on 2 cores loaded by others (load average 5-11).
@@ -41,7 +41,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.gate.hostwork import TOLERANCE, with_ceilings  # noqa: E402
+from bench.gate.host_ceiling import TOLERANCE, with_ceilings  # noqa: E402
 from bench.rundir.files import write_json_atomic  # noqa: E402
 from bench.rundir.rundir import RunDir  # noqa: E402
 from hicache.cache.twin import _work  # noqa: E402

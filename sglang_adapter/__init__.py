@@ -8,7 +8,7 @@ torch import; the rank-side names (`Door`, `make_rig`, `poll_rank`, ...) bring t
 
 Inside, by concern (tests/test_layout.py holds the floors: every import points down):
 - the door, its top-level modules: `source` resolves `--sglang SPEC`; `loader` imports
-  SGLang's decision path from it, unchanged; `target` what a run serves with; `sides`
+  SGLang's decision path from it, unchanged; `target` what a run serves with; `side_specs`
   several SGLangs in one run; `door` counts every collective SGLang issues where it calls
   torch.distributed, by its calling frame; `serving` the cache a `bench run --cache sglang`
   rank serves with (above every room: it chooses between the two paths);
@@ -41,9 +41,9 @@ _DOOR = {
     "resolve_target": ("target", "resolve_target"),
     "run_unfit": ("target", "run_unfit"),
     "unservable": ("target", "unservable"),
-    "choose_sides": ("sides", "choose_sides"),
-    "is_side_list": ("sides", "is_list"),
-    "parse_sides": ("sides", "parse"),
+    "choose_sides": ("side_specs", "choose_sides"),
+    "is_side_list": ("side_specs", "is_list"),
+    "parse_sides": ("side_specs", "parse"),
     "Source": ("source", "Source"),
     "SourceError": ("source", "SourceError"),
     "resolve": ("source", "resolve"),

@@ -36,7 +36,8 @@ class Target:
     # SGLang's own rank-consensus checker on, its journals and log in this folder
     # (sglang_adapter.judge.consensus); None: off, as a server runs by default
     consensus_dir: str | None = None
-    side: str | None = None  # its label among several SGLangs in one run (sglang_adapter.sides)
+    # its label among several SGLangs in one run (sglang_adapter.side_specs)
+    side: str | None = None
 
     @property
     def name(self) -> str:

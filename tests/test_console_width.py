@@ -89,7 +89,7 @@ def _sides(schedule: str, names: list[str]) -> tuple[pd.DataFrame, pd.DataFrame,
 
 @pytest.mark.parametrize("schedule", ["pinned", "free"])
 def test_the_sides_lead_fits_and_names_the_chains_file(schedule):
-    from bench.analysis.sides import SITES_FILE, lead_text, site_lines
+    from bench.analysis.side_lead import SITES_FILE, lead_text, site_lines
 
     names = ["base=sglang-0.5.23@unified", "a=" + LONG, "b=" + LONG]
     summary, requests, plan = _sides(schedule, names)
@@ -281,7 +281,7 @@ def test_hazards_cell_and_sides_lines_fit():
     """bench hazards: a cell's line (a failed cell's detail) and the sides' summary, with
     long side names."""
     from bench.hazards.matrix import _line
-    from bench.hazards.sides import summary_lines
+    from bench.hazards.side_changes import summary_lines
     from tests.test_hazard_sides import _row
 
     base, head = "base=sglang-0.5.23@unified", "b=" + LONG

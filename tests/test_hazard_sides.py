@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from bench.hazards.review import Part, RunRows, page, strict_counts, verdict
-from bench.hazards.sides import changed_first, changes, summary_lines, worse
+from bench.hazards.side_changes import changed_first, changes, summary_lines, worse
 
 REPO = Path(__file__).resolve().parent.parent
 BASE, HEAD = "base=sglang-0.5.23@unified", "head=sglang-tree:tree@unified"

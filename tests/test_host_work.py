@@ -1,5 +1,5 @@
-"""The host-work count (bench.run.hostwork, bench run --host-work) and its gate check
-(bench.gate.hostwork): the meter counts exactly on a fixed single-threaded path, a planted
+"""The host-work count (bench.run.host_profile, bench run --host-work) and its gate check
+(bench.gate.host_ceiling): the meter counts exactly on a fixed single-threaded path, a planted
 call moves it by exactly what was planted; on a pinned serve two runs agree within the
 A/A bound the gate's tolerance is built on and the work plant (--plant PROTOCOL:Ncalls)
 moves it by its size; the ceiling passes at the baseline and fails above it."""
@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from bench.errors import UserError
-from bench.gate.hostwork import TOLERANCE, ceilings, host_work_checks, with_ceilings
+from bench.gate.host_ceiling import TOLERANCE, ceilings, host_work_checks, with_ceilings
 from bench.plan.options import RunOptions
 from bench.plan.resolve import _plant, build_plan
-from bench.run.hostwork import HostWork
+from bench.run.host_profile import HostWork
 from bench.rundir.rundir import RunDir
 
 

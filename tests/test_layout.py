@@ -232,7 +232,7 @@ ADAPTER_FLOORS = {"door": 0, "judge": 0, "decisions": 1, "controller": 2}
 ADAPTER_ABOVE = frozenset({"sglang_adapter", "sglang_adapter.serving"})
 # What choosing a target reads (the door's no-torch names): none of it imports torch.
 ADAPTER_TORCH_FREE = {"sglang_adapter.source", "sglang_adapter.loader", "sglang_adapter.target",
-                      "sglang_adapter.sides", "sglang_adapter.decisions",
+                      "sglang_adapter.side_specs", "sglang_adapter.decisions",
                       "sglang_adapter.decisions.cases", "sglang_adapter.judge",
                       "sglang_adapter.judge.consensus", "sglang_adapter.controller"}
 

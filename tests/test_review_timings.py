@@ -23,7 +23,7 @@ from bench.hazards.classify import REFUSED
 from bench.hazards.report import exit_code
 from bench.hazards.review import Part, RunRows, page, verdict
 from bench.hazards.scenarios import SCENARIOS
-from bench.hazards.sides import worse
+from bench.hazards.side_changes import worse
 from bench.rundir.decision import Disturbance
 
 BASE, HEAD = "base=sglang-0.5.22@unified", "head=sglang-0.5.23@unified"

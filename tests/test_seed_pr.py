@@ -1,5 +1,5 @@
 """The seed PR as SGLang shipped it, with the model beside (`bench run --model-beside`, preset
-seed-pr, `make bench SGLANG=0.5.18,0.5.19`: bench.run.sides, bench.analysis.beside;
+seed-pr, `make bench SGLANG=0.5.18,0.5.19`: bench.run.sglang_worlds, bench.analysis.beside;
 docs/sglang.md, "The seed PR as released"): the fidelity lines on hand-made summaries
 (inside, outside, no interval: what a node without scipy gives), the model's world in the
 turns, bad input, and one real small run of 0.5.18 against 0.5.19 with pre27010 / pr36425
@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from bench.analysis import beside
-from bench.run import sides
+from bench.run import sglang_worlds
 from bench.run.plan import RunPlan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,15 +101,15 @@ def _plan(*names: str) -> RunPlan:
 
 
 def test_the_model_is_one_more_world_serving_its_protocols_in_the_same_turns():
-    plan = sides.with_model(_plan(BEFORE, AFTER))
+    plan = sglang_worlds.with_model(_plan(BEFORE, AFTER))
     assert plan.beside == ("pre27010", "pr36425")
     assert plan.protocols == (BEFORE, AFTER, "pre27010", "pr36425")
-    worlds = sides.worlds(plan)
+    worlds = sglang_worlds.worlds(plan)
     assert [(p.sglang and p.sglang.name, served) for p, served in worlds] == [
         (BEFORE, (BEFORE,)), (AFTER, (AFTER,)), (None, ("pre27010", "pr36425"))]
-    assert [d.name for d in sides.side_dirs(plan)] == ["side0", "side1", "model"]
+    assert [d.name for d in sglang_worlds.side_dirs(plan)] == ["side0", "side1", "model"]
     cells = plan.cells()
-    model = sides.Side(2, 3, None, 1.0, ("pre27010", "pr36425")).cells(worlds[2][0])
+    model = sglang_worlds.Side(2, 3, None, 1.0, ("pre27010", "pr36425")).cells(worlds[2][0])
     assert [c.protocol for c in model] == [c.protocol for c in cells
                                            if c.protocol in ("pre27010", "pr36425")]
     assert {plan.repeat_seed(c) for c in cells if c.repeat == 0} == {0}  # one seed a repeat
@@ -145,7 +145,7 @@ def test_the_lead_says_whether_the_model_paid_the_sides_collectives_a_step():
      "two sides are modelled by sglang-0.5.23")])
 def test_a_model_that_cannot_stand_beside_is_refused(names, says):
     with pytest.raises(ValueError, match=says):
-        sides.with_model(_plan(*names))
+        sglang_worlds.with_model(_plan(*names))
 
 
 @pytest.mark.timeout(60)

@@ -268,18 +268,18 @@ def test_a_stopped_side_raises_side_aborted_on_its_ranks(fake_modules):
 
 
 def test_an_in_process_side_ends_only_after_every_sides_last_cell():
-    """bench.run.sides: a side done with its own cells waits in end() until every cell of
+    """bench.run.sglang_worlds: a side done with its own cells waits in end() until every cell of
     every side is served (it writes no rows beside another side's serve), and gives up with
     SideAborted when a side failed."""
     import multiprocessing as mp
 
-    from bench.run import sides
+    from bench.run import sglang_worlds
 
     ctx = mp.get_context("spawn")
-    t = sides.Turns(ctx.Condition(), ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("b", 0),
-                    1)
+    t = sglang_worlds.Turns(ctx.Condition(), ctx.Value("q", 0), ctx.Value("q", 0),
+                            ctx.Value("b", 0), 1)
     plan = FakePlan(cells2())
-    first = sides.Side(0, 2, t, 5.0, ("pr27010",))
+    first = sglang_worlds.Side(0, 2, t, 5.0, ("pr27010",))
     ended = threading.Event()
     threading.Thread(target=lambda: (first.end(plan), ended.set()), daemon=True).start()
     for _ in range(2 + len(cells2()) - 1):  # both setups, every cell but the last
@@ -288,8 +288,8 @@ def test_an_in_process_side_ends_only_after_every_sides_last_cell():
     t.release()  # the last cell
     assert ended.wait(5)
     t.aborted.value = 1
-    with pytest.raises(sides.SideAborted):
-        sides.Side(1, 2, t, 5.0, ("pr36425",)).end(FakePlan(cells2() * 2))
+    with pytest.raises(sglang_worlds.SideAborted):
+        sglang_worlds.Side(1, 2, t, 5.0, ("pr36425",)).end(FakePlan(cells2() * 2))
 
 
 # ---- which revisions can be sides -------------------------------------------------------

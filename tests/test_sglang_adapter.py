@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
+from bench.sglang_poll.poll import PollOptions, modelled_protocol, run_polls
 from sglang_adapter.decisions.poll import POLICIES, PollCase, poll_rank
 from sglang_adapter.source import DEFAULT_CACHE, Source, SourceError, resolve, unpack
 from tests.helpers import launch

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.run import sglang_controller as check
 from bench.run.launch import launch
+from bench.sglang_poll import controller as check
 from sglang_adapter.controller.rank import controller_rank
 from sglang_adapter.source import resolve, unpack
 from tests.sglang_wheels import sglang_wheel

@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.run import sglang_controller as check
 from bench.run.launch import launch
+from bench.sglang_poll import controller as check
 from hicache.spec.cost_model import expected_per_request
 from sglang_adapter import Target, controller_unfit, run_unfit
 from sglang_adapter.controller.rank import controller_rank

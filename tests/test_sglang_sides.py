@@ -1,9 +1,9 @@
 """Several SGLangs in one run (`bench run --cache sglang --sglang a=SPEC,b=SPEC`:
-sglang_adapter.sides, bench.run.sides, bench.analysis.sides; docs/before-after.md): bad lists
-are one line and exit 2 before any rank starts, with nothing written; a new user's venv is
-told the command that fixes it; and one end-to-end run of 0.5.23 against a planted copy of
-its tree, each side on ranks of its own, rows labelled, paired by seed and interleaved, the
-planted call site named on its side alone.
+sglang_adapter.side_specs, bench.run.sglang_worlds, bench.analysis.side_lead;
+docs/before-after.md): bad lists are one line and exit 2 before any rank starts, with nothing
+written; a new user's venv is told the command that fixes it; and one end-to-end run of
+0.5.23 against a planted copy of its tree, each side on ranks of its own, rows labelled,
+paired by seed and interleaved, the planted call site named on its side alone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from hicache.spec.cost_model import modelled
-from sglang_adapter.sides import parse
+from sglang_adapter.side_specs import parse
 from sglang_adapter.source import DEFAULT_CACHE
 from sglang_adapter.target import ChoiceError
 
@@ -55,7 +55,7 @@ def test_a_labelled_side_is_modelled_by_its_release():
 def _lead(schedule: str) -> list[str]:
     """The sides' lead of a hand-made run: pr issues one more decision collective a poll
     than its model expects, at a site of its own."""
-    from bench.analysis.sides import lead_text
+    from bench.analysis.side_lead import lead_text
 
     ref, pr = "base=sglang-0.5.23@unified", "pr=sglang-tree:python@unified"
     site = "all_reduce@tp_cpu mem_cache/unified_radix_cache.py:_can_terminate_prefetch:{} < " \
@@ -110,7 +110,7 @@ def test_on_the_free_schedule_the_lead_is_end_to_end_and_pairs_no_requests():
 def test_a_run_without_intervals_says_why_as_its_intervals_did(note):
     """No interval anywhere: the line gives the intervals' own reason (no scipy is not too
     few repeats), as the model's headline does."""
-    from bench.analysis.sides import resolution
+    from bench.analysis.side_lead import resolution
 
     ref = {"protocol": "a", "policy": "timeout", "step_mean_ratio_mdd": math.nan}
     other = {**ref, "protocol": "b", "interval_note": note}
@@ -161,7 +161,7 @@ def test_sides_that_cannot_share_a_run_are_one_line(argv, says, tmp_path, capsys
 @pytest.mark.slow  # imports 0.5.23 and 0.5.18 in this process to learn their classes
 @pytest.mark.timeout(120)
 def test_where_one_side_cannot_take_the_controller_path_no_side_does():
-    from sglang_adapter.sides import choose_sides
+    from sglang_adapter.side_specs import choose_sides
 
     if not (_cached("0.5.23") and _cached("0.5.18")):
         pytest.skip("0.5.23 and 0.5.18 not cached (python -m sglang_adapter.source ...)")

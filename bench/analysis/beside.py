@@ -1,5 +1,5 @@
 """The model beside SGLang (`bench run --model-beside`, preset seed-pr): the project's model of
-each side's release served in the same turns and seeds as the sides (bench.run.sides), its
+each side's release served in the same turns and seeds as the sides (bench.run.sglang_worlds), its
 headline (every other model protocol over the first's: for the seed PR pr36425 / pre27010),
 and a fidelity line per metric and policy: does the model's ratio lie inside SGLang's 95%
 interval (0.5.19 / 0.5.18)? `bench fidelity`'s rule (bench.verdict.fidelity).
@@ -94,7 +94,7 @@ def tally_line(rows: list[Row]) -> str:
 
 
 def model_table(model: pd.DataFrame, plan: dict, end_to_end: bool) -> list[str]:
-    """The model's headline, as the sides' (bench.analysis.sides): ratios to its first."""
+    """The model's headline, as the sides' (bench.analysis.side_lead): ratios to its first."""
     ref = plan["beside"][0]
     names = RATIO_COLUMNS if end_to_end else COST_RATIOS
     headers = HEADLINE_HEADERS if end_to_end else HEADLINE_HEADERS[:5]

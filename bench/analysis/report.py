@@ -15,8 +15,8 @@ from bench.analysis import trace_tiers as trace_report
 from bench.analysis.conditions import condition_lines
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.analysis.provenance import provenance_lines
-from bench.analysis.sides import lead_text as side_lead
-from bench.analysis.sides import side_names, site_lines
+from bench.analysis.side_lead import lead_text as side_lead
+from bench.analysis.side_lead import side_names, site_lines
 from bench.analysis.summarize import config_groups, summarize, table_headers, table_rows
 from bench.report.printer import markdown_table, wrapped
 from bench.rundir.files import (
@@ -203,12 +203,12 @@ class ReportParts:
     calib: dict | None
     verdict: Verdict
     tiers: list[str] = ()
-    sides: list[str] = ()  # the lead of a run of several SGLangs (bench.analysis.sides)
+    sides: list[str] = ()  # the lead of a run of several SGLangs (bench.analysis.side_lead)
 
 
 def render_report(p: ReportParts) -> str:
     """report.md's text; `p.sides`: the lead of a run of several SGLangs (its own headline,
-    bench.analysis.sides), shown as the terminal shows it."""
+    bench.analysis.side_lead), shown as the terminal shows it."""
     side_md = ["## SGLang sides", "", "```", *p.sides, "```", ""] if p.sides else []
     summary = p.summary
     return "\n".join([

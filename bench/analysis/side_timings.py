@@ -97,7 +97,7 @@ def _merged(rows: list[dict], metric: str, level: float = LEVEL
 def verdicts(summaries: pd.DataFrame | list[pd.DataFrame], sides: list[str],
              thresholds: dict[str, float], level: float | None = None) -> list[Verdict]:
     """Every side after the first, per policy and gated metric (summary.csv's ratios to the
-    first side, bench.analysis.sides), over one stage's summary or several's; `level`: the
+    first side, bench.analysis.side_lead), over one stage's summary or several's; `level`: the
     interval's, a sequential look's spent level (bench.ab.sequential.look_level), else the
     summary's own 95 % interval of one stage."""
     stages = [summaries] if isinstance(summaries, pd.DataFrame) else list(summaries)

@@ -4,7 +4,7 @@ module).
 Each module has `main(argv) -> int` (0 OK, 1 a check failed, 2 bad input: a
 bench.errors.UserError, caught once by common.run_verb); the engine it drives lives in
 bench/'s package for that concern (plan/, run/, analysis/, compare/, ab/, gate/, project/,
-hazards/, timeline/). `python -m bench` builds its usage text, dispatch and the
+hazards/, sglang_poll/, timeline/). `python -m bench` builds its usage text, dispatch and the
 unknown-verb message from this one table.
 """
 

@@ -28,7 +28,7 @@ from bench.errors import UserError
 from bench.hazards.matrix import MatrixSpec, refusal, run_matrix, run_one, run_sides
 from bench.hazards.report import exit_code, past_bound, write
 from bench.hazards.scenarios import SCENARIOS, check_choice, runs
-from bench.hazards.sides import summary_lines, worse
+from bench.hazards.side_changes import summary_lines, worse
 from bench.report.printer import fit, say
 from bench.rundir.env import collect_env, short_sha
 from bench.rundir.files import write_json_atomic

@@ -100,10 +100,10 @@ def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:
     from bench.rundir.lanes import merge_lanes
 
     if plan.sides:  # several SGLangs: a world of ranks per side, taking turns
-        from bench.run import sides
+        from bench.run import sglang_worlds
 
-        errors = sides.run_sides(plan, timeout_s)
-        merge_lanes(RunDir(plan.out_dir), sides.side_dirs(plan))
+        errors = sglang_worlds.run_sides(plan, timeout_s)
+        merge_lanes(RunDir(plan.out_dir), sglang_worlds.side_dirs(plan))
         return "; ".join(errors) or None
     if plan.pairing == "duet":
         from bench.run import duet

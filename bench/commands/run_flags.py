@@ -181,7 +181,7 @@ def _hazards_and_faults(a) -> None:
     a("--plant", metavar="PROTOCOL:MS", help="fault injection: every step of PROTOCOL's "
       "cells whose walk polls a pending prefetch spins MS ms more (a known host cost: "
       "what a paired design must recover, docs/usage.md, Pairing); PROTOCOL:Ncalls makes N "
-      "extra Python calls instead (host work of a fixed size: bench.run.hostwork counts it)")
+      "extra Python calls instead (host work of a fixed size: bench.run.host_profile counts it)")
 
 
 

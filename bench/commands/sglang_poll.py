@@ -81,7 +81,7 @@ def _parse(argv: list[str]):
 
 
 def _main(argv: list[str]) -> int:
-    from bench.run.sglang_poll import PollOptions, modelled_protocol, run_polls
+    from bench.sglang_poll.poll import PollOptions, modelled_protocol, run_polls
     from sglang_adapter import load, resolve
 
     args = _parse(argv)
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
 def _controller_main(args) -> int:
     if args.hazard or args.tp != 2 or args.pp != 1:
         raise UserError("--controller runs at TP2 x PP1, without --hazard")
-    from bench.run.sglang_controller import run_controller  # torch: once the options held
+    from bench.sglang_poll.controller import run_controller  # torch: once the options held
 
     # An SGLang it cannot have or drive: SourceError / LoadError, one line (main).
     table, ok, header, r0 = run_controller(args.sglang)

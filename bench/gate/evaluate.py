@@ -38,7 +38,7 @@ from bench.gate.baseline import (
     read_settings,
     update_baseline,
 )
-from bench.gate.hostwork import host_work_checks, with_ceilings
+from bench.gate.host_ceiling import host_work_checks, with_ceilings
 from bench.gate.outcome import GateOutcome, gate_decision
 from bench.gate.timing import (
     AB_METRICS,

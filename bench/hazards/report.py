@@ -16,7 +16,7 @@ from bench.hazards.classify import (
     REFUSED,
 )
 from bench.hazards.scenarios import SCENARIOS
-from bench.hazards.sides import change_table, changed_first
+from bench.hazards.side_changes import change_table, changed_first
 from bench.rundir.files import write_csv_atomic, write_text_atomic
 from bench.rundir.rundir import RunDir
 
@@ -57,7 +57,7 @@ def matrix_table(rows: list[dict]) -> list[str]:
 
 def write(out: Path, rows: list[dict], header: list[str], sides: bool = False,
           consensus: bool = False) -> None:
-    """`sides`: the rows are several SGLangs' (bench.hazards.sides), the cells that changed
+    """`sides`: the rows are several SGLangs' (bench.hazards.side_changes), the cells that changed
     from the first side's come first; `consensus`: SGLang's checker's verdict counts too."""
     write_csv_atomic(RunDir(out).file("hazards"), rows, COLUMNS)
     lead = ["## Changed between the sides", "", *change_table(rows, consensus), "",

@@ -3,8 +3,8 @@
 Built from a run of the sides (`bench run --cache sglang --sglang base=SPEC,head=SPEC`:
 its summary and request rows and its plan) and a hazard matrix of the same sides (`bench
 hazards`: its rows): what the run and the matrix concluded, the run's headline (every
-side's ratios to the reference, bench.analysis.sides), its counts side by side by call
-site, and the hazard cells whose outcome changed from the reference's (bench.hazards.sides);
+side's ratios to the reference, bench.analysis.side_lead), its counts side by side by call
+site, and the hazard cells whose outcome changed from the reference's (bench.hazards.side_changes);
 under `--strict-counts`, the count differences no explained call site accounts for.
 """
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from bench.analysis import side_timings
+from bench.analysis.side_lead import count_changes, counts_text, headline_lines
 from bench.analysis.side_timings import Verdict, failing, inconclusive
-from bench.analysis.sides import count_changes, counts_text, headline_lines
 from bench.hazards.classify import REFUSED
-from bench.hazards.sides import change_table, changes, worse
+from bench.hazards.side_changes import change_table, changes, worse
 from bench.report.printer import WIDTH, wrapped
 
 TIMING_RULE = ("Each side against the first, per policy, at the gate's thresholds and under "
@@ -106,7 +106,7 @@ def exact_checks(rows: list[dict], run: Part, hazards: Part, counts: list[str] |
 
 
 def strict_counts(got: RunRows, explained: tuple[str, ...]) -> list[str]:
-    """The count differences no `explained` site accounts for (bench.analysis.sides
+    """The count differences no `explained` site accounts for (bench.analysis.side_lead
     count_changes); none where the run wrote no summary (its failure says why)."""
     if got.summary is None or got.requests is None or not got.plan:
         return []

@@ -111,7 +111,7 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
 
 def _verdicts(stages: list[Stage], thresholds: dict[str, float], level: float
               ) -> list[Verdict]:
-    from bench.analysis.sides import side_names
+    from bench.analysis.side_lead import side_names
 
     first = RunDir(stages[0].folder)
     plan = first.plan()

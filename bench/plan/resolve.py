@@ -13,7 +13,7 @@ from bench import neighbour
 from bench.errors import UserError
 from bench.plan.options import PAIRINGS, REDO_ENV, REPEAT_SEEDS, RunOptions
 from bench.plan.presets import PRESETS
-from bench.run import delays, sides
+from bench.run import delays, sglang_worlds
 from bench.run.plan import ALIASES, PROJECT_PROTOCOLS, TRACE_EXCERPT, Cell, RunPlan
 from bench.run.trace import TraceError, TraceSpec
 from bench.run.workload import WorkloadSpec
@@ -94,7 +94,7 @@ def build_plan(args: RunOptions) -> RunPlan:
     plan = _system_under_test(plan, args, preset.get("sglang"))
     if args.model_beside or preset.get("model_beside"):
         try:
-            plan = sides.with_model(plan)
+            plan = sglang_worlds.with_model(plan)
         except ValueError as e:
             raise UserError(str(e)) from None
     if args.schedule is None:
@@ -117,7 +117,7 @@ def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None
                        ) -> RunPlan:
     """--cache sglang: SGLang's code behind the seam (sglang_adapter.target), read once;
     several SGLangs (a list, or a label): a side each, its name a protocol
-    (sglang_adapter.sides; one labelled SGLang: a run of one under its label). A preset's
+    (sglang_adapter.side_specs; one labelled SGLang: a run of one under its label). A preset's
     sides (seed-pr, whose system under test is SGLang) serve unless --sglang names others."""
     given = (args.protocols is not None, bool(plan.pairing))
     if preset_sides:
@@ -139,7 +139,7 @@ def _system_under_test(plan: RunPlan, args: RunOptions, preset_sides: str | None
 
 
 def _host_work(flag: str | None, preset: str | None, args: RunOptions) -> str | None:
-    """--host-work's mode (bench.run.hostwork), else the preset's where it can count: a
+    """--host-work's mode (bench.run.host_profile), else the preset's where it can count: a
     count needs the pinned schedule (the same decisions every run) and the serial design (a
     serve per cell); asked for where it cannot, a UserError."""
     mode = flag or preset

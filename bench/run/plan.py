@@ -78,13 +78,13 @@ class RunPlan:
     # --cache sglang: SGLang's own decisions behind the seam (sglang_adapter.decisions.cache), its
     # protocol column `Target.name`; None: the project's cache (--cache project)
     sglang: Target | None = None
-    # Several SGLangs in one run (--sglang a=SPEC,b=SPEC: sglang_adapter.sides): one per
+    # Several SGLangs in one run (--sglang a=SPEC,b=SPEC: sglang_adapter.side_specs): one per
     # protocol, in `protocols`' order, the first the reference; each serves on rank
-    # processes of its own (bench.run.sides), whose plan's `sglang` is that side's.
+    # processes of its own (bench.run.sglang_worlds), whose plan's `sglang` is that side's.
     sides: tuple[Target, ...] = ()
     # The project's model of each side's release (--model-beside: pre27010 for 0.5.18,
     # pr36425 for 0.5.19), its protocols after the sides' in `protocols`: served in the same
-    # turns by a world of its own (bench.run.sides), so the model's ratio and SGLang's are
+    # turns by a world of its own (bench.run.sglang_worlds), so the model's ratio and SGLang's are
     # paired by seed in one run (bench.analysis.beside holds one in the other's interval).
     beside: tuple[str, ...] = ()
     # A cost sweep (bench.analysis.sweep): every repeat serves every cell at each of these
@@ -92,7 +92,7 @@ class RunPlan:
     # system's collective_delay_ms. Each cost's rows go to a run directory of its own.
     delays_ms: tuple[float, ...] = ()
     # calls | opcodes: after each cell's timed serve, one more serve of its workload whose
-    # scheduler thread's Python work is counted (bench.run.hostwork); None: none
+    # scheduler thread's Python work is counted (bench.run.host_profile); None: none
     host_work: str | None = None
     out_dir: str = ""
 
@@ -266,5 +266,5 @@ def plan_differences(a: dict | None, b: dict | None, sep: str) -> list[str]:
 
 
 # Settings that do not change what a run's timed serves are: where it writes, and whether
-# an untimed serve counts host work after each cell (bench.run.hostwork)
+# an untimed serve counts host work after each cell (bench.run.host_profile)
 UNPLANNED = ("out_dir", "host_work")

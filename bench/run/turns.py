@@ -45,7 +45,7 @@ SERVE_PATH = ("hicache", "bench.run.worker", "bench.run.turns")  # whose files a
 
 class SideAborted(RuntimeError):
     """A side stops: the run that served it stopped it (a stop line, the connection closed),
-    or another side of its run failed (bench.run.sides.Turns.wait)."""
+    or another side of its run failed (bench.run.sglang_worlds.Turns.wait)."""
 
 
 def cell_key(cell) -> str:
@@ -61,7 +61,7 @@ def modules() -> dict[str, str]:
 
 class SocketSide:
     """One rank's connection to the run serving it as a side: the turn-taking object the
-    rank worker holds (setup(), serve(cell), cells(plan), as bench.run.sides.Side). Owned by
+    rank worker holds (setup(), serve(cell), cells(plan), as bench.run.sglang_worlds.Side). Owned by
     the rank's main thread; the socket is blocking, so a waiting rank uses no CPU."""
 
     def __init__(self, address: str, rank: int, world: int, plan) -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bench.run import calibrate, duet, fit, hostwork, machine, turns, workload
+from bench.run import calibrate, duet, fit, host_profile, machine, turns, workload
 from bench.run.duet import Lane
 from bench.run.plan import Cell, RunPlan
-from bench.run.sides import Side
+from bench.run.sglang_worlds import Side
 from bench.run.sink import ResultSink
 from bench.rundir.rundir import write_serve_record
 from hicache.cache.cache import HiCache
@@ -36,7 +36,7 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
              side: Side | None = None) -> dict:
     """Entry point of one rank (spawned locally, or in-process under torchrun); `lane`: this
     rank's lane of a duet (bench.run.duet), which serves only its own cells; `side`: this
-    rank's side of several SGLangs (bench.run.sides), which serves its own cells in turn.
+    rank's side of several SGLangs (bench.run.sglang_worlds), which serves its own cells in turn.
     A cost sweep's cells each serve under the plan of their added cost (plan.per_delay).
     Where another revision's run serves this one as a side (bench.run.turns.ENV set), its
     turns come from that run."""
@@ -160,7 +160,7 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
     make_main = _checked(make_cache, plan, cell, "main", rank0)
     threads = _settled(plan)
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
-    sched = hostwork.SchedCpu()
+    sched = host_profile.SchedCpu()
     system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane,
                            make_main, lambda _: sched)
     cpu_s, wall_s, machine1 = time.process_time() - cpu0, time.monotonic() - wall0, \
@@ -180,7 +180,7 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             "cpu_times": (machine0, machine1)}
     # after the crosscheck above: the counted serve's collectives move torch's numbers on
     counted = _counted(plan, cfg, layout, groups, device, main, rank0, steps, make_main)
-    payload["host_work"] = hostwork.columns(*counted, sched, stats)
+    payload["host_work"] = host_profile.columns(*counted, sched, stats)
     return payload
 
 
@@ -239,13 +239,13 @@ def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:
 def _counted(plan: RunPlan, cfg, layout, groups, device, wl, rank0: bool, steps: list[int],
              make_cache: CacheFactory) -> tuple:
     """--host-work: the cell's workload served once more, untimed, its scheduler thread's
-    Python work counted (bench.run.hostwork); (meter, stats), or (None, None) without it."""
+    Python work counted (bench.run.host_profile); (meter, stats), or (None, None) without it."""
     if not plan.host_work:
         return None, None
-    made: list[hostwork.HostWork] = []
+    made: list[host_profile.HostWork] = []
 
-    def meter(system) -> hostwork.HostWork:
-        made.append(hostwork.meter_for(system, plan.host_work))
+    def meter(system) -> host_profile.HostWork:
+        made.append(host_profile.meter_for(system, plan.host_work))
         return made[-1]
 
     # No forward padding: the pinned clock advances by the modelled forward all the same,
@@ -259,7 +259,7 @@ def _counted(plan: RunPlan, cfg, layout, groups, device, wl, rank0: bool, steps:
 def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int],
            lane: Lane | None = None, make_cache: CacheFactory = HiCache, meter=None):
     """One serve; `meter(system)`: a context the scheduler thread serves inside (its CPU
-    time, or its Python work counted: bench.run.hostwork)."""
+    time, or its Python work counted: bench.run.host_profile)."""
     system = System(cfg, layout, groups, device, seed, make_cache)
     system.populate(wl.histories)
     _barrier(layout, device)  # all ranks start the timed region together

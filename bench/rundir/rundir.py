@@ -56,11 +56,11 @@ FILES = {
     "consensus_dir": "consensus", "hazards": "hazards.csv", "review": "review.md",
     "decision": "decision.json",  # a review's or a gate's verdict for scripts
     "fidelity": "fidelity.csv",
-    # several SGLangs: every call-site chain in full (bench.analysis.sides.site_file_lines)
+    # several SGLangs: every call-site chain in full (bench.analysis.side_lead.site_file_lines)
     "call_sites": "call_sites.txt",
 }
 
-# Folders a run may hold besides FILES' (bench.run.sides, bench.rundir.timeline; plots are
+# Folders a run may hold besides FILES' (bench.run.sglang_worlds, bench.rundir.timeline; plots are
 # files of their own names).
 RUN_FOLDERS = ("sides", "timeline")
 # A run's plots, by role (bench.analysis.plots and trace_tiers draw them, report.md shows them).

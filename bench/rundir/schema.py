@@ -66,7 +66,7 @@ RANK_COLUMNS = CONFIG_COLUMNS + [
     "ack", "ticket", "request_broadcast", "per_step_min", "model_allreduce", "consensus",
     "crosscheck_ok", "host_slots_unaccounted", *WRITE_PATH_COLUMNS, "cpu_s", "wall_s",
     "attempts", "steal_s", "other_cpu_s", "cpu_lost", "threads",
-    # bench.run.hostwork: the timed serve's steps, polls and scheduler-thread CPU seconds;
+    # bench.run.host_profile: the timed serve's steps, polls and scheduler-thread CPU seconds;
     # with --host-work the counted serve's mode, steps, polls, Python events (all, polls')
     # and whether it ran the timed serve's schedule (its last digest)
     "sched_steps", "sched_polls", "sched_cpu_s", "host_work", "host_steps", "host_polls",

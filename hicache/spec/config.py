@@ -123,7 +123,8 @@ class HiCacheConfig:
     planted_protocol: str = ""
     # Fault injection of host *work*, not time: the same polls make this many extra Python
     # calls (hicache.cache.twin._work), the same count on any machine, so a host-work count
-    # (bench.run.hostwork) sees it exactly where a spin's count would vary with the CPU. 0: none.
+    # (bench.run.host_profile) sees it exactly where a spin's count would vary with the CPU.
+    # 0: none.
     planted_step_calls: int = 0
     # The step-paired design (hicache.cache.twin): every poll also asks this protocol, back to back
     # on the same facts, each side timed; their answers must agree. "" = no twin.

@@ -1,4 +1,4 @@
-"""The lead of a run of several SGLangs (`--sglang base=SPEC,pr=SPEC`: bench.run.sides):
+"""The lead of a run of several SGLangs (`--sglang base=SPEC,pr=SPEC`: bench.run.sglang_worlds):
 every other side against the first, end to end and collective by collective.
 
 - The headline: each side's ratios to the reference side (step, TTFT p50 per class, ITL
@@ -101,7 +101,7 @@ def _ratio(row: dict, name: str, ref: str) -> str:
 
 
 def path_line(plan: dict) -> str:
-    """Which path every side ran (one for all: sglang_adapter.sides), and why where it is
+    """Which path every side ran (one for all: sglang_adapter.side_specs), and why where it is
     the decisions path."""
     sides = plan.get("sides") or []
     if all(s["controller"] for s in sides):

@@ -6,7 +6,7 @@ Each side is a protocol row of the run: its name (the protocol column) is `LABEL
 its SGLang's own name (`base=sglang-0.5.23@unified`), or that name alone when unlabelled;
 the first side is the reference. Two sides never share an interpreter (their modules
 would meet under one name, `sglang`): each serves on rank processes of its own
-(bench.run.sides).
+(bench.run.sglang_worlds).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The host-work ceiling: no protocol's scheduler thread does more Python work per step or
 per poll than the committed baseline's, beyond a tolerance (gate.json `host_work`).
 
-The counts come from `bench run --host-work` (bench.run.hostwork: ranks.csv's host_*
+The counts come from `bench run --host-work` (bench.run.host_profile: ranks.csv's host_*
 columns, one row per rank and cell). They are counts of what the scheduler thread ran on a
 pinned schedule, so the machine's load does not move them, but they are not exact: two
 paths read what another thread did (a poll's short-circuit on whether the hit query has
@@ -69,7 +69,7 @@ def ceilings(ranks: pd.DataFrame | None, run_name: str,
             m: (round(v, 3) if math.isfinite(v) else None) for m, v in values.items()}
     return {"mode": mode, "tolerance": tolerance, "source_run": run_name,
             "method": "per protocol and policy the largest over ranks of the counted "
-                      "serve's Python events (bench.run.hostwork) per step and per poll",
+                      "serve's Python events (bench.run.host_profile) per step and per poll",
             "ceilings": table}
 
 
