@@ -17,16 +17,16 @@ import re
 
 import pytest
 
-from bench.rundir.rundir import FILES, PLOTS, SERVE_RECORD, SWEEP_FILES
+from bench.rundir.rundir import CONSOLE_LOG, FILES, PLOTS, SERVE_RECORD, SWEEP_FILES
 from tests import layout_scan as scan
 
 REPO = scan.REPO
 SHARED_COMMAND_PARTS = {"bench.commands.common", "bench.commands.trace_flags",
                         "bench.commands.run_flags",
                         "bench.commands.cost_sweep"}  # parts of a verb, not verbs
-# Every file name of a run directory (RunDir's), and the A/B's console log RunDir lacks yet.
+# Every file name of a run directory (RunDir's), the A/B's console log beside it included.
 RUN_FILE_NAMES = ({n for role, n in FILES.items() if role != "consensus_dir"} | set(PLOTS.values())
-                  | set(SWEEP_FILES.values()) | {SERVE_RECORD, "console.log"})
+                  | set(SWEEP_FILES.values()) | {SERVE_RECORD, CONSOLE_LOG})
 RUN_FILES = re.compile(r"""(?<!["'])["'](""" + "|".join(map(re.escape, sorted(RUN_FILE_NAMES)))
                        + r""")["']""")
 
@@ -317,9 +317,8 @@ WIDE_FUNCTIONS = {  # the serve path's wait for a context object; the rest have 
 # (`python -m sglang_adapter.source`, make's way to fetch releases), which may not import bench.
 PRINTERS = {"bench/report/printer.py"}
 PRINTING = {"sglang_adapter/source.py"}
-# Run files named outside RunDir: the A/B modules' console.log, until the A/B engine moves.
-NAMES_RUN_FILES = {"bench/ab/blocks.py": {"console.log"}, "bench/ab/conductor.py": {"console.log"},
-                   "bench/ab/served.py": {"console.log"}}
+# Run files named outside RunDir (none now).
+NAMES_RUN_FILES: dict[str, set[str]] = {}
 
 
 def _code() -> dict[str, str]:

@@ -146,10 +146,10 @@ def run_one(plan: AbPlan, k: int, side: str, root: Path) -> Outcome:
     env = {**os.environ, NO_PLOTS: "1", REDO_ENV: "0", "PYTHONPATH": os.pathsep.join(
         [str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
     start, t0 = utc_time(), time.monotonic()
-    with open(out / "console.log", "w") as log:
+    with open(RunDir(out).console_log(), "w") as log:
         code, lingered = procs.run_in_session(plan.command(k, out), root, env, log,
                                               RUN_TIMEOUT_S)
-    lines = (out / "console.log").read_text(errors="replace").strip().splitlines()
+    lines = RunDir(out).console_log().read_text(errors="replace").strip().splitlines()
     return Outcome(out, code, lines[-1] if lines else "", time.monotonic() - t0, start,
                    utc_time(), lingered)
 

@@ -32,6 +32,7 @@ from bench.ab.procs import _end, settle
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.run import turns
 from bench.rundir.files import ResultFileError
+from bench.rundir.rundir import RunDir
 
 START_S = 240.0  # every rank of both sides connected (imports on shared cores are slow)
 TURN_S = 600.0  # one turn: a setup or one serve (bench run bounds its serves well below)
@@ -57,8 +58,8 @@ class SideProc:
     log: object = None
 
     def tail(self) -> str:
-        lines = (self.out / "console.log").read_text(errors="replace").strip().splitlines() \
-            if (self.out / "console.log").exists() else []
+        log = RunDir(self.out).console_log()
+        lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
         return lines[-1] if lines else "(no output)"
 
     def check_alive(self) -> None:
@@ -109,7 +110,7 @@ class Conductor:
             env = {**os.environ, NO_PLOTS: "1", turns.ENV: f"{self.address}:{s.name}",
                    "PYTHONPATH": os.pathsep.join(
                        [str(s.root), *filter(None, [os.environ.get("PYTHONPATH")])])}
-            s.log = open(s.out / "console.log", "w")
+            s.log = open(RunDir(s.out).console_log(), "w")
             s.proc = subprocess.Popen(
                 [sys.executable, "-m", "bench", "run", *command, "--out", str(s.out)],
                 cwd=s.root, env=env, stdout=s.log, stderr=subprocess.STDOUT,

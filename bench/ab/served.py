@@ -141,7 +141,7 @@ def stage_dirs(out: Path, index: int) -> dict[str, Path]:
 
 
 def _last(out: Path) -> str:
-    path = out / "console.log"
+    path = RunDir(out).console_log()
     lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
     return lines[-1] if lines else "(no output)"
 

@@ -4,8 +4,9 @@ files, checked against ONE table of the columns each reader needs and the cells 
 be numbers. Upgrades of files written by older versions happen here and nowhere else.
 
 Nothing outside bench/rundir/ opens a run directory's files by name: writers ask for
-`RunDir.file(NAME)` (`.plot(ROLE)`, `.sweep_file(ROLE)`, `write_serve_record`), readers for
-`RunDir.requests()`, `.steps()`, `.env()` and the rest (tests/test_layout.py holds it).
+`RunDir.file(NAME)` (`.plot(ROLE)`, `.sweep_file(ROLE)`, `.console_log()`,
+`write_serve_record`), readers for `RunDir.requests()`, `.steps()`, `.env()` and the rest
+(tests/test_layout.py holds it).
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ SWEEP_FILES = {"manifest": "sweep.json", "table": "sweep.csv", "report": "sweep.
                "plot": "sweep.png"}
 # In each serve's folder under consensus/ (--sglang-consensus): which cell, which serve.
 SERVE_RECORD = "serve.json"
+# The console of a `bench run` an A/B started, written beside its results before it runs:
+# the A/B's file, not the run's (leftovers passes it).
+CONSOLE_LOG = "console.log"
 
 
 # ---- the one column table --------------------------------------------------------------------
@@ -181,6 +185,9 @@ class RunDir:
 
     def sweep_file(self, role: str) -> Path:
         return self.path / SWEEP_FILES[role]
+
+    def console_log(self) -> Path:
+        return self.path / CONSOLE_LOG
 
     def has(self, role: str) -> bool:
         return self.file(role).exists()
