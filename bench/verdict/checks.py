@@ -1,6 +1,6 @@
 """One evaluated gate check, its state (PASS, FAIL, INCONCLUSIVE or NOT JUDGED) and the
 gate's verdict over all of them (bench.verdict.words.overall). The checks themselves:
-bench.gate.evaluate (exact), bench.gate.timing (timings), bench.gate.hostwork."""
+bench.gate.evaluate (exact), bench.gate.timing (timings), bench.gate.host_ceiling."""
 
 from __future__ import annotations
 
