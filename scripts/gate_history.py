@@ -1,6 +1,7 @@
 """Usage: python scripts/gate_history.py [--commits 10] [--branch main]
                                        [--baseline results/baseline] [--machine NAME]
-                                       [--out DIR | --resume DIR] [--lock FILE]
+                                       [--out DIR | --resume DIR [--again-inconclusive]]
+                                       [--lock FILE]
 
 Runs the gate over the last --commits first-parent commits of --branch, oldest first, and
 keeps each result in a history (bench history): each commit is side B and the baseline
@@ -14,7 +15,9 @@ into DIR/page.
 
 A commit the gate refuses (exit 2: a plan unlike the baseline's, a tree older than the side
 interface) is recorded and skipped. `--resume DIR` goes on with an earlier sitting (its
-commits, clone and history kept), regating any commit whose gate did not finish.
+commits, clone and history kept), regating any commit whose gate did not finish; with
+`--again-inconclusive` also each commit whose gate ended INCONCLUSIVE (its first record kept
+under `earlier`, its first A/B folder as ab.N, its first result in the history).
 `--lock FILE` (default /tmp/hicache-cpu.lock) is taken exclusively around each gate, as
 scripts/gate_power.py does. A gate takes 2 to 8 minutes on 2 cores: run it on a quiet
 machine. Writes DIR/gate_history.json (every gate: exit, seconds, lock wait, load) and
@@ -124,6 +127,23 @@ def setup(args: argparse.Namespace) -> tuple[Path, dict]:
     return out, state
 
 
+def set_aside(run: Path) -> None:
+    """An earlier gate's A/B folder in `run` moved to ab.N (kept): the gate writes a new one."""
+    ab = run / "ab"
+    if ab.exists():
+        n = 1 + sum(1 for _ in run.glob("ab.*"))
+        ab.rename(run / f"ab.{n}")
+
+
+def again_inconclusive(state: dict) -> list[str]:
+    """Mark each commit whose gate ended INCONCLUSIVE (exit 77) to be gated again, its record
+    moved under `earlier`; the commits marked."""
+    marked = [c for c, g in state["gates"].items() if g.get("exit") == 77]
+    for commit in marked:
+        state.setdefault("earlier", {}).setdefault(commit, []).append(state["gates"].pop(commit))
+    return marked
+
+
 def run_all(out: Path, state: dict, lock: Path, gate_fn=gate, run_fn=ci_run) -> None:
     """Gate every commit still to do, saving the state after each (resumable)."""
     history, baseline = out / "history", Path(state["baseline"])
@@ -132,6 +152,7 @@ def run_all(out: Path, state: dict, lock: Path, gate_fn=gate, run_fn=ci_run) -> 
           f"{len(left)} to go", flush=True)
     for commit in left:
         run = run_fn(out / "repo", commit, out)
+        set_aside(run)
         t_wait = time.monotonic()
         with holding(lock):
             waited, load, t0 = time.monotonic() - t_wait, os.getloadavg()[0], time.monotonic()
@@ -156,6 +177,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path)
     where.add_argument("--resume", type=Path)
+    p.add_argument("--again-inconclusive", action="store_true")
     p.add_argument("--lock", type=Path, default=Path("/tmp/hicache-cpu.lock"))
     args = p.parse_args(argv)
     if args.commits < 1:
@@ -166,6 +188,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         sys.exit(f"gate_history: --out {args.out} is not an empty folder: pick a new one")
     if args.resume is not None and not (args.resume / "gate_history.json").is_file():
         sys.exit(f"gate_history: --resume {args.resume} holds no gate_history.json")
+    if args.again_inconclusive and args.resume is None:
+        sys.exit("gate_history: --again-inconclusive goes with --resume DIR")
     return args
 
 
@@ -174,6 +198,9 @@ def main(argv: list[str]) -> int:
         return gate_one(*argv[1:4])
     args = parse_args(argv)
     out, state = setup(args)
+    if args.again_inconclusive:
+        print(f"gate_history: gating again {len(again_inconclusive(state))} INCONCLUSIVE",
+              flush=True)
     run_all(out, state, args.lock)
     if (out / "history" / "history.json").exists():
         done = sh([sys.executable, "-m", "bench", "history", str(out / "history"), "--out",

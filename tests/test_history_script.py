@@ -86,3 +86,36 @@ def test_a_sitting_keeps_each_decision_and_resumes_where_it_stopped(tmp_path, mo
     final = json.loads((out / "gate_history.json").read_text())
     assert all("kept" in g["kept"] for g in final["gates"].values())
     assert gate_history.todo(final) == []
+
+
+def test_an_inconclusive_commit_is_gated_again_and_its_first_gate_kept(tmp_path):
+    """--again-inconclusive: the INCONCLUSIVE commit alone is gated again; its first record
+    stays under `earlier`, its first A/B folder as ab.1, its first result in the history."""
+    _, shas = _repo(tmp_path, 2)
+    out = tmp_path / "sitting"
+    state = {"branch": "main", "commits": shas, "baseline": str(tmp_path), "machine": "box",
+             "gates": {}}
+    rng, gated = random.Random(1), []
+
+    def fake_gate(commit, run, baseline):
+        gated.append(commit)
+        d = decision(len(gated), lambda m, p: 1.0, rng, n_metrics=1)
+        if len(gated) == 1:  # the first commit's first gate: undecided on a busy machine
+            d.update(verdict="INCONCLUSIVE", exit_code=77)
+        write(run / "ab", d, "decision.json")
+        return d["exit_code"]
+
+    def fake_run(clone, commit, where):
+        return where / "runs" / commit[:12]
+
+    gate_history.run_all(out, state, tmp_path / "lock", fake_gate, fake_run)
+    saved = json.loads((out / "gate_history.json").read_text())
+    assert gate_history.again_inconclusive(saved) == shas[:1]
+    assert gate_history.todo(saved) == shas[:1]
+    gate_history.run_all(out, saved, tmp_path / "lock", fake_gate, fake_run)
+    assert gated == [shas[0], shas[1], shas[0]]
+    final = json.loads((out / "gate_history.json").read_text())
+    assert final["gates"][shas[0]]["exit"] == 0 and final["earlier"][shas[0]][0]["exit"] == 77
+    first = out / "runs" / shas[0][:12]
+    assert (first / "ab.1" / "decision.json").exists() and (first / "ab" / "decision.json").exists()
+    assert len(list((out / "history" / "box" / shas[0]).glob("*.json"))) == 2
