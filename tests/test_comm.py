@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import hicache.comm.groups
 from hicache.agreement.protocols import make_protocol
-from hicache.cache.controller import CacheController
+from hicache.cache.controller import CacheController, ControllerSettings
 from hicache.cache.operations import KV, Ack, PrefetchOp
 from hicache.comm.comm import (
     DECISION,
@@ -299,7 +299,8 @@ def _background(comm, uses_acks: bool, leading: int, terminated: bool = False):
     `leading` pages and an extra-pool ack."""
     storage = SimStorage(StorageSpec(latency_ms=0.0, exists_latency_ms=0.0), 0, 0)
     storage.put(hashes_of(8, 16)[:leading], KV, 4)
-    ctrl = CacheController(comm, storage, PagePool(KV, 16, 4), None, 16, uses_acks)
+    ctrl = CacheController(comm, storage, PagePool(KV, 16, 4), None,
+                            ControllerSettings(16, uses_acks))
     op = PrefetchOp("r5", tokens(8, 16), None, 0.0, 0.0, page_size=16)
     if terminated:
         op.terminated.set()

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from hicache.cache.controller import CacheController
+from hicache.cache.controller import CacheController, ControllerSettings
 from hicache.cache.operations import KV, SIDECAR, PrefetchOp
 from hicache.memory.pools import PagePool, verify_pages
 from tests.doubles import RecordingComm, RecordingStorage, hashes_of, tokens
@@ -36,7 +36,7 @@ def _setup(uses_acks: bool, sidecar: bool = False, kv_holes=(), side_holes=(), o
     host_kv = PagePool(KV, PAGES + 8, ELEMS)
     host_side = PagePool(SIDECAR, PAGES + 8, ELEMS) if sidecar else None
     comm = RecordingComm()
-    ctrl = CacheController(comm, storage, host_kv, host_side, PS, uses_acks)
+    ctrl = CacheController(comm, storage, host_kv, host_side, ControllerSettings(PS, uses_acks))
     op = PrefetchOp("r0", tokens(PAGES, PS), None, time.monotonic(), 0.0, page_size=PS)
     op.hashes = op.hash_value = hs
     op.host_slots = host_kv.alloc(PAGES)

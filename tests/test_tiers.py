@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hicache.cache.controller import CacheController
+from hicache.cache.controller import CacheController, ControllerSettings
 from hicache.cache.operations import KV
 from hicache.cache.tiers import Tiers
 from hicache.memory.pools import PagePool, verify_pages
@@ -26,7 +26,8 @@ def _tiers(policy: str = "write_through", dev_pages: int = 8, host_pages: int = 
     host = PagePool("kv", host_pages, ELEMS)
     dev = PagePool("kv", dev_pages, ELEMS)
     storage = SimStorage(StorageSpec(latency_ms=0.0, exists_latency_ms=0.0), 0, 0)
-    ctl = CacheController(None, storage, host, None, PS, True)  # threads never started
+    # threads never started
+    ctl = CacheController(None, storage, host, None, ControllerSettings(PS, True))
     return Tiers(policy, tree, host, dev, ctl, PS, 0, unbounded=False), storage
 
 

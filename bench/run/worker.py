@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,24 @@ from hicache.serve.system import System, pick_device, setup_distributed
 log = logging.getLogger("bench")
 
 
+@dataclass(frozen=True)
+class RankContext:
+    """What one rank serves with, built once (_setup) and passed down to every serve: its
+    place in the layout, its groups and device, the process-wide scheduler step count
+    (fault injection counts across cells), its lane of a duet, and the system under test."""
+
+    layout: Layout
+    groups: Groups
+    device: torch.device
+    steps: list[int]
+    lane: Lane | None
+    make_cache: CacheFactory
+
+    @property
+    def rank0(self) -> bool:
+        return self.layout.rank == 0
+
+
 def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
              side: Side | None = None) -> dict:
     """Entry point of one rank (spawned locally, or in-process under torchrun); `lane`: this
@@ -43,16 +61,15 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
     side = side or (None if lane else turns.from_env(rank, world, plan))
     plans = plan.per_delay()  # one plan (and sink) per added cost of a sweep, else one
     with side.setup() if side else contextlib.nullcontext():
-        sinks, layout, groups, device, make_cache = _setup(rank, world, plan, plans)
+        sinks, ctx = _setup(rank, world, plan, plans, lane)
     if plan.sglang is not None:
         _freeze_imports()
     cells = (side.cells(plan) if side else duet.lane_cells(plan, lane.index) if lane
              else plan.cells())
-    steps = [0]  # process-wide scheduler steps (fault injection counts across cells)
     for cell in cells:
         with side.serve(cell) if side else contextlib.nullcontext():
             _cell(plans[cell.delay_ms], cell, len(plan.cells() if side else cells),
-                  sinks.get(cell.delay_ms), layout, groups, device, steps, lane, make_cache)
+                  sinks.get(cell.delay_ms), ctx)
     if side:
         side.end(plan)  # nothing of this side's end overlaps another side's serve
     for sink in sinks.values():
@@ -60,9 +77,10 @@ def run_rank(rank: int, world: int, plan: RunPlan, lane: Lane | None = None,
     return {"dir": plan.out_dir} if sinks else {}
 
 
-def _setup(rank: int, world: int, plan: RunPlan, plans: dict):
-    """This rank's groups, calibration (at each added cost of a sweep: c includes it) and
-    system under test; rank 0's sinks, one per added cost."""
+def _setup(rank: int, world: int, plan: RunPlan, plans: dict,
+           lane: Lane | None) -> tuple[dict, RankContext]:
+    """Rank 0's sinks, one per added cost; this rank's context: its groups, calibration (at
+    each added cost of a sweep: c includes it) and system under test."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     layout = Layout(rank, plan.tp, plan.pp)
@@ -80,20 +98,21 @@ def _setup(rank: int, world: int, plan: RunPlan, plans: dict):
             sinks[d].calibration([s["c"] for s in samples])
     if sinks:
         next(iter(sinks.values())).say(fit.oversized_line(plan, device))
-    return sinks, layout, groups, device, cache_factory(plan)
+    # process-wide scheduler steps: fault injection counts across cells
+    return sinks, RankContext(layout, groups, device, [0], lane, cache_factory(plan))
 
 
-def _cell(plan: RunPlan, cell: Cell, n_cells: int, sink: ResultSink | None, layout: Layout,
-          groups: Groups, device, steps: list[int], lane: Lane | None,
-          make_cache: CacheFactory) -> None:
+def _cell(plan: RunPlan, cell: Cell, n_cells: int, sink: ResultSink | None,
+          ctx: RankContext) -> None:
     """One cell served (again while rank 0 finds it disturbed and the plan allows), its
     rows written by rank 0, then c measured beside it (at the cell's added cost)."""
+    layout = ctx.layout
     if sink:
         sink.begin(cell, n_cells)
     attempt = 0
     while True:
         attempt += 1
-        payload = run_cell(plan, cell, layout, groups, device, steps, lane, make_cache)
+        payload = run_cell(plan, cell, ctx)
         gathered = _gather(payload, layout.world_size)
         why = _disturbed(gathered) if layout.rank == 0 else None
         # Pinned, the next serve replays the same schedule; free, it would not. Every
@@ -106,7 +125,7 @@ def _cell(plan: RunPlan, cell: Cell, n_cells: int, sink: ResultSink | None, layo
     if sink:
         sink.add(cell, gathered, attempt)
     # c beside the cells: after every serve, outside its timed region (bench.run.calibrate)
-    c = calibrate.measure(layout, groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP,
+    c = calibrate.measure(layout, ctx.groups, calibrate.BESIDE_N, calibrate.BESIDE_WARMUP,
                           plan.delay_ms)
     if sink:
         sink.beside(c)
@@ -144,29 +163,26 @@ def cache_factory(plan: RunPlan) -> CacheFactory:
     return cache_factory(plan.sglang)
 
 
-def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
-             device: torch.device, steps: list[int], lane: Lane | None = None,
-             make_cache: CacheFactory = HiCache) -> dict:
+def run_cell(plan: RunPlan, cell: Cell, ctx: RankContext) -> dict:
     cfg = plan.config(cell)
     spec = plan.workload_for(cell)
-    rank0 = layout.rank == 0
+    layout, rank0 = ctx.layout, ctx.rank0
     if spec.warmup_requests:  # warm threads, groups and allocators; its figures are dropped
         short = replace(spec, output_tokens=min(4, spec.output_tokens))
         warm = workload.build(short, prefix="warm-", n=spec.warmup_requests, bystanders=0)
         _settled(plan)
-        _serve(cfg, layout, groups, device, warm, rank0, plan.seed, steps, lane,
-               _checked(make_cache, plan, cell, "warm", rank0))
+        _serve(cfg, warm, plan.seed,
+               replace(ctx, make_cache=_checked(ctx.make_cache, plan, cell, "warm", rank0)))
     main = plan.build_workload(cell)
-    make_main = _checked(make_cache, plan, cell, "main", rank0)
+    main_ctx = replace(ctx, make_cache=_checked(ctx.make_cache, plan, cell, "main", rank0))
     threads = _settled(plan)
     machine0, cpu0, wall0 = machine.read(), time.process_time(), time.monotonic()
     sched = host_profile.SchedCpu()
-    system, stats = _serve(cfg, layout, groups, device, main, rank0, plan.seed, steps, lane,
-                           make_main, lambda _: sched)
+    system, stats = _serve(cfg, main, plan.seed, main_ctx, lambda _: sched)
     cpu_s, wall_s, machine1 = time.process_time() - cpu0, time.monotonic() - wall0, \
         machine.read()
     payload = {"rank": layout.rank, "tp_rank": layout.tp_rank, "pp_rank": layout.pp_rank,
-            "timeline": _timeline(stats, layout, groups),
+            "timeline": _timeline(stats, layout, ctx.groups),
             "requests": stats.request_rows(), "steps": stats.step_rows() if rank0 else [],
             "decisions": stats.decisions, "by_site": dict(stats.counter.by_site),
             "crosscheck": system.crosscheck(),
@@ -179,7 +195,7 @@ def run_cell(plan: RunPlan, cell: Cell, layout: Layout, groups: Groups,
             # The machine's CPU account around the serve (rank 0's is read: _disturbed).
             "cpu_times": (machine0, machine1)}
     # after the crosscheck above: the counted serve's collectives move torch's numbers on
-    counted = _counted(plan, cfg, layout, groups, device, main, rank0, steps, make_main)
+    counted = _counted(plan, cfg, main, main_ctx)
     payload["host_work"] = host_profile.columns(*counted, sched, stats)
     return payload
 
@@ -236,8 +252,7 @@ def _timeline(stats, layout: Layout, groups: Groups) -> dict | None:
             "groups": members}
 
 
-def _counted(plan: RunPlan, cfg, layout, groups, device, wl, rank0: bool, steps: list[int],
-             make_cache: CacheFactory) -> tuple:
+def _counted(plan: RunPlan, cfg, wl, ctx: RankContext) -> tuple:
     """--host-work: the cell's workload served once more, untimed, its scheduler thread's
     Python work counted (bench.run.host_profile); (meter, stats), or (None, None) without it."""
     if not plan.host_work:
@@ -251,16 +266,16 @@ def _counted(plan: RunPlan, cfg, layout, groups, device, wl, rank0: bool, steps:
     # No forward padding: the pinned clock advances by the modelled forward all the same,
     # the serve takes its CPU time only, and the count loses a path that varied with timing
     # (the sleep, skipped when a step's work overran its modelled time).
-    _, stats = _serve(replace(cfg, pad_forward=False), layout, groups, device, wl, rank0,
-                      plan.seed, steps, None, make_cache, meter)
+    _, stats = _serve(replace(cfg, pad_forward=False), wl, plan.seed, replace(ctx, lane=None),
+                      meter)
     return made[-1], stats
 
 
-def _serve(cfg, layout, groups, device, wl, rank0: bool, seed: int, steps: list[int],
-           lane: Lane | None = None, make_cache: CacheFactory = HiCache, meter=None):
+def _serve(cfg, wl, seed: int, ctx: RankContext, meter=None):
     """One serve; `meter(system)`: a context the scheduler thread serves inside (its CPU
     time, or its Python work counted: bench.run.host_profile)."""
-    system = System(cfg, layout, groups, device, seed, make_cache)
+    layout, device, lane, steps, rank0 = ctx.layout, ctx.device, ctx.lane, ctx.steps, ctx.rank0
+    system = System(cfg, layout, ctx.groups, device, seed, ctx.make_cache)
     system.populate(wl.histories)
     _barrier(layout, device)  # all ranks start the timed region together
     if lane is not None:

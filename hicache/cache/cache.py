@@ -17,7 +17,7 @@ import torch
 
 from hicache.agreement.pp_ticket import TICKET_IDLE_S, TicketRelay
 from hicache.agreement.protocols import make_protocol
-from hicache.cache.controller import CacheController
+from hicache.cache.controller import CacheController, ControllerSettings
 from hicache.cache.operations import KV, SIDECAR, PrefetchOp
 from hicache.cache.poll import PrefetchPoll
 from hicache.cache.prefill_pages import PrefillPages
@@ -76,10 +76,10 @@ class HiCache(StepEvents, PrefetchPoll):
         tickets = (TicketRelay(comm, self.host_kv, cfg.page_size, cfg.prefetch_threshold,
                                idle_s) if self.ticketed else None)
         self.pinned = cfg.schedule == "pinned"
+        settings = ControllerSettings(cfg.page_size, self.protocol.uses_acks, self.pinned,
+                                      self.protocol.hit_shape(cfg.sidecar_hit_policy))
         self.controller = CacheController(comm, storage, self.host_kv, self.host_side,
-                                          cfg.page_size, self.protocol.uses_acks, tickets,
-                                          stats.events, self.pinned,
-                                          self.protocol.hit_shape(cfg.sidecar_hit_policy))
+                                          settings, tickets, stats.events)
         # Pinned: what the threads finished becomes visible on the virtual clock.
         self.pin = (Pin(cfg.page_size, self.protocol.uses_acks,
                         cfg.storage.exists_latency_ms / 1e3, self.controller.progress,

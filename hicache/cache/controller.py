@@ -43,7 +43,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -60,11 +60,24 @@ from hicache.memory.storage import Storage
 from hicache.spec.cost_model import IO_BATCH_PAGES
 
 
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the threads work: the page size; whether the protocol ends a prefetch on reduced
+    acks (the ack protocols, PR #27010 on); pinned (results made visible by the scheduler on
+    the virtual clock); the hit query's shape (hicache.agreement.hit_query.SHAPES)."""
+
+    page_size: int
+    uses_acks: bool
+    pinned: bool = False
+    hit_shape: str = "min"
+
+
 class CacheController:
     def __init__(self, comm: Comm, storage: Storage, host_kv: PagePool,
-                 host_sidecar: PagePool | None, page_size: int, uses_acks: bool,
-                 tickets: TicketRelay | None = None, events: EventLog | None = None,
-                 pinned: bool = False, hit_shape: str = "min"):
+                 host_sidecar: PagePool | None, settings: ControllerSettings,
+                 tickets: TicketRelay | None = None, events: EventLog | None = None):
+        page_size, uses_acks = settings.page_size, settings.uses_acks
+        pinned, hit_shape = settings.pinned, settings.hit_shape
         self.comm, self.storage, self.page_size = comm, storage, page_size
         self.host_kv, self.host_sidecar, self.uses_acks = host_kv, host_sidecar, uses_acks
         self.tickets = tickets  # 0.5.23's PP-ticket path, else None
