@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from sglang_adapter.controller.cache import ControllerCache
-from sglang_adapter.decisions.cache import SGLangCache
+from sglang_adapter.decisions.cache import SGLangCache, SGLangCode
 from sglang_adapter.door import Door
 from sglang_adapter.judge import consensus
 from sglang_adapter.loader import load, native_hash
@@ -36,4 +36,10 @@ def factory(target: Target):
     data path too (sglang_adapter.controller.cache)."""
     loaded, door = _loaded(target)
     cls = ControllerCache if target.controller else SGLangCache
-    return functools.partial(cls, target=target, door=door, loaded=loaded)
+    return functools.partial(_built, cls, door, loaded, target=target)
+
+
+def _built(cls, door: Door, loaded, *args, target: Target):
+    """One serve's cache; `target` a keyword, so a run may hand a serve a target of its own
+    (its consensus folder: bench.run.worker._checked)."""
+    return cls(*args, sglang=SGLangCode(target, door, loaded))

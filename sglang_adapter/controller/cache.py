@@ -55,10 +55,10 @@ from hicache.agreement.consensus import rank_consensus
 from hicache.comm.comm import TICKET
 from sglang_adapter.controller.pinned import ControllerPin, TicketPin, WatchedHits
 from sglang_adapter.controller.project_stand_ins import ProjectHostPool, ProjectTreeCore
-from sglang_adapter.controller.rig import BASE, TICKET_GROUP, ControllerRig, _module
+from sglang_adapter.controller.rig import BASE, TICKET_GROUP, ControllerRig, RigSetup, _module
 from sglang_adapter.controller.tickets import Tickets, payload
 from sglang_adapter.controller.writes import ControllerWrites
-from sglang_adapter.decisions.cache import SGLangCache, site_of
+from sglang_adapter.decisions.cache import SGLangCache, SGLangCode, site_of
 
 ACKS = "sglang.srt.managers.cache_controller"  # HiCacheAck, what start_writing posts
 
@@ -76,9 +76,9 @@ class _Queued:
 class ControllerCache(SGLangCache):
     """One rank's cache with SGLang's controller path as its data path (module doc)."""
 
-    def __init__(self, *args, door, **kwargs):
-        self._door = door  # the rig names SGLang's groups on it as it makes them
-        super().__init__(*args, door=door, **kwargs)
+    def __init__(self, *args, sglang: SGLangCode, **kwargs):
+        self._door = sglang.door  # the rig names SGLang's groups on it as it makes them
+        super().__init__(*args, sglang=sglang, **kwargs)
 
     def _make_rig(self, loaded, tp_group, pp_group, storage):
         cfg, page = self.cfg, self.page
@@ -95,11 +95,11 @@ class ControllerCache(SGLangCache):
         # pages share the KV page's slot (hicache.cache.cache), so its load-back copies them
         sidecar = (None if self.host_side is None else
                    (ProjectHostPool(self.host_side, page), cfg.sidecar_hit_policy))
+        setup = RigSetup(storage, host_tokens=host.size, page_size=page, host=host, tree=tree,
+                         page_elems=cfg.kv_page_elems, threshold=cfg.prefetch_threshold,
+                         buffer_only=buffer, door=self._door, sidecar=sidecar)
         rig = ControllerRig(loaded, layout.rank, layout.tp, layout.pp, tp_group, pp_group,
-                            storage=storage, host_tokens=host.size, page_size=page,
-                            host=host, tree=tree, page_elems=cfg.kv_page_elems,
-                            threshold=cfg.prefetch_threshold, buffer_only=buffer,
-                            door=self._door, sidecar=sidecar)
+                            setup)
         self._groups = rig.sync_groups()  # on the door in start(): it is not set yet here
         self.gate = None
         if cfg.schedule == "pinned":  # what SGLang's drains see: on the virtual clock

@@ -19,7 +19,13 @@ import torch.distributed as dist
 from hicache.memory.hashing import page_hashes
 from hicache.memory.storage import StorageSpec, make_storage
 from hicache.spec.cost_model import Expected, expected_per_request
-from sglang_adapter.controller.rig import PAGE_ELEMS, POOL, STEP_WAIT_S, ControllerRig
+from sglang_adapter.controller.rig import (
+    PAGE_ELEMS,
+    POOL,
+    STEP_WAIT_S,
+    ControllerRig,
+    RigSetup,
+)
 from sglang_adapter.decisions.cache import P2P_OPS
 from sglang_adapter.decisions.poll import STEP_S, grid_groups
 from sglang_adapter.door import Door
@@ -162,8 +168,9 @@ def controller_rank(rank: int, world: int, source: Source, tp: int,
     door.register("pp", pp_group)
     door.install()
     try:
-        rig = ControllerRig(loaded, rank, tp, pp, tp_group, pp_group, storage=storage,
-                            host_tokens=4096 * 64, page_size=64, stall_s=stall_s)
+        rig = ControllerRig(loaded, rank, tp, pp, tp_group, pp_group,
+                            RigSetup(storage, host_tokens=4096 * 64, page_size=64,
+                                     stall_s=stall_s))
         for name, group in rig.sync_groups().items():
             door.register(name, group)
         outcomes = {}

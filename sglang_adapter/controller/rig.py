@@ -66,31 +66,47 @@ POOL = "kv"
 TICKET_GROUP = "sglang_ticket"  # the PP-ticket path's command group, as the door names it
 
 
+@dataclasses.dataclass(frozen=True)
+class RigSetup:
+    """What one rank's controller path is built over: the storage tier's store (read after
+    `stall_s`), the host pool's size and the page size. `host` / `tree`: the host pool and
+    tree core SGLang's path writes into (default the memory-less stand-ins; `bench run
+    --cache sglang --sglang-path controller` passes ones over the harness's own pool and
+    tree: sglang_adapter.controller.cache). `threshold`: the prefetch threshold in tokens
+    (0: one page). `buffer_only`: host memory is staging only, (device pool tokens, max
+    context length) for SGLang's BufferModePipeline; at PP > 1 its PP-ticket path
+    (sglang_adapter.controller.tickets). `door`: names the ticket group before its command
+    thread's first receive is issued (a later stage's thread waits in one). `sidecar`: a
+    side-car pool, (its host pool, its hit policy: all_pages or trailing_pages), registered
+    as SGLang registers one (`register_sidecar`)."""
+
+    storage: object
+    host_tokens: int
+    page_size: int
+    stall_s: float = 0.0
+    host: object = None
+    tree: object = None
+    page_elems: int = PAGE_ELEMS
+    threshold: int = 0
+    buffer_only: tuple[int, int] | None = None
+    door: Door | None = None
+    sidecar: tuple[object, str] | None = None
+
+
 class ControllerRig(UnifiedRig):
     """One rank's UnifiedRadixCache with SGLang's own HybridCacheController and threads."""
 
-    def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group, *,
-                 storage, host_tokens: int, page_size: int, stall_s: float = 0.0,
-                 host=None, tree=None, page_elems: int = PAGE_ELEMS, threshold: int = 0,
-                 buffer_only: tuple[int, int] | None = None, door: Door | None = None,
-                 sidecar: tuple[object, str] | None = None):
-        """`host` / `tree`: the host pool and tree core SGLang's path writes into (default
-        the memory-less stand-ins; `bench run --cache sglang --sglang-path controller` passes
-        ones over the harness's own pool and tree: sglang_adapter.controller.cache).
-        `buffer_only`: host memory is staging only, (device pool tokens, max context
-        length) for SGLang's BufferModePipeline; at PP > 1 its PP-ticket path
-        (sglang_adapter.controller.tickets). `door`: names the ticket group before its
-        command thread's first receive is issued (a later stage's thread waits in one).
-        `sidecar`: a side-car pool, (its host pool, its hit policy: all_pages or
-        trailing_pages), registered as SGLang registers one (`register_sidecar`)."""
-        self.sidecar = sidecar
+    def __init__(self, loaded: Loaded, rank: int, tp: int, pp: int, tp_group, pp_group,
+                 setup: RigSetup):
+        page_size, host_tokens = setup.page_size, setup.host_tokens
+        self.sidecar = setup.sidecar
         self.page_size, self.host_tokens = page_size, host_tokens
-        self.buffer_only, self.door = buffer_only, door
+        self.buffer_only, self.door = setup.buffer_only, setup.door
         self.decision = None  # what SGLang's last prefetch_from_storage returned
-        self.threshold = threshold or page_size
-        self.tier = Tier(storage, POOL, page_elems, stall_s=stall_s)
-        self.host = host or HostPool(host_tokens, page_size, page_elems)
-        self.tree = tree
+        self.threshold = setup.threshold or page_size
+        self.tier = Tier(setup.storage, POOL, setup.page_elems, stall_s=setup.stall_s)
+        self.host = setup.host or HostPool(host_tokens, page_size, setup.page_elems)
+        self.tree = setup.tree
         self.layout = (rank, tp, pp)
         super().__init__(loaded, rank, tp, pp, tp_group, pp_group)
 

@@ -39,6 +39,7 @@ harness's group it ran on, with its file:function:line per request.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from hicache.agreement.consensus import rank_consensus
 from hicache.cache.cache import HiCache
@@ -55,7 +56,7 @@ from hicache.comm.comm import (
 from sglang_adapter.decisions.poll import make_rig
 from sglang_adapter.door import Call, Door
 from sglang_adapter.judge import consensus
-from sglang_adapter.loader import LoadError
+from sglang_adapter.loader import Loaded, LoadError
 from sglang_adapter.target import Target
 
 P2P_OPS = ("isend", "irecv", "send", "recv")
@@ -84,12 +85,24 @@ def site_of(call: Call) -> str:
     return f"sglang:{call.site}"
 
 
+@dataclass(frozen=True)
+class SGLangCode:
+    """SGLang's code behind the seam for one serve: what the run asked for, the release
+    loaded in this process (once: sglang_adapter.serving), and the door its collectives
+    pass through."""
+
+    target: Target
+    door: Door
+    loaded: Loaded
+
+
 class SGLangCache(HiCache):
     """One rank's cache for `--cache sglang` (module docstring). Built by `factory`."""
 
     def __init__(self, cfg, layout, comm, storage, device, stats, consensus=None, *,
-                 target: Target, door: Door, loaded):
+                 sglang: SGLangCode):
         super().__init__(cfg, layout, comm, storage, device, stats, consensus)
+        target, door, loaded = sglang.target, sglang.door, sglang.loaded
         groups = comm.groups.pg
         tp_group = groups["tp_cpu"] if layout.tp > 1 else None
         pp_group = groups["pp_cpu"] if layout.pp > 1 else None
