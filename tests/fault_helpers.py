@@ -53,14 +53,13 @@ def stamped_scenario(rank: int, world: int, stamp_dir: str, *args) -> dict:
     return scenario(rank, world, *args)
 
 
-def capturing_scenario(rank: int, world: int, stamp_dir: str, cfg_kw: dict, storage_kw: dict,
-                       n: int, prefix_tokens: int, new_tokens: int, gap_s: float) -> dict:
-    """Like helpers.scenario, but a run that fails in a collective returns its error (and
-    the decisions logged so far) instead of raising, so a test sees every rank's side of a
-    divergence. Any other exception is raised: the launch fails and names it."""
+def capturing_scenario(rank: int, world: int, stamp_dir: str, *args) -> dict:
+    """Like helpers.scenario (`args` as its, after `world`), but a run that fails in a
+    collective returns its error (and the decisions logged so far) instead of raising, so a
+    test sees every rank's side of a divergence. Any other exception is raised: the launch
+    fails and names it."""
     stamp(stamp_dir, rank)
-    system, reqs = build_scenario(rank, cfg_kw, storage_kw, n, prefix_tokens, new_tokens,
-                                  gap_s)
+    system, reqs = build_scenario(rank, *args)
     t0, error = time.time(), None
     try:
         system.run(reqs)

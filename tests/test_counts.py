@@ -26,6 +26,7 @@ from hicache.spec.cost_model import (
     POLICIES,
     PROTOCOLS,
     Expected,
+    Setting,
     decision_per_poll,
     expected_per_request,
     per_step,
@@ -95,11 +96,11 @@ def _id(v):
 
 def _expected(proto: str, policy: str, tp: int, pp: int, row: dict, pp_rank: int,
               tags: str = "") -> Expected:
-    e = expected_per_request(proto, policy, tp, pp, row["polls"], row["hit_tokens"] // PAGE,
-                             row["op_issued"], row["io_issued"], row["terminated_by"] == "poll",
-                             host_memory=_host_memory(tags), absent_polls=row["absent_polls"],
-                             extra_pool="trail" in tags, trailing_sidecar="trail" in tags,
-                             ops=row["prefetch_ops"])
+    e = expected_per_request(Setting(proto, policy, tp, pp, host_memory=_host_memory(tags),
+                                     extra_pool="trail" in tags, trailing_sidecar="trail" in tags),
+                             row["polls"], row["hit_tokens"] // PAGE, row["op_issued"],
+                             row["io_issued"], row["terminated_by"] == "poll",
+                             absent_polls=row["absent_polls"], ops=row["prefetch_ops"])
     # With write-through ("wt") the expectation stands as is: copies and backups issue no
     # collective of their own, they ride in the per-step reduction (docs/design.md section 12).
     if pp_rank == 0:

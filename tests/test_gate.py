@@ -12,7 +12,7 @@ from bench.commands.gate import main as main_gate
 from bench.gate.evaluate import load_run
 from bench.rundir.files import write_csv_atomic, write_json_atomic
 from bench.rundir.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from hicache.spec.cost_model import POLICIES, expected_per_request
+from hicache.spec.cost_model import POLICIES, Setting, expected_per_request
 
 PROTOCOLS = ("pr27010", "pr36425", "step-clock")
 CONFIG = dict(preset="ci", tp=2, pp=1, world_size=2, device="cpu", backend="gloo",
@@ -26,7 +26,7 @@ def request_row(rng, protocol, policy, repeat, i):
     hit_pages = int(rng.integers(0, 300)) if i % 4 else 0
     op, io = hit_pages > 0, hit_pages > 0 and i % 7 != 3
     polls = int(rng.integers(1, 6)) if io else 0
-    e = expected_per_request(protocol, policy, 2, 1, polls, hit_pages, op, io)
+    e = expected_per_request(Setting(protocol, policy, 2, 1), polls, hit_pages, op, io)
     return dict(CONFIG, protocol=protocol, policy=policy, repeat=repeat, rid=f"r{repeat}-{i}",
                 arrival_s=0.01 * i, ttft_ms=float(rng.lognormal(np.log(100), 0.2)),
                 queue_ms=5.0, prefetch_io_ms=20.0, sched_lag_ms=3.0, sync_ms=1.0,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.hazards.review import Part, RunRows, page, strict_counts, verdict
+from bench.hazards.review import Findings, Part, RunRows, page, strict_counts, verdict
 from bench.hazards.side_changes import changed_first, changes, summary_lines, worse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +116,7 @@ def _got() -> RunRows:
 
 def test_the_review_page_has_the_headline_the_counts_and_the_changed_cells():
     run, haz = Part("python -m bench run ...", "r/run", 0), Part("...", "r/hazards", 1)
-    lines = page(["base", "head"], run, haz, _got(), ROWS)
+    lines = page(["base", "head"], Findings(run, haz, ROWS), _got())
     text = "\n".join(lines)
     assert lines[0] == "# Review: head against base"
     assert lines[2] == f"**FAILED**: hazard cell sidecar-race is worse on {HEAD}: OK -> abort."
@@ -135,9 +135,9 @@ def test_the_review_fails_on_a_failed_run_and_passes_an_aa():
     ok = Part("c", "f", 0)
     assert verdict(ok, ok, aa, False) == []
     assert "**OK**: the run ended OK and no hazard cell got worse (0 changed)." in \
-        page(["a", "b"], ok, ok, _got(), aa)
+        page(["a", "b"], Findings(ok, ok, aa), _got())
     assert verdict(Part("c", "r/run", 1), ok, aa, False) == ["the run FAILED (exit 1): r/run"]
-    text = "\n".join(page(["a", "b"], ok, ok, RunRows(None, None, None), aa))
+    text = "\n".join(page(["a", "b"], Findings(ok, ok, aa), RunRows(None, None, None)))
     assert "The run wrote no summary" in text and "No cell changed" in text
 
 
@@ -156,11 +156,11 @@ def test_a_strict_review_fails_on_a_count_difference_nobody_explained():
     assert len(why) == 2 and why[0].startswith("count difference not explained: ")
     assert strict_counts(_got(), ("unified_radix_cache.py:_can_terminate_prefetch",)) == []
     assert strict_counts(_got(), ("hiradix_cache.py",)) == found  # another site explains none
-    text = "\n".join(page(["a", "b"], ok, ok, _got(), [], counts=[],
+    text = "\n".join(page(["a", "b"], Findings(ok, ok, [], counts=[]), _got(),
                           explained=("unified_radix_cache.py",)))
     assert "## Count differences (--strict-counts)" in text
     assert "None unexplained (explained: unified_radix_cache.py)" in text
-    assert "Count differences" not in "\n".join(page(["a", "b"], ok, ok, _got(), []))
+    assert "Count differences" not in "\n".join(page(["a", "b"], Findings(ok, ok, []), _got()))
 
 
 def test_a_strict_review_holds_a_sites_rate_per_poll_only_when_pinned():
@@ -359,6 +359,6 @@ def test_the_review_judges_each_sides_timings_as_the_gate_does(step, bystander, 
     ok = Part("c", "f", 0)
     why = verdict(ok, ok, [], False, timings=found)
     assert len(why) == sum(s in ("FAIL", "UNRESOLVED") for s in states), why
-    text = "\n".join(page(["base", "head"], ok, ok, _got(), [], timings=found))
+    text = "\n".join(page(["base", "head"], Findings(ok, ok, [], timings=found), _got()))
     assert "## Timings at the gate's thresholds" in text
     assert f"- {HEAD} wait_complete step_mean: {states[0]}" in text

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from hicache.agreement.protocols import Facts, make_protocol
-from hicache.spec.cost_model import decision_per_poll, expected_per_request
+from hicache.spec.cost_model import Setting, decision_per_poll, expected_per_request
 from tests.protocol_sim import simulate_ranks
 
 PENDING, TIMED_OUT = Facts(), Facts(timed_out=True)
@@ -65,6 +65,6 @@ def test_absent_polls_cost_only_pr38284():
     """Per request at TP2 x PP2 under timeout: 3 polls of its prefetch plus 2 walks that
     reached it with nothing ongoing (after it ended). pr38284 pays T + P for all 5."""
     for proto, want in (("pr36425", (3, 3)), ("pr38284", (5, 5)), ("pr33029", (3, 3))):
-        e = expected_per_request(proto, "timeout", 2, 2, 3, 8, True, True, absent_polls=2)
+        e = expected_per_request(Setting(proto, "timeout", 2, 2), 3, 8, True, True, absent_polls=2)
         assert (e.decision, e.pp_hops) == want, proto
     assert decision_per_poll("pr38284", "timeout", 2, 2) == (1, 1)

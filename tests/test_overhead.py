@@ -14,6 +14,7 @@ from bench.analysis.overhead import (
     per_poll_ms,
     scaled_allreduce_ms,
 )
+from hicache.spec.cost_model import Setting
 
 
 def test_per_poll_cost_by_protocol():
@@ -31,20 +32,24 @@ def test_per_poll_cost_by_protocol():
 def test_extra_step_time_is_polls_times_cost():
     # The model of docs/design.md section 8.2: 26 requests polled per step at 0.3 ms each
     # add 7.8 ms per step for pr27010
-    assert extra_step_ms("pr27010", "wait_complete", 2, 1, 26, 0.3, 0.15) == pytest.approx(7.8)
-    assert extra_step_ms("pr36425", "wait_complete", 2, 1, 26, 0.3, 0.15) == 0.0
+    assert extra_step_ms(Setting("pr27010", "wait_complete", 2, 1), 26, 0.3, 0.15) == \
+        pytest.approx(7.8)
+    assert extra_step_ms(Setting("pr36425", "wait_complete", 2, 1), 26, 0.3, 0.15) == 0.0
     # pre27010 adds its completion MINs: 0.5 per step at 0.3 ms
-    got = extra_step_ms("pre27010", "wait_complete", 2, 1, 10, 0.3, 0.15, 0.5)
+    got = extra_step_ms(Setting("pre27010", "wait_complete", 2, 1), 10, 0.3, 0.15, 0.5)
     assert got == pytest.approx(10 * 0.3 + 0.5 * 0.3)
 
 
 def test_pipelined_per_step_min_is_hidden():
     """pr39903: pr36425's polls, less the per-step MIN it no longer waits for: one TP MIN
     a step at TP2 (0.3 ms), two on stage 0 at TP2 x PP2, none at TP1."""
-    assert extra_step_ms("pr39903", "wait_complete", 2, 1, 26, 0.3, 0.15) == pytest.approx(-0.3)
-    assert extra_step_ms("pr39903", "timeout", 2, 1, 4, 0.3, 0.15) == pytest.approx(4 * 0.3 - 0.3)
-    assert extra_step_ms("pr39903", "wait_complete", 2, 2, 5, 0.3, 0.1) == pytest.approx(-0.6)
-    assert extra_step_ms("pr39903", "wait_complete", 1, 1, 5, 0.3, 0.1) == 0.0
+    def pr39903(policy: str, tp: int, pp: int) -> Setting:
+        return Setting("pr39903", policy, tp, pp)
+
+    assert extra_step_ms(pr39903("wait_complete", 2, 1), 26, 0.3, 0.15) == pytest.approx(-0.3)
+    assert extra_step_ms(pr39903("timeout", 2, 1), 4, 0.3, 0.15) == pytest.approx(4 * 0.3 - 0.3)
+    assert extra_step_ms(pr39903("wait_complete", 2, 2), 5, 0.3, 0.1) == pytest.approx(-0.6)
+    assert extra_step_ms(pr39903("wait_complete", 1, 1), 5, 0.3, 0.1) == 0.0
 
 
 def test_allreduce_scaling():

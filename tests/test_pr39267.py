@@ -18,7 +18,7 @@ import torch
 from hicache.agreement.hit_query import POOL_NAMES, agree_hit, flags, verdicts
 from hicache.agreement.protocols import make_protocol
 from hicache.spec.config import HiCacheConfig
-from hicache.spec.cost_model import expected_per_request, hit_query_rounds
+from hicache.spec.cost_model import Setting, expected_per_request, hit_query_rounds
 from tests.helpers import case, run_cases
 from tests.test_counts import N_REQUESTS, PREFIX, STORAGE
 from tests.test_counts import _check_layout as check_contract
@@ -122,11 +122,12 @@ def test_hit_query_counts_by_hand(tp, pp, per):
     assert hit_query_rounds("pr39267", True) == 2 and hit_query_rounds("pr39267", False) == 1
     assert hit_query_rounds("sglang-0.5.23", True) == 1
     for proto, rounds in (("pr39267", 2), ("sglang-0.5.23", 1)):
-        e = expected_per_request(proto, "wait_complete", tp, pp, 3, 8, True, True,
-                                 extra_pool=True, trailing_sidecar=True)
+        e = expected_per_request(Setting(proto, "wait_complete", tp, pp, extra_pool=True,
+                                         trailing_sidecar=True),
+                                 3, 8, True, True)
         assert (e.hit_query, e.ack, e.decision) == (rounds * per, 2 * per, 0)
-    e = expected_per_request("pr39267", "wait_complete", tp, pp, 3, 0, False, False,
-                             trailing_sidecar=True)
+    e = expected_per_request(Setting("pr39267", "wait_complete", tp, pp, trailing_sidecar=True),
+                             3, 0, False, False)
     assert e.hit_query == 0  # no prefetch issued: no query
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from hicache.agreement.protocols import make_protocol
 from hicache.agreement.step_agreement import SGLANG_0_5_19
-from hicache.spec.cost_model import decision_per_poll, expected_per_request, per_step
+from hicache.spec.cost_model import Setting, decision_per_poll, expected_per_request, per_step
 from tests.helpers import case, run_cases
 from tests.test_counts import FAST_TIMEOUT, N_REQUESTS, PREFIX, STORAGE, WRITE_THROUGH
 from tests.test_counts import _check_layout as check_contract
@@ -48,7 +48,7 @@ def test_counts_are_pr36425s_by_hand(policy):
     assert per_step("pr39903", 2, 1) == (1, 0)
     assert per_step("pr39903", 2, 2, 0) == (2, 2) and per_step("pr39903", 2, 2, 1) == (0, 2)
     # 3 polls, 8 pages: hit query T + P, one ack T + P, decisions as pr36425's.
-    e = expected_per_request("pr39903", policy, 2, 2, 3, 8, True, True)
+    e = expected_per_request(Setting("pr39903", policy, 2, 2), 3, 8, True, True)
     assert (e.hit_query, e.ack) == (2, 2)
     assert (e.decision, e.pp_hops) == (3 * want[1][0], 3 * want[1][1])
 

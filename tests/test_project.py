@@ -32,7 +32,9 @@ def assume(c_ms=0.3, tp0=2, hop=0.15, scaling="ring", base=21.0):
     return Assumptions(c_ms, tp0, hop, scaling, base, "c", "hop", "base")
 
 
-def point(protocol, policy, polls, step, measured=None, low=None, high=None, tp=2, pp=1):
+def point(protocol, policy, polls, step, measured=None, ci=(None, None), tp=2, pp=1):
+    """A summary row; `ci`: the measured extra step time's interval (low, high)."""
+    low, high = ci
     return dict(protocol=protocol, policy=policy, tp=tp, pp=pp, polls_per_step=polls,
                 decode_step_p50_ms=step, step_mean_ms=step, predicted_extra_step_ms=None,
                 measured_extra_step_ms=measured, measured_extra_step_ci_low_ms=low,
@@ -54,11 +56,11 @@ def make_run(run_dir, calib=None, summary=True):
     write_json_atomic(run_dir / "env.json", collect_env("gloo", {"world_size": 2, "tp": 2,
                                                                  "pp": 1}))
     if summary:
-        rows = [point("pr27010", "wait_complete", 26, 28.0, 8.5, 7.0, 10.0),
-                point("pr36425", "wait_complete", 30, 20.0, 0.1, -0.3, 0.5),
+        rows = [point("pr27010", "wait_complete", 26, 28.0, 8.5, (7.0, 10.0)),
+                point("pr36425", "wait_complete", 30, 20.0, 0.1, (-0.3, 0.5)),
                 point("step-clock", "timeout", 31, 22.0),
-                point("pr36425", "timeout", 12, 25.0, 4.0, 3.0, 5.2),
-                point("pr27010", "timeout", None, 30.0, 3.0, 2.0, 4.0)]
+                point("pr36425", "timeout", 12, 25.0, 4.0, (3.0, 5.2)),
+                point("pr27010", "timeout", None, 30.0, 3.0, (2.0, 4.0))]
         write_csv_atomic(run_dir / "summary.csv", rows, SUMMARY)
     return run_dir
 
@@ -113,7 +115,7 @@ def test_cost_classes():
 
 
 def test_measured_points_carried():
-    summary = [point("pr27010", "wait_complete", 26.0, 28.0, 8.5, 7.0, 10.0),
+    summary = [point("pr27010", "wait_complete", 26.0, 28.0, 8.5, (7.0, 10.0)),
                point("pr27010", "timeout", float("nan"), 28.0, float("nan")),
                point("mystery", "timeout", 5.0, 28.0, 1.0)]
     rows = measured_rows(summary, assume())

@@ -13,7 +13,7 @@ from bench.commands.report import main as main_report
 from bench.rundir.env import collect_env
 from bench.rundir.files import write_csv_atomic, write_json_atomic
 from bench.rundir.schema import REQUEST_COLUMNS, STEP_COLUMNS, SUMMARY_COLUMNS
-from hicache.spec.cost_model import expected_per_request
+from hicache.spec.cost_model import Setting, expected_per_request
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,7 @@ CONFIG = dict(preset="t", tp=2, pp=2, world_size=4, device="cpu", backend="gloo"
 
 def request(rng, protocol, policy, rate, repeat, i):
     polls, hit_pages = int(rng.integers(0, 4)), int(rng.integers(1, 200))
-    e = expected_per_request(protocol, policy, 2, 2, polls, hit_pages, True, True)
+    e = expected_per_request(Setting(protocol, policy, 2, 2), polls, hit_pages, True, True)
     return dict(CONFIG, protocol=protocol, policy=policy, rate_rps=rate, repeat=repeat,
                 rid=f"{repeat}-{i}", arrival_s=i * 0.1, ttft_ms=float(rng.gamma(4, 25)) * rate,
                 queue_ms=2.0, prefetch_io_ms=10.0, sched_lag_ms=5.0, sync_ms=1.0,

@@ -26,7 +26,7 @@ from hicache.cache.retries import PrefetchRetries
 from hicache.comm.groups import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
-from hicache.spec.cost_model import background_cost, expected_per_request
+from hicache.spec.cost_model import Setting, background_cost, expected_per_request
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
 
 PAGE = 64
@@ -290,11 +290,12 @@ def test_pages_written_during_the_serve_count_at_once():
 
 @pytest.mark.parametrize("tp, pp", [(2, 1), (2, 2)])
 def test_expected_hit_queries_count_every_prefetch_operation(tp, pp):
-    one = expected_per_request("sglang-0.5.23", "timeout", tp, pp, 3, 8, True, True)
-    assert expected_per_request("sglang-0.5.23", "timeout", tp, pp, 3, 8, True, True,
+    one = expected_per_request(Setting("sglang-0.5.23", "timeout", tp, pp), 3, 8, True, True)
+    assert expected_per_request(Setting("sglang-0.5.23", "timeout", tp, pp), 3, 8, True, True,
                                 ops=1) == one
-    three = expected_per_request("sglang-0.5.23", "timeout", tp, pp, 3, 8, True, True, ops=3)
+    three = expected_per_request(Setting("sglang-0.5.23", "timeout", tp, pp), 3, 8, True, True,
+                                 ops=3)
     assert three.hit_query == 3 * background_cost("sglang-0.5.23", tp, pp) == 3 * one.hit_query
     assert (three.decision, three.ack, three.pp_hops) == (one.decision, one.ack, one.pp_hops)
-    assert expected_per_request("sglang-0.5.23", "timeout", tp, pp, 0, 0, False, False,
+    assert expected_per_request(Setting("sglang-0.5.23", "timeout", tp, pp), 0, 0, False, False,
                                 ops=0).hit_query == 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.spec.cost_model import expected_per_request
+from hicache.spec.cost_model import Setting, expected_per_request
 from hicache.spec.step_time import StepTimeModel
 from tests.helpers import case, run_cases
 
@@ -50,8 +50,8 @@ def retry_runs():
 
 
 def _expected_row(protocol: str, row: dict) -> tuple:
-    e = expected_per_request(protocol, "timeout", 2, 1, row["polls"], row["hit_tokens"] // PAGE,
-                             row["op_issued"], row["io_issued"],
+    e = expected_per_request(Setting(protocol, "timeout", 2, 1), row["polls"],
+                             row["hit_tokens"] // PAGE, row["op_issued"], row["io_issued"],
                              row["terminated_by"] == "poll", ops=row["prefetch_ops"])
     return astuple(e)
 

@@ -21,7 +21,7 @@ from hicache.cache.operations import PrefetchOp
 from hicache.comm.groups import Layout
 from hicache.memory.storage import SimStorage, StorageSpec
 from hicache.spec.config import HiCacheConfig
-from hicache.spec.cost_model import POLICIES, decision_per_poll, expected_per_request
+from hicache.spec.cost_model import POLICIES, Setting, decision_per_poll, expected_per_request
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
 from tests.protocol_sim import simulate
 
@@ -128,11 +128,12 @@ def test_ticket_path_cost_per_poll(policy):
 def test_ticket_path_per_request(k):
     """TP2 x PP2: k polls of T + P, the ticket broadcast, the hit MIN and one ack per batch
     over TP then PP (the final ack free)."""
-    e = expected_per_request("sglang-0.5.23", "wait_complete", 2, 2, k, 300, True, True,
-                             host_memory="buffer_only")
+    e = expected_per_request(Setting("sglang-0.5.23", "wait_complete", 2, 2,
+                                     host_memory="buffer_only"),
+                             k, 300, True, True)
     assert (e.decision, e.pp_hops, e.completion, e.hit_query, e.ack, e.ticket) == (
         k, k, 0, 2, 2 * 3, 1)
-    e = expected_per_request("sglang-0.5.23", "wait_complete", 2, 2, k, 300, True, True)
+    e = expected_per_request(Setting("sglang-0.5.23", "wait_complete", 2, 2), k, 300, True, True)
     assert (e.decision, e.ticket) == (0, 0)  # cache host memory: no ticket
 
 

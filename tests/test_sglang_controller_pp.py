@@ -25,7 +25,7 @@ import pytest
 
 from bench.run.launch import launch
 from bench.sglang_poll import controller as check
-from hicache.spec.cost_model import expected_per_request
+from hicache.spec.cost_model import Setting, expected_per_request
 from sglang_adapter import Target, controller_unfit, run_unfit
 from sglang_adapter.controller.rank import controller_rank
 from sglang_adapter.target import pick_path
@@ -118,8 +118,9 @@ def test_bench_run_at_pp2_costs_what_the_model_says_per_request(pp_run):
     assert set(rows["protocol"]) == {"sglang-0.5.23@unified"}
     for rid, r in rows.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request("sglang-0.5.23", r["policy"], 1, 2, r["polls"], hit_pages,
-                                    r["op_issued"], r["io_issued"], r["terminated_by"] == "poll")
+        want = expected_per_request(Setting("sglang-0.5.23", r["policy"], 1, 2), r["polls"],
+                                    hit_pages, r["op_issued"], r["io_issued"],
+                                    r["terminated_by"] == "poll")
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
                r["hit_query_collectives"], r["ack_collectives"])
         assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,

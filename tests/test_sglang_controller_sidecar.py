@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.spec.cost_model import IO_BATCH_PAGES, expected_per_request
+from hicache.spec.cost_model import IO_BATCH_PAGES, Setting, expected_per_request
 from sglang_adapter import Target, controller_unfit, run_unfit
 from sglang_adapter.target import pick_path
 from tests.sglang_wheels import sglang_wheel
@@ -88,9 +88,9 @@ def test_a_sidecar_pool_at_tp2_costs_what_the_model_says_per_request(sidecar_run
     assert rows["extra_pool"].all()
     for rid, r in rows.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request("sglang-0.5.23", r["policy"], 2, 1, r["polls"], hit_pages,
-                                    r["op_issued"], r["io_issued"], r["terminated_by"] == "poll",
-                                    extra_pool=True, ops=int(r["prefetch_ops"]))
+        want = expected_per_request(Setting("sglang-0.5.23", r["policy"], 2, 1, extra_pool=True),
+                                    r["polls"], hit_pages, r["op_issued"], r["io_issued"],
+                                    r["terminated_by"] == "poll", ops=int(r["prefetch_ops"]))
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
                r["hit_query_collectives"], r["ack_collectives"])
         assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,

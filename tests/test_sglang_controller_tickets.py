@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.spec.cost_model import expected_per_request
+from hicache.spec.cost_model import Setting, expected_per_request
 from sglang_adapter import Target, controller_unfit, run_unfit
 from sglang_adapter.target import pick_path
 from tests.sglang_wheels import sglang_wheel
@@ -101,9 +101,10 @@ def test_tickets_at_tp2_pp2_cost_what_the_model_says_per_request(ticket_run):
     rows = pd.read_csv(ticket_run / "requests.csv").set_index("rid")
     for rid, r in rows.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request("sglang-0.5.23", r["policy"], 2, 2, r["polls"], hit_pages,
-                                    r["op_issued"], r["io_issued"], r["terminated_by"] == "poll",
-                                    host_memory="buffer_only")
+        want = expected_per_request(Setting("sglang-0.5.23", r["policy"], 2, 2,
+                                            host_memory="buffer_only"),
+                                    r["polls"], hit_pages, r["op_issued"], r["io_issued"],
+                                    r["terminated_by"] == "poll")
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
                r["hit_query_collectives"], r["ack_collectives"], r["ticket_collectives"])
         assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,

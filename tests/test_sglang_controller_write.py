@@ -25,7 +25,7 @@ import torch
 from hicache.cache.operations import KV
 from hicache.memory.pools import PagePool, expected_rows
 from hicache.memory.storage import StorageSpec, make_storage
-from hicache.spec.cost_model import expected_per_request, per_step
+from hicache.spec.cost_model import Setting, expected_per_request, per_step
 from sglang_adapter.controller.stand_ins import Tier
 from sglang_adapter.controller.writes import ControllerWrites
 from tests.sglang_wheels import sglang_wheel
@@ -45,9 +45,8 @@ def costs_no_write_collective(out: Path, tp: int, pp: int, release: str = "0.5.2
     reqs = pd.read_csv(out / "requests.csv")
     for _, r in reqs.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request(protocol, r["policy"], tp, pp, r["polls"],
-                                    hit_pages, r["op_issued"], r["io_issued"],
-                                    r["terminated_by"] == "poll")
+        want = expected_per_request(Setting(protocol, r["policy"], tp, pp), r["polls"], hit_pages,
+                                    r["op_issued"], r["io_issued"], r["terminated_by"] == "poll")
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],
                r["hit_query_collectives"], r["ack_collectives"])
         assert got == (want.decision, want.completion, want.pp_hops, want.hit_query,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hicache.spec.cost_model import expected_per_request, per_step
+from hicache.spec.cost_model import Setting, expected_per_request, per_step
 from tests.sglang_wheels import sglang_wheel
 
 REPO = Path(__file__).resolve().parent.parent
@@ -277,7 +277,7 @@ def test_controller_run_costs_what_the_model_says_given_its_polls(both_runs):
     tp, pp = both_runs["layout"]
     for (policy, rid), r in sgl.iterrows():
         hit_pages = r["hit_tokens"] // r["page_size"] if r["io_issued"] else 0
-        want = expected_per_request(both_runs["protocol"], policy, tp, pp, r["polls"],
+        want = expected_per_request(Setting(both_runs["protocol"], policy, tp, pp), r["polls"],
                                     hit_pages, r["op_issued"], r["io_issued"],
                                     r["terminated_by"] == "poll")
         got = (r["decision_collectives"], r["completion_collectives"], r["pp_hops"],

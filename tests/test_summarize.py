@@ -20,8 +20,10 @@ CONFIG = dict(preset="t", tp=2, pp=1, world_size=2, device="cpu", backend="gloo"
               race_guard=True)
 
 
-def req(protocol, policy, repeat, rid, ttft, polls, decision, hit_tokens, ack, **kw):
-    """One requests.csv row; a prefetch was issued when hit_tokens > 0."""
+def req(key, ttft, polls, decision, hit_tokens, ack, **kw):
+    """One requests.csv row, `key` (protocol, policy, repeat, rid); a prefetch was issued
+    when hit_tokens > 0."""
+    protocol, policy, repeat, rid = key
     issued = hit_tokens > 0
     row = dict(CONFIG, protocol=protocol, policy=policy, repeat=repeat, rid=rid, arrival_s=0.0,
                ttft_ms=ttft, queue_ms=1.0, prefetch_io_ms=2.0, sched_lag_ms=float(polls),
@@ -38,15 +40,15 @@ def req(protocol, policy, repeat, rid, ttft, polls, decision, hit_tokens, ack, *
 def requests_frame():
     # Acks at TP2: one per 128-page batch (the final ack is free): 10 pages -> 1, 200 -> 2.
     rows = [
-        req("pr27010", "wait_complete", 0, "a", 100, 3, 3, 640, 1),
-        req("pr27010", "wait_complete", 0, "b", 50, 0, 0, 0, 0),
-        req("pr27010", "wait_complete", 1, "a", 120, 2, 2, 640, 1),
-        req("pr27010", "wait_complete", 1, "b", 80, 1, 1, 12800, 2),
-        req("pr36425", "wait_complete", 0, "a", 90, 3, 0, 640, 1),
-        req("pr36425", "wait_complete", 0, "b", 40, 0, 0, 0, 0),
-        req("pr36425", "wait_complete", 1, "a", 100, 2, 0, 640, 1, data_ok=False),
-        req("pr36425", "wait_complete", 1, "b", 60, 1, 0, 12800, 2),
-        req("pr36425", "timeout", 0, "a", 70, 2, 2, 640, 1, ranks_agree=False),
+        req(("pr27010", "wait_complete", 0, "a"), 100, 3, 3, 640, 1),
+        req(("pr27010", "wait_complete", 0, "b"), 50, 0, 0, 0, 0),
+        req(("pr27010", "wait_complete", 1, "a"), 120, 2, 2, 640, 1),
+        req(("pr27010", "wait_complete", 1, "b"), 80, 1, 1, 12800, 2),
+        req(("pr36425", "wait_complete", 0, "a"), 90, 3, 0, 640, 1),
+        req(("pr36425", "wait_complete", 0, "b"), 40, 0, 0, 0, 0),
+        req(("pr36425", "wait_complete", 1, "a"), 100, 2, 0, 640, 1, data_ok=False),
+        req(("pr36425", "wait_complete", 1, "b"), 60, 1, 0, 12800, 2),
+        req(("pr36425", "timeout", 0, "a"), 70, 2, 2, 640, 1, ranks_agree=False),
     ]
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
@@ -205,7 +207,7 @@ def test_expected_counts_on_the_ticket_path_and_for_runs_before_host_memory():
     """sglang-0.5.23, buffer_only, TP2 x PP2, 4 polls of 10 pages: 4 decisions; background
     hit MIN 2 + one ack 2 + the ticket 1. A run without the column is "cache": no ticket."""
     kw = dict(pp=2, host_memory="buffer_only", ticket_collectives=1, hit_query_collectives=2)
-    rows = pd.DataFrame([req("sglang-0.5.23", "wait_complete", 0, "a", 90, 4, 4, 640, 2, **kw)],
+    rows = pd.DataFrame([req(("sglang-0.5.23", "wait_complete", 0, "a"), 90, 4, 4, 640, 2, **kw)],
                         columns=REQUEST_COLUMNS)
     e = expected_counts(rows)
     assert (e["decision"].iloc[0], e["background"].iloc[0]) == (4, 5)

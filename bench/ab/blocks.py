@@ -89,16 +89,34 @@ DEFAULT_PRESET = "ci"
 DEFAULT_BLOCKS = 6
 
 
-def make_plan(rev_a: str, rev_b: str, preset: str = DEFAULT_PRESET,
-              blocks: int = DEFAULT_BLOCKS, seed: int = 0, per_block: int = 1,
-              threshold: float = DEFAULT_THRESHOLD, protocols: str | None = None,
-              policies: str | None = None, metrics: list[str] | None = None,
-              out: Path | None = None, size: dict[str, int] | None = None) -> AbPlan:
-    """The plan of `bench ab REV_A REV_B` (and of each bisect step); `size` the runs'
-    --requests / --bystanders. ValueError (one line) for bad settings, RevisionError for an
-    unknown or dirty revision."""
+@dataclass(frozen=True)
+class AbSettings:
+    """What `bench ab` (and each bisect step) was asked for besides its two revisions, as
+    given on its command line; `size` the runs' --requests / --bystanders; `out` None: a
+    new results folder."""
+
+    preset: str = DEFAULT_PRESET
+    blocks: int = DEFAULT_BLOCKS
+    seed: int = 0
+    per_block: int = 1
+    threshold: float = DEFAULT_THRESHOLD
+    protocols: str | None = None
+    policies: str | None = None
+    metrics: list[str] | None = None
+    out: Path | None = None
+    size: dict[str, int] | None = None
+
+
+def make_plan(rev_a: str, rev_b: str, settings: AbSettings = AbSettings()) -> AbPlan:
+    """The plan of `bench ab REV_A REV_B` (and of each bisect step). ValueError (one line)
+    for bad settings, RevisionError for an unknown or dirty revision."""
     from bench.ab.revisions import resolve
     from bench.rundir.env import REPO_DIR
+
+    preset, blocks, seed = settings.preset, settings.blocks, settings.seed
+    per_block, threshold, metrics = settings.per_block, settings.threshold, settings.metrics
+    protocols, policies, out, size = (settings.protocols, settings.policies, settings.out,
+                                      settings.size)
 
     if blocks < 1 or per_block < 1:
         raise ValueError(f"--repeats and --repeats-per-block must be >= 1, got {blocks} "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from hicache.spec.cost_model import decision_per_poll, hidden_per_step
+from hicache.spec.cost_model import Setting, decision_per_poll, hidden_per_step
 
 SCALINGS = ("ring", "log2")
 
@@ -60,13 +60,15 @@ def per_poll_ms(protocol: str, policy: str, tp: int, pp: int, c_ar_ms: float,
     return t * c_ar_ms + p * (pp - 1) * c_hop_ms
 
 
-def extra_step_ms(protocol: str, policy: str, tp: int, pp: int, polls_per_step: float,
-                  c_ar_ms: float, c_hop_ms: float, completions_per_step: float = 0.0,
-                  host_memory: str = "cache") -> float:
+def extra_step_ms(setting: Setting, polls_per_step: float, c_ar_ms: float, c_hop_ms: float,
+                  completions_per_step: float = 0.0) -> float:
     """Predicted extra scheduler time per step from decision (and completion) collectives,
-    less the per-step MIN a pipelined agreement hides."""
+    less the per-step MIN a pipelined agreement hides (`setting`'s pools aside from its host
+    memory do not matter here)."""
+    protocol, tp, pp = setting.protocol, setting.tp, setting.pp
     completion = completions_per_step * c_ar_ms if tp > 1 else 0.0
-    per_poll = per_poll_ms(protocol, policy, tp, pp, c_ar_ms, c_hop_ms, host_memory)
+    per_poll = per_poll_ms(protocol, setting.policy, tp, pp, c_ar_ms, c_hop_ms,
+                           setting.host_memory)
     hidden = hidden_per_step(protocol, tp, pp) * c_ar_ms
     return polls_per_step * per_poll + completion - hidden
 

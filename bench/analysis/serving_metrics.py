@@ -30,7 +30,7 @@ from bench.stats import (
     ratio_interval,
     stat_value,
 )
-from hicache.spec.cost_model import decision_per_poll
+from hicache.spec.cost_model import Setting, decision_per_poll
 
 CLASSES = ("prefetch", "bystander")
 # Ratio metrics vs pr27010 (schema.RATIO_METRICS): name -> (source, class filter, statistic)
@@ -229,8 +229,9 @@ def _predicted(row: dict, s: pd.DataFrame, calib: dict) -> dict:
     completions, polls = s["completion"].mean(), s["polled"].mean()
     host_memory = row.get("host_memory")
     host_memory = host_memory if isinstance(host_memory, str) else "cache"
-    predict = [extra_step_ms(row["protocol"], row["policy"], tp, pp, polls, c_ms, hop,
-                             completions, host_memory)
+    predict = [extra_step_ms(Setting(row["protocol"], row["policy"], tp, pp,
+                                     host_memory=host_memory),
+                             polls, c_ms, hop, completions)
                for c_ms in (c["mean_ms"], c["mean_ci_low_ms"], c["mean_ci_high_ms"])]
     critical = s[["decision", "completion", "pp_hop"]].to_numpy().sum()
     return {"c_ms": c["mean_ms"], "c_p50_ms": c["p50_ms"],

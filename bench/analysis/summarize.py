@@ -39,7 +39,7 @@ from bench.stats import (
     ratio_interval,
 )
 from bench.verdict.run_rules import data_errors, rejected, served, unexplained_disagreements
-from hicache.spec.cost_model import POLICIES, PROTOCOLS, expected_per_request
+from hicache.spec.cost_model import POLICIES, PROTOCOLS, Setting, expected_per_request
 
 
 def config_groups(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
@@ -80,9 +80,10 @@ def expected_counts(requests: pd.DataFrame) -> pd.DataFrame:
                host, absent, ops, strict=True)
     decision, background = [], []
     for proto, policy, tp, pp, polls, pages, op, io, by_poll, side, mem, gone, n in rows:
-        e = expected_per_request(proto, policy, int(tp), int(pp), int(polls), int(pages),
-                                 bool(op), bool(io), bool(by_poll), bool(side), str(mem),
-                                 int(gone), ops=None if pd.isna(n) else int(n))
+        e = expected_per_request(Setting(proto, policy, int(tp), int(pp), host_memory=str(mem),
+                                         extra_pool=bool(side)),
+                                 int(polls), int(pages), bool(op), bool(io), bool(by_poll),
+                                 absent_polls=int(gone), ops=None if pd.isna(n) else int(n))
         decision.append(e.decision)
         background.append(e.hit_query + e.ack + e.ticket)
     return pd.DataFrame({"decision": decision, "background": background}, index=requests.index)

@@ -88,12 +88,12 @@ def parser() -> CliParser:
 
 def build_plan(argv: list[str]):
     """ab's command line, unpacked once into the engine's plan."""
-    from bench.ab.blocks import make_plan
+    from bench.ab.blocks import AbSettings, make_plan
 
     args = parser().parse_args(argv)
-    return make_plan(args.rev_a, args.rev_b, args.preset, args.repeats, args.seed,
-                     args.repeats_per_block, args.threshold, args.protocols, args.policies,
-                     metric_list(args.metric), args.out, size_of(args))
+    return make_plan(args.rev_a, args.rev_b, AbSettings(
+        args.preset, args.repeats, args.seed, args.repeats_per_block, args.threshold,
+        args.protocols, args.policies, metric_list(args.metric), args.out, size_of(args)))
 
 
 def _main(argv: list[str]) -> int:

@@ -65,15 +65,15 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _main(argv: list[str]) -> int:
     from bench.ab.bisect import ab_judge, search
-    from bench.ab.blocks import make_plan
+    from bench.ab.blocks import AbSettings, make_plan
     from bench.ab.revisions import commits_between, resolve, subject
     from bench.rundir.env import REPO_DIR
     from bench.rundir.rundir import RunDir
 
     args = _parse(argv)
-    base = make_plan(args.good, args.good, args.preset, args.repeats, 0,
-                     args.repeats_per_block, args.threshold, args.protocols, args.policies,
-                     [args.metric], size=size_of(args))  # checks GOOD and the settings as ab
+    settings = AbSettings(args.preset, args.repeats, 0, args.repeats_per_block, args.threshold,
+                          args.protocols, args.policies, [args.metric], size=size_of(args))
+    base = make_plan(args.good, args.good, settings)  # checks GOOD and the settings as ab
     bad = resolve(args.bad, REPO_DIR)
     commits = commits_between(base.a, bad, REPO_DIR)
     if not commits:

@@ -33,6 +33,7 @@ from bench.errors import UserError
 from bench.hazards import review_decision, review_stages
 from bench.hazards.classify import REFUSED
 from bench.hazards.review import (
+    Findings,
     Part,
     RunRows,
     closing_lines,
@@ -155,8 +156,8 @@ def _body(argv: list[str]) -> int:
     got = _run_rows(RunDir(run.folder))
     explained = tuple(x for x in args.explained.split(",") if x)
     counts = strict_counts(got, explained) if args.strict_counts else None
-    lines = page(names, run, hazards, got, rows, args.sglang_consensus, counts, explained,
-                 timings)
+    found = Findings(run, hazards, rows, args.sglang_consensus, counts, timings)
+    lines = page(names, found, got, explained)
     write_text_atomic(RunDir(out).file("review"), "\n".join(lines) + "\n")
     why = verdict(run, hazards, rows, args.sglang_consensus, counts, timings)
     why += timings.failed_stages()

@@ -48,6 +48,20 @@ class RunRows:
     plan: dict | None
 
 
+@dataclass(frozen=True)
+class Findings:
+    """What the review's verbs found: how the run and the matrix ended, the matrix's rows
+    (under SGLang's consensus checker or not), a strict review's unexplained count
+    differences (None: not strict) and the sides' timing verdicts (as for verdict)."""
+
+    run: Part
+    hazards: Part
+    rows: list[dict]
+    consensus: bool = False
+    counts: list[str] | None = None
+    timings: list[Verdict] | None = None
+
+
 def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
             counts: list[str] | None = None, timings: list[Verdict] | None = None
             ) -> list[str]:
@@ -113,15 +127,15 @@ def strict_counts(got: RunRows, explained: tuple[str, ...]) -> list[str]:
     return count_changes(got.summary, got.requests, got.plan, explained)
 
 
-def page(sides: list[str], run: Part, hazards: Part, got: RunRows, rows: list[dict],
-         consensus: bool = False, counts: list[str] | None = None,
-         explained: tuple[str, ...] = (), timings: list[Verdict] | None = None
+def page(sides: list[str], found: Findings, got: RunRows, explained: tuple[str, ...] = ()
          ) -> list[str]:
-    """The page's lines (markdown); `counts` and `timings` as for verdict."""
+    """The page's lines (markdown)."""
+    run, hazards, rows, consensus = found.run, found.hazards, found.rows, found.consensus
+    counts, timings = found.counts, found.timings
     why = verdict(run, hazards, rows, consensus, counts, timings)
-    found = changes(rows, consensus)
+    changed = changes(rows, consensus)
     return [f"# Review: {', '.join(sides[1:])} against {sides[0]}", "",
-            _said(why, _verdicts(timings), len(found)),
+            _said(why, _verdicts(timings), len(changed)),
             "", f"- run: `{run.command}` -> {run.folder} (exit {run.code})",
             f"- hazards: `{hazards.command}` -> {hazards.folder} (exit {hazards.code})", "",
             "## The run's headline", "", *_block(_headline(got)), "",

@@ -15,7 +15,7 @@ import numbers
 from dataclasses import dataclass
 
 from bench.analysis.overhead import extra_step_ms, inflation, per_poll_ms, scaled_allreduce_ms
-from hicache.spec.cost_model import POLICIES, PROTOCOLS, decision_per_poll
+from hicache.spec.cost_model import POLICIES, PROTOCOLS, Setting, decision_per_poll
 
 TPS = (2, 4, 8, 16, 32, 64)
 PPS = (1, 2, 4)
@@ -63,7 +63,8 @@ def model_row(a: Assumptions, protocol: str, policy: str, tp: int, pp: int,
     """One point: c at this TP, what one poll costs, the extra step time and ITL inflation
     with q polls per step (empty when q is unknown)."""
     c_ar = scaled_allreduce_ms(a.c_ms, a.tp0, tp, a.scaling)
-    extra = extra_step_ms(protocol, policy, tp, pp, q, c_ar, a.hop_ms) if finite(q) else None
+    extra = (extra_step_ms(Setting(protocol, policy, tp, pp), q, c_ar, a.hop_ms) if finite(q)
+             else None)
     return {"source": source, "protocol": protocol, "policy": policy, "tp": tp, "pp": pp,
             "polls_per_step": q, "scaling": a.scaling, "c_allreduce_ms": c_ar,
             "c_hop_ms": a.hop_ms,

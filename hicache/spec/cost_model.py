@@ -155,23 +155,40 @@ def decision_per_poll(protocol: str, policy: str, tp: int, pp: int,
     raise ValueError(f"unknown protocol {protocol!r}")
 
 
+@dataclass(frozen=True)
+class Setting:
+    """What one request's collectives depend on besides the request itself: the protocol
+    and policy, the layout, and the pools.
+
+    host_memory: on 0.5.23's PP-ticket path stage 0 also broadcasts each ticket to the
+    later stages (one collective on rank 0).
+    extra_pool: side-car pages ride along; the ack protocols then reduce one extra-pool
+    ack after the batches.
+    trailing_sidecar: the side-car has the TRAILING_PAGES hit policy; pr39267's hit query
+    is then two reductions (the fixed-size bound, then the equal-size masks); 0.5.23's
+    stays one (a larger tensor).
+    """
+
+    protocol: str
+    policy: str
+    tp: int
+    pp: int
+    host_memory: str = "cache"
+    extra_pool: bool = False
+    trailing_sidecar: bool = False
+
+
 def expected_per_request(
-    protocol: str,
-    policy: str,
-    tp: int,
-    pp: int,
+    setting: Setting,
     polls: int,
     hit_pages: int,
     op_issued: bool,
     io_issued: bool,
     ended_by_poll: bool | None = None,
-    extra_pool: bool = False,
-    host_memory: str = "cache",
     absent_polls: int = 0,
-    trailing_sidecar: bool = False,
     ops: int | None = None,
 ) -> Expected:
-    """Collectives rank 0 issues for one request.
+    """Collectives rank 0 issues for one request served in `setting`.
 
     polls: calls of check_prefetch_progress that found the prefetch still ongoing.
     hit_pages: pages the prefetch fetches: the hit all ranks agreed storage holds, cut to
@@ -180,23 +197,17 @@ def expected_per_request(
     io_issued: the prefetch got host slots and went to the IO thread (not revoked).
     ended_by_poll: a poll terminated the prefetch (terminated_by == "poll"); when unknown,
     any poll is taken to have ended it.
-    extra_pool: side-car pages ride along; the ack protocols then reduce one extra-pool
-    ack after the batches.
-    host_memory: on 0.5.23's PP-ticket path stage 0 also broadcasts each ticket to the
-    later stages (one collective on rank 0).
     absent_polls: calls of check_prefetch_progress that found no prefetch on this rank;
     pr38284 pays the poll's all-reduce for each (its dummy contribution), every other
     protocol nothing.
-    trailing_sidecar: the side-car has the TRAILING_PAGES hit policy; pr39267's hit query
-    is then two reductions (the fixed-size bound, then the equal-size masks); 0.5.23's
-    stays one (a larger tensor).
     ops: PrefetchOperations issued for the request, each with its own hit query (and on the
     PP-ticket path its own ticket); None: one if `op_issued`, else none. More than one where
     0.5.23's retries looked it up again after a miss (hicache.cache.retries). A miss never
     goes to IO, so `hit_pages`, `io_issued` and the acks are the last operation's; `polls`
     count every operation's.
     """
-    protocol = modelled(protocol)
+    protocol, policy, tp, pp = modelled(setting.protocol), setting.policy, setting.tp, setting.pp
+    host_memory = setting.host_memory
     t = tp_cost(tp)
     ar, hop = decision_per_poll(protocol, policy, tp, pp, host_memory)
     # pre27010 agrees on the usable length with one MIN when a poll terminates a prefetch
@@ -207,9 +218,9 @@ def expected_per_request(
     acks = 0
     if protocol in ACK_PROTOCOLS and io_issued:
         # One per 128-page batch, plus the extra-pool ack; the final ack is free.
-        acks = bg * (-(-hit_pages // IO_BATCH_PAGES) + int(extra_pool))
+        acks = bg * (-(-hit_pages // IO_BATCH_PAGES) + int(setting.extra_pool))
     n_ops = int(op_issued) if ops is None else ops
-    hit_query = bg * hit_query_rounds(protocol, trailing_sidecar) * n_ops
+    hit_query = bg * hit_query_rounds(protocol, setting.trailing_sidecar) * n_ops
     ticket = n_ops * int(ticket_path(protocol, pp, host_memory))
     absent = absent_polls if protocol == "pr38284" else 0
     return Expected((polls + absent) * ar, completion, (polls + absent) * hop, hit_query, acks,

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hicache.memory.hashing import page_hashes
 from hicache.memory.storage import StorageSpec, make_storage
-from hicache.spec.cost_model import Expected, expected_per_request
+from hicache.spec.cost_model import Expected, Setting, expected_per_request
 from sglang_adapter.controller.rig import (
     PAGE_ELEMS,
     POOL,
@@ -117,9 +117,9 @@ def held_against_model(protocol: str, outcome: dict, policy: str, tp: int, pp: i
     on stage 0, a receive on the last stage, both on a stage between. The hit query and
     the acks are the controller's `_all_reduce` over every group `_create_sync_groups` made
     (TP, then PP): the same on every stage."""
-    want = expected_per_request(
-        protocol, policy, tp, pp, outcome["ongoing_polls"], outcome["hit_pages"],
-        outcome["issued"], outcome["io_issued"], outcome["ended_by"] == "poll")
+    want = expected_per_request(Setting(protocol, policy, tp, pp), outcome["ongoing_polls"],
+                                outcome["hit_pages"], outcome["issued"], outcome["io_issued"],
+                                outcome["ended_by"] == "poll")
     if pp_rank == 0:
         return want
     hops = int(pp_rank > 0) + int(pp_rank < pp - 1)
