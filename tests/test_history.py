@@ -155,6 +155,18 @@ def test_a_dirty_trees_result_needs_its_commit_named(tmp_path, capsys):
     assert (tmp_path / "hist" / "ci-box" / sha(5)).is_dir()
 
 
+def test_a_result_kept_under_another_commit_is_read_and_drawn_as_that_commit(tmp_path):
+    """The gate that judged (decision.json's own commit) is not the commit gated: --commit
+    names it, and the history reads, orders and prints the kept commit."""
+    rng, hist = random.Random(3), tmp_path / "hist"
+    for i in (1, 2):
+        d = decision(i, lambda m, p: 1.0, rng, n_metrics=1, commit=sha(9))  # one judge
+        assert main(["add", str(hist), str(write(tmp_path / str(i), d)), "--commit", sha(i)]) == 0
+    assert {r["_commit"] for r in store.load(hist).machines["ci-box"]} == {sha(1), sha(2)}
+    text = page(hist, tmp_path).page.read_text()
+    assert f"| {sha(2)[:10]} |" in text and f"| {sha(9)[:10]} |" not in text
+
+
 def test_machines_stay_apart_and_a_rerun_replaces_its_commit(tmp_path):
     rng = random.Random(2)
     hist = tmp_path / "hist"

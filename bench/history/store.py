@@ -151,7 +151,7 @@ def _latest(folder: Path, head: dict) -> dict | None:
             raise HistoryError(f"{f}: results of different settings mixed in one history: "
                                f"{diff or 'kind ' + repr(r['kind'])}")
         r["_file"] = str(f)
-        r["_commit"] = r.get("kept", {}).get("commit", r["commit"])
+        r["_commit"] = folder.name  # the commit it was kept as (add's --commit, else its own)
         if best is None or str(r["created"]) >= str(best["created"]):
             best = r
     return best
