@@ -8,13 +8,14 @@ import os
 import sys
 
 from bench.commands import VERBS
-from bench.report.printer import say, say_err
+from bench.report.printer import say, say_err, wrapped
 
 
 def usage() -> str:
-    calls = {name: f"python -m bench {name} {args}" for name, (args, _, _) in VERBS.items()}
-    width = max(map(len, calls.values()))
-    lines = [f"    {calls[name]:<{width}}  {help_}" for name, (_, help_, _) in VERBS.items()]
+    """Each verb's call, its purpose below it (lines within the printer's width)."""
+    lines = []
+    for name, (args, help_, _) in VERBS.items():
+        lines += wrapped([f"    python -m bench {name} {args}", f"        {help_}"])
     return "Usage:\n" + "\n".join(lines) + "\n\n`python -m bench VERB --help` for a verb's options."
 
 

@@ -379,3 +379,18 @@ def test_microbenchs_last_line_fits(tmp_path, capsys):
     assert main([str(run), "--no-run"]) == 0
     lines = _fits(capsys.readouterr().out)
     assert lines[0].startswith("OK: 6 benchmarks; per-poll")
+
+
+def test_help_projects_and_fidelitys_lines_fit(tmp_path, capsys):
+    from bench.__main__ import main as bench_main
+    from bench.commands.fidelity import main as fidelity_main
+    from bench.commands.project import main as project_main
+    from tests.test_fidelity import FREE, PINNED, _run
+    from tests.test_project import make_run
+
+    assert bench_main(["--help"]) == 0
+    assert project_main([str(make_run(tmp_path / "run"))]) == 0
+    free = _run(tmp_path, "free", FREE, "free")
+    assert fidelity_main([str(_run(tmp_path, "pinned", PINNED, "pinned")), str(free)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(_widest(lines)) <= WIDTH, _widest(lines)

@@ -16,6 +16,7 @@ import pytest
 from bench.commands.history import main
 from bench.history import rules, series, store
 from bench.history.page import PageOptions, render
+from bench.report.printer import WIDTH
 from tests.history_fakes import decision, sha, write
 
 pytestmark = pytest.mark.timeout(300)
@@ -39,6 +40,18 @@ def step_truth(i: int):
     return lambda m, p: 1.05 if (m, p, i >= STEP_AT) == ("step_mean", "pr36425", True) else 1.0
 
 
+def command_after(lead: str, out: str) -> str:
+    """The command printed (bench.report.printer.command_lines) after the line ending in
+    `lead`, joined back as the shell joins its ` \\` lines."""
+    lines = out.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.endswith(lead)) + 1
+    parts = []
+    while True:
+        parts.append(lines[i].strip().removesuffix(" \\"))
+        if not lines[i].endswith(" \\"):
+            return " ".join(parts)
+        i += 1
+
 def test_a_planted_5pc_step_is_named_at_its_commit(tmp_path, capsys):
     rng = random.Random(11)
     hist = history(tmp_path, [decision(i, step_truth(i), rng, n_metrics=2) for i in range(20)])
@@ -50,7 +63,8 @@ def test_a_planted_5pc_step_is_named_at_its_commit(tmp_path, capsys):
     step = done.steps[0]
     assert step.before == sha(STEP_AT - 1) and step.low > 0.005
     assert "step +" in out and sha(STEP_AT)[:10] in out
-    cmd = next(line for line in out.splitlines() if "confirm:" in line).split("confirm: ")[1]
+    cmd = command_after("confirm with:", out)
+    assert max(map(len, out.splitlines())) <= WIDTH
     assert cmd.startswith(f"python -m bench bisect {sha(STEP_AT - 1)[:12]} ")
     assert "--metric step_mean_ms --config pr36425/wait_complete --preset default" in cmd
     from bench.commands.options_doc import verb_parser  # the command parses as bisect's
@@ -210,9 +224,10 @@ def test_an_old_accepted_baseline_is_answered_with_the_commit_to_record(tmp_path
     hist = history(tmp_path, ds)
     assert main([str(hist), "--no-git", "--no-figures", "--out", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
-    assert (f"re-record the baseline at {sha(13)[:10]}: git checkout {sha(13)[:12]} && "
-            "python -m bench run --preset ci && python -m bench gate results/latest "
-            "--update-baseline") in out
+    assert command_after(f"re-record the baseline at {sha(13)[:10]}:", out) == (
+        f"git checkout {sha(13)[:12]} && python -m bench run --preset ci && "
+        "python -m bench gate results/latest --update-baseline")
+    assert max(map(len, out.splitlines())) <= WIDTH
     assert "13 commits old" in (tmp_path / "p" / "history.md").read_text()
     fail = decision(14, lambda m, p: 1.2, rng, n_metrics=1)
     store.add(hist, write(tmp_path / "f", fail))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench.commands.common import CliParser, run_verb
 from bench.errors import UserError
-from bench.report.printer import interval_text, markdown_table, say
+from bench.report.printer import interval_text, markdown_table, say, verdict_lines
 
 PROG = "bench fidelity"
 HEADERS = ["protocol", "policy", "metric", "candidate", "free", "inside"]
@@ -40,7 +40,7 @@ def _main(argv: list[str]) -> int:
         [r.protocol, r.policy, r.metric, interval_text(*r.candidate), interval_text(*r.free),
          ("yes" if r.inside else "NO") if r.judged else "-"] for r in rows]))
     ok, line = fidelity.verdict(rows)
-    say(line)
+    say("\n".join(verdict_lines(line)))
     return 0 if ok else 1
 
 

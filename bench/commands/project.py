@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.analysis.overhead import SCALINGS
 from bench.commands.common import CliParser, run_verb
 from bench.errors import UserError
-from bench.report.printer import say
+from bench.report.printer import say, wrapped
 
 PROG = "bench project"
 
@@ -58,7 +58,9 @@ def _main(argv: list[str]) -> int:
     args = _parse(argv)
     text, paths = project(args.run_dir, args.latency_us, args.scaling, args.base_step_ms,
                           args.out)
-    say(text[text.index("## Assumptions"):].split("## Files")[0].rstrip())
+    assumptions = text[text.index("## Assumptions"):].split("## Files")[0].rstrip()
+    say("\n".join(line if line.startswith("|") else "\n".join(wrapped([line]))
+                  for line in assumptions.splitlines()))
     say("\n".join(f"wrote {p}" for p in paths))
     return 0
 

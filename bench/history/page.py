@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.history import advice, figures, series, store
 from bench.history.rules import Finding, Rules, creeps, steps
+from bench.report.printer import command_lines
 from bench.rundir.files import write_text_atomic
 
 NEWEST_ROWS = 30
@@ -104,9 +105,9 @@ def _step_lines(found: list[Finding], settings: dict, results: list[dict],
         cmd = advice.bisect_command(f, settings, protocols, policies)
         md.append(f"| {f.commit[:10]} | {_subject(repo, f.commit)} | {f.series.name} | "
                   f"{_change(f)} | {f'`{cmd}`' if cmd else 'faster: nothing to bisect'} |")
-        done.lines.append(f"history: {f.series.machine}: step {_change(f)} in "
-                          f"{f.series.name} at {f.commit[:10]}"
-                          + (f"; confirm: {cmd}" if cmd else ""))
+        done.lines.append(f"history: {f.series.machine}: step {_change(f)} in {f.series.name} "
+                          f"at {f.commit[:10]}" + ("; confirm with:" if cmd else ""))
+        done.lines += command_lines(cmd) if cmd else []
     return md + [""]
 
 
@@ -133,7 +134,8 @@ def _baseline_lines(results: list[dict], opts: PageOptions, done: Outcome) -> li
                 "or none since PASSed).", ""]
     age = (f"{tip.since} commits" if tip.since is not None
            else f"older than every kept commit (at least {tip.gates} commits)")
-    done.lines.append(f"history: re-record the baseline at {tip.commit[:10]}: {tip.command}")
+    done.lines.append(f"history: re-record the baseline at {tip.commit[:10]}:")
+    done.lines += command_lines(tip.command)
     return ["### Baseline", "",
             f"The baseline revision {a[:10]} is {age} old and none of the {tip.gates} gates "
             f"since it FAILed ({tip.passed} PASS): their drift was accepted. Re-record it at "

@@ -118,6 +118,27 @@ def fit(*lines: str) -> str:
     return "\n".join(wrapped([part for line in lines for part in line.split("\n")]))
 
 
+def verdict_lines(line: str, width: int = WIDTH) -> list[str]:
+    """A verdict line within `width`, wrapped as prose but its last two words kept together,
+    so the last line still ends as the verdict does (`...: FAILED`)."""
+    head, _, last = line.rpartition(" ")
+    glued = f"{head}\u00a0{last}" if head else line  # textwrap never breaks at a no-break space
+    return [part.replace("\u00a0", " ") for part in wrapped([glued], width)]
+
+
+def command_lines(cmd: str, indent: int = 4, width: int = WIDTH) -> list[str]:
+    """A shell command to copy, within `width`: cut between words, each cut line ending in
+    ` \\` (the shell joins them again), continuations indented two spaces more."""
+    lines, line = [], " " * indent
+    for word in cmd.split(" "):
+        if line.strip() and len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = " " * (indent + 2) + word
+        else:
+            line += (" " if line.strip() else "") + word
+    return lines + [line]
+
+
 def say(text: str) -> None:
     """A verb's output on stdout, flushed: the one place new code prints a result."""
     print(text, flush=True)
