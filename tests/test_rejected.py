@@ -18,12 +18,12 @@ from tests.test_summarize import req, steps_frame
 
 
 def _frame() -> pd.DataFrame:
-    rows = [req("pr27010", "wait_complete", 0, "a", 100, 1, 1, 640, 1, prompt_tokens=700,
+    rows = [req(("pr27010", "wait_complete", 0, "a"), 100, 1, 1, 640, 1, prompt_tokens=700,
                 computed_tokens=60, storage_hit_tokens=640),
-            req("pr27010", "wait_complete", 0, "b", 50, 0, 0, 0, 0, prompt_tokens=300,
+            req(("pr27010", "wait_complete", 0, "b"), 50, 0, 0, 0, 0, prompt_tokens=300,
                 computed_tokens=300),
             # Refused: no first token, no collectives, its length in prompt_tokens.
-            req("pr27010", "wait_complete", 0, "c", None, 0, 0, 0, 0, prompt_tokens=90_000,
+            req(("pr27010", "wait_complete", 0, "c"), None, 0, 0, 0, 0, prompt_tokens=90_000,
                 terminated_by="rejected", hit_query_collectives=0)]
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 

@@ -21,7 +21,7 @@ from bench.analysis.side_timings import Verdict, at_budget, verdicts
 from bench.hazards import matrix, review_decision, review_stages
 from bench.hazards.classify import REFUSED
 from bench.hazards.report import exit_code
-from bench.hazards.review import Part, RunRows, page, verdict
+from bench.hazards.review import Findings, Part, RunRows, page, verdict
 from bench.hazards.scenarios import SCENARIOS
 from bench.hazards.side_changes import worse
 from bench.rundir.decision import Disturbance
@@ -157,7 +157,7 @@ def test_a_cell_a_side_cannot_run_is_refused_before_serving_and_never_fails(monk
     assert exit_code(both, True, len(worse(both))) == (0, "OK") and worse(both) == []
     fine = Part("c", "f", 0)
     assert verdict(fine, fine, both, False) == []
-    text = "\n".join(page(["base", "head"], fine, fine, RunRows(None, None, None), both))
+    text = "\n".join(page(["base", "head"], Findings(fine, fine, both), RunRows(None, None, None)))
     assert "Refused before serving" in text and "- pp-busy on head=sglang-0.5.20@" in text
 
 
