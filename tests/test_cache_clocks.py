@@ -16,17 +16,7 @@ import torch
 from hicache.comm.groups import Layout
 from hicache.spec.config import HiCacheConfig
 from tests.doubles import RecordingComm, admit, hashes_of, one_rank_cache, tokens
-
-PAGE = 64
-PROMPT = tokens(9, PAGE)  # 8 pages in storage + one new
-
-
-def _hit(cache, rid: str, pages: int) -> None:
-    """The prefetch thread's agreed hit for `rid`, queued for the next step's drain."""
-    op = cache.ongoing[rid]
-    op.hash_value = hashes_of(9, PAGE)[:pages]
-    cache.controller.hit_queue.put(op)
-
+from tests.test_cache_events import PAGE, PROMPT, _hit  # the events tests' prompt and hit
 
 # ---- step-clock's clock: rank 0's broadcast step stamp, never this rank's own clock ------
 #
