@@ -135,13 +135,16 @@ def read_settings(baseline_dir: Path) -> dict:
 
 # What `bench gate --ab` runs when gate.json names no other: make bench's burst of 24 on the
 # pinned schedule (about 10 waiting requests polled per step, so a slower poll shows: the
-# gate checks host cost, not the end-to-end effect) for the change the benchmark is about
-# (pr27010 -> pr36425) under wait_complete, both revisions as sides of one run
-# (bench.ab.served): each cell served by A and B back to back; a first stage of `repeats`,
-# more while a check is undecided, up to `budget_repeats` and `budget_s` (bench.ab.sequential).
+# gate checks host cost, not the end-to-end effect) under pr36425, the protocol SGLang ships,
+# and wait_complete, both revisions as sides of one run (bench.ab.served): each cell served
+# by A and B back to back; a first stage of `repeats`, more while a check is undecided, up to
+# `budget_repeats` and `budget_s` (bench.ab.sequential). One configuration, not pr27010 too:
+# pr27010's serves take 1.6x as long and half their step is gloo's all-reduce wait, so a
+# pair of both bought 2.5x fewer pairs in the budget for no check the counts lack
+# (docs/results/2026-12-07_gate_one_config_180df78.md).
 BLOCKS_KEYS = ("blocks", "repeats_per_block")  # an older design's, dropped on --update-baseline
 DEFAULT_AB = {"design": "served", "preset": "default", "schedule": "pinned",
-              "protocols": "pr27010,pr36425", "policies": "wait_complete", "repeats": 12,
+              "protocols": "pr36425", "policies": "wait_complete", "repeats": 12,
               "budget_repeats": 80, "budget_s": 420}
 
 
