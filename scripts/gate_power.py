@@ -1,5 +1,6 @@
 """Usage: python scripts/gate_power.py [--plants 0.01,0.03,0.05,0.10] [--gates 5] [--aa 10]
-                                     [--aa-neighbour 10] [--neighbour SPEC]
+                                     [--aa-neighbour 10] [--gates-neighbour 0]
+                                     [--neighbour SPEC]
                                      [--out DIR | --resume DIR] [--lock FILE]
        python scripts/gate_power.py --tables DIR [DIR ...]
 
@@ -11,8 +12,8 @@ run of the base (its commit the baseline revision, this tree's gate.json setting
 thresholds and ab), then `bench gate RUN --ab` --gates times per plant (a FAIL of a timing
 check is a catch), --aa times on the base itself (every FAIL is a false alarm) and
 --aa-neighbour times on the base beside the planted noisy neighbour (`--neighbour`, default
-bench.neighbour's default). Each revision's ci run is made once and copied for each of its
-gates: the timing checks do not read it.
+bench.neighbour's default), and --gates-neighbour times per plant beside it. Each revision's
+ci run is made once and copied for each of its gates: the timing checks do not read it.
 
 Prints one line per gate (its last line, the paired repeats, the seconds) and a table of
 each kind's FAIL, INCONCLUSIVE and PASS, read from each gate's decision.json (RUN/ab), and
@@ -134,7 +135,8 @@ def gate_once(repo: Path, rev: str, run: Path, baseline: Path, out: Path, label:
               neighbour) -> dict:
     """`bench gate --ab` at `rev` on a fresh copy of its ci run."""
     sh(["git", "checkout", "-q", rev], repo)
-    kind = label.replace("A/A ", "aa_").replace("plant ", "plant_").replace("%", "pc")
+    kind = label.replace("A/A ", "aa_").replace("plant ", "plant_").replace("%", "pc") \
+        .replace(" ", "_")
     copy = out / "gates" / f"{len(list((out / 'gates').glob('*'))):02d}_{kind}"
     shutil.copytree(run, copy)
     t0 = time.monotonic()
@@ -159,6 +161,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gates", type=int, default=5)
     p.add_argument("--aa", type=int, default=10)
     p.add_argument("--aa-neighbour", type=int, default=10)
+    p.add_argument("--gates-neighbour", type=int, default=0)
     p.add_argument("--neighbour", default=DEFAULT)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", type=Path)
@@ -172,7 +175,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.neighbour = parse_neighbour(args.neighbour)
     except (ValueError, SpecError) as e:
         sys.exit(f"gate_power: {e}")
-    if any(s <= 0 for s in args.plants) or min(args.gates, args.aa, args.aa_neighbour) < 0:
+    if any(s <= 0 for s in args.plants) or min(args.gates, args.aa, args.aa_neighbour,
+                                               args.gates_neighbour) < 0:
         sys.exit("gate_power: --plants must be > 0, --gates and --aa counts >= 0")
     if args.out is not None and args.out.exists() and (
             not args.out.is_dir() or any(args.out.iterdir())):
@@ -262,8 +266,10 @@ def main(argv: list[str]) -> int:
     base = sh(["git", "rev-parse", "base"], repo).stdout.strip()
     what = {"A/A quiet": (base, None), "A/A neighbour": (base, args.neighbour)}
     what |= {plant_label(s): (sha, None) for s, sha in planted.items()}
+    what |= {plant_label(s) + " neighbour": (sha, args.neighbour) for s, sha in planted.items()}
     kinds = ([("A/A quiet", args.aa)] + [(plant_label(s), args.gates) for s in args.plants]
-             + [("A/A neighbour", args.aa_neighbour)])
+             + [("A/A neighbour", args.aa_neighbour)]
+             + [(plant_label(s) + " neighbour", args.gates_neighbour) for s in args.plants])
     done = {k: len(list(g)) for k, g in itertools.groupby(
         sorted(r["label"] for r in results))}
     todo = interleaved(kinds, done)

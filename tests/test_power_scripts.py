@@ -188,3 +188,57 @@ def test_the_lean_script_reads_a_studys_pairs_and_refuses_what_is_no_study(tmp_p
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "gate_lean.py"),
                            str(tmp_path / "g")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+
+
+# ---- the designs script ----------------------------------------------------------------
+
+
+def _designs_pairs(path: Path, sd: float) -> Path:
+    """Pairs of two configurations, every metric's log ratio spread by `sd` about 0 (fixed
+    seed); a pr27010 pair's serves twice as long as a pr36425 one's."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for config, wall in (("pr27010/wait_complete", 4.0), ("pr36425/wait_complete", 2.0)):
+        for r in range(60):
+            rows.append({"run": "r/ab", "config": config, "repeat": r,
+                         **{m: rng.normal(0, sd) for m in ("step_mean_ms", "itl_p50_ms",
+                                                           "prefetch_ttft_p50_ms",
+                                                           "bystander_ttft_p50_ms")},
+                         "wall_a": wall, "wall_b": wall, "pair_s": 12.0})
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_the_designs_script_passes_quiet_aas_fails_plants_and_prices_a_pair(tmp_path):
+    """On tight pairs every A/A PASSes at the first look and every 10 % plant FAILs; on wide
+    pairs an A/A is left undecided at a small budget; a pair of one configuration costs its
+    share of the walls (2 of 6 s of 12 s here)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gate_designs
+    import pandas as pd
+
+    tight = pd.read_csv(_designs_pairs(tmp_path / "tight.csv", 0.005))
+    one = {"one": (["pr36425/wait_complete"], 420.0)}
+    th = {m: t for m, t in zip(gate_designs.METRICS, (0.03, 0.05, 0.05, 0.10), strict=True)}
+    got = gate_designs.simulate(tight, one, 20, [0.10], th, seed=1).set_index("kind")
+    assert got.loc["A/A", "PASS"] == 1 and got.loc["A/A", "median pairs"] == 12
+    assert got.loc["plant 10%", "FAIL"] == 1
+    assert gate_designs.pair_seconds(tight, ["pr36425/wait_complete"]) == pytest.approx(4.0)
+    wide = pd.read_csv(_designs_pairs(tmp_path / "wide.csv", 0.2))
+    small = {"small": (["pr36425/wait_complete"], 60.0)}
+    got = gate_designs.simulate(wide, small, 20, [], th, seed=1).set_index("kind")
+    assert got.loc["A/A", "undecided"] > 0.5
+
+
+def test_the_designs_script_refuses_a_design_without_pairs_in_one_line(tmp_path):
+    path = _designs_pairs(tmp_path / "p.csv", 0.01)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gate_designs.py"),
+                           "simulate", str(path), "--design", "x=pr99999:100"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "gate_designs: --design 'x=pr99999:100': no pairs of pr99999/wait_complete (have "
+        "pr27010/wait_complete, pr36425/wait_complete)"]
