@@ -141,7 +141,7 @@ def read_settings(baseline_dir: Path) -> dict:
 # `budget_repeats` and `budget_s` (bench.ab.sequential). One configuration, not pr27010 too:
 # pr27010's serves take 1.6x as long and half their step is gloo's all-reduce wait, so a
 # pair of both bought 2.5x fewer pairs in the budget for no check the counts lack
-# (docs/results/2026-12-07_gate_one_config_180df78.md).
+# (docs/results/2026-12-07_gate_one_config_a13e348.md).
 BLOCKS_KEYS = ("blocks", "repeats_per_block")  # an older design's, dropped on --update-baseline
 DEFAULT_AB = {"design": "served", "preset": "default", "schedule": "pinned",
               "protocols": "pr36425", "policies": "wait_complete", "repeats": 12,
