@@ -55,8 +55,7 @@ def read_pairs(runs: list[Path]) -> pd.DataFrame:
     for run in runs:
         stages = stages_of(run)
         per = pairs(run)
-        seconds = sum(json.loads((run / "ab.json").read_text())["stages"][i]["seconds"]
-                      for i in range(len(stages)))
+        seconds = sum(s["seconds"] for s in json.loads((run / "ab.json").read_text())["stages"])
         configs = sorted({(p, pol) for _, p, pol in per})
         for proto, pol in configs:
             cols = {m: per[(m, proto, pol)]["d"] for m in METRICS if (m, proto, pol) in per}
@@ -95,7 +94,8 @@ def pair_seconds(table: pd.DataFrame, configs: list[str]) -> float:
 def one_gate(draws: dict[str, np.ndarray], thresholds: dict[str, float], budget_s: float,
              pair_s: float) -> tuple[str, int, float]:
     n, spent, add = 0, 0.0, FIRST
-    budget = sequential.Budget(10_000, budget_s)
+    drawn = len(next(iter(draws.values())))  # the pairs drawn bound the repeats
+    budget = sequential.Budget(drawn, budget_s)
     while add:
         n += add
         spent += add * pair_s
@@ -105,8 +105,7 @@ def one_gate(draws: dict[str, np.ndarray], thresholds: dict[str, float], budget_
                 e = estimate.t_mean(d[:n, j])
                 t = thresholds[m]
                 states.append((decide(e.low, e.high, t), e.point, e.low, e.high, t))
-        add = sequential.more(states, n, spent, budget) if n < len(next(iter(draws.values()))) \
-            else 0
+        add = sequential.more(states, n, spent, budget)
     verdicts = {s[0] for s in states}
     verdict = FAIL if FAIL in verdicts else PASS if verdicts == {PASS} else UNRESOLVED
     return verdict, n, spent
