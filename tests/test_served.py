@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -77,21 +78,60 @@ def test_the_rule_stays_within_its_budget():
     assert more([state(1.0, 0.045)], 12, 270.0, Budget(60, 300.0)) <= 6
 
 
+@dataclass
+class FakeStage:
+    repeats: int
+    seed: int
+    ok: bool = True
+
+
 def sequential_gate(effect: float, sd: float, seed: int, t: float = 0.03,
                     first: int = 12) -> tuple[str, int]:
-    """The rule driven by fake paired repeats (log-normal B/A about `effect`); 5 s a repeat."""
-    rng = random.Random(seed)
-    a, b, n = {}, {}, 0
-    add = first
-    while add:
-        for r in range(n, n + add):
+    """The one stage loop (sequential.staged) driven by fake paired repeats (log-normal B/A
+    about `effect`, each stage's drawn from its own seed); the budget's seconds never bind."""
+    a, b = {}, {}
+
+    def serve(index, repeats, stage_seed):
+        rng = random.Random(f"{seed}:{stage_seed}")
+        for r in range(len(a), len(a) + repeats):
             a[r] = 10.0 * math.exp(rng.gauss(0, 0.05))
             b[r] = a[r] * effect * math.exp(rng.gauss(0, sd))
-        n += add
+        return FakeStage(repeats, stage_seed)
+
+    def judge(stages):
         iv = ratio_interval(b, a)
         s = (decide(iv.low, iv.high, t), iv.point, iv.low, iv.high, t)
-        add = more([s], n, 5.0 * n, BUDGET)
-    return s[0], n
+        return [s], s[0]
+
+    stages, verdict = sequential.staged(first, 0, serve, judge, BUDGET, None, print, "fake")
+    return verdict, sum(s.repeats for s in stages)
+
+
+def test_one_stage_loop_seeds_each_stage_and_stops_where_the_rule_says():
+    """sequential.staged, the loop of `bench ab`, the gate and `bench review`: stage k on
+    seed + k, the first stage always, one stage without a budget, a failed stage ends the run
+    keeping the last judged result, and each added stage is announced with its seed."""
+    undecided = [state(1.0, 0.045)]  # wants more pairs
+    said = []
+
+    def serve(index, repeats, seed):
+        return FakeStage(repeats, seed, ok=index < 2)
+
+    def judge(stages):
+        return None if not stages[-1].ok else (undecided, len(stages))
+
+    stages, last = sequential.staged(12, 5, serve, judge, Budget(200, 1e6), None, said.append,
+                                     "fake")
+    assert [(s.seed, s.repeats) for s in stages] == [(5, 12), (6, 12), (7, 24)]
+    assert last == 2  # the third stage failed: the second's result stands
+    assert said == ["fake: 1 gated check(s) undecided after 12 paired repeats: a stage of 12 "
+                    "more (seed 6)", "fake: 1 gated check(s) undecided after 24 paired "
+                    "repeats: a stage of 24 more (seed 7)"]
+    stages, last = sequential.staged(12, 5, serve, judge, None, None, said.append, "fake")
+    assert len(stages) == 1 and last == 1  # no budget: one stage
+    decided = sequential.staged(12, 0, serve, lambda st: ([state(1.0, 0.01)], "PASS"),
+                                Budget(200, 1e6), None, said.append, "fake")
+    assert len(decided[0]) == 1 and decided[1] == "PASS" and len(said) == 2
 
 
 def test_on_fake_samples_same_code_passes_and_a_regression_fails():

@@ -29,7 +29,10 @@ that look's level).
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from bench.stats import LEVEL
 from bench.verdict.words import FAIL, UNRESOLVED
@@ -42,6 +45,10 @@ SPEND = "pocock"  # the spending function where looks are planned (a time budget
 # the planned looks' intervals are 1.26-1.38x wider, too wide for the gate's budget on a slow
 # quiet VM (docs/results/2026-12-07_estimators_7e9aeff.md, "Planned looks on a quiet VM").
 PLAN_LOOKS = False
+
+
+# One gated check as the rule reads it: (state, point, low, high, threshold).
+State = tuple[str, float, float | None, float | None, float]
 
 
 @dataclass(frozen=True)
@@ -104,9 +111,8 @@ def look_level(n: int, looks: tuple[int, ...] | None, alpha: float = 1 - LEVEL,
     return 1 - (spent(looks[k] / looks[-1], alpha, kind) - before)
 
 
-def more(states: list[tuple[str, float, float | None, float | None, float]], n: int,
-         spent_s: float,
-         budget: Budget, looks: tuple[int, ...] | None = None) -> int:
+def more(states: list[State], n: int, spent_s: float, budget: Budget,
+         looks: tuple[int, ...] | None = None) -> int:
     """Repeats to add after a stage (0: stop). `states`: per gated check (state, point,
     low, high, threshold); `n`: paired repeats so far; `spent_s`: seconds so far; `looks`:
     the planned looks (the next stage ends at the next one)."""
@@ -126,6 +132,46 @@ def more(states: list[tuple[str, float, float | None, float | None, float]], n: 
     add = budget.least_more if math.isinf(want) else math.ceil(want * 1.2) - n
     add = min(add, max(n, budget.least_more))  # at most double the pairs
     return max(1, min(room, max(add, budget.least_more)))
+
+
+# ---- the stages of a run that grows while a check is undecided ---------------------------
+
+class Staged(Protocol):
+    repeats: int  # the stage's paired repeats
+
+
+S = TypeVar("S", bound=Staged)
+R = TypeVar("R")
+
+
+def staged(first: int, seed: int, serve: Callable[[int, int, int], S],
+           judge: Callable[[list[S]], tuple[Sequence[State], R] | None],
+           budget: Budget | None, looks: tuple[int, ...] | None,
+           log: Callable[[str], None], who: str) -> tuple[list[S], R | None]:
+    """The one stage loop of every sequential A/B (`bench ab` and the gate's served
+    revisions, `bench review`'s sides): `serve(index, repeats, seed)` runs stage `index`
+    (first `first` paired repeats on `seed`, stage k on seed + k) and `judge(stages)` reads
+    every stage so far as one run: the gated checks' states and what the caller keeps (its
+    comparison, its verdicts), or None when the last stage failed (no stage follows, and the
+    last judged result stands). Without a budget one stage is run; with one, `more` sizes
+    each next stage. Returns the stages and the last judged result."""
+    t0, repeats, stages, found = time.monotonic(), first, [], None
+    while repeats > 0:
+        index = len(stages)
+        stages.append(serve(index, repeats, seed + index))
+        judged = judge(stages)
+        if judged is None:
+            break
+        states, found = judged
+        if budget is None:
+            break
+        n = sum(s.repeats for s in stages)
+        repeats = more(list(states), n, time.monotonic() - t0, budget, looks)
+        if repeats:
+            undecided = sum(s[0] == UNRESOLVED for s in states)
+            log(f"{who}: {undecided} gated check(s) undecided after {n} paired repeats: "
+                f"a stage of {repeats} more (seed {seed + index + 1})")
+    return stages, found
 
 
 # ---- sizing the budget from an A/A's spread ---------------------------------------------

@@ -38,7 +38,6 @@ from bench.rundir.files import ResultFileError
 from bench.rundir.rundir import RunDir
 from bench.verdict import run_rules
 from bench.verdict.thresholds import DEFAULT_THRESHOLD
-from bench.verdict.words import UNRESOLVED
 
 DRIFT = ("A and B serve each cell of one run back to back, seconds apart, on the same seed, "
          "the side first in a repeat drawn from the seed (balanced), so drift slower than a "
@@ -230,7 +229,7 @@ def record(plan: ServedPlan, stages: list[Stage]) -> dict:
                         "dirs": {k: str(v) for k, v in s.dirs.items()}} for s in stages]}
 
 
-States = Callable[[Comparison], list[tuple[str, float, float, float, float]]]
+States = Callable[[Comparison], list[sequential.State]]
 
 
 def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = None,
@@ -249,22 +248,19 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
                 raise NotASide(why)
         if header:  # once both trees are known to be sides
             log(header)
-        stages: list[Stage] = []
-        t0, repeats = time.monotonic(), plan.repeats
         looks = looks_of(plan, budget, states)
-        while repeats > 0:
-            stages.append(serve_stage(plan, roots, len(stages), plan.seed + len(stages),
-                                      repeats, log))
-            stages[-1].looks = looks
+
+        def serve(index: int, repeats: int, seed: int) -> Stage:
+            stage = serve_stage(plan, roots, index, seed, repeats, log)
+            stage.looks = looks
+            return stage
+
+        def judge(stages: list[Stage]):
             comp = comparison(plan, stages, looks)
-            if budget is None or states is None:
-                break
-            n, now = sum(s.repeats for s in stages), states(comp)
-            repeats = sequential.more(now, n, time.monotonic() - t0, budget, looks)
-            if repeats:
-                log(f"ab: {sum(s[0] == UNRESOLVED for s in now)} gated "
-                    f"check(s) undecided after {n} paired repeats: {repeats} more")
-    return stages, comp
+            return (states(comp) if states is not None else []), comp
+
+        return sequential.staged(plan.repeats, plan.seed, serve, judge,
+                                 budget if states is not None else None, looks, log, "ab")
 
 
 def looks_of(plan: ServedPlan, budget: Budget | None, states: States | None

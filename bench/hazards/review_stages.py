@@ -1,9 +1,9 @@
 """The timing half of `bench review`: a first run of the sides, then more runs (stages, each
 on the next seed) while a timing check is undecided, within a budget of repeats and seconds
-(bench.ab.sequential.more, the gate's rule), then each check's verdict at the budget
-(bench.analysis.side_timings.at_budget). The first stage's run is the review's run: its
-counts, headline and call sites; the timings pool every stage's paired repeats.
-docs/sglang-ci.md, "Timings".
+(bench.ab.sequential.staged, the stage loop `bench ab` and the gate run too), then each
+check's verdict at the budget (bench.analysis.side_timings.at_budget). The first stage's run
+is the review's run: its counts, headline and call sites; the timings pool every stage's
+paired repeats. docs/sglang-ci.md, "Timings".
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.ab.sequential import Budget, look_level, looks_for, more
+from bench.ab.sequential import Budget, look_level, looks_for, staged
 from bench.analysis import side_timings
 from bench.analysis.side_timings import Verdict
 from bench.rundir.decision import Disturbance
 from bench.rundir.rundir import RunDir
-from bench.verdict.words import UNRESOLVED
 
 # A review's first stage and budget when the command names none: the gate's first stage
 # (12 paired repeats), up to 48 in all and 360 s of stages, so a CI job's review ends in
@@ -84,28 +83,26 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
         log: Callable[[str], None] = print) -> Timings:
     """The stages (module docstring); the first is always run, a later one only while the
     previous ended OK and the rule asks for more."""
-    t0, repeats, stages = time.monotonic(), plan.repeats, []
-    found: list[Verdict] = []
+    t0 = time.monotonic()
     looks = looks_for(plan.repeats, plan.budget_repeats)  # None: every look at 95 %
-    while repeats > 0:
-        index = len(stages)
+
+    def serve(index: int, repeats: int, seed: int) -> Stage:
         started = time.monotonic()
-        folder, code = run_stage(index, repeats, plan.seed + index)
-        stages.append(Stage(folder, code, repeats, plan.seed + index,
-                            round(time.monotonic() - started, 1)))
-        if code:
-            break
+        folder, code = run_stage(index, repeats, seed)
+        return Stage(folder, code, repeats, seed, round(time.monotonic() - started, 1))
+
+    def judge(stages: list[Stage]):
+        if stages[-1].code:
+            return None
         n = sum(s.repeats for s in stages)
-        found = _verdicts([s for s in stages if s.code == 0], thresholds, look_level(n, looks))
-        repeats = more(side_timings.states(found), n, time.monotonic() - t0, plan.budget,
-                       looks)
-        if repeats:
-            undecided = sum(v.state == UNRESOLVED for v in found)
-            log(f"review: {undecided} timing check(s) undecided after {n} paired repeats: "
-                f"a stage of {repeats} more (seed {plan.seed + index + 1})")
+        found = _verdicts(stages, thresholds, look_level(n, looks))
+        return side_timings.states(found), found
+
+    stages, found = staged(plan.repeats, plan.seed, serve, judge, plan.budget, looks, log,
+                           "review")
     ok = [s for s in stages if s.code == 0]
     shaken = Disturbance.from_ranks(RunDir(s.folder).ranks() for s in ok)
-    return Timings(stages, side_timings.at_budget(found, shaken), shaken,
+    return Timings(stages, side_timings.at_budget(found or [], shaken), shaken,
                    round(time.monotonic() - t0, 1))
 
 
