@@ -4,6 +4,8 @@
   connection) takes it before rank 0's TCPStore binds it;
 - `launch_to_end` with `started` bounds a start-up and a serve apart, so a start-up slowed
   by other processes importing beside it is never killed as a hang, and a hang still is.
+And `launch_worlds`, the one launcher of a run's several worlds (its sides, its duet lanes):
+a world that fails is named, and the others are told so they stop waiting for it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.run.launch import Deadline, launch_to_end, reserve_port
+from bench.run.launch import Deadline, Entry, launch_to_end, launch_worlds, reserve_port
 from tests.helpers import START
 
 
@@ -86,3 +88,71 @@ def test_a_serve_past_its_bound_is_killed_there(tmp_path):
                               started=lambda: len(list(tmp_path.glob("*.started"))) == 2)
     assert got == {} and dead == {}  # killed at the bound: in neither
     assert time.monotonic() - t0 < 30.0
+
+
+
+def world_rank(rank: int, world: int, name: str, broken: bool, wait) -> str:
+    """A rank of one world for launch_worlds: a broken world's rank 1 fails a moment after its
+    rank 0 has gone to sleep in `wait` (the run's shared wait: a duet's start, a side's turn),
+    so that its launch kills rank 0 asleep; every other rank sleeps in `wait` until the
+    failure is announced (and fails with it), or returns at once where `wait` is None."""
+    if broken and rank == 1:
+        time.sleep(2.0)
+        raise RuntimeError(f"{name} broke")
+    if wait is not None:
+        wait()
+    return name
+
+
+class DuetStart:
+    def __init__(self, sync):
+        self.sync = sync
+
+    def __call__(self):
+        self.sync.start()
+
+
+class SideTurn:
+    def __init__(self, turns):
+        self.turns = turns
+
+    def __call__(self):
+        self.turns.wait(99, 60.0)  # a turn no side reaches
+
+
+def test_worlds_run_at_once_and_each_is_named():
+    fn = Entry("tests.test_launch", "world_rank")
+    assert launch_worlds(2, fn, [(n, (n, False, None)) for n in ("side0", "side1")], 60,
+                         lambda: pytest.fail("no world failed")) == []
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shared", ["duet start", "side turn"])
+def test_a_world_failing_while_its_rank_sleeps_ends_the_run_and_hangs_nothing(shared):
+    """The failing world's rank 0 is killed asleep in the shared wait; the announcement
+    (DuetSync.abort, Turns.abort) must then still reach the other world's sleeping ranks and
+    return: a multiprocessing Barrier or Condition would block forever notifying the dead
+    sleeper (the run hung, and this test hit its timeout)."""
+    import multiprocessing as mp
+
+    from bench.run.duet import DuetSync
+    from bench.run.sglang_worlds import Turns
+
+    ctx = mp.get_context("spawn")
+    if shared == "duet start":
+        sync = DuetSync(ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("b", 0), 4)
+        wait, announce = DuetStart(sync), sync.abort
+    else:
+        turns = Turns(ctx.Condition(), ctx.Value("q", 0), ctx.Value("q", 0),
+                      ctx.Value("b", 0), 2)
+        wait, announce = SideTurn(turns), turns.abort
+    t0 = time.monotonic()
+    errors = launch_worlds(2, Entry("tests.test_launch", "world_rank"),
+                           [("lane 0", ("lane 0", False, wait)),
+                            ("lane 1", ("lane 1", True, wait))], 60, announce)
+    assert time.monotonic() - t0 < 50  # well before any wait's own deadline
+    named = sorted(errors)
+    assert len(named) == 2 and "lane 1 broke" in named[1], errors  # the cause, named
+    assert named[0].startswith("lane 0: ") and ("BrokenBarrierError" in named[0]
+                                               or "SideAborted" in named[0]), errors

@@ -36,6 +36,7 @@ from bench.run.plan import Cell, RunPlan
 LANES_DIR = "lanes"
 SPIN_PERIOD_S = 0.01  # the filler's duty cycle period
 WAIT_S = 600.0  # the longest one lane waits for the others at a barrier
+START_POLL_S = 0.0005  # how often a rank at a start looks whether every rank is there
 
 
 def lanes(plan: RunPlan) -> int:
@@ -53,15 +54,33 @@ def lane_cells(plan: RunPlan, lane: int) -> list[Cell]:
 
 @dataclass
 class DuetSync:
-    """Shared by every rank of every lane (created in the launching process)."""
+    """Shared by every rank of every lane (created in the launching process). Plain shared
+    counters, polled: a rank killed while it waits (its lane failed) leaves nothing behind
+    that a live rank or the launcher would wait on, as a killed sleeper in a
+    multiprocessing Barrier or Condition does (its notify then blocks forever)."""
 
-    barrier: object  # mp.Barrier(every rank of every lane)
+    arrived: object  # mp.Value: ranks that reached a start, summed over every start
     done: object  # mp.Value: serves finished, summed over every rank of every lane
+    broken: object  # mp.Value: 1 once a lane failed
     ranks: int  # every rank of every lane
 
     def start(self) -> None:
-        """Returns when every rank of every lane is about to serve."""
-        self.barrier.wait(WAIT_S)
+        """Returns when every rank of every lane is about to serve (each start is the next
+        `ranks` arrivals: no rank reaches a start before every rank finished the serve
+        before it); BrokenBarrierError once a lane failed or after WAIT_S."""
+        with self.arrived.get_lock():
+            self.arrived.value += 1
+            target = -(-self.arrived.value // self.ranks) * self.ranks
+        deadline = time.monotonic() + WAIT_S
+        while self.arrived.value < target:
+            if self.broken.value or time.monotonic() > deadline:
+                raise threading.BrokenBarrierError("another lane failed or hung before "
+                                                   "this serve's start")
+            time.sleep(START_POLL_S)
+
+    def abort(self) -> None:
+        """A lane failed: every rank waiting at a start stops waiting."""
+        self.broken.value = 1
 
     def finish(self, serve: int, duty: float) -> None:
         """After this rank's `serve`-th serve (1-based): keep the CPU `duty` busy until every
@@ -70,7 +89,8 @@ class DuetSync:
             self.done.value += 1
         target, deadline = self.ranks * serve, time.monotonic() + WAIT_S
         duty = min(max(duty, 0.0), 1.0)
-        while self.done.value < target and time.monotonic() < deadline:
+        while self.done.value < target and time.monotonic() < deadline \
+                and not self.broken.value:
             end = time.perf_counter() + duty * SPIN_PERIOD_S
             while time.perf_counter() < end:
                 pass
@@ -101,25 +121,16 @@ def run_duet(plan: RunPlan, timeout_s: float) -> list[str]:
     """Runs every lane at once (each launch in a thread of this process); returns the
     errors of the lanes that failed ([] when none did). The lanes' rows are merged into
     plan.out_dir by bench.rundir (RunDir.merge_lanes)."""
-    from bench.run.launch import Entry, LaunchError, launch
+    from bench.run.launch import Entry, launch_worlds
 
     ctx = mp.get_context("spawn")
     n = lanes(plan)
-    sync = DuetSync(ctx.Barrier(n * plan.world_size), ctx.Value("q", 0), n * plan.world_size)
-    errors: list[str] = []
-
-    def one(i: int, path: Path) -> None:
+    sync = DuetSync(ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("b", 0),
+                    n * plan.world_size)
+    dirs = lane_dirs(plan)
+    for path in dirs:
         path.mkdir(parents=True, exist_ok=True)
-        try:
-            launch(plan.world_size, Entry("bench.run.worker", "run_rank"),
-                   (replace(plan, out_dir=str(path)), Lane(i, sync)), timeout_s=timeout_s)
-        except LaunchError as e:
-            errors.append(f"lane {i}: {e}")
-            sync.barrier.abort()  # the other lanes stop waiting for this one
-
-    threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(lane_dirs(plan))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
+    return launch_worlds(plan.world_size, Entry("bench.run.worker", "run_rank"),
+                         [(f"lane {i}", (replace(plan, out_dir=str(p)), Lane(i, sync)))
+                          for i, p in enumerate(dirs)],
+                         timeout_s, sync.abort)  # the others stop waiting for it

@@ -5,7 +5,8 @@ fresh interpreters wired through env:// on a free loopback port, collects each r
 return value, and fails fast: when any rank exits non-zero or the deadline passes, the
 others are killed and `LaunchError` names the rank(s). `launch_to_end` starts the ranks the
 same way but kills none when another fails: each runs to its own end (the fault tests time
-how a survivor notices a dead peer).
+how a survivor notices a dead peer). `launch_worlds` runs several such launches at once (the
+sides of a run, its duet lanes), naming each world that failed.
 Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) the caller runs `fn` in-process instead.
 """
 
@@ -16,8 +17,10 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -124,6 +127,29 @@ def launch(world: int, fn, args: tuple = (), timeout_s: float = 120.0,
                 p.kill()
         held.close()
     return [got[r][2] for r in range(world)]
+
+
+def launch_worlds(world: int, fn, worlds: list[tuple[str, tuple]], timeout_s: float,
+                  on_failure: Callable[[], None]) -> list[str]:
+    """Several worlds of `world` ranks at once, each `launch(world, fn, args)` in a thread of
+    this process, for `worlds` as (name, args). A world that fails is named in the errors
+    ("NAME: why") and `on_failure()` is called, so the worlds waiting on it stop waiting.
+    Returns the errors ([] when every world ended OK)."""
+    errors: list[str] = []
+
+    def one(name: str, args: tuple) -> None:
+        try:
+            launch(world, fn, args, timeout_s=timeout_s)
+        except LaunchError as e:
+            errors.append(f"{name}: {e}")
+            on_failure()
+
+    threads = [threading.Thread(target=one, args=w) for w in worlds]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 class Deadline:

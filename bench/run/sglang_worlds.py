@@ -21,7 +21,6 @@ run is, the first side the reference.
 from __future__ import annotations
 
 import multiprocessing as mp
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,17 +55,19 @@ class Turns:
                 self.cond.wait(POLL_S)
 
     def release(self) -> None:
-        """This rank is done with the position being served; the last one passes it on."""
+        """This rank is done with the position being served; the last one passes it on.
+        Once a side failed nothing is notified: a rank of the failed side may have been
+        killed asleep in the condition, and a notify would wait on it forever."""
         with self.cond:
             self.done.value += 1
             if self.done.value == self.world:
                 self.done.value, self.turn.value = 0, self.turn.value + 1
-                self.cond.notify_all()
+                if not self.aborted.value:
+                    self.cond.notify_all()
 
     def abort(self) -> None:
-        with self.cond:
-            self.aborted.value = 1
-            self.cond.notify_all()
+        """A side failed: the waiting ranks see it within POLL_S, unnotified (release)."""
+        self.aborted.value = 1
 
 
 @dataclass
@@ -138,32 +139,18 @@ def worlds(plan: RunPlan) -> list[tuple[RunPlan, tuple[str, ...]]]:
 def run_sides(plan: RunPlan, timeout_s: float) -> list[str]:
     """Runs every side's world at once (each launch in a thread of this process), taking
     turns; returns the errors of the sides that failed ([] when none did)."""
-    from bench.run.launch import Entry, LaunchError, launch
+    from bench.run.launch import Entry, launch_worlds
 
     ctx = mp.get_context("spawn")
     turns = Turns(ctx.Condition(), ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("b", 0),
                   plan.world_size)
-    errors: list[str] = []
-
     served = worlds(plan)
-
-    def one(i: int, path: Path) -> None:
+    runs = []
+    for i, path in enumerate(side_dirs(plan)):
         path.mkdir(parents=True, exist_ok=True)
         world_plan, protocols = served[i]
-        try:
-            launch(plan.world_size, Entry("bench.run.worker", "run_rank"),
-                   (replace(world_plan, out_dir=str(path)), None,
-                    Side(i, len(served), turns, timeout_s, protocols)),
-                   timeout_s=timeout_s)
-        except LaunchError as e:
-            errors.append(f"{'side' if i < len(plan.sides) else 'model'} "
-                          f"{', '.join(protocols)}: {e}")
-            turns.abort()  # the other sides stop waiting for this one
-
-    threads = [threading.Thread(target=one, args=(i, p))
-               for i, p in enumerate(side_dirs(plan))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return errors
+        name = f"{'side' if i < len(plan.sides) else 'model'} {', '.join(protocols)}"
+        runs.append((name, (replace(world_plan, out_dir=str(path)), None,
+                            Side(i, len(served), turns, timeout_s, protocols))))
+    return launch_worlds(plan.world_size, Entry("bench.run.worker", "run_rank"), runs,
+                         timeout_s, turns.abort)  # the other sides stop waiting for it
