@@ -5,7 +5,7 @@ the tree it gates as two sides of one run (each side's ranks importing its own t
 and fails the slow one on step time, while every exact count check holds; `bench bisect`
 calls the harmless commit "same" (a real ab of base and harmless commit, in blocks) and
 names the slow one. The gate's pass path on ab is run for real by `make gate` in CI, and
-judged on made-up A/Bs in tests/test_gate_decision.py and tests/test_served.py."""
+judged on made-up A/Bs in tests/test_gate_decision.py and tests/test_sequential_rule.py."""
 
 import csv
 import json
