@@ -117,7 +117,7 @@ class SideTurn:
         self.turns = turns
 
     def __call__(self):
-        self.turns.wait(99, 60.0)  # a turn no side reaches
+        self.turns.wait(99, 600.0)  # a turn no side reaches, and no deadline within the test's
 
 
 def test_worlds_run_at_once_and_each_is_named():
@@ -133,7 +133,9 @@ def test_a_world_failing_while_its_rank_sleeps_ends_the_run_and_hangs_nothing(sh
     """The failing world's rank 0 is killed asleep in the shared wait; the announcement
     (DuetSync.abort, Turns.abort) must then still reach the other world's sleeping ranks and
     return: a multiprocessing Barrier or Condition would block forever notifying the dead
-    sleeper (the run hung, and this test hit its timeout)."""
+    sleeper (the run hung, and this test hit its timeout). Every wait's own deadline (the
+    launch's, the turn's, the duet's WAIT_S) lies past the test's timeout, so the run ends
+    within it only if the announcement reached the sleeping ranks."""
     import multiprocessing as mp
 
     from bench.run.duet import DuetSync
@@ -147,11 +149,9 @@ def test_a_world_failing_while_its_rank_sleeps_ends_the_run_and_hangs_nothing(sh
         turns = Turns(ctx.Condition(), ctx.Value("q", 0), ctx.Value("q", 0),
                       ctx.Value("b", 0), 2)
         wait, announce = SideTurn(turns), turns.abort
-    t0 = time.monotonic()
     errors = launch_worlds(2, Entry("tests.test_launch", "world_rank"),
                            [("lane 0", ("lane 0", False, wait)),
-                            ("lane 1", ("lane 1", True, wait))], 60, announce)
-    assert time.monotonic() - t0 < 50  # well before any wait's own deadline
+                            ("lane 1", ("lane 1", True, wait))], 600, announce)
     named = sorted(errors)
     assert len(named) == 2 and "lane 1 broke" in named[1], errors  # the cause, named
     assert named[0].startswith("lane 0: ") and ("BrokenBarrierError" in named[0]
