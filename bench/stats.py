@@ -74,7 +74,8 @@ class Interval:
     `n` is the number of paired repeats behind it; `half_width` the interval's half-width
     (for a ratio, as a fraction: the interval is point x [1/(1+h), 1+h]; for a difference, in
     the values' unit): the smallest difference this run could tell from none, its minimum
-    detectable difference. `note` says why low/high are None when there is a point.
+    detectable difference. `note` says why low/high are None when there is a point;
+    `method` names how it was made where the caller chose among several (bench.ab.estimate).
     """
 
     point: float | None
@@ -83,6 +84,7 @@ class Interval:
     n: int
     half_width: float | None = None
     note: str = ""
+    method: str = ""
 
     @property
     def has_interval(self) -> bool:

@@ -1,6 +1,8 @@
 """Usage: python scripts/estimators.py RUN_DIR [RUN_DIR ...] [--windows 12,24,48]
                                   [--gate results/baseline/gate.json] [--aa NAME,...]
                                   [--json FILE]
+       python scripts/estimators.py --replay GATE_DIR [GATE_DIR ...]
+                                  [--gate results/baseline/gate.json]
 
 Compares the served A/B's interval methods (bench.ab.estimate) offline, on served A/B run
 directories (`bench ab --design served` or a gate's ab/ folder: ab.json and stages/). Per
@@ -17,6 +19,15 @@ the runs, metrics and configurations, A/As apart. A run directory whose name sta
 Also prints each run's disturbance: ranks.csv cpu_lost per serve (the machine's CPU lost to
 steal and other processes). --json FILE writes every row. Exit 2 on a folder that is no
 served A/B.
+
+--replay judges recorded gates again, one per GATE_DIR (a gate's run folder whose ab/ holds
+the served pairs, e.g. scripts/gate_power.py's gates/NN_kind): at each of the gate's own
+stage ends, each method's 95 % interval per gated check against gate.json's thresholds, as
+the sequential rule reads them (FAIL when a check FAILs, PASS when every check PASSes, else
+the next stage). Per gate and method: the verdict, the pairs it took, the step's ratio and
+half-width; UNDECIDED where the gate's pairs ran out first (its budget spent, or the gate
+itself decided sooner). Then per kind (the folder's name less its leading number) the
+counts of each verdict.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ GATED = {"step_mean_ms": "step_mean", "itl_p50_ms": "itl_p50",
          "bystander_ttft_p50_ms": "bystander_ttft_p50"}
 LOOKS = (12, 24, 48, 80)
 METHODS = ("t-mean", "hl-wilcoxon", "cpu-adjusted", "drop-disturbed")
+REPLAYED = ("t-mean", "cpu-adjusted", estimate.SERVED)
 
 
 def stages_of(run: Path) -> list[Stage]:
@@ -104,7 +116,46 @@ def methods(p: pd.DataFrame, level: float) -> dict[str, estimate.Estimate]:
             "cpu-adjusted": estimate.cpu_adjusted(
                 d, (p["lost_b"] - p["lost_a"]).fillna(0).to_numpy(), level),
             "drop-disturbed": estimate.drop_disturbed(d, p["lost_a"], p["lost_b"], level),
-            "cpu-time": estimate.cpu_time(p["cpu_a"], p["cpu_b"], level)}
+            "cpu-time": estimate.cpu_time(p["cpu_a"], p["cpu_b"], level),
+            estimate.SERVED: methods_by_disturbance(p, level)}
+
+
+def methods_by_disturbance(p: pd.DataFrame, level: float) -> estimate.Estimate:
+    """The served A/B's own choice (bench.ab.estimate.method_for) over these pairs."""
+    name = estimate.method_for([*p["lost_a"].dropna(), *p["lost_b"].dropna()])
+    d, x = p["d"].to_numpy(), (p["lost_b"] - p["lost_a"]).fillna(0).to_numpy()
+    return estimate.METHODS[name](d, x, level)
+
+
+def replay(gate: Path, thresholds: dict) -> list[dict]:
+    """One recorded gate judged again by each method at its own stage ends."""
+    run = gate / "ab" if (gate / "ab" / "ab.json").is_file() else gate
+    ends = np.cumsum([s.repeats for s in stages_of(run)])
+    found = pairs(run)
+    out = []
+    for name in REPLAYED:
+        verdict, at, step = "UNDECIDED", int(ends[-1]), None
+        for n in ends:
+            states = []
+            for (metric, _, _), p in found.items():
+                e = methods(p.iloc[:n], 0.95)[name]
+                states.append(decide(e.low, e.high, thresholds.get(GATED[metric], 0.05))
+                              if e.has_interval else "NOT JUDGED")
+                step = e if metric == "step_mean_ms" else step
+            if "FAIL" in states or all(s == "PASS" for s in states):
+                verdict, at = ("FAIL" if "FAIL" in states else "PASS"), int(n)
+                break
+        out.append({"gate": gate.name, "kind": gate.name.lstrip("0123456789_"),
+                    "method": name, "verdict": verdict, "pairs": at,
+                    "step": None if step is None else round(step.point, 3),
+                    "step_half": None if step is None else step.half_width})
+    return out
+
+
+def replay_tables(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    each = rows.pivot(index="gate", columns="method", values=["verdict", "pairs"])
+    counts = rows.groupby(["kind", "method", "verdict"]).size().unstack(fill_value=0)
+    return each, counts
 
 
 def rows_of(run: Path, windows: list[int], thresholds: dict, aa: bool) -> list[dict]:
@@ -171,6 +222,7 @@ def pooled(rows: pd.DataFrame) -> pd.DataFrame:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="estimators.py", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--replay", action="store_true")
     ap.add_argument("--windows", default="12,24,48")
     ap.add_argument("--gate", type=Path, default=REPO / "results" / "baseline" / "gate.json")
     ap.add_argument("--aa", default="")
@@ -179,6 +231,8 @@ def main(argv: list[str]) -> int:
     try:
         windows = [int(x) for x in args.windows.split(",")]
         thresholds = json.loads(args.gate.read_text())["thresholds"]
+        if args.replay:
+            return print_replay([r for g in args.runs for r in replay(g, thresholds)])
         rows = []
         for run in args.runs:
             aa = run.name.startswith("aa") or run.name in args.aa.split(",")
@@ -194,6 +248,14 @@ def main(argv: list[str]) -> int:
         print(pooled(frame).to_string())
     if args.json:
         args.json.write_text(frame.to_json(orient="records", indent=0))
+    return 0
+
+
+def print_replay(rows: list[dict]) -> int:
+    each, counts = replay_tables(pd.DataFrame(rows))
+    with pd.option_context("display.width", 200, "display.max_rows", 1000):
+        print(each.to_string())
+        print(counts.to_string())
     return 0
 
 

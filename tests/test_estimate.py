@@ -191,6 +191,53 @@ def test_the_served_interval_reads_per_repeat_statistics_and_cpu_lost():
         t_mean(np.log([b[k] / a[k] for k in x])).high)
 
 
+def test_the_served_method_follows_the_machines_disturbance_read_before_any_timing():
+    """by-disturbance: the t-mean where the pairs' serves lost at most DISTURBED_LIMIT of
+    the machine's CPU (median, both sides) or nothing was measured; cpu-adjusted above it.
+    The Interval names the method used and its level."""
+    x = {0: 0.0, 1: 0.3, 2: 0.1, 3: 0.4, 4: 0.2}
+    a = {k: 10.0 for k in x}
+    b = {k: 10.0 * math.exp(0.01 + 0.2 * x[k] + 0.004 * (-1) ** k) for k in x}
+    d = np.log([b[k] / a[k] for k in x])
+    limit = estimate.DISTURBED_LIMIT
+    quiet = {k: limit for k in x}  # at the limit is quiet, as the gate's Disturbance says
+    loud = {k: limit + 0.2 + v for k, v in x.items()}
+    cases = [(quiet, {k: 0.0 for k in x}, "t-mean", t_mean(d, 0.9)),
+             ({}, {}, "t-mean", t_mean(d, 0.9)),
+             (loud, {k: 0.2 for k in x}, "cpu-adjusted",
+              cpu_adjusted(d, np.array([loud[k] - 0.2 for k in x]), 0.9))]
+    for lost_b, lost_a, name, want in cases:
+        iv = estimate.served(b, a, lost_b, lost_a, 0.9)
+        assert iv.method == f"{name} 0.9"
+        assert (iv.point, iv.low, iv.high) == pytest.approx((want.point, want.low, want.high))
+    assert estimate.method_for([0.01, 0.5, 0.6]) == "cpu-adjusted"
+    assert estimate.method_for([0.01, 0.02, 0.6]) == "t-mean"
+    assert estimate.method_for([float("nan")]) == "t-mean"
+
+
+def test_a_timing_row_names_the_method_its_interval_used():
+    import pandas as pd
+
+    from bench.ab import served
+    from bench.compare.metrics import TimingMetric, ttft
+    from bench.compare.rows import timing_rows
+
+    metric = TimingMetric("ttft_p50_ms", "requests", "p50", ("ttft_ms",), ttft())
+    frames, shown = {}, {}
+    for side, ms, lost in (("a", 10.0, 0.3), ("b", 11.0, 0.4)):
+        frames[(side, "requests")] = pd.DataFrame(
+            {"repeat": [0, 1, 2, 3], "ttft_ms": [ms, ms * 1.01, ms * 0.99, ms * 1.02]})
+        frames[(side, "ranks")] = pd.DataFrame(
+            {"repeat": [0, 1, 2, 3], "rank": 0, "cpu_lost": [lost, lost + 0.1, lost, 0.2]})
+        shown[(side, metric)] = True
+    (row,) = timing_rows([metric], frames, shown, served.timing(0.05))
+    assert row["interval"] == "cpu-adjusted 0.95" and row["repeats"] == 4
+    for side in "ab":
+        frames[(side, "ranks")] = frames[(side, "ranks")].assign(cpu_lost=0.01)
+    (row,) = timing_rows([metric], frames, shown, served.timing(0.05))
+    assert row["interval"] == "t-mean 0.95"
+
+
 # ---- the planned looks and their levels --------------------------------------------------
 
 

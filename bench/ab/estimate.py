@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import numpy as np
 
+from bench.rundir.schema import DISTURBED_LIMIT
 from bench.stats import LEVEL, MIN_REPEATS, NO_SCIPY, Interval, _scipy_stats, too_few
 
 EXACT_MAX = 50  # pairs up to which the Wilcoxon interval uses the exact distribution
@@ -205,12 +206,25 @@ METHODS: dict[str, Callable[[np.ndarray, np.ndarray, float], Estimate]] = {
     "hl-wilcoxon": lambda d, x, level: hodges_lehmann(d, level),
     "cpu-adjusted": cpu_adjusted,
 }
-# The served A/B's interval method (its rows and ab.json name it): the t-mean, whose quiet
-# power and false alarms are measured; cpu-adjusted narrowed intervals beside heavy load
-# (docs/results/2026-12-07_estimators_7e9aeff.md) but is not yet measured on a quiet machine.
-SERVED = "t-mean"
+# The served A/B's interval method (ab.json and each row's `interval` name it): by the
+# machine's disturbance over the pairs' serves, read before any timing and fixed in advance
+# (bench.rundir.schema.DISTURBED_LIMIT, the limit the gate's INCONCLUSIVE reads): the t-mean
+# on a quiet machine, where the covariate is noise and its quiet power and false alarms are
+# measured; cpu-adjusted on a disturbed one, where the machine's lost CPU explains much of a
+# pair's spread. Figures: docs/metrics.md, "Intervals".
+SERVED = "by-disturbance"
+QUIET_METHOD, DISTURBED_METHOD = "t-mean", "cpu-adjusted"
 # what a result file (the gate's decision.json `estimator`) records of the served intervals
-ESTIMATOR = f"{SERVED}, 95 % at every look"
+ESTIMATOR = (f"{QUIET_METHOD} when quiet, {DISTURBED_METHOD} when the pairs' cpu lost p50 "
+             f"exceeds {DISTURBED_LIMIT:.0%}, 95 % at every look")
+
+
+def method_for(lost: list[float], limit: float = DISTURBED_LIMIT) -> str:
+    """by-disturbance's method for pairs whose serves lost these shares of the machine's CPU
+    (rank 0's cpu_lost, both sides): cpu-adjusted where their median exceeds `limit`; the
+    t-mean where it does not or nothing was measured (no excuse without a measure)."""
+    values = [v for v in lost if math.isfinite(v)]
+    return DISTURBED_METHOD if values and float(np.median(values)) > limit else QUIET_METHOD
 
 
 def served(b: Mapping[int, float], a: Mapping[int, float], lost_b: Mapping[int, float],
@@ -218,12 +232,17 @@ def served(b: Mapping[int, float], a: Mapping[int, float], lost_b: Mapping[int, 
            ) -> Interval:
     """The served A/B's interval of B over A from per-repeat statistics paired by repeat and
     each serve's cpu_lost (ranks.csv); where a pair lacks cpu_lost the covariate is taken
-    as equal on both sides (difference 0)."""
+    as equal on both sides (difference 0). The Interval's `method` names the method used
+    and the level (`cpu-adjusted 0.95`)."""
     reps = [r for r in sorted(set(a) & set(b))
             if math.isfinite(a[r]) and math.isfinite(b[r]) and a[r] > 0 and b[r] > 0]
     d = np.asarray([math.log(b[r] / a[r]) for r in reps], dtype=float)
     x = np.asarray([_lost(lost_b, r) - _lost(lost_a, r) for r in reps], dtype=float)
-    return METHODS[method](d, x, level).interval()
+    if method == SERVED:
+        method = method_for([float(m[r]) for r in reps for m in (lost_a, lost_b)
+                             if m.get(r) is not None])
+    iv = METHODS[method](d, x, level).interval()
+    return replace(iv, method=f"{method} {level:.4g}")
 
 
 def _lost(lost: Mapping[int, float], r: int) -> float:

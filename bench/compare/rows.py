@@ -80,7 +80,7 @@ def _timing_row(metric: TimingMetric, sa: Sample | None, sb: Sample | None,
     iv = ratio_interval(pb, pa) if opts.interval is None else opts.interval(pb, pa, *lost)
     row |= {"a": a, "b": b, "b_minus_a": b - a, "ratio_b_over_a": iv.point,
             "ratio_ci_low": iv.low, "ratio_ci_high": iv.high, "ratio_mdd": iv.half_width,
-            "repeats": iv.n}
+            "repeats": iv.n} | ({"interval": iv.method} if iv.method else {})
     if iv.point is None:
         return row | {"note": "ratio undefined (no repeat of both with a value > 0)"}
     if not iv.has_interval:
