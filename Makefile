@@ -15,7 +15,7 @@ comma := ,
 SGLANG_LIST = $(findstring $(comma),$(SGLANG))
 SGLANG_SPECS = $(foreach s,$(subst $(comma), ,$(SGLANG)),$(lastword $(subst =, ,$(s))))
 
-.PHONY: sglang-fetch sglang-ready sglang-slice sglang-check setup dev test test-fast test-all test-stats bench delay-sweep gate compare microbench project lint mutate gpu-check clean
+.PHONY: sglang-fetch sglang-ready sglang-slice sglang-check setup dev test test-fast test-long test-all test-stats bench delay-sweep gate compare microbench project lint mutate gpu-check clean
 
 setup: $(STAMP)  ## runtime only: no network where python3 already imports the runtime deps
 
@@ -50,7 +50,11 @@ test-fast: sglang-ready  ## skip the slow end-to-end and 4-rank tests
 	$(PYTEST) -q $(XDIST) -m "not slow and not timed"
 	$(PYTEST) -q -m "not slow and timed" $(TIMED_FILES)
 
-test-all: sglang-ready  ## every tier (make test, sglang-check, test-stats) in turn; the result recorded in docs/results/test_all.md
+test-long: sglang-ready  ## the long end-to-end runs (marker long): each beside a shorter test of its path in make test; not in make test
+	$(PYTEST) -q $(XDIST) -m "long and not timed"
+	$(PYTEST) -q -m "long and timed" $(TIMED_FILES)
+
+test-all: sglang-ready  ## every tier (make test, test-long, sglang-check, test-stats) in turn; the result recorded in docs/results/test_all.md
 	$(PY) scripts/test_all.py
 
 test-stats: dev  ## checks that hold at 95 %, so fail by chance now and then: not in make test

@@ -3,7 +3,8 @@
 Runs every test tier, one after another, and records the result of the run in
 docs/results/test_all.md (between the `test-all` markers): date, commit (+dirty), and per tier its
 command, PASS/FAIL, pytest's closing line and the wall time. Tiers: test (make test: the
-README's command), sglang-check (the SGLang matrix), stats (the statistical checks). Exit 0
+README's command), long (make test-long), sglang-check (the SGLang matrix), stats (the
+statistical checks). Exit 0
 when every tier passed, 1 when one failed, 2 on bad input.
 """
 
@@ -19,7 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "results" / "test_all.md"
 BEGIN, END = "<!-- test-all: begin -->", "<!-- test-all: end -->"
-TIERS = {"test": ["make", "test"], "sglang-check": ["make", "sglang-check"],
+TIERS = {"test": ["make", "test"], "long": ["make", "test-long"],
+         "sglang-check": ["make", "sglang-check"],
          "stats": ["make", "test-stats"]}
 CLOSING = re.compile(r"^=*\s*(\d+ (passed|failed|error).*?)\s*=*$")
 

@@ -230,6 +230,7 @@ def test_the_trend_and_timeout_checks():
         held + [_row(2, "timeout", 0.9, 0.85, 0.95)])
 
 
+@pytest.mark.long  # make test-long: a delay sweep served end to end
 @pytest.mark.slow
 def test_a_small_sweep_end_to_end(tmp_path, monkeypatch):
     """Two costs, one repeat of a small burst: every cost a run directory of its own whose
@@ -271,6 +272,7 @@ def test_a_named_hosts_cost_is_read_off_the_curve_between_measured_costs():
     assert sweep.read_at(rows, "timeout", 2.0) is None
 
 
+@pytest.mark.long  # make test-long: SGLang's own poll served at a delay
 @pytest.mark.slow  # a 2-rank serve importing SGLang on each rank: about a minute
 def test_sglangs_own_decision_collectives_pay_the_delay(tmp_path, monkeypatch):
     """--cache sglang: SGLang 0.5.23's timeout poll all-reduces through the door, and each

@@ -125,6 +125,7 @@ def test_the_verb_exits_1_on_a_miss_0_on_a_match_2_on_bad_input(tmp_path, capsys
                    "pinned)"]
 
 
+@pytest.mark.long  # make test-long: a pinned headline against a free run
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_real_pinned_headline_fails_against_a_free_run_of_its_seed(tmp_path, capsys):

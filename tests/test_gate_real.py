@@ -100,6 +100,7 @@ def test_gate_ab_serves_both_revisions_and_fails_the_slow_poll_on_step_time(hist
     assert verdict(run / "ab" / "ab.csv", "step_mean_ms") == "worse"
 
 
+@pytest.mark.long  # make test-long: bench bisect over a real history
 def test_bisect_names_the_slow_commit(history):
     root, repo, commits, _ = history
     done = ok(bench(repo, "bisect", commits["base"], commits["slow"], "--metric",

@@ -92,6 +92,7 @@ def test_run_prints_load_back_against_the_peak():
     assert load_back_line(requests, {"h2d_peak_gbps": None, "h2d_reason": "no GPU"}) is None
 
 
+@pytest.mark.long  # make test-long: the GPU script's whole dry run on CPU
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_dry_run_passes_and_packs_results(tmp_path):

@@ -270,6 +270,7 @@ def _hazards(out: Path, sides: str, scenarios: str) -> subprocess.CompletedProce
                           cwd=REPO, capture_output=True, text=True, timeout=540)
 
 
+@pytest.mark.long  # make test-long: an A/A of 0.5.23 over two hazard cells
 @pytest.mark.slow  # 2 cells x 2 sides, each cell 2 ranks importing SGLang: about a minute
 @pytest.mark.timeout(600)
 def test_an_aa_of_0523_changes_no_cell(tmp_path):

@@ -150,6 +150,7 @@ def _run(out, *args: str) -> tuple[pd.Series, pd.DataFrame]:
     return run.ranks().set_index("rank").loc[0], run.steps()
 
 
+@pytest.mark.long  # make test-long: three pinned serves counting host work (CI: make gate)
 @pytest.mark.slow
 def test_a_pinned_serve_counts_alike_twice_and_sees_a_work_plant(tmp_path):
     """Same schedule, same steps and polls exactly; the events agree within 1 % (what is

@@ -85,6 +85,7 @@ def test_the_verdict_names_a_rank_process_whose_threads_grew_over_the_repeats():
     assert thread_growth_notes(unknown) == []
 
 
+@pytest.mark.long  # make test-long: a run beside CPU burners
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_pinned_run_serves_a_disturbed_cell_again_and_keeps_one_schedule(tmp_path):

@@ -214,6 +214,7 @@ def test_count_contract_and_counter_hold_under_pinned(pinned_counts):
         _check_layout(pinned_counts, variant, 2, 1)
 
 
+@pytest.mark.long  # make test-long: the other protocol pairs pinned, beside the first pair's test
 @pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.timeout(250)

@@ -22,6 +22,9 @@ from tests.helpers import case, run_cases
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = 64
+# make test-long: every test here serves real ranks through the retry cells, SGLang's among
+# them (about 2 minutes of serves); tests/test_retries.py checks the retry set in one process
+pytestmark = pytest.mark.long
 
 
 # ---- real ranks: the retry scenarios' counts, request by request ---------------------------

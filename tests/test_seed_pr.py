@@ -210,6 +210,7 @@ def test_sides_of_one_model_are_refused_before_any_rank_starts(tmp_path, capsys)
     assert not out.exists()
 
 
+@pytest.mark.long  # make test-long: imports 0.5.18 and 0.5.19 to plan the preset
 @pytest.mark.slow  # imports 0.5.18 and 0.5.19 in this process to learn their classes
 @pytest.mark.timeout(120)
 def test_the_preset_serves_sglang_with_its_sides_or_those_given():

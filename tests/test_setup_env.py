@@ -42,6 +42,7 @@ def no_scipy(tmp_path: Path, *also: str) -> Path:
     return tmp_path / "hide"
 
 
+@pytest.mark.long  # make test-long: builds a venv offline (CI builds its own)
 @pytest.mark.timeout(720)  # three setups, each importing torch several times
 def test_offline_setup_needs_no_pip(tmp_path):
     # The GPU node as shipped: every dependency a run needs but scipy and perfetto, no

@@ -108,6 +108,7 @@ def pp_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.long  # make test-long: SGLang's controller path at PP2 (TP2 stays in make test)
 @pytest.mark.dist
 @pytest.mark.timeout(260)
 def test_bench_run_at_pp2_costs_what_the_model_says_per_request(pp_run):
@@ -136,6 +137,7 @@ def test_bench_run_at_pp2_costs_what_the_model_says_per_request(pp_run):
     assert set(issued["terminated_by"]) == {"poll", "ack"}
 
 
+@pytest.mark.long  # make test-long: the same PP2 serve
 @pytest.mark.dist
 @pytest.mark.timeout(260)
 def test_bench_run_at_pp2_self_checks_hold(pp_run):

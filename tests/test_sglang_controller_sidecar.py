@@ -76,6 +76,7 @@ def sidecar_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.long  # make test-long: SGLang's controller path with a side-car pool
 @pytest.mark.dist
 @pytest.mark.slow  # two ranks, each importing SGLang
 @pytest.mark.timeout(360)
@@ -103,6 +104,7 @@ def test_a_sidecar_pool_at_tp2_costs_what_the_model_says_per_request(sidecar_run
         io["call_sites"].iloc[0]
 
 
+@pytest.mark.long  # make test-long: the same side-car serve
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.timeout(360)
@@ -120,6 +122,7 @@ def test_a_sidecar_pool_at_tp2_self_checks_hold(sidecar_run):
 
 # ---- bench hazards --cache sglang: span-skew on the controller path -----------------------
 
+@pytest.mark.long  # make test-long: a 4-rank cell twice on SGLang's controller path
 @pytest.mark.dist
 @pytest.mark.slow  # one 4-rank cell, twice, importing SGLang on each rank
 @pytest.mark.timeout(420)

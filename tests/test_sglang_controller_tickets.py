@@ -91,6 +91,7 @@ def ticket_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.long  # make test-long: SGLang's PP tickets at TP2 x PP2
 @pytest.mark.dist
 @pytest.mark.slow  # four ranks, each importing SGLang
 @pytest.mark.timeout(420)
@@ -120,6 +121,7 @@ def test_tickets_at_tp2_pp2_cost_what_the_model_says_per_request(ticket_run):
             (site, issued["call_sites"].iloc[0])
 
 
+@pytest.mark.long  # make test-long: the same ticket serve
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.timeout(420)

@@ -156,6 +156,7 @@ def written_back(request, tmp_path_factory) -> tuple[Path, int, int, str]:
     return out, tp, pp, release
 
 
+@pytest.mark.long  # make test-long: SGLang's write-back at each layout
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_sglangs_write_back_writes_what_the_harness_computed(written_back):
@@ -174,6 +175,7 @@ def test_sglangs_write_back_writes_what_the_harness_computed(written_back):
     assert reqs["data_ok"].all() and reqs["ranks_agree"].all()
 
 
+@pytest.mark.long  # make test-long: the same write-back serves
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_write_back_costs_no_collective_per_eviction_request_or_step(written_back):

@@ -210,6 +210,7 @@ def sides_run(tmp_path_factory):
     return base / "run", line, done.stdout + done.stderr
 
 
+@pytest.mark.long  # make test-long: two SGLangs served as sides end to end
 @pytest.mark.slow  # two sides x 2 ranks, each importing its SGLang: about 2 minutes
 @pytest.mark.timeout(600)
 def test_each_side_is_a_labelled_row_paired_by_seed_and_interleaved(sides_run):
@@ -232,6 +233,7 @@ def test_each_side_is_a_labelled_row_paired_by_seed_and_interleaved(sides_run):
     assert f"Per request, {PR} against {REF}: " in out
 
 
+@pytest.mark.long  # make test-long: the same two-side run
 @pytest.mark.slow  # the same run (module fixture)
 @pytest.mark.timeout(600)
 def test_each_sides_call_sites_are_its_own_and_the_planted_one_is_named(sides_run):

@@ -23,7 +23,7 @@ class Item:
 
 
 ITEMS = [Item("plain"), Item("slow", "slow"), Item("rig", "sglang_matrix", "dist"),
-         Item("chance", "statistical"), Item("timed", "microbench")]
+         Item("chance", "statistical"), Item("timed", "microbench"), Item("long", "long", "slow")]
 
 
 def test_the_timed_files_are_marked():
@@ -45,11 +45,12 @@ def selected(markexpr: str, items: list | None = None) -> tuple[list[str], list[
 @pytest.mark.parametrize("markexpr", ["not slow", "dist or not dist", ""])
 def test_a_tier_leaves_out_the_opt_in_markers(markexpr):
     kept, dropped = selected(markexpr)
-    assert kept == ["plain", "slow"] and dropped == ["rig", "chance", "timed"]
+    assert kept == ["plain", "slow"] and dropped == ["rig", "chance", "timed", "long"]
 
 
 @pytest.mark.parametrize("markexpr,kept", [("statistical", ["plain", "slow", "chance"]),
                                            ("sglang_matrix", ["plain", "slow", "rig"]),
-                                           ("microbench", ["plain", "slow", "timed"])])
+                                           ("microbench", ["plain", "slow", "timed"]),
+                                           ("long and not timed", ["plain", "slow", "long"])])
 def test_naming_a_marker_selects_it(markexpr, kept):
     assert selected(markexpr)[0] == kept  # pytest's own -m then narrows it to the marker

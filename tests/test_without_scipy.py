@@ -113,6 +113,7 @@ def test_run_and_gate_without_scipy(hidden, tmp_path):
     assert NO_SCIPY in "\n".join(gated.stdout.strip().splitlines()[-2:])
 
 
+@pytest.mark.long  # make test-long: a served A/B end to end without scipy
 def test_ab_without_scipy(hidden, tmp_path):
     env, log = hidden
     repo, base = scratch_repo(tmp_path / "repo")
@@ -135,6 +136,7 @@ def test_ab_without_scipy(hidden, tmp_path):
     assert f"No Wilcoxon p: {NO_SCIPY}" in md
 
 
+@pytest.mark.long  # make test-long: SGLang sides end to end without scipy
 def test_sglang_sides_without_scipy(hidden, tmp_path):
     """Two SGLang sides (an A/A of 0.5.23) end OK with exact counts, and the sides'
     headline says its intervals are empty for want of scipy, not for too few repeats."""

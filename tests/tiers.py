@@ -9,8 +9,8 @@ import sys
 # Out of `make test` unless asked for by name: pyproject's addopts leaves them out with -m,
 # but pytest keeps only the last -m, so `pytest -m "not slow"` (make test-fast) would bring
 # them back. A -m expression that names one of them (make sglang-check, make test-stats,
-# bench microbench) selects it as written.
-OPT_IN = ("microbench", "sglang_matrix", "statistical")
+# make test-long, bench microbench) selects it as written.
+OPT_IN = ("microbench", "sglang_matrix", "statistical", "long")
 
 # The files whose tests time what they check (marker `timed`): `make test` runs them alone,
 # after the others have run on pytest-xdist workers, so no other test's ranks share the
