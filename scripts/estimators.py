@@ -132,13 +132,15 @@ def replay(gate: Path, thresholds: dict) -> list[dict]:
     run = gate / "ab" if (gate / "ab" / "ab.json").is_file() else gate
     ends = np.cumsum([s.repeats for s in stages_of(run)])
     found = pairs(run)
+    # every method's intervals of each check at each stage end, made once
+    made = {(key, n): methods(p.iloc[:n], 0.95) for key, p in found.items() for n in ends}
     out = []
     for name in REPLAYED:
         verdict, at, step = "UNDECIDED", int(ends[-1]), None
         for n in ends:
             states = []
-            for (metric, _, _), p in found.items():
-                e = methods(p.iloc[:n], 0.95)[name]
+            for key in found:
+                metric, e = key[0], made[(key, n)][name]
                 states.append(decide(e.low, e.high, thresholds.get(GATED[metric], 0.05))
                               if e.has_interval else "NOT JUDGED")
                 step = e if metric == "step_mean_ms" else step

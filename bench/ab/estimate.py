@@ -207,7 +207,8 @@ METHODS: dict[str, Callable[[np.ndarray, np.ndarray, float], Estimate]] = {
     "cpu-adjusted": cpu_adjusted,
 }
 # The served A/B's interval method (ab.json and each row's `interval` name it): by the
-# machine's disturbance over the pairs' serves, read before any timing and fixed in advance
+# machine's disturbance over the pairs' serves, read from the machine, never a timing, at a
+# limit fixed in advance
 # (bench.rundir.schema.DISTURBED_LIMIT, the limit the gate's INCONCLUSIVE reads): the t-mean
 # on a quiet machine, where the covariate is noise and its quiet power and false alarms are
 # measured; cpu-adjusted on a disturbed one, where the machine's lost CPU explains much of a
