@@ -299,7 +299,7 @@ def test_hazards_cell_and_sides_lines_fit():
 def test_reviews_closing_lines_fit_and_the_last_keeps_its_form(failing):
     """bench review's timing verdicts (long side names) and its last line, OK or FAILED with
     every reason (a hazard cell, a count site, a timing), naming the page under a long folder."""
-    from bench.analysis.side_timings import Verdict
+    from bench.ab.sides import Verdict
     from bench.hazards.review import closing_lines
 
     side = "head=" + LONG

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from bench.ab import size_args
-from bench.gate.timing import AB_METRICS
+from bench.ab.served import AB_METRICS
 from bench.rundir import decision
 from tests.scratch_git import bench, commit, git, harmless, scratch_repo, slow_poll
 

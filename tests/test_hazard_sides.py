@@ -329,17 +329,17 @@ def test_the_review_of_a_head_that_costs_a_collective_names_its_site(tmp_path):
     assert f"No cell changed between base=sglang-0.5.23@unified and {HEAD}" in text
 
 
-def _timed(step: tuple, bystander: tuple) -> pd.DataFrame:
-    """A summary of a base and a head whose head's step and bystander ratios are given as
-    (point, low, high); None: too few repeats for an interval."""
-    def cols(name, iv):
-        point, low, high = iv if iv else (1.01, None, None)
-        return {f"{name}_ratio": point, f"{name}_ratio_ci_low": low,
-                f"{name}_ratio_ci_high": high}
-    rows = [{"protocol": BASE, "policy": "wait_complete"},
-            {"protocol": HEAD, "policy": "wait_complete", **cols("step_mean", step),
-             **cols("bystander_ttft_p50", bystander)}]
-    return pd.DataFrame(rows)
+def _timed(step: tuple, bystander: tuple) -> list:
+    """The head's gated rows (row, metric, Interval of head / base) for its step and
+    bystander TTFT, each (point, low, high); None: too few repeats for an interval."""
+    from bench.stats import Interval
+
+    def iv(given):
+        point, low, high = given if given else (1.01, None, None)
+        return Interval(point, low, high, 12 if given else 2, None,
+                        "" if given else "2 paired repeats: too few", "t-mean 0.95")
+    row = {"protocol": BASE, "policy": "wait_complete"}
+    return [(row, "step_mean", iv(step)), (row, "bystander_ttft_p50", iv(bystander))]
 
 
 @pytest.mark.parametrize("step, bystander, states", [
@@ -352,10 +352,10 @@ def test_the_review_judges_each_sides_timings_as_the_gate_does(step, bystander, 
     """The head's step (threshold 3 %) and bystander TTFT (10 %) against the base: PASS
     below 1 + threshold, FAIL above, UNRESOLVED between; FAIL and UNRESOLVED fail the
     review, NOT JUDGED (no interval) does not."""
-    from bench.analysis.side_timings import verdicts
+    from bench.ab.sides import from_rows
 
     limits = {"step_mean": 0.03, "bystander_ttft_p50": 0.10}
-    found = verdicts(_timed(step, bystander), [BASE, HEAD], limits)
+    found = from_rows(HEAD, _timed(step, bystander), limits)
     assert [v.state for v in found] == states and {v.side for v in found} == {HEAD}
     ok = Part("c", "f", 0)
     why = verdict(ok, ok, [], False, timings=found)

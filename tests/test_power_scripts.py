@@ -33,6 +33,26 @@ def test_the_power_scripts_plant_spins_a_share_of_each_step():
     assert "0.05 * (time.perf_counter() - _planted_t0)" in planted
 
 
+def test_the_review_power_scripts_plant_sits_first_in_sglangs_step_hook(tmp_path):
+    """scripts/review_power.py plants its spin at the start of 0.5.23's
+    check_hicache_events, after its docstring; the tree compiles; the reviews interleave."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import review_power
+
+    from sglang_adapter.source import DEFAULT_CACHE
+
+    if not sorted(DEFAULT_CACHE.glob("sglang-0.5.23-*.whl")):
+        pytest.skip("no sglang 0.5.23 wheel cached (make sglang-fetch)")
+    tree = review_power.plant("0.5.23", 0.05, tmp_path / "tree")
+    text = (tree / review_power.CACHE_FILE).read_text()
+    compile(text, "unified_radix_cache.py", "exec")
+    body = text[text.index(review_power.HOOK):].splitlines()
+    assert body[1].strip().startswith('"""') and body[2].strip().startswith("_clock = ")
+    assert "self._plant_s = 0.05 * _since" in text
+    assert review_power.interleaved(2, 3, "R", "T") == [
+        ("aa", "R"), ("plant", "T"), ("aa", "R"), ("plant", "T"), ("plant", "T")]
+
+
 def test_the_power_scripts_gates_interleave_and_a_resume_goes_on_to_the_counts(tmp_path):
     """One gate of each kind a round, in the order asked, until each kind has its count, the
     gates already run counted; --resume of a folder that is no study is refused in one line,

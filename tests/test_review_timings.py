@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import sys
 import types
 import zipfile
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from bench.ab import sequential
-from bench.analysis import side_timings
-from bench.analysis.side_timings import Verdict, at_budget, verdicts
+from bench.ab import estimate, sequential
+from bench.ab.sides import Verdict, at_budget, verdicts
 from bench.hazards import matrix, review_decision, review_stages
 from bench.hazards.classify import REFUSED
 from bench.hazards.report import exit_code
@@ -25,29 +26,80 @@ from bench.hazards.review import Findings, Part, RunRows, page, verdict
 from bench.hazards.scenarios import SCENARIOS
 from bench.hazards.side_changes import worse
 from bench.rundir.decision import Disturbance
+from bench.rundir.schema import COUNT_COLUMNS as COUNTS
+from bench.rundir.schema import STEP_SITES
 
 BASE, HEAD = "base=sglang-0.5.22@unified", "head=sglang-0.5.23@unified"
 LIMITS = {"step_mean": 0.03, "itl_p50": 0.05, "prefetch_ttft_p50": 0.05,
           "bystander_ttft_p50": 0.10}
 
 
-def _summary(step_ratios: list[float]) -> pd.DataFrame:
-    """A base and a head whose head's per-repeat step ratios are given (no other metric)."""
-    cell = ";".join(f"{x:.4f}" for x in step_ratios)
-    return pd.DataFrame([{"protocol": BASE, "policy": "wait_complete"},
-                         {"protocol": HEAD, "policy": "wait_complete", "step_mean_ratio": 1.0,
-                          "step_mean_ratio_per_repeat": cell}])
+KEYS = {"tp": 2, "pp": 1, "storage": "sim", "rate_rps": float("inf"), "extra_pool": False,
+        "race_guard": True}
 
 
-def test_stages_pool_their_pairs_into_one_interval():
-    """Two stages' per-repeat ratios are pooled: the interval narrows with the pairs, and a
-    check undecided on the first stage's 4 pairs is decided on all 12."""
+def _stage(folder, ratios: list[float], lost: tuple[list[float], list[float]] | None = None):
+    """A run of a base and a head (folder, its repeats): per repeat 4 steps of 10 ms on
+    the base and 10 ms x ratio on the head, equal TTFTs, no collectives; ranks.csv's
+    cpu_lost per serve where `lost` gives (base's, head's) per repeat."""
+    folder.mkdir(parents=True)
+    reqs, steps, ranks = [], [], []
+    for r, ratio in enumerate(ratios):
+        for side, ms in ((BASE, 10.0), (HEAD, 10.0 * ratio)):
+            reqs += [{**KEYS, "protocol": side, "policy": "wait_complete", "repeat": r,
+                      "rid": f"r{i}", "ttft_ms": 50.0 + i, **dict.fromkeys(COUNTS, 0)}
+                     for i in range(3)]
+            steps += [{**KEYS, "protocol": side, "policy": "wait_complete", "repeat": r,
+                       "step": k, "step_ms": ms, **dict.fromkeys(STEP_SITES, 0)}
+                      for k in range(4)]
+            if lost is not None:
+                ranks.append({**KEYS, "protocol": side, "policy": "wait_complete",
+                              "repeat": r, "rank": 0,
+                              "cpu_lost": lost[side == HEAD][r]})
+    pd.DataFrame(reqs).to_csv(folder / "requests.csv", index=False)
+    pd.DataFrame(steps).to_csv(folder / "steps.csv", index=False)
+    if ranks:
+        pd.DataFrame(ranks).to_csv(folder / "ranks.csv", index=False)
+    (folder / "env.json").write_text(json.dumps({"plan": {"tp": 2, "pp": 1, "sides": [
+        {"name": BASE}, {"name": HEAD}]}}))
+    return folder, len(ratios)
+
+
+def test_stages_pool_their_pairs_into_one_interval(tmp_path):
+    """Two stages read as one run of each side, repeats continuing: the interval pools all
+    12 pairs (the geometric mean of the step ratios, the t interval on a quiet machine) and
+    narrows, and a check undecided on the first stage's 4 pairs is decided on all 12."""
     first = [1.00, 1.04, 0.97, 1.02]
-    found = verdicts([_summary(first)] * 1 + [_summary(first * 2)], [BASE, HEAD], LIMITS)
-    assert [(v.metric, v.pairs) for v in found] == [("step_mean", 12)]
-    alone = side_timings._merged(_summary(first).to_dict("records")[1:], "step_mean")
-    assert found[0].half_width < alone[2] / alone[0] - 1
-    assert found[0].state == "PASS" and found[0].high < 1.03
+    one = _stage(tmp_path / "s0", first)
+    alone = verdicts([one], [BASE, HEAD], LIMITS)
+    both = verdicts([one, _stage(tmp_path / "s1", first * 2)], [BASE, HEAD], LIMITS)
+    step = {v.metric: v for v in both}["step_mean"]
+    assert step.pairs == 12 and {v.metric: v for v in alone}["step_mean"].pairs == 4
+    assert step.point == pytest.approx(math.exp(np.mean(np.log(first * 3))))
+    assert step.half_width < {v.metric: v for v in alone}["step_mean"].half_width
+    assert {v.metric: v.state for v in alone}["step_mean"] == "UNRESOLVED"
+    assert step.state == "PASS" and step.high < 1.03 and step.method == "t-mean 0.95"
+    assert {v.side for v in both} == {HEAD}
+
+
+def test_a_disturbed_reviews_interval_is_adjusted_for_each_pairs_lost_cpu(tmp_path):
+    """Serves that lost more than 5 % of the CPU (median, both sides): the served A/B's
+    cpu-adjusted interval, the one bench.ab.estimate.served makes by hand from the pairs
+    and their cpu_lost (rank 0's row), named on the verdict."""
+    rng = np.random.default_rng(3)
+    lost_base = list(rng.uniform(0.1, 0.4, 10))
+    lost_head = list(rng.uniform(0.1, 0.4, 10))
+    ratios = [math.exp(0.4 * (h - b)) * (1 + 0.003 * (-1) ** r)
+              for r, (b, h) in enumerate(zip(lost_base, lost_head, strict=True))]
+    found = verdicts([_stage(tmp_path / "s0", ratios, (lost_base, lost_head))],
+                     [BASE, HEAD], LIMITS)
+    step = {v.metric: v for v in found}["step_mean"]
+    by_hand = estimate.served(dict(enumerate(ratios)), dict.fromkeys(range(10), 1.0),
+                              dict(enumerate(lost_head)), dict(enumerate(lost_base)))
+    assert step.method == by_hand.method == "cpu-adjusted 0.95"
+    assert (step.point, step.low, step.high) == pytest.approx(
+        (by_hand.point, by_hand.low, by_hand.high))
+    assert step.point == pytest.approx(1.0, abs=0.005) and step.state == "PASS"
 
 
 @pytest.mark.parametrize("quiet, becomes", [(True, "FAIL"), (False, "INCONCLUSIVE")])

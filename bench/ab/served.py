@@ -19,23 +19,22 @@ from __future__ import annotations
 import ast
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pandas as pd
 
 from bench.ab import estimate, sequential
 from bench.ab import order as order_effect
 from bench.ab.conductor import Conductor, SideProc, first_sides, turn_order
 from bench.ab.revisions import Revision, checked_out
 from bench.ab.sequential import Budget
-from bench.compare.comparison import Comparison, Run, compare, load_run
+from bench.compare.comparison import Comparison, Run, compare, stacked
 from bench.compare.rows import TimingOptions
 from bench.run import turns
 from bench.rundir.env import REPO_DIR
 from bench.rundir.files import ResultFileError
 from bench.rundir.rundir import RunDir
+from bench.stats import Interval
 from bench.verdict import run_rules
 from bench.verdict.thresholds import DEFAULT_THRESHOLD
 
@@ -147,20 +146,8 @@ def _last(out: Path) -> str:
 
 def merged(stages: list[Stage], side: str) -> Run:
     """One side's stages as one Run whose repeats continue from stage to stage."""
-    tables: dict[str, list[pd.DataFrame]] = {"requests": [], "steps": [], "ranks": []}
-    runs = [load_run(s.dirs[side]) for s in stages]
-    offset = 0
-    for stage, run in zip(stages, runs, strict=True):
-        found = {"requests": run.requests, "steps": run.steps,
-                 "ranks": RunDir(stage.dirs[side]).ranks()}
-        for name, frame in found.items():
-            if frame is not None and "repeat" in frame:
-                tables[name].append(frame.assign(repeat=offset + frame["repeat"].astype(int)))
-        offset += stage.repeats
-    both = {k: pd.concat(v, ignore_index=True) if len(v) == len(runs) else None
-            for k, v in tables.items()}
-    return Run(stages[0].dirs[side].parent.parent, runs[0].env, both["requests"],
-               both["steps"], both["ranks"])
+    return stacked([(s.dirs[side], s.repeats) for s in stages],
+                   path=stages[0].dirs[side].parent.parent)
 
 
 def b_first(stages: list[Stage]) -> dict[int, bool]:
@@ -198,6 +185,29 @@ def comparison(plan: ServedPlan, stages: list[Stage],
     comp.extra_columns += [c for c in ("stage", "turn", "side", "position", "seconds")
                            if c not in comp.extra_columns]
     return comp
+
+
+# summary.csv's gated ratio metrics -> bench compare's (and ab's) timing metrics
+AB_METRICS = {"step_mean": "step_mean_ms", "itl_p50": "itl_p50_ms",
+              "prefetch_ttft_p50": "prefetch_ttft_p50_ms",
+              "bystander_ttft_p50": "bystander_ttft_p50_ms", "ttft": "ttft_p50_ms"}
+
+
+def gated_rows(comp: Comparison) -> Iterator[tuple[dict, str, Interval]]:
+    """(row, gated metric, interval of B/A) per configuration's gated timing metric: TTFT
+    p50 per request class where the run has both classes, else over every request. The gate's
+    revisions and the review's sides are judged from these."""
+    wanted = {v: k for k, v in AB_METRICS.items()}
+    if any(r.get("metric") == "prefetch_ttft_p50_ms" for r in comp.rows):
+        wanted.pop("ttft_p50_ms")  # gated per request class instead
+    for row in comp.rows:
+        m = wanted.get(row.get("metric"))
+        if row.get("kind") != "timing" or m is None or row.get("ratio_b_over_a") is None:
+            continue
+        yield row, m, Interval(row["ratio_b_over_a"], row.get("ratio_ci_low"),
+                               row.get("ratio_ci_high"), int(row.get("repeats") or 0),
+                               row.get("ratio_mdd"), row.get("note") or "",
+                               row.get("interval") or "")
 
 
 def failed_sides(stages: list[Stage]) -> list[str]:

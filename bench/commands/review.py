@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.analysis.side_timings import failing
+from bench.ab.sides import failing
 from bench.commands.common import CliParser, run_verb
 from bench.errors import UserError
 from bench.hazards import review_decision, review_stages

@@ -4,6 +4,7 @@ rows are matched and judged)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -76,6 +77,31 @@ def load_run(path: Path) -> Run:
     if requests.empty:
         raise ResultFileError(f"{run.file('requests')}: no rows")
     return Run(path, env, requests, run.steps("compare", optional=True))
+
+
+def stacked(parts: list[tuple[Path, int]], rows: Callable[[pd.DataFrame], pd.DataFrame]
+            | None = None, path: Path | None = None) -> Run:
+    """Several runs of one plan, each (folder, its repeats), read as one Run whose repeat
+    numbers continue from run to run (the stages of a sequential A/B); `rows` picks and
+    renames a table's rows (one side of a run of several), every table as it is when None.
+    ranks.csv (each serve's cpu_lost) is kept where every run has it; the Run's `path` is
+    the first run's folder unless given."""
+    tables: dict[str, list[pd.DataFrame]] = {"requests": [], "steps": [], "ranks": []}
+    runs = [load_run(folder) for folder, _ in parts]
+    offset = 0
+    for (folder, repeats), run in zip(parts, runs, strict=True):
+        found = {"requests": run.requests, "steps": run.steps, "ranks": RunDir(folder).ranks()}
+        for name, frame in found.items():
+            if frame is not None and "repeat" in frame:
+                frame = frame if rows is None else rows(frame)
+                tables[name].append(frame.assign(repeat=offset + frame["repeat"].astype(int)))
+        offset += repeats
+    both = {k: pd.concat(v, ignore_index=True) if len(v) == len(runs) else None
+            for k, v in tables.items()}
+    if both["requests"] is None or both["requests"].empty:
+        raise ResultFileError(f"{parts[0][0]}: no rows to compare")
+    return Run(Path(path or parts[0][0]), runs[0].env, both["requests"], both["steps"],
+               both["ranks"])
 
 
 def check_comparable(a: Run, b: Run) -> None:
@@ -196,8 +222,8 @@ def _pair_sides(a: Run, b: Run) -> tuple[Run, Run, list[str]]:
     notes = []
     if pairing is not None:
         ren_a, ren_b, note = pairing
-        a, b = (replace(r, requests=_renamed(r.requests, ren),
-                        steps=_renamed(r.steps, ren)) for r, ren in ((a, ren_a), (b, ren_b)))
+        a, b = (replace(r, requests=_renamed(r.requests, ren), steps=_renamed(r.steps, ren),
+                        ranks=_renamed(r.ranks, ren)) for r, ren in ((a, ren_a), (b, ren_b)))
         notes.append(note)
     paths = [r.fact("plan", "sglang", "controller") for r in (a, b)]
     if None not in paths and paths[0] != paths[1]:
@@ -240,7 +266,8 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD,
     if both:  # two SGLangs: their rows pair by side (sides_pairing), or as named
         a, b, notes = _pair_sides(a, b)
     elif paired:  # SGLang's own code against the project's model of it: by model
-        a, b = (replace(r, requests=as_modelled(r.requests), steps=as_modelled(r.steps))
+        a, b = (replace(r, requests=as_modelled(r.requests), steps=as_modelled(r.steps),
+                        ranks=as_modelled(r.ranks))
                 for r in (a, b))
     keys = match_keys(a, b)
     groups = {(s, t): _groups(_keyed(run.table(t), keys, t), keys, f"{run.path}/{t}.csv")

@@ -7,8 +7,9 @@ one it needed. Scripts read decision.json, never these lines. No line wider than
 
 from __future__ import annotations
 
+from bench.ab.served import AB_METRICS
 from bench.gate.outcome import metric_name
-from bench.gate.timing import AB_METRICS, resolution_lines
+from bench.gate.timing import resolution_lines
 from bench.report.printer import WIDTH, fit, fixed_width, wrapped
 from bench.rundir.decision import Disturbance
 from bench.verdict.checks import Check, is_timing, state, verdict_of

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.ab.served import AB_METRICS
 from bench.analysis.summarize import (
     background_collectives,
     config_groups,
@@ -41,7 +42,6 @@ from bench.gate.baseline import (
 from bench.gate.host_ceiling import host_work_checks, with_ceilings
 from bench.gate.outcome import GateOutcome, gate_decision
 from bench.gate.timing import (
-    AB_METRICS,
     ab_checks,
     ab_states,
     baseline_checks,

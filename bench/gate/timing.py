@@ -32,6 +32,7 @@ from dataclasses import replace
 
 import pandas as pd
 
+from bench.ab.served import gated_rows
 from bench.compare.comparison import Comparison
 from bench.gate.baseline import baseline_match
 from bench.rundir.decision import Disturbance
@@ -43,10 +44,6 @@ from bench.verdict.checks import Check, make_check, state
 from bench.verdict.thresholds import DEFAULT_THRESHOLD, decide
 from bench.verdict.words import FAIL, PASS, undecided_verdict
 
-# summary.csv's gated ratio metrics -> bench compare's (and ab's) timing metrics
-AB_METRICS = {"step_mean": "step_mean_ms", "itl_p50": "itl_p50_ms",
-              "prefetch_ttft_p50": "prefetch_ttft_p50_ms",
-              "bystander_ttft_p50": "bystander_ttft_p50_ms", "ttft": "ttft_p50_ms"}
 LABELS = {"ttft": "TTFT p50", "prefetch_ttft_p50": "prefetching requests' TTFT p50",
           "bystander_ttft_p50": "bystanders' TTFT p50", "step_mean": "mean step time",
           "itl_p50": "ITL p50"}
@@ -142,25 +139,11 @@ def baseline_checks(summary: pd.DataFrame, baseline: pd.DataFrame,
     return [c for c in checks if c is not None]
 
 
-def _ab_rows(comp: Comparison):
-    """(row, gated metric, interval of B/A) per configuration's gated timing metric."""
-    wanted = {v: k for k, v in AB_METRICS.items()}
-    if any(r.get("metric") == "prefetch_ttft_p50_ms" for r in comp.rows):
-        wanted.pop("ttft_p50_ms")  # gated per request class instead
-    for row in comp.rows:
-        m = wanted.get(row.get("metric"))
-        if row.get("kind") != "timing" or m is None or row.get("ratio_b_over_a") is None:
-            continue
-        yield row, m, Interval(row["ratio_b_over_a"], row.get("ratio_ci_low"),
-                               row.get("ratio_ci_high"), int(row.get("repeats") or 0),
-                               row.get("ratio_mdd"), row.get("note") or "")
-
-
 def ab_checks(comp: Comparison, thresholds: dict[str, float]) -> list[Check]:
     """Every configuration's gated timing metrics of an A/B run: B (this tree) over A (the
     baseline revision), paired by repeat."""
     checks = [judge(row, f"{m}_ab", m, iv, thresholds.get(m, DEFAULT_THRESHOLD),
-                    "the baseline revision's") for row, m, iv in _ab_rows(comp)]
+                    "the baseline revision's") for row, m, iv in gated_rows(comp)]
     return [c for c in checks if c is not None]
 
 
@@ -169,7 +152,7 @@ def ab_states(comp: Comparison, thresholds: dict[str, float]
     """The sequential rule's input (bench.ab.sequential.more): per gated check its state,
     point, low, high and threshold (an interval not yet made: UNRESOLVED at its point)."""
     out = []
-    for _, m, iv in _ab_rows(comp):
+    for _, m, iv in gated_rows(comp):
         t = thresholds.get(m, DEFAULT_THRESHOLD)
         low, high = (iv.low, iv.high) if iv.has_interval else (None, None)
         out.append((decide(low, high, t), iv.point, low, high, t))

@@ -14,20 +14,23 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.analysis import side_timings
+from bench.ab.sides import Verdict, failing, inconclusive
+from bench.ab.sides import lines as timing_lines
 from bench.analysis.side_lead import count_changes, counts_text, headline_lines
-from bench.analysis.side_timings import Verdict, failing, inconclusive
 from bench.hazards.classify import REFUSED
 from bench.hazards.side_changes import change_table, changes, worse
 from bench.report.printer import WIDTH, wrapped
 
 TIMING_RULE = ("Each side against the first, per policy, at the gate's thresholds and under "
-               "its rule: the 95% t interval of the paired log ratios over every stage's "
-               "repeats; PASS when it lies below 1 + threshold, FAIL when it lies above; "
-               "while it holds it the review adds a stage (a run on the next seed) within "
-               "its budget, and at the budget it is INCONCLUSIVE when the machine was "
-               "disturbed (its serves' cpu_lost p50 above 5%), FAIL when it was quiet; NOT "
-               "JUDGED without an interval (fewer than 3 repeats).")
+               "its rule, as the gate judges two revisions: each side's serves of every "
+               "stage read as one run, paired by repeat, with the served A/B's interval (the "
+               "95% t interval of the paired log ratios; adjusted for each pair's lost CPU "
+               "where the serves lost more than 5% of it); PASS when it lies below 1 + "
+               "threshold, FAIL when it lies above; while it holds it the review adds a "
+               "stage (a run on the next seed) within its budget, and at the budget it is "
+               "INCONCLUSIVE when the machine was disturbed (its serves' cpu_lost p50 above "
+               "5%), FAIL when it was quiet; NOT JUDGED without an interval (fewer than 3 "
+               "repeats).")
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def verdict(run: Part, hazards: Part, rows: list[dict], consensus: bool,
             ) -> list[str]:
     """Why the review fails, a reason a line ([] when it does not); `counts`: the
     unexplained count differences of a strict review (None: not strict); `timings`: the
-    sides' timing verdicts at the budget (bench.analysis.side_timings): FAIL fails it,
+    sides' timing verdicts at the budget (bench.ab.sides): FAIL fails it,
     INCONCLUSIVE does not (the page and the exit code say it apart: closing_lines)."""
     why = [f"the run FAILED (exit {run.code}): {run.folder}"] if run.code else []
     why += [f"count difference not explained: {c}" for c in counts or []]
@@ -140,7 +143,7 @@ def page(sides: list[str], found: Findings, got: RunRows, explained: tuple[str, 
             f"- hazards: `{hazards.command}` -> {hazards.folder} (exit {hazards.code})", "",
             "## The run's headline", "", *_block(_headline(got)), "",
             "## Timings at the gate's thresholds", "", TIMING_RULE, "",
-            *side_timings.lines(_verdicts(timings)), "",
+            *timing_lines(_verdicts(timings)), "",
             *getattr(timings, "about", list)(),
             "## Counts side by side, by call site", "", *_block(_counts(got)), "",
             *_strict(counts, explained),

@@ -10,7 +10,7 @@ import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.analysis.side_timings import ESTIMATOR, LEVEL, Verdict
+from bench.ab.sides import ESTIMATOR, LEVEL, Verdict
 from bench.rundir import decision
 from bench.rundir.env import git_branch, git_info
 from bench.verdict.words import EXIT_CODES, overall

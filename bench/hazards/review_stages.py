@@ -1,7 +1,7 @@
 """The timing half of `bench review`: a first run of the sides, then more runs (stages, each
 on the next seed) while a timing check is undecided, within a budget of repeats and seconds
 (bench.ab.sequential.staged, the stage loop `bench ab` and the gate run too), then each
-check's verdict at the budget (bench.analysis.side_timings.at_budget). The first stage's run
+check's verdict at the budget (bench.ab.sides.at_budget). The first stage's run
 is the review's run: its counts, headline and call sites; the timings pool every stage's
 paired repeats. docs/sglang-ci.md, "Timings".
 """
@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bench.ab import sides
 from bench.ab.sequential import Budget, look_level, looks_for, staged
-from bench.analysis import side_timings
-from bench.analysis.side_timings import Verdict
+from bench.ab.sides import Verdict
 from bench.rundir.decision import Disturbance
 from bench.rundir.rundir import RunDir
 
@@ -96,13 +96,13 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
             return None
         n = sum(s.repeats for s in stages)
         found = _verdicts(stages, thresholds, look_level(n, looks))
-        return side_timings.states(found), found
+        return sides.states(found), found
 
     stages, found = staged(plan.repeats, plan.seed, serve, judge, plan.budget, looks, log,
                            "review")
     ok = [s for s in stages if s.code == 0]
     shaken = Disturbance.from_ranks(RunDir(s.folder).ranks() for s in ok)
-    return Timings(stages, side_timings.at_budget(found or [], shaken), shaken,
+    return Timings(stages, sides.at_budget(found or [], shaken), shaken,
                    round(time.monotonic() - t0, 1))
 
 
@@ -110,9 +110,9 @@ def _verdicts(stages: list[Stage], thresholds: dict[str, float], level: float
               ) -> list[Verdict]:
     from bench.analysis.side_lead import side_names
 
-    first = RunDir(stages[0].folder)
-    plan = first.plan()
-    summaries = [RunDir(s.folder).summary(optional=True) for s in stages]
-    if plan is None or any(s is None for s in summaries):
+    plan = RunDir(stages[0].folder).plan()
+    names = list(side_names(plan))
+    if len(names) < 2:
         return []
-    return side_timings.verdicts(summaries, list(side_names(plan)), thresholds, level)
+    return sides.verdicts([(s.folder, s.repeats) for s in stages], names, thresholds,
+                                 level)
