@@ -208,24 +208,28 @@ METHODS: dict[str, Callable[[np.ndarray, np.ndarray, float], Estimate]] = {
 }
 # The served A/B's interval method (ab.json and each row's `interval` name it): by the
 # machine's disturbance over the pairs' serves, read from the machine, never a timing, at a
-# limit fixed in advance
-# (bench.rundir.schema.DISTURBED_LIMIT, the limit the gate's INCONCLUSIVE reads): the t-mean
-# on a quiet machine, where the covariate is noise and its quiet power and false alarms are
-# measured; cpu-adjusted on a disturbed one, where the machine's lost CPU explains much of a
-# pair's spread. Figures: docs/metrics.md, "Intervals".
+# limit fixed in advance (bench.rundir.schema.DISTURBED_LIMIT, the limit the gate's
+# INCONCLUSIVE reads): cpu-adjusted where more than a tenth of the serves lost more than it
+# (their cpu_lost p90 above it), since then some pairs carry a disturbance one side met and
+# the other did not, which the lost CPU explains; the t-mean where they did not, where the
+# covariate is noise and the t-mean's quiet power and false alarms are measured. Figures:
+# docs/metrics.md, "Intervals".
 SERVED = "by-disturbance"
 QUIET_METHOD, DISTURBED_METHOD = "t-mean", "cpu-adjusted"
+SHARE = 0.9  # the quantile of the serves' cpu_lost held against the limit
 # what a result file (the gate's decision.json `estimator`) records of the served intervals
-ESTIMATOR = (f"{QUIET_METHOD} when quiet, {DISTURBED_METHOD} when the pairs' cpu lost p50 "
+ESTIMATOR = (f"{QUIET_METHOD}, {DISTURBED_METHOD} when the pairs' cpu lost p{SHARE * 100:.0f} "
              f"exceeds {DISTURBED_LIMIT:.0%}, 95 % at every look")
 
 
 def method_for(lost: list[float], limit: float = DISTURBED_LIMIT) -> str:
     """by-disturbance's method for pairs whose serves lost these shares of the machine's CPU
-    (rank 0's cpu_lost, both sides): cpu-adjusted where their median exceeds `limit`; the
-    t-mean where it does not or nothing was measured (no excuse without a measure)."""
+    (rank 0's cpu_lost, both sides): cpu-adjusted where their p90 exceeds `limit` (more
+    than a tenth of the serves disturbed); the t-mean where it does not or nothing was
+    measured (no excuse without a measure)."""
     values = [v for v in lost if math.isfinite(v)]
-    return DISTURBED_METHOD if values and float(np.median(values)) > limit else QUIET_METHOD
+    return (DISTURBED_METHOD if values and float(np.quantile(values, SHARE)) > limit
+            else QUIET_METHOD)
 
 
 def served(b: Mapping[int, float], a: Mapping[int, float], lost_b: Mapping[int, float],
