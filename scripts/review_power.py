@@ -1,6 +1,6 @@
 """Usage: python scripts/review_power.py [--aa N] [--plants N] [--share F] [--release R]
-                                       [--scenarios S] [--out DIR | --resume DIR]
-                                       [--lock FILE]
+                                       [--scenarios S] [--review-args ARGS]
+                                       [--out DIR | --resume DIR] [--lock FILE]
 
 Measures `bench review`'s timing verdicts on this machine as a CI job would meet them: --aa
 reviews of one SGLang release against itself (`base=R,head=R`: every timing FAIL is a false
@@ -9,7 +9,8 @@ its tree (`head=TREE`) whose `UnifiedRadixCache.check_hicache_events`, called on
 scheduler step, spins `--share` (default 0.05) of the time since its previous call minus its
 own last spin: each step grows by that share of itself, with no collective added. A FAIL of
 the step check is a catch. Each review runs the hazard cells --scenarios (default walk-skew:
-the timing half is what is measured, and the cells add minutes) and its default stages.
+the timing half is what is measured, and the cells add minutes) and its default stages, or
+those --review-args sets (one quoted string of `bench review` options, e.g. '--budget-s 900').
 
 The reviews run interleaved, an A/A then a plant, so a study cut short keeps both kinds.
 `--lock FILE` (default /tmp/hicache-cpu.lock) is taken exclusively around each review;
@@ -23,19 +24,23 @@ until each kind has the counts asked for. A review takes 15 to 20 minutes on 2 c
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.rundir.files import write_json_atomic, write_text_atomic  # noqa: E402
-from sglang_adapter.source import DEFAULT_CACHE, unpack  # noqa: E402
+from sglang_adapter import SourceError, resolve  # noqa: E402
+
+sys.path.insert(0, str(REPO / "scripts"))
+from gate_power import holding  # noqa: E402
 
 HOOK = "    def check_hicache_events(self) -> None:\n"
 CACHE_FILE = Path("sglang") / "srt" / "mem_cache" / "unified_radix_cache.py"
@@ -56,12 +61,17 @@ def planted_source(share: float) -> str:
 
 
 def plant(release: str, share: float, dest: Path) -> Path:
-    """The release's wheel unpacked to dest with the step's spin planted; dest."""
-    wheels = sorted(DEFAULT_CACHE.glob(f"sglang-{release}-*.whl"))
-    if not wheels:
-        raise SystemExit(f"review_power: no sglang {release} wheel in {DEFAULT_CACHE} "
-                         f"(make sglang-fetch SGLANG={release})")
-    unpack(wheels[-1], dest)
+    """The release's tree (as `bench run --sglang` finds it, fetching a wheel not yet cached)
+    copied to dest with the step's spin planted; dest."""
+    try:
+        root = Path(resolve(release).root)
+    except SourceError as e:
+        raise SystemExit(f"review_power: {e}") from None
+    if root.is_dir():
+        shutil.copytree(root, dest)
+    else:  # a wheel read as a zip
+        with zipfile.ZipFile(root) as z:
+            z.extractall(dest)
     path = dest / CACHE_FILE
     text = path.read_text()
     start = text.index(HOOK)
@@ -70,21 +80,12 @@ def plant(release: str, share: float, dest: Path) -> Path:
     return dest
 
 
-@contextlib.contextmanager
-def exclusive(lock: Path):
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def review(kind: str, head: str, args, index: int) -> dict:
     out = args.out / f"{kind}_{index:02d}"
     cmd = [sys.executable, "-m", "bench", "review", "--sglang",
-           f"base={args.release},head={head}", "--scenarios", args.scenarios, "--out", str(out)]
-    with exclusive(args.lock):
+           f"base={args.release},head={head}", "--scenarios", args.scenarios, "--out", str(out),
+           *shlex.split(args.review_args)]
+    with holding(args.lock):
         t0 = time.monotonic()
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         seconds = round(time.monotonic() - t0, 1)
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--share", type=float, default=0.05)
     ap.add_argument("--release", default="0.5.23")
     ap.add_argument("--scenarios", default="walk-skew")
+    ap.add_argument("--review-args", default="")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--resume", type=Path)
     ap.add_argument("--lock", type=Path, default=Path("/tmp/hicache-cpu.lock"))
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.append(review(kind, head, args, len(done)))
         write_json_atomic(state, {"release": args.release, "share": args.share,
-                                  "scenarios": args.scenarios, "rows": rows})
+                                  "scenarios": args.scenarios,
+                                  "review_args": args.review_args, "rows": rows})
     lines = table(rows)
     write_text_atomic(args.out / "review_power.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
