@@ -99,7 +99,7 @@ def verdicts(stages: Sequence[tuple[Path | str, int]], sides: list[str],
     for side in sides[1:]:
         comp = compare(first, stacked(parts, _side_rows(side, sides[0])),
                        timing=timing(DEFAULT_THRESHOLD, level))
-        out += from_rows(side, [(row, m, iv) for row, m, iv in gated_rows(comp)], thresholds)
+        out += from_rows(side, list(gated_rows(comp)), thresholds)
     return out
 
 
