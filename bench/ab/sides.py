@@ -27,7 +27,7 @@ import pandas as pd
 
 from bench.ab import estimate
 from bench.ab.served import gated_rows, timing
-from bench.compare.comparison import compare, stacked
+from bench.compare.comparison import Run, compare, stacked
 from bench.rundir.decision import Disturbance
 from bench.stats import LEVEL, Interval
 from bench.verdict.thresholds import DEFAULT_THRESHOLD, decide
@@ -78,14 +78,14 @@ class Verdict:
                 f"{self.pairs} pairs{how}{why})")
 
 
-def _side_rows(name: str, as_name: str):
-    """A table's rows of side `name`, renamed `as_name` (the first side's)."""
-    def pick(frame: pd.DataFrame) -> pd.DataFrame:
-        if "protocol" not in frame:
-            return frame.iloc[0:0]
-        mine = frame[frame["protocol"].astype(str) == name]
-        return mine.assign(protocol=as_name)
-    return pick
+def _side(run: Run, name: str, as_name: str) -> Run:
+    """The run's rows of side `name` in every table, renamed `as_name` (the first side's)."""
+    def pick(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+        if frame is None or "protocol" not in frame:
+            return frame
+        return frame[frame["protocol"].astype(str) == name].assign(protocol=as_name)
+    return replace(run, requests=pick(run.requests), steps=pick(run.steps),
+                   ranks=pick(run.ranks))
 
 
 def verdicts(stages: Sequence[tuple[Path | str, int]], sides: list[str],
@@ -93,11 +93,11 @@ def verdicts(stages: Sequence[tuple[Path | str, int]], sides: list[str],
     """Every side after the first against the first, over the stages (each a run folder and
     its repeats), per policy and gated metric; `level`: the interval's (a sequential look's
     spent level, bench.ab.sequential.look_level)."""
-    parts = [(Path(folder), repeats) for folder, repeats in stages]
-    first = stacked(parts, _side_rows(sides[0], sides[0]))
+    whole = stacked([(Path(folder), repeats) for folder, repeats in stages])
+    first = _side(whole, sides[0], sides[0])
     out = []
     for side in sides[1:]:
-        comp = compare(first, stacked(parts, _side_rows(side, sides[0])),
+        comp = compare(first, _side(whole, side, sides[0]),
                        timing=timing(DEFAULT_THRESHOLD, level))
         out += from_rows(side, list(gated_rows(comp)), thresholds)
     return out

@@ -4,7 +4,6 @@ rows are matched and judged)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -79,13 +78,11 @@ def load_run(path: Path) -> Run:
     return Run(path, env, requests, run.steps("compare", optional=True))
 
 
-def stacked(parts: list[tuple[Path, int]], rows: Callable[[pd.DataFrame], pd.DataFrame]
-            | None = None, path: Path | None = None) -> Run:
+def stacked(parts: list[tuple[Path, int]], path: Path | None = None) -> Run:
     """Several runs of one plan, each (folder, its repeats), read as one Run whose repeat
-    numbers continue from run to run (the stages of a sequential A/B); `rows` picks and
-    renames a table's rows (one side of a run of several), every table as it is when None.
-    ranks.csv (each serve's cpu_lost) is kept where every run has it; the Run's `path` is
-    the first run's folder unless given."""
+    numbers continue from run to run (the stages of a sequential A/B). ranks.csv (each
+    serve's cpu_lost) is kept where every run has it; the Run's `path` is the first run's
+    folder unless given."""
     tables: dict[str, list[pd.DataFrame]] = {"requests": [], "steps": [], "ranks": []}
     runs = [load_run(folder) for folder, _ in parts]
     offset = 0
@@ -93,13 +90,10 @@ def stacked(parts: list[tuple[Path, int]], rows: Callable[[pd.DataFrame], pd.Dat
         found = {"requests": run.requests, "steps": run.steps, "ranks": RunDir(folder).ranks()}
         for name, frame in found.items():
             if frame is not None and "repeat" in frame:
-                frame = frame if rows is None else rows(frame)
                 tables[name].append(frame.assign(repeat=offset + frame["repeat"].astype(int)))
         offset += repeats
     both = {k: pd.concat(v, ignore_index=True) if len(v) == len(runs) else None
             for k, v in tables.items()}
-    if both["requests"] is None or both["requests"].empty:
-        raise ResultFileError(f"{parts[0][0]}: no rows to compare")
     return Run(Path(path or parts[0][0]), runs[0].env, both["requests"], both["steps"],
                both["ranks"])
 
