@@ -75,7 +75,8 @@ class Interval:
     (for a ratio, as a fraction: the interval is point x [1/(1+h), 1+h]; for a difference, in
     the values' unit): the smallest difference this run could tell from none, its minimum
     detectable difference. `note` says why low/high are None when there is a point;
-    `method` names how it was made where the caller chose among several (bench.ab.estimate).
+    `method` names how it was made where the caller chose among several
+    (bench.analysis.estimate).
     """
 
     point: float | None

@@ -4,7 +4,7 @@
        python scripts/estimators.py --replay GATE_DIR [GATE_DIR ...]
                                   [--gate results/baseline/gate.json]
 
-Compares the served A/B's interval methods (bench.ab.estimate) offline, on served A/B run
+Compares the served A/B's interval methods (bench.analysis.estimate) offline, on served A/B run
 directories (`bench ab --design served` or a gate's ab/ folder: ab.json and stages/). Per
 run, gated metric and configuration, the pairs (one serve of A and one of B per repeat) are
 cut into consecutive windows of 12, 24, 48 pairs; per window and method the interval is
@@ -43,8 +43,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.ab import estimate, sequential  # noqa: E402
+from bench.ab import sequential  # noqa: E402
 from bench.ab.served import Stage, merged  # noqa: E402
+from bench.analysis import estimate  # noqa: E402
 from bench.compare.metrics import TIMING_METRICS  # noqa: E402
 from bench.verdict.thresholds import decide  # noqa: E402
 
@@ -121,7 +122,7 @@ def methods(p: pd.DataFrame, level: float) -> dict[str, estimate.Estimate]:
 
 
 def methods_by_disturbance(p: pd.DataFrame, level: float) -> estimate.Estimate:
-    """The served A/B's own choice (bench.ab.estimate.method_for) over these pairs."""
+    """The served A/B's own choice (bench.analysis.estimate.method_for) over these pairs."""
     name = estimate.method_for([*p["lost_a"].dropna(), *p["lost_b"].dropna()])
     d, x = p["d"].to_numpy(), (p["lost_b"] - p["lost_a"]).fillna(0).to_numpy()
     return estimate.METHODS[name](d, x, level)

@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from estimators import GATED, pairs, stages_of  # noqa: E402
 
-from bench.ab import estimate, sequential  # noqa: E402
+from bench.ab import sequential  # noqa: E402
+from bench.analysis import estimate  # noqa: E402
 from bench.verdict.thresholds import decide  # noqa: E402
 from bench.verdict.words import FAIL, PASS, UNRESOLVED  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The served A/B's interval methods (bench.ab.estimate) and the looks' alpha spending
+"""The served A/B's interval methods (bench.analysis.estimate) and the looks' alpha spending
 (bench.ab.sequential): hand-computed numbers, coverage and family-wise error on simulated
 bursty pairs at fixed seeds (deterministic: they cannot fail by chance), and no interval
 without scipy."""
@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from bench.ab import estimate, sequential
-from bench.ab.estimate import (
+from bench.ab import sequential
+from bench.ab.sequential import Budget, look_level, more, planned_looks, spent
+from bench.analysis import estimate
+from bench.analysis.estimate import (
     cpu_adjusted,
     cpu_time,
     drop_disturbed,
@@ -20,7 +22,6 @@ from bench.ab.estimate import (
     t_mean,
     wilcoxon_rank,
 )
-from bench.ab.sequential import Budget, look_level, more, planned_looks, spent
 from bench.stats import NO_SCIPY
 from bench.verdict.words import UNRESOLVED
 
@@ -96,7 +97,7 @@ def test_the_cpu_time_ratio_is_the_t_mean_of_the_cpu_seconds():
 
 
 def test_without_scipy_every_method_gives_a_point_and_no_interval(monkeypatch):
-    monkeypatch.setattr(estimate, "_scipy_stats", lambda: None)
+    monkeypatch.setattr(estimate.base, "_scipy_stats", lambda: None)  # bench.stats
     d, x = np.array([0.1, 0.2, 0.3, 0.2, 0.1]), np.array([0.0, 0.1, 0.0, 0.2, 0.1])
     for e in (t_mean(d), hodges_lehmann(d), cpu_adjusted(d, x),
               drop_disturbed(d, x, x), cpu_time(np.ones(5), np.exp(d))):

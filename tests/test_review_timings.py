@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.ab import estimate, sequential
+from bench.ab import sequential
 from bench.ab.sides import Verdict, at_budget, verdicts
+from bench.analysis import estimate
 from bench.hazards import matrix, review_decision, review_stages
 from bench.hazards.classify import REFUSED
 from bench.hazards.report import exit_code
@@ -84,7 +85,7 @@ def test_stages_pool_their_pairs_into_one_interval(tmp_path):
 
 def test_a_disturbed_reviews_interval_is_adjusted_for_each_pairs_lost_cpu(tmp_path):
     """Serves that lost more than 5 % of the CPU (median, both sides): the served A/B's
-    cpu-adjusted interval, the one bench.ab.estimate.served makes by hand from the pairs
+    cpu-adjusted interval, the one bench.analysis.estimate.served makes by hand from the pairs
     and their cpu_lost (rank 0's row), named on the verdict."""
     rng = np.random.default_rng(3)
     lost_base = list(rng.uniform(0.1, 0.4, 10))

@@ -92,7 +92,8 @@ def sequential_gate(effect: float, sd: float, seed: int, t: float = 0.03,
         s = (decide(iv.low, iv.high, t), iv.point, iv.low, iv.high, t)
         return [s], s[0]
 
-    stages, verdict = sequential.staged(first, 0, serve, judge, BUDGET, None, print, "fake")
+    stages, verdict = sequential.staged(first, 0, serve, judge, sequential.deciding(BUDGET), print,
+                                        "fake")
     return verdict, sum(s.repeats for s in stages)
 
 
@@ -109,17 +110,17 @@ def test_one_stage_loop_seeds_each_stage_and_stops_where_the_rule_says():
     def judge(stages):
         return None if not stages[-1].ok else (undecided, len(stages))
 
-    stages, last = sequential.staged(12, 5, serve, judge, Budget(200, 1e6), None, said.append,
-                                     "fake")
+    stages, last = sequential.staged(12, 5, serve, judge,
+                                     sequential.deciding(Budget(200, 1e6)), said.append, "fake")
     assert [(s.seed, s.repeats) for s in stages] == [(5, 12), (6, 12), (7, 24)]
     assert last == 2  # the third stage failed: the second's result stands
     assert said == ["fake: 1 gated check(s) undecided after 12 paired repeats: a stage of 12 "
                     "more (seed 6)", "fake: 1 gated check(s) undecided after 24 paired "
                     "repeats: a stage of 24 more (seed 7)"]
-    stages, last = sequential.staged(12, 5, serve, judge, None, None, said.append, "fake")
+    stages, last = sequential.staged(12, 5, serve, judge, None, said.append, "fake")
     assert len(stages) == 1 and last == 1  # no budget: one stage
     decided = sequential.staged(12, 0, serve, lambda st: ([state(1.0, 0.01)], "PASS"),
-                                Budget(200, 1e6), None, said.append, "fake")
+                                sequential.deciding(Budget(200, 1e6)), said.append, "fake")
     assert len(decided[0]) == 1 and decided[1] == "PASS" and len(said) == 2
 
 

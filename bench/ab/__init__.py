@@ -1,4 +1,6 @@
-"""Two revisions interleaved on this machine: blocks, bisect, revisions, the A/A noise check."""
+"""The A/B engine: two revisions served as sides (served, with blocks where a revision cannot
+be one), several SGLangs as sides (sides), the protocols of one run staged (protocols), one
+stage loop and sizing rule (sequential); bisect and the A/A noise check."""
 
 # What may size an A/B's serves, with each one's least value: passed to both sides' `bench
 # run` alike (`bench ab` / `bench bisect` flags, gate.json's `ab` keys); the preset's figures

@@ -118,10 +118,7 @@ def more(states: list[State], n: int, spent_s: float, budget: Budget,
     the planned looks (the next stage ends at the next one)."""
     if any(s[0] == FAIL for s in states) or all(s[0] != UNRESOLVED for s in states):
         return 0
-    left = budget.repeats - n
-    per_repeat = spent_s / n if n else math.inf
-    afford = int((budget.seconds - spent_s) / per_repeat) if per_repeat > 0 else left
-    room = min(left, afford)
+    room = _room(n, spent_s, budget)
     if room < 1:
         return 0
     if looks:
@@ -129,6 +126,34 @@ def more(states: list[State], n: int, spent_s: float, budget: Budget,
         return 0 if nxt is None else min(room, nxt - n)
     want = max(math.inf if lo is None else needed(p, lo, hi, t, n)
                for s, p, lo, hi, t in states if s == UNRESOLVED)
+    return _toward(want, n, room, budget)
+
+
+def to_resolve(halves: Sequence[float | None], target: float, n: int, spent_s: float,
+               budget: Budget) -> int:
+    """Repeats to add to a run staged to resolve (`bench run --resolve`: no threshold, a
+    half-width to reach): 0 once every interval's half-width (a fraction; None: no interval
+    yet) is at most `target` or the budget is spent; else sized, as `more` sizes, to what
+    the widest needs as its half-width shrinks as 1/sqrt(n)."""
+    wide = [h for h in halves if h is None or h > target]
+    room = _room(n, spent_s, budget)
+    if not wide or room < 1:
+        return 0
+    want = math.inf if None in wide else n * (max(wide) / target) ** 2
+    return _toward(want, n, room, budget)
+
+
+def _room(n: int, spent_s: float, budget: Budget) -> int:
+    """The repeats the budget leaves: in repeats, and in seconds at the pace so far."""
+    left = budget.repeats - n
+    per_repeat = spent_s / n if n else math.inf
+    afford = int((budget.seconds - spent_s) / per_repeat) if per_repeat > 0 else left
+    return min(left, afford)
+
+
+def _toward(want: float, n: int, room: int, budget: Budget) -> int:
+    """A stage toward `want` pairs in all (a fifth more, for the estimate's error), at most
+    doubling the pairs and at least `least_more`, within `room`."""
     add = budget.least_more if math.isinf(want) else math.ceil(want * 1.2) - n
     add = min(add, max(n, budget.least_more))  # at most double the pairs
     return max(1, min(room, max(add, budget.least_more)))
@@ -144,33 +169,58 @@ S = TypeVar("S", bound=Staged)
 R = TypeVar("R")
 
 
+# A sizing rule: (the judged states, pairs so far, seconds so far) -> (repeats to add, why)
+Size = Callable[[Sequence, int, float], tuple[int, str]]
+
+
+def deciding(budget: Budget | None, looks: tuple[int, ...] | None = None) -> Size | None:
+    """The sizing of a run with gated checks (`bench ab`, the gate, `bench review`): `more`
+    over their states; None without a budget (one stage)."""
+    if budget is None:
+        return None
+
+    def size(states: Sequence, n: int, spent_s: float) -> tuple[int, str]:
+        return (more(list(states), n, spent_s, budget, looks),
+                f"{sum(s[0] == UNRESOLVED for s in states)} gated check(s) undecided")
+
+    return size
+
+
+def resolving(target: float, budget: Budget) -> Size:
+    """The sizing of a run staged to resolve (`bench run --resolve`): `to_resolve` over its
+    ratios' half-widths (states: a dict, ratio -> half-width or None)."""
+    def size(states: dict, n: int, spent_s: float) -> tuple[int, str]:
+        wide = sum(h is None or h > target for h in states.values())
+        return (to_resolve(list(states.values()), target, n, spent_s, budget),
+                f"{wide} headline ratio(s) not yet resolved to {target:.1%}")
+
+    return size
+
+
 def staged(first: int, seed: int, serve: Callable[[int, int, int], S],
-           judge: Callable[[list[S]], tuple[Sequence[State], R] | None],
-           budget: Budget | None, looks: tuple[int, ...] | None,
+           judge: Callable[[list[S]], tuple[Sequence, R] | None], size: Size | None,
            log: Callable[[str], None], who: str) -> tuple[list[S], R | None]:
-    """The one stage loop of every sequential A/B (`bench ab` and the gate's served
-    revisions, `bench review`'s sides): `serve(index, repeats, seed)` runs stage `index`
-    (first `first` paired repeats on `seed`, stage k on seed + k) and `judge(stages)` reads
-    every stage so far as one run: the gated checks' states and what the caller keeps (its
-    comparison, its verdicts), or None when the last stage failed (no stage follows, and the
-    last judged result stands). Without a budget one stage is run; with one, `more` sizes
-    each next stage. Returns the stages and the last judged result."""
+    """The one stage loop of every sequential run (`bench ab` and the gate's served
+    revisions, `bench review`'s sides, `bench run --resolve`'s protocols): `serve(index,
+    repeats, seed)` runs stage `index` (first `first` paired repeats on `seed`, stage k on
+    seed + k) and `judge(stages)` reads every stage so far as one run: its states and what
+    the caller keeps (its comparison, its verdicts, its summary), or None when the last
+    stage failed (no stage follows, and the last judged result stands). `size` (`deciding`,
+    `resolving`) sizes each next stage from the states; None: one stage."""
     t0, repeats, stages, found = time.monotonic(), first, [], None
     while repeats > 0:
         index = len(stages)
         stages.append(serve(index, repeats, seed + index))
         judged = judge(stages)
-        if judged is None:
+        if judged is None or size is None:
+            found = found if judged is None else judged[1]
             break
         states, found = judged
-        if budget is None:
-            break
         n = sum(s.repeats for s in stages)
-        repeats = more(list(states), n, time.monotonic() - t0, budget, looks)
+        repeats, why = size(states, n, time.monotonic() - t0)
         if repeats:
-            undecided = sum(s[0] == UNRESOLVED for s in states)
-            log(f"{who}: {undecided} gated check(s) undecided after {n} paired repeats: "
-                f"a stage of {repeats} more (seed {seed + index + 1})")
+            log(f"{who}: {why} after {n} paired repeats: a stage of {repeats} more "
+                f"(seed {seed + index + 1})")
     return stages, found
 
 

@@ -7,7 +7,7 @@ stages (fresh seeds) while its checks are undecided (bench.ab.sequential); the s
 then read as one run per side whose repeat numbers continue from stage to stage, and
 compared as `bench compare` compares two runs: exact counts over every repeat, timing ratios
 B/A paired by repeat, with the served A/B's own interval over the pairs
-(bench.ab.estimate.served, named by estimate.SERVED) at the level of the planned look
+(bench.analysis.estimate.served, named by estimate.SERVED) at the level of the planned look
 (bench.ab.sequential.look_level).
 
 A revision older than the side interface (bench/run/turns.py, INTERFACE) cannot be a side:
@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.ab import estimate, sequential
 from bench.ab import order as order_effect
+from bench.ab import sequential
 from bench.ab.conductor import Conductor, SideProc, first_sides, turn_order
 from bench.ab.revisions import Revision, checked_out
 from bench.ab.sequential import Budget
+from bench.analysis import estimate
 from bench.compare.comparison import Comparison, Run, compare, stacked
 from bench.compare.rows import TimingOptions
 from bench.run import turns
@@ -160,7 +161,7 @@ def b_first(stages: list[Stage]) -> dict[int, bool]:
 
 
 def timing(threshold: float, level: float = estimate.LEVEL) -> TimingOptions:
-    """The served A/B's intervals: bench.ab.estimate.served at `level`."""
+    """The served A/B's intervals: bench.analysis.estimate.served at `level`."""
     return TimingOptions(threshold, lambda b, a, lb, la: estimate.served(b, a, lb, la, level),
                          f"{estimate.SERVED} {level:.4g}")
 
@@ -270,7 +271,8 @@ def run(plan: ServedPlan, budget: Budget | None = None, states: States | None = 
             return (states(comp) if states is not None else []), comp
 
         return sequential.staged(plan.repeats, plan.seed, serve, judge,
-                                 budget if states is not None else None, looks, log, "ab")
+                                 sequential.deciding(budget if states is not None else None,
+                                                     looks), log, "ab")
 
 
 def looks_of(plan: ServedPlan, budget: Budget | None, states: States | None

@@ -6,7 +6,7 @@ The sides are read as two runs the served A/B's way: each side's rows of every s
 stacked into one run whose repeats continue from stage to stage
 (bench.compare.comparison.stacked), the side renamed to the first side's name so that rows
 pair by configuration and repeat, then compared with the served A/B's own interval
-(bench.ab.served.timing: bench.ab.estimate.served, chosen by the serves' cpu_lost) and
+(bench.ab.served.timing: bench.analysis.estimate.served, chosen by the serves' cpu_lost) and
 judged from the gated rows the gate reads (bench.ab.served.gated_rows). So the gate's
 revisions and the review's sides share one merge, one interval and one rule.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.ab import estimate
 from bench.ab.served import gated_rows, timing
+from bench.analysis import estimate
 from bench.compare.comparison import Run, compare, stacked
 from bench.rundir.decision import Disturbance
 from bench.stats import LEVEL, Interval
@@ -48,7 +48,7 @@ class Verdict:
     threshold: float
     pairs: int = 0
     note: str = ""
-    method: str = ""  # how the interval was made (bench.ab.estimate: `t-mean 0.95`)
+    method: str = ""  # how the interval was made (bench.analysis.estimate: `t-mean 0.95`)
 
     @property
     def half_width(self) -> float | None:

@@ -1,1 +1,2 @@
-"""The offline half: summary, serving metrics, the overhead model's band, report, plots."""
+"""The offline half: summary, serving metrics, intervals (estimate), the overhead model's band,
+report, plots."""

@@ -1,12 +1,29 @@
-"""What a run's timings were measured under, said beside the headline: the serve design
-(serial or duet), the planted noisy neighbour (env.json), and c beside the cells against
-the c measured before them (calibration.json's `beside`, bench.run.calibrate)."""
+"""What a run's timings were measured under, said beside the headline: its stages (a run
+staged to resolve), the serve design (serial or duet), the planted noisy neighbour
+(env.json), and c beside the cells against the c measured before them (calibration.json's
+`beside`, bench.run.calibrate)."""
 
 from __future__ import annotations
 
 
 def condition_lines(env: dict | None, calib: dict | None) -> list[str]:
-    return [x for x in (pairing_line(env), neighbour_line(env), beside_line(calib)) if x]
+    return [x for x in (stage_line(env), pairing_line(env), neighbour_line(env),
+                        beside_line(calib)) if x]
+
+
+def stage_line(env: dict | None) -> str | None:
+    """A run staged to resolve (env.json `stages`: bench.ab.protocols): its target,
+    budget and stages; None for a run of one stage."""
+    stages = (env or {}).get("stages")
+    if not stages:
+        return None
+    plan = env.get("plan") or {}
+    each = ", ".join(f"{s['repeats']} on seed {s['seed']}" for s in stages)
+    return (f"Staged to resolve {plan.get('resolve') or 0:.1%} on the headline's p50s "
+            f"(no stage started after {plan.get('budget_s') or 0:.0f} s, at most "
+            f"{plan.get('budget_repeats')} repeats): {len(stages)} stage(s), repeats {each}; "
+            f"{sum(s['repeats'] for s in stages)} repeats in "
+            f"{sum(s['seconds'] for s in stages):.0f} s.")
 
 
 def pairing_line(env: dict | None) -> str | None:

@@ -12,8 +12,9 @@ import textwrap
 
 import pandas as pd
 
+from bench.analysis.estimate import DISTURBED_METHOD
 from bench.report.printer import fitted_table, interval_text, wrapped
-from bench.rundir.schema import REFERENCE_PROTOCOL
+from bench.rundir.schema import DISTURBED_LIMIT, REFERENCE_PROTOCOL
 from hicache.spec.cost_model import OPEN_PRS, POLICIES, PROTOCOLS
 
 HEADLINE_PROTOCOLS = ("pr27010", "pr36425", "step-clock", "sglang-0.5.23")  # those run
@@ -33,6 +34,8 @@ LABELS = {"step_mean": "step", "itl_p50": "ITL p50", "itl_p99": "ITL p99",
           "prefetch_ttft_p50": "TTFT p50 prefetch", "bystander_ttft_p50": "TTFT p50 bystander",
           "prefetch_ttft_p99": "TTFT p99 prefetch", "bystander_ttft_p99": "TTFT p99 bystander",
           "e2e_p50": "e2e p50"}
+# `bench run --resolve`'s ratios (make bench's): the headline's p50s and the step
+RESOLVED = ("step_mean", "prefetch_ttft_p50", "bystander_ttft_p50", "itl_p50")
 HEADLINE_TITLE = "Headline, end to end, ratios to pr27010"
 COST_TITLE = "Cost decomposition, ratios to pr27010"
 MODEL_HEADERS = ["protocol", "policy", "polls/step", "c calib ms", "c in run ms",
@@ -58,8 +61,7 @@ def resolution_lines(summary: pd.DataFrame) -> list[str]:
     schedule, step time alone on a pinned one), the largest half-width (as a fraction) of its
     95% interval over the non-reference headline rows; or, once, why there are no
     intervals."""
-    rows = [r for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES)
-            if r["protocol"] != REFERENCE_PROTOCOL]
+    rows = _compared(summary)
     notes = [r.get("interval_note") for r in rows if isinstance(r.get("interval_note"), str)
              and r.get("interval_note")]
     names = RATIO_COLUMNS if is_end_to_end(summary) else COST_RATIOS
@@ -73,8 +75,35 @@ def resolution_lines(summary: pd.DataFrame) -> list[str]:
                if not pd.isna(r.get("step_mean_ratio_repeats", math.nan))]
     text = (f"Resolvable differences (the largest 95% half-width over these rows, "
             f"{min(repeats) if repeats else '?'} paired repeats each): " + ", ".join(parts)
-            + "; a smaller difference is not resolved by this run.")
+            + "; a smaller difference is not resolved by this run." + _adjusted(rows))
     return [text] + ([f"Note: {notes[0]}."] if notes else [])
+
+
+def _adjusted(rows: list[dict]) -> str:
+    """Which rows' intervals are cpu-adjusted (bench.analysis.estimate.method_for: more than
+    a tenth of their serves lost over DISTURBED_LIMIT of the machine's CPU)."""
+    methods = [str(r.get("interval_method") or "") for r in rows]
+    adjusted = sum(m.startswith(DISTURBED_METHOD) for m in methods)
+    if not adjusted:
+        return ""
+    return (f" Intervals cpu-adjusted in {adjusted} of {len(rows)} rows: more than a tenth "
+            f"of their serves lost over {DISTURBED_LIMIT:.0%} of the machine's CPU.")
+
+
+def _compared(summary: pd.DataFrame) -> list[dict]:
+    """The headline's rows that are ratios to another protocol (not the reference's)."""
+    return [r for r in _pick(summary, HEADLINE_PROTOCOLS, HEADLINE_POLICIES)
+            if r["protocol"] != REFERENCE_PROTOCOL]
+
+
+def half_widths(summary: pd.DataFrame, names: tuple[str, ...] = RESOLVED
+                ) -> dict[str, float | None]:
+    """Per headline row and ratio (`protocol/policy metric`) its interval's half-width as a
+    fraction, None where the row has no interval yet: what `bench run --resolve` stages
+    toward."""
+    return {f"{r['protocol']}/{r['policy']} {LABELS[n]}":
+            None if pd.isna(r.get(f"{n}_ratio_mdd", math.nan)) else float(r[f"{n}_ratio_mdd"])
+            for r in _compared(summary) for n in names}
 
 
 def is_end_to_end(summary: pd.DataFrame) -> bool:

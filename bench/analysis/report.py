@@ -12,7 +12,7 @@ import pandas as pd
 
 from bench.analysis import beside, consensus_serves, lead
 from bench.analysis import trace_tiers as trace_report
-from bench.analysis.conditions import condition_lines
+from bench.analysis.conditions import condition_lines, stage_line
 from bench.analysis.plot_switch import NO_PLOTS
 from bench.analysis.provenance import provenance_lines
 from bench.analysis.side_lead import lead_text as side_lead
@@ -142,7 +142,9 @@ def cpu_lines(env: dict | None, summary: pd.DataFrame) -> list[str]:
 RATIO_TEXT = ("Ratios are over pr27010 in the same configuration of the same run. Per repeat "
               "(one whole serve) each side's statistic is taken, paired with pr27010's repeat "
               "of the same seed, and the point is the geometric mean of the per-repeat ratios "
-              "with a 95% t interval over them (docs/metrics.md, \"Intervals\").")
+              "with a 95% interval over them: the t interval, cpu-adjusted where more than a "
+              "tenth of the serves were disturbed (summary.csv `interval_method`; "
+              "docs/metrics.md, \"Intervals\").")
 
 
 def lead_lines(summary: pd.DataFrame, calib: dict | None) -> list[str]:
@@ -210,16 +212,17 @@ def render_report(p: ReportParts) -> str:
     """report.md's text; `p.sides`: the lead of a run of several SGLangs (its own headline,
     bench.analysis.side_lead), shown as the terminal shows it."""
     side_md = ["## SGLang sides", "", "```", *p.sides, "```", ""] if p.sides else []
-    summary = p.summary
+    summary, staged = p.summary, stage_line(p.env)
     return "\n".join([
         f"# hicache-bench report: {p.run_dir.name}", "", "## Provenance", "",
-        *provenance_lines(p.env), "", *cpu_lines(p.env, summary), *verdict_lines(p.verdict),
+        *provenance_lines(p.env), "", *([staged, ""] if staged else []),
+        *cpu_lines(p.env, summary), *verdict_lines(p.verdict),
         *side_md, *lead_lines(summary, p.calib), "## All configurations", "",
         markdown_table(table_headers(summary), table_rows(summary)), "",
         f"TTFT percentiles pool all repeats; method: {PERCENTILE_TEXT[p.method]}; "
         f"{_n_text(summary)} requests per row. The ratio is median TTFT over "
         f"{REFERENCE_PROTOCOL}'s in the same configuration of the same run, per repeat, "
-        "with a 95% t interval over the paired repeats; per-repeat ratios, each interval's "
+        "with a 95% interval over the paired repeats; per-repeat ratios, each interval's "
         "half-width (`_mdd`) and its repeat count are in summary.csv.", "",
         "Collective counts are those issued by global rank 0 (PP stage 0, TP rank 0); "
         "`ranks.csv` has every rank's counts by call site.", "", *p.tiers,
@@ -251,6 +254,24 @@ class RunReport:
     lead: list[str]  # the terminal's lead after the table
 
 
+def summary_of(run_dir: Path, percentile_method: str = "linear") -> pd.DataFrame:
+    """The summary rows of a run directory's result files, nothing written (a run staged
+    to resolve reads them after each stage: bench.ab.protocols)."""
+    return _summarized(RunDir(run_dir), percentile_method)[2]
+
+
+def _summarized(run: RunDir, percentile_method: str
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """requests.csv, steps.csv and their summary rows (ratios against the first side where
+    several SGLangs ran)."""
+    requests = run.requests("report")
+    steps = run.steps("report", optional=True)
+    steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
+    sides = side_names((run.env(optional=True) or {}).get("plan"))
+    return requests, steps, summarize(requests, steps, percentile_method, run.calibration(),
+                                      run.ranks(), *sides[:1])
+
+
 def write_report(run_dir: Path, percentile_method: str = "linear",
                  plots: bool = True) -> RunReport:
     """Build summary.csv, the plots (unless `plots` is False), verdict.json and report.md of
@@ -260,14 +281,10 @@ def write_report(run_dir: Path, percentile_method: str = "linear",
     """
     run = RunDir(run_dir)
     run_dir = run.path
-    requests = run.requests("report")
-    steps = run.steps("report", optional=True)
-    steps = pd.DataFrame(columns=STEP_COLUMNS) if steps is None else steps
+    requests, steps, summary = _summarized(run, percentile_method)
     ranks, failures, details = run.ranks(), run.failures(), run.divergence()
     calibration, env = run.calibration(), run.env(optional=True)
     sides = side_names((env or {}).get("plan"))  # several SGLangs: the first the reference
-    summary = summarize(requests, steps, percentile_method, calibration, ranks,
-                        *sides[:1])
     write_csv_atomic(run.file("summary"), summary.to_dict("records"), SUMMARY_COLUMNS)
     disagreements = [] if details is None else \
         details.loc[details["kind"] == "disagreement", "what"].astype(str).tolist()

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from bench.analysis import estimate
+from bench.analysis.estimate import PerRepeat
 from bench.analysis.overhead import extra_step_ms, hop_ms, intervals_overlap
 from bench.rundir.files import cells_by_repeat, column_by_repeat, list_cell, parse_gaps
 from bench.rundir.schema import RATIO_METRICS
@@ -27,7 +29,6 @@ from bench.stats import (
     diff_interval,
     per_repeat_ratios,
     per_repeat_stat,
-    ratio_interval,
     stat_value,
 )
 from hicache.spec.cost_model import Setting, decision_per_poll
@@ -161,6 +162,12 @@ def interval_note(intervals: list[Interval]) -> str:
                                    if iv.point is not None and iv.note))
 
 
+def interval_method(intervals: list[Interval]) -> str:
+    """How a row's intervals were made (`t-mean 0.95`, `cpu-adjusted 0.95`), each method
+    once: one per row, as the pairs and their cpu_lost are one per row."""
+    return "; ".join(dict.fromkeys(iv.method for iv in intervals if iv.has_interval))
+
+
 def metric_per_repeat(g: pd.DataFrame | None, s: pd.DataFrame | None,
                       name: str) -> dict[int, float]:
     """Repeat -> a RATIO_METRICS metric's statistic of that repeat (one whole serve)."""
@@ -183,14 +190,17 @@ def metric_sample(g: pd.DataFrame | None, s: pd.DataFrame | None, name: str) -> 
 
 
 def ratio_columns(g: pd.DataFrame, s: pd.DataFrame | None, ref: pd.DataFrame | None,
-                ref_s: pd.DataFrame | None) -> tuple[dict, list[Interval]]:
+                ref_s: pd.DataFrame | None, lost: tuple[PerRepeat, PerRepeat] = ({}, {})
+                ) -> tuple[dict, list[Interval]]:
     """Each RATIO_METRICS metric over pr27010's in the same configuration: per repeat the
-    metric of each side, paired by repeat, and the t interval of the log ratios; also the
+    metric of each side, paired by repeat, and the served A/B's interval of the log ratios
+    (bench.analysis.estimate.served: the t-mean, or cpu-adjusted where `lost`, each side's
+    serves' cpu_lost by repeat, says more than a tenth of them were disturbed); also the
     per-repeat ratios. Returns the cells and the intervals (for the row's note)."""
     out, intervals = {}, []
     for name in RATIO_METRICS:
         x, y = metric_per_repeat(g, s, name), metric_per_repeat(ref, ref_s, name)
-        iv = ratio_interval(x, y)
+        iv = estimate.served(x, y, *lost)
         intervals.append(iv)
         out |= interval_columns(f"{name}_ratio", iv)
         out[f"{name}_ratio_per_repeat"] = list_cell(per_repeat_ratios(x, y).values()) \

@@ -14,7 +14,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from bench.analysis import estimate
+from bench.analysis.estimate import PerRepeat
 from bench.analysis.serving_metrics import (
+    interval_method,
     interval_note,
     overhead_columns,
     ratio_columns,
@@ -36,7 +39,6 @@ from bench.stats import (
     per_repeat_ratios,
     per_repeat_stat,
     percentile,
-    ratio_interval,
 )
 from bench.verdict.run_rules import data_errors, rejected, served, unexplained_disagreements
 from hicache.spec.cost_model import POLICIES, PROTOCOLS, Setting, expected_per_request
@@ -146,12 +148,14 @@ def _ttft_columns(g: pd.DataFrame, method: str) -> dict:
     }
 
 
-def _ratio_columns(g: pd.DataFrame, ref: pd.DataFrame | None) -> tuple[dict, list[Interval]]:
+def _ratio_columns(g: pd.DataFrame, ref: pd.DataFrame | None,
+                   lost: tuple[PerRepeat, PerRepeat]) -> tuple[dict, list[Interval]]:
     """TTFT p50 ratio vs the reference protocol's group: per repeat the median TTFT of each
-    side, paired by repeat, its t interval and the per-repeat ratios."""
+    side, paired by repeat, its interval (as every ratio's: bench.analysis.estimate.served)
+    and the per-repeat ratios."""
     x = per_repeat_stat(_by_repeat(g, "ttft_ms"), "p50")
     y = per_repeat_stat(_by_repeat(ref, "ttft_ms"), "p50") if ref is not None else {}
-    iv = ratio_interval(x, y)
+    iv = estimate.served(x, y, *lost)
     return {"ttft_p50_ratio_vs_pr27010": math.nan if iv.point is None else iv.point,
             "ttft_p50_ratio_ci_low": math.nan if iv.low is None else iv.low,
             "ttft_p50_ratio_ci_high": math.nan if iv.high is None else iv.high,
@@ -244,17 +248,21 @@ def summarize(
     groups, step_groups = config_groups(requests), config_groups(steps)
     refs = {k[1:]: k for k in groups if k[0] == reference}
     busy = cores_busy(ranks)
+    lost = {k: estimate.lost_by_repeat(r) for k, r in config_groups(ranks).items()} \
+        if ranks is not None and "cpu_lost" in ranks else {}
     rows = {}
     for key, whole in groups.items():
         g = served(whole)  # the refused requests have no timings, tokens or collectives
         s, ref = step_groups.get(key), refs.get(key[1:])
-        ttft, ttft_iv = _ratio_columns(g, groups.get(ref))
-        serving, serving_iv = ratio_columns(g, s, groups.get(ref), step_groups.get(ref))
+        pair = (lost.get(key, {}), lost.get(ref, {}))
+        ttft, ttft_iv = _ratio_columns(g, groups.get(ref), pair)
+        serving, serving_iv = ratio_columns(g, s, groups.get(ref), step_groups.get(ref), pair)
         rows[key] = (_config_columns(key, whole) | _count_columns(g) | _step_columns(s, len(g))
                      | _ttft_columns(g, percentile_method) | tier_columns(g) | ttft
                      | serving_columns(g, s, busy.get(key)) | serving
                      | _check_columns(whole, percentile_method)
-                     | {"interval_note": interval_note(ttft_iv + serving_iv)})
+                     | {"interval_note": interval_note(ttft_iv + serving_iv),
+                        "interval_method": interval_method(ttft_iv + serving_iv)})
     for key, row in rows.items():
         name = reference_protocol({k[0] for k in groups if k[1:] == key[1:]}, key[1])
         ref = (name, *key[1:])

@@ -21,7 +21,7 @@ gate refuses such a baseline). --design blocks: block k (k < --repeats) runs
 R: each run makes R repeats, paired by (block, repeat)). Per configuration: the counts
 exactly over every repeat (compare's rules: any change is flagged), and per timing metric
 the ratio B/A paired by repeat with a 95% interval over the pairs (exp(mean of ln(b / a))
-with a t interval; bench.ab.estimate holds the other methods), and beside it the Wilcoxon
+with a t interval; bench.analysis.estimate holds the other methods), and beside it the Wilcoxon
 signed-rank and sign tests; worse when the whole interval lies above 1 + threshold, better
 when below 1 - threshold, else same. Per gated metric the order effect (the side second in
 a pair over the first, warned when its interval excludes 1). Writes ab.md, ab.csv,

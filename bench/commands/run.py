@@ -55,6 +55,9 @@ def _run_torchrun(plan: RunPlan) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if rank == 0 and plan.delays_ms:
         cost_sweep.announce(plan)
+    if rank == 0 and plan.resolve:
+        say_err(f"{PROG}: note: under torchrun the run is one stage of {plan.repeats} "
+                "repeats (--resolve stages a local run: each stage starts its ranks anew)")
     t0 = time.monotonic()
     run_rank(rank, world, plan)
     if dist.is_initialized():
@@ -84,14 +87,26 @@ def _run_local(plan: RunPlan) -> int:
     t0 = time.monotonic()
     timeout = dict(plan.system).get("collective_timeout_s", 60.0)
     with planted(plan) as record:
-        error = _serve_all(plan, _budget_s(plan) + 2 * timeout)
+        if plan.resolve:
+            from bench.ab.protocols import serve_staged
+
+            error = serve_staged(plan, lambda p: _served(p, timeout), say_err)
+        else:
+            error = _served(plan, timeout)
     if record:
         RunDir(plan.out_dir).add_to_env("neighbour", record)
-    if error:
-        _record_failure(Path(plan.out_dir), error)
     if plan.delays_ms:
         return cost_sweep.finish(Path(plan.out_dir), t0, error)
     return _finish(Path(plan.out_dir), t0, error)
+
+
+def _served(plan: RunPlan, timeout: float) -> str | None:
+    """Every cell of `plan` served (a stage's, or the whole run's), with a bound on it; a
+    failure recorded in its folder (failures.csv). The error, or None."""
+    error = _serve_all(plan, _budget_s(plan) + 2 * timeout)
+    if error:
+        _record_failure(Path(plan.out_dir), error)
+    return error
 
 
 def _serve_all(plan: RunPlan, timeout_s: float) -> str | None:

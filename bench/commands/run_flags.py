@@ -36,12 +36,19 @@ def _group(p: CliParser, title: str):
 def _what_runs(a) -> None:
     """--help's section 'what runs': the cells and how often they are served."""
     a("--preset", default="default", choices=sorted(PRESETS),
-      help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()))
+      help="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()).replace("%", "%%"))
     a("--protocols", help=f"comma list of {', '.join(PROTOCOLS)} (aliases: "
       f"{', '.join(f'{k}={v}' for k, v in ALIASES.items())}; docs/releases.md)")
     a("--policies", help=f"comma list of {', '.join(POLICIES)}")
     a("--repeats", type=int, help="repeats of every cell: whole serves, the unit an interval "
       "is taken over (the preset's)")
+    a("--resolve", type=float, metavar="F", help="stages until the headline's p50 ratios each "
+      "resolve F (95%% half-width) or the budget ends: --repeats the first, stage k on seed "
+      "SEED + k (the default preset: 0.03; 0, or --repeats alone: one stage)")
+    a("--budget-s", type=float, metavar="S", help="with --resolve: no stage starts after S s "
+      "(default 300)")
+    a("--budget-repeats", type=int, metavar="N", help="with --resolve: repeats in all "
+      "(default 96)")
     a("--seed", type=int, default=0, help="the workload and storage noise of every protocol "
       "in a repeat: seed SEED x 1000 + r in repeat r, or SEED x 1000 in every repeat under "
       "--repeat-seeds same")
@@ -60,25 +67,19 @@ def _what_runs(a) -> None:
       "on the wall clock, the end-to-end effect with its feedback through the schedule "
       "(every other preset; docs/design.md, Pinned schedules)")
     a("--pairing", choices=("serial", *PAIRINGS), help="how the protocols of a repeat "
-      "serve: serial (one after another, the protocol order rotated per repeat: the "
-      "default), duet (all at the same time, each on ranks of its own, each repeat one "
-      "pair in time; a burst of load hits every side alike) or step (pr27010 / pr36425 "
-      "only: every poll asks the first protocol too, back to back on the same facts, each "
-      "timed, their answers checked equal: the host cost per step paired within the step; "
-      "docs/usage.md, Pairing)")
+      "serve: serial (in turn, the order rotated per repeat: the default), duet (at the same "
+      "time, each on ranks of its own) or step (pr27010 / pr36425: every poll asks the first "
+      "protocol too, both timed, answers checked equal; docs/usage.md, Pairing)")
     add_cache_options(a, "its protocol is the release's, e.g. sglang-0.5.23@unified",
                       several=True)
     from sglang_adapter import SGLANG_PATHS
 
     a("--sglang-path", choices=SGLANG_PATHS, help="with --cache sglang, what of SGLang runs: "
-      "controller (SGLang's controller path is the data path too: prefetch_from_storage, "
-      "its hit-query, IO and ack threads on the groups it makes, its drains and end path, "
-      "over the harness's storage, host pool and tree; 0.5.19 on, any --tp x --pp, host "
-      "memory a cache tier or buffer_only at --pp > 1 (SGLang's PP-ticket path, 0.5.21 "
-      "on), a side-car pool (--extra-pool, SGLang's sidecar spec, 0.5.23 on), any "
-      "--write-policy), decisions (SGLang's "
+      "controller (its controller path is the data path too: prefetch_from_storage, its "
+      "threads, drains and end path on the harness's storage, host pool and tree; 0.5.19 on, "
+      "buffer_only at --pp > 1 0.5.21 on, --extra-pool 0.5.23 on), decisions (its "
       "check_hicache_events and check_prefetch_progress on the project's data path), or "
-      "auto (the default: controller where the run fits it, else decisions; docs/sglang.md)")
+      "auto (the default: controller where the run fits it; docs/sglang.md)")
     a("--sglang-consensus", action="store_true", help="with --cache sglang: SGLang's own "
       "rank-consensus checker on in every serve, as its scheduler configures it (0.5.23 on; "
       "its collectives on its own groups, counted apart); consensus.csv says per serve "
@@ -155,11 +156,10 @@ def _system(a) -> None:
       "batch and copy per thread, for `python -m bench timeline` (docs/timeline.md)")
     a("--collective-timeout", type=float, help="seconds before a collective fails (60)")
     a("--collective-delay-ms", metavar="MS", help="an added cost: every control-plane "
-      "collective of the system under test (the scheduler's and the background threads'; "
-      "SGLang's too under --cache sglang) first waits MS ms, a sleep, on every rank, as on a "
-      "slow interconnect; the calibrated c includes it (0). A comma list (0,0.5,1,2,3) is a "
-      "cost sweep: every repeat serves at each cost, interleaved, each cost's rows in a "
-      "run directory of its own, and sweep.md / sweep.png compare them (preset delay-sweep)")
+      "collective of the system under test (SGLang's too) first sleeps MS ms on every rank, "
+      "as on a slow interconnect; c includes it (0). A comma list (0,0.5,1,2,3) is a cost "
+      "sweep: every repeat serves each cost, interleaved, each cost's rows in a run "
+      "directory of its own, compared in sweep.md (preset delay-sweep)")
 
 
 

@@ -35,7 +35,7 @@ DRIFT = ("the two runs were made at different times: drift between them (the mac
 @dataclass(frozen=True)
 class Run:
     """One run directory's env.json, requests.csv and steps.csv (None when absent), and
-    ranks.csv where a served A/B passes it (its cpu_lost: bench.ab.estimate)."""
+    ranks.csv where a served A/B passes it (its cpu_lost: bench.analysis.estimate)."""
 
     path: Path
     env: dict

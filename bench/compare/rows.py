@@ -6,27 +6,27 @@ Counts (rank 0, exact fractions) are judged exactly. Timings: per repeat the met
 statistic of A and of B, paired by repeat (the same seed), the ratio B/A as
 exp(mean of ln(b_r / a_r)) with its 95% t interval over the repeats (bench.stats); not
 comparable when there is no interval (fewer than 3 paired repeats, or no scipy). A served
-A/B passes its own interval (TimingOptions.interval: bench.ab.estimate.served, which also
-reads each serve's cpu_lost from ranks.csv) and its level; each row names its method
+A/B passes its own interval (TimingOptions.interval: bench.analysis.estimate.served, which
+also reads each serve's cpu_lost from ranks.csv) and its level; each row names its method
 (`interval`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 
+from bench.analysis.estimate import PerRepeat, lost_by_repeat
 from bench.compare.metrics import Counts, TimingMetric
 from bench.stats import Interval, Sample, ratio_interval, stat_value
 from bench.verdict.exact import direction, judge_critical, judge_decision, judge_steps
 from bench.verdict.thresholds import timing_verdict
 from bench.verdict.words import NOT_COMPARABLE
 
-PerRepeat = Mapping[int, float]
 NAIVE = "t-mean"  # compare's interval: the t interval over the pairs' log ratios
 
 
@@ -116,12 +116,3 @@ def timing_rows(metrics: list[TimingMetric], frames: dict, present: dict,
             continue  # e.g. bystander TTFT in runs without bystanders: nothing to compare
         rows.append(_timing_row(m, sa, sb, opts, lost))
     return rows
-
-
-def lost_by_repeat(ranks: pd.DataFrame | None) -> dict[int, float]:
-    """Repeat -> the serve's cpu_lost (ranks.csv, rank 0's row; one machine figure)."""
-    if ranks is None or "cpu_lost" not in ranks or ranks.empty:
-        return {}
-    first = ranks.sort_values("rank").groupby("repeat")["cpu_lost"].first()
-    values = pd.to_numeric(first, errors="coerce").dropna()
-    return {int(r): float(v) for r, v in values.items()}

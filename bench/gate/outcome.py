@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.ab.estimate import ESTIMATOR
+from bench.analysis.estimate import ESTIMATOR
 from bench.rundir.decision import (
     Decision,
     Disturbance,

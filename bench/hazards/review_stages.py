@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.ab import sides
-from bench.ab.sequential import Budget, look_level, looks_for, staged
+from bench.ab.sequential import Budget, deciding, look_level, looks_for, staged
 from bench.ab.sides import Verdict
 from bench.rundir.decision import Disturbance
 from bench.rundir.rundir import RunDir
@@ -99,8 +99,8 @@ def run(plan: StagePlan, run_stage: RunStage, thresholds: dict[str, float],
         found = _verdicts(stages, thresholds, look_level(n, looks))
         return sides.states(found), found
 
-    stages, found = staged(plan.repeats, plan.seed, serve, judge, plan.budget, looks, log,
-                           "review")
+    stages, found = staged(plan.repeats, plan.seed, serve, judge,
+                           deciding(plan.budget, looks), log, "review")
     ok = [s for s in stages if s.code == 0]
     shaken = Disturbance.from_ranks(RunDir(s.folder).ranks() for s in ok)
     return Timings(stages, sides.at_budget(found or [], shaken), shaken,

@@ -34,6 +34,9 @@ class RunOptions:
     model: str | None = None
     gpu: str | None = None
     repeats: int | None = None
+    resolve: float | None = None
+    budget_s: float | None = None
+    budget_repeats: int | None = None
     seed: int = 0
     device: str = "auto"
     data_backend: str | None = None

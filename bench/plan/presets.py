@@ -25,6 +25,12 @@ def _queue(gpus: int) -> dict:
             "repeat_seeds": "same", "redo_disturbed": 1}
 
 
+# make bench's stages: 12 repeats, then more until the headline's p50 ratios each resolve
+# 3 % or 300 s of stages are spent (bench.ab.protocols)
+STAGED = {"resolve": 0.03, "budget_s": 300.0, "budget_repeats": 96}
+FIXED = {"resolve": None}  # a preset built on the default's that serves its repeats, once
+
+
 def _default(gpus: int) -> dict:
     """make bench: the end-to-end headline (docs/metrics.md, "The headline and the cost
     decomposition"). What a server sees: the free schedule, IO on the wall clock, so a slower
@@ -32,9 +38,9 @@ def _default(gpus: int) -> dict:
     the best collective-free one (step-clock) under the two policies whose polls differ in
     kind; every repeat replays one seed and the protocols of a repeat serve back to back
     (their order rotated per repeat), so each ratio pairs serves close in time."""
-    return {**_queue(gpus), "repeats": 20, "requests": 24, "bystanders": 24,
+    return {**_queue(gpus), "repeats": 12, "requests": 24, "bystanders": 24,
             "protocols": ("pr27010", "pr36425", "step-clock"), "schedule": "free",
-            "redo_disturbed": None}
+            "redo_disturbed": None, **STAGED}
 
 
 def _cost(gpus: int) -> dict:
@@ -67,7 +73,7 @@ def _delay_sweep(gpus: int) -> dict:
     wait_complete and timeout (where both pay it). Each cost's ratios pair serves of one
     repeat (bench.analysis.sweep)."""
     return {**_default(gpus), "protocols": ("pr27010", "pr36425"),
-            "delays_ms": (0.0, 0.5, 1.0, 2.0, 3.0), "repeats": 12}
+            "delays_ms": (0.0, 0.5, 1.0, 2.0, 3.0), "repeats": 12, **FIXED}
 
 
 def _pp(gpus: int) -> dict:
@@ -110,7 +116,7 @@ def _seed_pr(gpus: int) -> dict:
     pr36425): make bench's burst (24 + 24) on the free schedule, one seed, the two policies whose
     polls differ, 10 repeats (docs/sglang.md, "The seed PR as released")."""
     return {**_default(gpus), "repeats": 10, "sglang": "before=0.5.18,after=0.5.19",
-            "model_beside": True}
+            "model_beside": True, **FIXED}
 
 
 def _lag(gpus: int) -> dict:
@@ -133,9 +139,10 @@ PRESETS = {"default": _default, "cost": _cost, "queue": _queue, "ci": _ci, "swee
            "pp": _pp, "race": _race, "releases": _releases, "lag": _lag, "trace": _trace,
            "trace-sweep": _trace_sweep, "delay-sweep": _delay_sweep, "seed-pr": _seed_pr}
 PRESET_HELP = {
-    "default": "make bench, the end-to-end headline: a burst of 24 prefetching requests and "
-               "24 bystanders on the free schedule, pr27010 / pr36425 / step-clock, "
-               "wait_complete and timeout, 20 repeats, TP = local GPUs (2 on CPU)",
+    "default": "make bench, the end-to-end headline: 24 prefetching requests and 24 "
+               "bystanders, free schedule, pr27010 / pr36425 / step-clock, wait_complete and "
+               "timeout, TP = local GPUs (2 on CPU); 12 repeats, more until its p50 ratios "
+               "resolve 3 % (--resolve, --budget-s)",
     "cost": "the cost decomposition: the same burst pinned (host cost per step and per poll "
             "on one schedule), all protocols x policies, 6 repeats",
     "queue": "the cost decomposition on a deeper queue: 48 prefetching requests plus 48 "
@@ -154,15 +161,12 @@ PRESET_HELP = {
     "trace": "real traffic: the shipped Mooncake excerpt (300 in storage, 32 replayed at 2x), "
              "device/host/storage tiers, pr27010 / pr36425, wait_complete and timeout, "
              "3 repeats",
-    "delay-sweep": "make bench's workload at added costs per control-plane collective of "
-                   "0, 0.5, 1, 2, 3 ms, interleaved (pr27010 / pr36425, wait_complete and "
-                   "timeout, 12 repeats, about 9-10 minutes on 2 cores): headline ratios "
-                   "against the measured c and the overhead model (sweep.md, sweep.png)",
-    "seed-pr": "the seed PR as released: SGLang 0.5.18 against 0.5.19 (--cache "
-               "sglang, --sglang before=0.5.18,after=0.5.19 unless given) with the model's "
-               "pre27010 / pr36425 beside them in the same turns (--model-beside), make "
-               "bench's burst of 24 + 24 on the free schedule, wait_complete and timeout, 10 "
-               "repeats; a fidelity line per metric (make bench SGLANG=0.5.18,0.5.19)",
+    "delay-sweep": "make bench's workload at 0, 0.5, 1, 2, 3 ms added per control-plane "
+                   "collective, interleaved (pr27010 / pr36425, 12 repeats, about 9-10 minutes "
+                   "on 2 cores): ratios against c and the overhead model (sweep.md)",
+    "seed-pr": "the seed PR as released: SGLang 0.5.18 against 0.5.19 (--sglang), the "
+               "model's pre27010 / pr36425 in the same turns (--model-beside), make bench's "
+               "burst, 10 repeats; a fidelity line per metric",
     "trace-sweep": "the excerpt's 40 requests at 1, 2, 4, 8 x their arrival rate (timeout, "
                    "pr27010 / pr36425 / step-clock, 2 repeats): TTFT, ITL and step time "
                    "against offered load",

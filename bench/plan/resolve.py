@@ -78,7 +78,7 @@ def build_plan(args: RunOptions) -> RunPlan:
     plan = RunPlan(preset=args.preset, protocols=tuple(protocols), policies=tuple(policies),
                    rates=tuple(offered or rates),
                    repeats=args.repeats or preset.get("repeats", 3),
-                   tp=tp, pp=pp, seed=args.seed,
+                   **_staging(args, preset), tp=tp, pp=pp, seed=args.seed,
                    repeat_seeds=_repeat_seeds(args.repeat_seeds, preset),
                    redo_disturbed=_redo(args.redo_disturbed, preset),
                    model=args.model or "llama3-8b", gpu=args.gpu or "h100", step_ms=args.step_ms,
@@ -99,6 +99,9 @@ def build_plan(args: RunOptions) -> RunPlan:
             raise UserError(str(e)) from None
     if args.schedule is None:
         plan = _pin_if_possible(plan)
+    if plan.resolve and plan.delays_ms:
+        raise UserError("--resolve stages one run's protocols; a cost sweep "
+                        "(--collective-delay-ms MS,MS,...) serves a fixed number of repeats")
     if args.redo_disturbed and plan.schedule != "pinned":
         raise UserError("--redo-disturbed needs a pinned schedule (a free one would serve "
                         "another schedule the second time)")
@@ -187,6 +190,30 @@ def _plant(text: str) -> tuple[str, str, float]:
         raise UserError(f"--plant takes PROTOCOL:MS or PROTOCOL:Ncalls (a protocol of "
                         f"{', '.join(PROTOCOLS)} and MS or N > 0), got {text!r}")
     return proto, "planted_step_calls" if calls else "planted_step_ms", value
+
+
+def _staging(args: RunOptions, preset: dict) -> dict:
+    """--resolve and its budget: the flag's, else the preset's unless --repeats alone asks
+    for a fixed number of repeats; 0 turns staging off."""
+    _positive("budget-s", args.budget_s)
+    _positive("budget-repeats", args.budget_repeats)
+    if args.resolve is not None and not 0 <= args.resolve < 1:
+        raise UserError(f"--resolve must lie in [0, 1) (a half-width: 0.03 is 3%), "
+                        f"got {args.resolve}")
+    target = args.resolve if args.resolve is not None else \
+        (None if args.repeats else preset.get("resolve"))
+    if not target:
+        if args.budget_s is not None or args.budget_repeats is not None:
+            raise UserError("--budget-s and --budget-repeats bound a staged run: they need "
+                            "--resolve F")
+        return {"resolve": None}
+    out = {"resolve": target, "budget_s": args.budget_s or preset.get("budget_s", 300.0),
+           "budget_repeats": args.budget_repeats or preset.get("budget_repeats", 96)}
+    first = args.repeats or preset.get("repeats", 3)
+    if out["budget_repeats"] < first:
+        raise UserError(f"--budget-repeats {out['budget_repeats']} is below the first "
+                        f"stage's {first} repeats")
+    return out
 
 
 def _repeat_seeds(flag: str | None, preset: dict) -> str | None:

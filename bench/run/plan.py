@@ -52,6 +52,12 @@ class RunPlan:
     device: str = "cpu"  # resolved: cpu | cuda
     data_backend: str = ""  # resolved: nccl | gloo (model all-reduces); "" = by device
     seed: int = 0
+    # Staged to resolve (bench run --resolve, bench.ab.protocols): stages of `repeats`
+    # then more, stage k on seed + k, until the headline's p50 ratios each resolve this
+    # half-width or `budget_s` seconds / `budget_repeats` repeats are spent; None: one stage
+    resolve: float | None = None
+    budget_s: float = 300.0
+    budget_repeats: int = 96
     # same: every repeat replays the seed's one workload and storage noise (under a pinned
     # schedule one schedule, so repeats differ by the machine's noise alone); None or
     # distinct: repeat r draws seed * 1000 + r (repeats sample workloads too)

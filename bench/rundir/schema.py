@@ -125,7 +125,8 @@ SUMMARY_COLUMNS = [
     "prefetch_sched_lag_p99_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_mean_ms",
     "ttft_p50_ratio_vs_pr27010", "ttft_p50_ratio_ci_low", "ttft_p50_ratio_ci_high",
     "ttft_p50_ratio_mdd", "ttft_p50_ratio_repeats", "ttft_p50_ratio_per_repeat",
-    *TIER_COLUMNS, *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "interval_note", "ranks_agree",
+    *TIER_COLUMNS, *SERVING_COLUMNS, *OVERHEAD_COLUMNS, "interval_note", "interval_method",
+    "ranks_agree",
     "known_disagreements", "unexplained_disagreements",
     "data_errors", "percentile_method",
 ]

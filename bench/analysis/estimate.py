@@ -20,7 +20,7 @@ were dropped, how many it kept:
 
 Every interval needs scipy.stats (t and normal quantiles, linregress); without it each
 method gives its point and no interval, as bench.stats does. docs/metrics.md, "Intervals",
-says which method the served A/B uses (bench.ab.estimate.SERVED) and why.
+says which method the served A/B uses (bench.analysis.estimate.SERVED) and why.
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 import numpy as np
+import pandas as pd
 
+from bench import stats as base  # its _scipy_stats read at each call (a test hides scipy)
 from bench.rundir.schema import DISTURBED_LIMIT
-from bench.stats import LEVEL, MIN_REPEATS, NO_SCIPY, Interval, _scipy_stats, too_few
+from bench.stats import LEVEL, MIN_REPEATS, NO_SCIPY, Interval, too_few
 
+PerRepeat = Mapping[int, float]  # repeat -> one serve's statistic (or its cpu_lost)
 EXACT_MAX = 50  # pairs up to which the Wilcoxon interval uses the exact distribution
 DROP_LIMIT = 0.25  # drop-disturbed: a serve that lost more of the machine's CPU is dropped
 
@@ -77,7 +80,7 @@ def _refused(name: str, d: np.ndarray, center: Callable[[np.ndarray], float],
     point = math.exp(center(d))
     if n < need:
         return Estimate(name, point, None, None, n, note=too_few(n))
-    if _scipy_stats() is None:
+    if base._scipy_stats() is None:
         return Estimate(name, point, None, None, n, note=NO_SCIPY)
     return None
 
@@ -94,7 +97,7 @@ def t_mean(d: np.ndarray, level: float = LEVEL, name: str = "t-mean") -> Estimat
     refused = _refused(name, d, np.mean)
     if refused is not None:
         return refused
-    stats = _scipy_stats()
+    stats = base._scipy_stats()
     m = float(np.mean(d))
     h = float(stats.t.ppf((1 + level) / 2, d.size - 1)) * float(np.std(d, ddof=1)) \
         / math.sqrt(d.size)
@@ -134,7 +137,7 @@ def wilcoxon_rank(n: int, level: float) -> int:
     if n <= EXACT_MAX:
         cdf = signed_rank_cdf(n)
         return int(np.searchsorted(cdf, alpha2, side="right")) - 1
-    stats = _scipy_stats()
+    stats = base._scipy_stats()
     m = n * (n + 1) / 2
     sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
     return int(math.floor(m / 2 - 0.5 - float(stats.norm.ppf(1 - alpha2)) * sd))
@@ -175,7 +178,7 @@ def cpu_adjusted(d: np.ndarray, lost_diff: np.ndarray, level: float = LEVEL) -> 
     refused = _refused(name, d, np.mean)
     if refused is not None:
         return refused
-    stats = _scipy_stats()
+    stats = base._scipy_stats()
     fit = stats.linregress(x, d)
     h = float(stats.t.ppf((1 + level) / 2, d.size - 2)) * float(fit.intercept_stderr)
     b0 = float(fit.intercept)
@@ -253,3 +256,12 @@ def served(b: Mapping[int, float], a: Mapping[int, float], lost_b: Mapping[int, 
 def _lost(lost: Mapping[int, float], r: int) -> float:
     v = lost.get(r)
     return 0.0 if v is None or not math.isfinite(v) else float(v)
+
+
+def lost_by_repeat(ranks: pd.DataFrame | None) -> dict[int, float]:
+    """Repeat -> the serve's cpu_lost (ranks.csv, rank 0's row; one machine figure)."""
+    if ranks is None or "cpu_lost" not in ranks or ranks.empty:
+        return {}
+    first = ranks.sort_values("rank").groupby("repeat")["cpu_lost"].first()
+    values = pd.to_numeric(first, errors="coerce").dropna()
+    return {int(r): float(v) for r, v in values.items()}
