@@ -84,7 +84,8 @@ def test_make_bench_stages_and_a_fixed_repeat_count_does_not():
     default = _plan()
     assert (default.resolve, default.budget_s, default.budget_repeats, default.repeats) == \
         (0.03, 300.0, 96, 12)
-    assert _plan(repeats=20).resolve is None  # the gate's and bench ab's sides: fixed
+    fixed = _plan(repeats=20)  # the gate's and bench ab's sides: fixed, no budget recorded
+    assert (fixed.resolve, fixed.budget_s, fixed.budget_repeats) == (None, None, None)
     assert _plan(resolve=0.0).resolve is None
     assert _plan(repeats=4, resolve=0.05, budget_s=60).budget_s == 60
     for preset in ("delay-sweep", "ci", "cost"):
@@ -156,7 +157,7 @@ def test_stages_are_merged_with_their_repeats_numbered_on_until_the_budget(tmp_p
     assert protocols.serve_staged(plan, serve, print) is None
     assert [(p.repeats, p.seed) for p in calls] == [(3, 5), (4, 6), (3, 7)]
     assert [Path(p.out_dir).name for p in calls] == ["00", "01", "02"]
-    assert {p.resolve for p in calls} == {None}  # a stage is one fixed run
+    assert {(p.resolve, p.budget_s) for p in calls} == {(None, None)}  # one fixed run each
     run = RunDir(tmp_path / "run")
     assert sorted(run.requests("report").repeat.unique()) == list(range(10))
     assert sorted(run.steps("report").repeat.unique()) == list(range(10))
@@ -248,3 +249,19 @@ def test_make_bench_serves_a_second_stage_and_reports_one_run(tmp_path):
     assert [s["repeats"] for s in run.env()["stages"]] == [2, 1]
     assert "Staged to resolve 0.0% on the headline's p50s" in (out / "report.md").read_text()
     assert done.stdout.splitlines()[-1].startswith("OK")
+
+
+def test_a_plan_that_does_not_stage_reads_as_a_plan_from_before_staging():
+    """The gate compares the ci run's plan with the committed baseline's (written before
+    staging existed): a fixed plan records no target and no budget, so they agree."""
+    from bench.run.plan import plan_differences
+    from bench.run.sink import _plan_dict
+
+    now = _plan_dict(_plan(preset="ci"))
+    before = {k: v for k, v in now.items() if k not in ("resolve", "budget_s", "budget_repeats")}
+    assert plan_differences(now, before, "vs") == []
+    staged_plan = _plan_dict(_plan())  # a staged one differs by its staging alone
+    unstaged = {k: v for k, v in staged_plan.items()
+                if k not in ("resolve", "budget_s", "budget_repeats")}
+    assert plan_differences(staged_plan, unstaged, "vs") == [
+        "budget_repeats 96 vs (unset)", "budget_s 300.0 vs (unset)", "resolve 0.03 vs (unset)"]

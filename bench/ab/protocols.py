@@ -64,7 +64,7 @@ def serve_staged(plan: RunPlan, serve: Callable[[RunPlan], str | None],
         folder = out.path / "stages" / f"{index:02d}"
         t0 = time.monotonic()
         error = serve(replace(plan, repeats=repeats, seed=seed, out_dir=str(folder),
-                              resolve=None))
+                              resolve=None, budget_s=None, budget_repeats=None))
         return Stage(index, seed, repeats, folder, time.monotonic() - t0, error)
 
     def judge(stages: list[Stage]):

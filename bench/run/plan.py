@@ -55,9 +55,10 @@ class RunPlan:
     # Staged to resolve (bench run --resolve, bench.ab.protocols): stages of `repeats`
     # then more, stage k on seed + k, until the headline's p50 ratios each resolve this
     # half-width or `budget_s` seconds / `budget_repeats` repeats are spent; None: one stage
+    # (and no budget: a plan that does not stage records none, as plans before staging)
     resolve: float | None = None
-    budget_s: float = 300.0
-    budget_repeats: int = 96
+    budget_s: float | None = None
+    budget_repeats: int | None = None
     # same: every repeat replays the seed's one workload and storage noise (under a pinned
     # schedule one schedule, so repeats differ by the machine's noise alone); None or
     # distinct: repeat r draws seed * 1000 + r (repeats sample workloads too)
