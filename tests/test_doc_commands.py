@@ -37,7 +37,7 @@ RUN = {
 
 NOT_RUN = {
     # the main job and its variants: minutes of serving each
-    "make bench": f"{MINUTES} (3½ on 2 cores); creates .venv first",
+    "make bench": f"{MINUTES} (5½ on 2 cores); creates .venv first",
     "python -m bench run": f"{MINUTES}: make bench's job",
     ".venv/bin/python -m bench run --repeats 3": f"{MINUTES} (one or two)",
     "python -m bench run --preset cost": f"{MINUTES}: every protocol x policy, 6 repeats",
