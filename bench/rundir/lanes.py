@@ -30,14 +30,12 @@ def merge_stages(run: RunDir, stages: list[tuple[Path, int]], record: list[dict]
     (`record`: what each ran), and its plan counts every stage's repeats and holds the
     run's own settings where a stage's differ (`planned`: its seed, its target)."""
     offsets = [sum(n for _, n in stages[:k]) for k in range(len(stages))]
-    _merge(run, [p for p, _ in stages], offsets, {"stages": record})
-    env = run.env(optional=True)
-    if env is not None:
-        env["plan"] |= planned | {"repeats": sum(n for _, n in stages)}
-        write_json_atomic(run.file("env"), env)
+    _merge(run, [p for p, _ in stages], offsets, {"stages": record},
+           planned | {"repeats": sum(n for _, n in stages)})
 
 
-def _merge(run: RunDir, folders: list[Path], offsets: list[int], named: dict) -> None:
+def _merge(run: RunDir, folders: list[Path], offsets: list[int], named: dict,
+           planned: dict | None = None) -> None:
     parts = [RunDir(p) for p in folders]
     for role in CSV_ROLES:
         _concat(run.file(role), [(p.file(role), k) for p, k in zip(parts, offsets, strict=True)
@@ -45,7 +43,7 @@ def _merge(run: RunDir, folders: list[Path], offsets: list[int], named: dict) ->
     env = parts[0].env(optional=True)
     if env is not None:
         env |= named
-        env.setdefault("plan", {})["out_dir"] = str(run.path)
+        env.setdefault("plan", {}).update(planned or {}, out_dir=str(run.path))
         write_json_atomic(run.file("env"), env)
     calib = [p.calibration() for p in parts]
     if calib and calib[0] is not None:
